@@ -1,0 +1,95 @@
+"""One family of errors for everything dsv41-aot refuses.
+
+Every message says what was wrong, where (key, file, line) and the command
+that fixes it. ``exit_code`` is what the CLI exits with: 2 for bad input
+(a user can fix the command line, the matrix or the environment), 1 for a
+check that failed on artifacts that exist.
+
+Runtime-side module: imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+
+class AotError(Exception):
+    """Base of every dsv41-aot error."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, fix: str | None = None):
+        self.fix = fix
+        super().__init__(f"{message}\n  fix: {fix}" if fix else message)
+
+
+# ---------------------------------------------------------------- build side
+
+
+class KeyFormatError(AotError, ValueError):
+    """A key string or key field that is not a mono build key."""
+
+
+class MatrixError(AotError):
+    """build_matrix.yaml cannot be turned into keys (names file and line)."""
+
+
+class ToolchainError(AotError):
+    """A build tool is missing or the wrong version (linker, FlyDSL, vLLM)."""
+
+
+class OutputDirError(AotError):
+    """The output directory cannot be written."""
+
+
+class CompileError(AotError):
+    """One key failed to compile; the build goes on with the others."""
+
+    exit_code = 1
+
+
+class ResidencyError(CompileError):
+    """A symbol whose CTA cannot be resident one per CU, or that spills."""
+
+
+# ---------------------------------------------------------------- runtime side
+
+
+class LoadError(AotError):
+    """Base of every refusal at load time."""
+
+    exit_code = 1
+
+
+class ManifestError(LoadError):
+    """A prebuilt directory with a missing or malformed manifest."""
+
+
+class KeyNotPrebuiltError(LoadError, KeyError):
+    """The key asked for is not in the prebuilt directory."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return Exception.__str__(self)
+
+
+class ArchMismatchError(LoadError):
+    """The device's architecture is not the one the objects were built for."""
+
+
+class SourceMismatchError(LoadError):
+    """The installed vLLM mono sources differ from the ones the objects were
+    built from."""
+
+
+class IntegrityError(LoadError):
+    """A stored object whose sha256 differs from the manifest's."""
+
+
+class HipUnavailableError(LoadError):
+    """libamdhip64 cannot be loaded."""
+
+
+class CaptureError(LoadError):
+    """A first load inside HIP/CUDA graph stream capture."""
+
+
+class LaunchError(LoadError):
+    """A launch returned a nonzero HIP status, or got the wrong arguments."""

@@ -1,0 +1,191 @@
+"""BuildKey: one launch symbol of vLLM's DeepSeek-V4.1 mono decode layer.
+
+A key is a launch kind (``k1``, ``k2``, ``ffn``), a GPU architecture and the
+fields of vLLM's ``MonoBuild`` that the launch's builder reads. Its string form
+is used everywhere (CLI, manifest, logs, errors)::
+
+    k2@gfx950:s=4,tp=4,r=1
+    k1@gfx950:s=6,tp=4,r=0,f=0,e=128,k=3,g=1,w=192
+
+``s``, ``tp`` and ``r`` always appear; ``f``, ``i``, ``e``, ``k``, ``g``, ``w``
+and ``tl`` only where they differ from MonoBuild's defaults. Each kind keeps
+only the fields its builder reads (vLLM 0.33.0, ``mono/layer.py``):
+
+- k1 reads every field (``fold`` only K1's seam reads: ``stages/seam.py``);
+- k2 reads all but ``fold`` (its symbol omits ``f``, and no K2 stage reads
+  it), so a K2 key has no ``f``;
+- ffn is built by ``DSV41MonoLayer.ffn_kernel`` as
+  ``MonoBuild(tokens, tp, 0, timeline, experts=, topk=)``: ``r`` is 0 and
+  ``f``/``i``/``g``/``w`` keep their defaults.
+
+Runtime-side module: standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, replace
+
+from .errors import KeyFormatError
+
+KINDS = ("k1", "k2", "ffn")
+ARCHES = ("gfx950", "gfx942")
+MAX_TOKENS = 48  # vLLM 0.33.0 mono/layer.py MAX_TOKENS
+RATIOS = (0, 1, 2)  # models/deepseek_v41/attention.py refuses any other ratio
+
+# MonoBuild's defaults (mono/layer.py; EXPERTS, TOPK from stages/moe_shape.py,
+# WINDOW from attention/plan.py)
+DEFAULTS = dict(
+    fold=True, index=False, experts=384, topk=6, ug_groups=2, swa_width=128, timeline=False
+)
+
+# short name in the key string -> MonoBuild field
+_SHORT = dict(
+    s="tokens",
+    tp="tp",
+    r="ratio",
+    f="fold",
+    i="index",
+    e="experts",
+    k="topk",
+    g="ug_groups",
+    w="swa_width",
+    tl="timeline",
+)
+_LONG = {v: k for k, v in _SHORT.items()}
+_BOOLS = ("fold", "index", "timeline")
+_OPTIONAL_ORDER = ("fold", "index", "experts", "topk", "ug_groups", "swa_width", "timeline")
+_KEY_RE = re.compile(r"^(?P<kind>[a-z0-9]+)@(?P<arch>gfx[0-9a-f]+):(?P<fields>.*)$")
+
+# the fields each kind's builder does not read, pinned to what vLLM passes
+_PINNED = {
+    "k1": {},
+    "k2": {"fold": True},
+    "ffn": {"ratio": 0, "fold": True, "index": False, "ug_groups": 2, "swa_width": 128},
+}
+
+FIX_KEY = "write keys as KIND@ARCH:s=N,tp=N,r=N[,f=0|1,i=0|1,e=N,k=N,g=N,w=N,tl=0|1], e.g. k2@gfx950:s=4,tp=4,r=1"
+
+
+@dataclass(frozen=True, order=True)
+class BuildKey:
+    kind: str
+    arch: str
+    tokens: int
+    tp: int
+    ratio: int
+    fold: bool = True
+    index: bool = False
+    experts: int = 384
+    topk: int = 6
+    ug_groups: int = 2
+    swa_width: int = 128
+    timeline: bool = False
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise KeyFormatError(f"unknown launch kind {self.kind!r} (one of {', '.join(KINDS)})", fix=FIX_KEY)
+        if self.arch not in ARCHES:
+            raise KeyFormatError(f"unknown arch {self.arch!r} (one of {', '.join(ARCHES)})", fix=FIX_KEY)
+        if not 1 <= self.tokens <= MAX_TOKENS:
+            raise KeyFormatError(f"{self}: step width s={self.tokens} outside 1..{MAX_TOKENS}", fix=FIX_KEY)
+        if self.tp < 1:
+            raise KeyFormatError(f"{self}: tp={self.tp} must be >= 1", fix=FIX_KEY)
+        if self.ratio not in RATIOS:
+            raise KeyFormatError(f"{self}: compress ratio r={self.ratio} not in {RATIOS}", fix=FIX_KEY)
+        for name, want in _PINNED[self.kind].items():
+            if getattr(self, name) != want:
+                # the launch does not read this field: pin it so one symbol has one key
+                object.__setattr__(self, name, want)
+        for name in ("experts", "topk", "ug_groups", "swa_width"):
+            if getattr(self, name) < 1:
+                raise KeyFormatError(f"{self}: {_LONG[name]}={getattr(self, name)} must be >= 1", fix=FIX_KEY)
+
+    # -------------------------------------------------------------- string form
+    def __str__(self) -> str:
+        parts = [f"s={self.tokens}", f"tp={self.tp}", f"r={self.ratio}"]
+        for name in _OPTIONAL_ORDER:
+            value = getattr(self, name)
+            if value != DEFAULTS[name] and name not in _PINNED[self.kind]:
+                parts.append(f"{_LONG[name]}={int(value)}")
+        return f"{self.kind}@{self.arch}:{','.join(parts)}"
+
+    @classmethod
+    def parse(cls, text: str) -> "BuildKey":
+        """The key named by ``text`` (its canonical string, or one with the
+        optional fields at their defaults written out)."""
+        m = _KEY_RE.match(text.strip())
+        if not m:
+            raise KeyFormatError(f"malformed key {text!r}: expected KIND@ARCH:FIELDS", fix=FIX_KEY)
+        fields: dict = {}
+        for item in m["fields"].split(","):
+            name, eq, value = item.partition("=")
+            if not eq or name not in _SHORT:
+                raise KeyFormatError(f"malformed key {text!r}: bad field {item!r}", fix=FIX_KEY)
+            if _SHORT[name] in fields:
+                raise KeyFormatError(f"malformed key {text!r}: field {name!r} given twice", fix=FIX_KEY)
+            try:
+                number = int(value)
+            except ValueError:
+                raise KeyFormatError(f"malformed key {text!r}: {name}={value!r} is not an integer", fix=FIX_KEY) from None
+            if _SHORT[name] in _BOOLS:
+                if number not in (0, 1):
+                    raise KeyFormatError(f"malformed key {text!r}: {name} must be 0 or 1", fix=FIX_KEY)
+                fields[_SHORT[name]] = bool(number)
+            else:
+                fields[_SHORT[name]] = number
+        missing = [s for s in ("s", "tp", "r") if _SHORT[s] not in fields]
+        if missing:
+            raise KeyFormatError(f"malformed key {text!r}: missing {', '.join(missing)}", fix=FIX_KEY)
+        kind = m["kind"]
+        for name, want in _PINNED.get(kind, {}).items():
+            if name in fields and fields[name] != want:
+                raise KeyFormatError(
+                    f"key {text!r}: a {kind} launch does not take {_LONG[name]}={int(fields[name])}"
+                    f" (vLLM builds it with {_LONG[name]}={int(want)})",
+                    fix=FIX_KEY,
+                )
+        return cls(kind=kind, arch=m["arch"], **fields)
+
+    # -------------------------------------------------------------- derived names
+    def build_fields(self) -> dict:
+        """The MonoBuild keyword arguments this key stands for."""
+        d = asdict(self)
+        del d["kind"], d["arch"]
+        return d
+
+    @property
+    def entry(self) -> str:
+        """The C entry point name of this key's exported object: unique per
+        key, so every key of an arch links into one library."""
+        s = str(self).replace("@", "_").replace(":", "_").replace(",", "_").replace("=", "")
+        return f"dsv41_{s}"
+
+    @property
+    def kernel_symbol(self) -> str:
+        """The GPU kernel's symbol as vLLM's ``kernel_symbol`` names it
+        (``_ZN5aiter{len}{stem}_{signature}E``), computed without vLLM."""
+        params: dict = {"s": self.tokens, "tp": self.tp}
+        if self.kind == "ffn":
+            params["tl"] = self.timeline
+            if self.experts != DEFAULTS["experts"]:
+                params["e"] = self.experts
+        else:
+            params["r"] = self.ratio
+            params["tl"] = self.timeline
+            if self.kind == "k1":
+                params["f"] = self.fold
+            params["i"] = self.index
+            for name in ("experts", "topk", "ug_groups", "swa_width"):
+                if getattr(self, name) != DEFAULTS[name]:
+                    params[_LONG[name]] = getattr(self, name)
+        sig = "_".join(f"{k}{int(v) if isinstance(v, bool) else v}".replace("-", "_") for k, v in params.items())
+        name = f"dsv41_mono_{self.kind}_{sig}"
+        return f"_ZN5aiter{len(name)}{name}E"
+
+    def with_(self, **changes) -> "BuildKey":
+        return replace(self, **changes)
+
+
+def parse_keys(texts) -> list[BuildKey]:
+    return [BuildKey.parse(t) for t in texts]

@@ -1,0 +1,400 @@
+"""build_matrix.yaml -> the list of BuildKeys to build.
+
+Expansion: every arch x tp x launch group x layer kind x tokens x timeline gives
+one key per launch kind of the group; the rules (in order) drop or rewrite keys;
+a profile selects; a shard takes its part. Every error names the file and line
+of the offending entry and the command that checks a fix.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import KeyFormatError, MatrixError
+from .keys import ARCHES, KINDS, MAX_TOKENS, RATIOS, BuildKey
+
+DEFAULT_MATRIX = Path(__file__).resolve().parents[1] / "build_matrix.yaml"
+
+_TOP = {"version", "default_profile", "axes", "layer_kinds", "routing", "groups", "rules", "profiles"}
+_AXES = {"arch", "tp", "tokens", "timeline"}
+_KIND_FIELDS = {"ratio", "fold", "index"}
+_ROUTING_FIELDS = {"experts", "topk", "ug_groups", "swa_width"}
+_MATCH_FIELDS = {
+    "arch", "kind", "group", "tokens", "tp", "ratio", "fold", "index",
+    "experts", "topk", "ug_groups", "swa_width", "timeline",
+}
+_SET_FIELDS = _MATCH_FIELDS - {"arch", "kind", "group"}
+_CMP = re.compile(r"^\s*(<=|>=|!=|==|<|>)\s*(-?\d+)\s*$")
+_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
+
+
+# ---------------------------------------------------------------- YAML with lines
+class _Node(dict):
+    """A mapping that remembers the line of each of its keys (1-based)."""
+
+    line: int = 0
+    lines: dict
+
+
+class _Seq(list):
+    line: int = 0
+    lines: list
+
+
+class _LineLoader(yaml.SafeLoader):
+    def construct_mapping(self, node, deep=False):
+        out = _Node(super().construct_mapping(node, deep=True))
+        out.line = node.start_mark.line + 1
+        out.lines = {self.construct_object(k, deep=True): k.start_mark.line + 1 for k, _ in node.value}
+        seen = set()
+        for k, _ in node.value:
+            name = self.construct_object(k, deep=True)
+            if name in seen:
+                raise MatrixError(f"line {k.start_mark.line + 1}: key {name!r} given twice in one mapping")
+            seen.add(name)
+        return out
+
+    def construct_sequence(self, node, deep=False):
+        out = _Seq(super().construct_sequence(node, deep=True))
+        out.line = node.start_mark.line + 1
+        out.lines = [n.start_mark.line + 1 for n in node.value]
+        return out
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _LineLoader.construct_mapping)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _LineLoader.construct_sequence)
+
+
+def _line(obj, key=None) -> int:
+    if key is not None and isinstance(obj, _Node) and key in obj.lines:
+        return obj.lines[key]
+    if key is not None and isinstance(obj, _Seq) and isinstance(key, int) and key < len(obj.lines):
+        return obj.lines[key]
+    return getattr(obj, "line", 0)
+
+
+# ---------------------------------------------------------------- the matrix
+@dataclass
+class Rule:
+    when: dict
+    drop: bool
+    set: dict
+    source: str
+    line: int
+
+
+@dataclass
+class Matrix:
+    path: Path
+    default_profile: str
+    keys_by_group: list = field(default_factory=list)  # [(group, BuildKey)] after rules
+    profiles: dict = field(default_factory=dict)  # name -> _Node
+    rules: list = field(default_factory=list)
+
+    def _err(self, line: int, msg: str) -> MatrixError:
+        return MatrixError(
+            f"{self.path}:{line}: {msg}",
+            fix=f"edit {self.path} and check it with: dsv41-aot build --matrix {self.path} --list",
+        )
+
+    def all_keys(self) -> list[BuildKey]:
+        """Every key of the matrix (the ``full`` selection), sorted, once each."""
+        return sorted({k for _, k in self.keys_by_group})
+
+    def profile_names(self) -> list[str]:
+        return list(self.profiles)
+
+    def select(self, profile: str | None = None) -> list[BuildKey]:
+        """The keys of ``profile`` (the matrix's default when None), sorted."""
+        name = profile or self.default_profile
+        if name not in self.profiles:
+            raise MatrixError(
+                f"{self.path}: no profile {name!r} (profiles: {', '.join(self.profiles)})",
+                fix=f"dsv41-aot build --matrix {self.path} --profile {next(iter(self.profiles), 'full')}",
+            )
+        spec = self.profiles[name]
+        universe = self.all_keys()
+        if "keys" in spec:
+            listed = spec["keys"]
+            out = []
+            known = set(universe)
+            for i, text in enumerate(listed):
+                line = _line(listed, i)
+                try:
+                    key = BuildKey.parse(str(text))
+                except KeyFormatError as e:
+                    raise self._err(line, f"profile {name!r}: {e}") from None
+                if key in out:
+                    raise self._err(line, f"profile {name!r}: duplicate key {key}")
+                if key not in known:
+                    raise self._err(line, f"profile {name!r}: {key} is not a key the matrix builds ({self._why_not(key)})")
+                out.append(key)
+            selected = out
+        else:
+            where = spec.get("where", {})
+            selected = [k for g, k in self.keys_by_group if _matches(where, k, g)]
+            selected = sorted(set(selected))
+        if not selected:
+            raise self._err(_line(self.profiles, name), f"profile {name!r} selects no keys")
+        return sorted(selected)
+
+    def _why_not(self, key: BuildKey) -> str:
+        for rule in self.rules:
+            if rule.drop and _matches(rule.when, key, None, ignore_group=True):
+                return f"dropped by the rule at line {rule.line}, {rule.source}"
+        return "no launch group, layer kind or routing preset produces it"
+
+
+def _matches(when: dict, key: BuildKey, group: str | None, ignore_group: bool = False) -> bool:
+    for name, want in when.items():
+        if name == "group":
+            if ignore_group:
+                continue
+            have = group
+        else:
+            have = getattr(key, name)
+        if isinstance(want, list):
+            if have not in want:
+                return False
+        elif isinstance(want, str) and _CMP.match(want):
+            op, num = _CMP.match(want).groups()
+            if not _OPS[op](have, int(num)):
+                return False
+        elif have != want:
+            return False
+    return True
+
+
+def _tokens(value, m: Matrix, line: int) -> list[int]:
+    if isinstance(value, str):
+        a, sep, b = value.partition("..")
+        try:
+            lo, hi = int(a), int(b)
+        except ValueError:
+            raise m._err(line, f"axis tokens: {value!r} is neither a list nor a range like 1..48") from None
+        if not sep or lo > hi:
+            raise m._err(line, f"axis tokens: bad range {value!r}")
+        out = list(range(lo, hi + 1))
+    elif isinstance(value, int):
+        out = [value]
+    else:
+        out = list(value)
+    for t in out:
+        if not isinstance(t, int) or isinstance(t, bool) or not 1 <= t <= MAX_TOKENS:
+            raise m._err(line, f"axis tokens: {t!r} outside 1..{MAX_TOKENS} (vLLM's MAX_TOKENS)")
+    return out
+
+
+def _check_values(m: Matrix, name: str, values, allowed, line: int) -> list:
+    if not isinstance(values, list) or not values:
+        raise m._err(line, f"axis {name}: expected a non-empty list")
+    seen = set()
+    for v in values:
+        if allowed is not None and v not in allowed:
+            raise m._err(line, f"axis {name}: unknown value {v!r} (known: {', '.join(map(str, allowed))})")
+        if v in seen:
+            raise m._err(line, f"axis {name}: duplicate value {v!r}")
+        seen.add(v)
+    return list(values)
+
+
+def _check_match(m: Matrix, where: dict, line: int, what: str, allowed=_MATCH_FIELDS) -> dict:
+    if not isinstance(where, dict):
+        raise m._err(line, f"{what}: expected a mapping of field: value")
+    for name, want in where.items():
+        if name not in allowed:
+            raise m._err(_line(where, name), f"{what}: unknown field {name!r} (known: {', '.join(sorted(allowed))})")
+        if isinstance(want, str) and name not in ("arch", "kind", "group") and not _CMP.match(want):
+            raise m._err(_line(where, name), f"{what}: {name}: {want!r} is not a comparison like '> 42'")
+        if name == "arch":
+            for v in want if isinstance(want, list) else [want]:
+                if v not in ARCHES:
+                    raise m._err(_line(where, name), f"{what}: unknown arch {v!r} (known: {', '.join(ARCHES)})")
+        if name == "kind":
+            for v in want if isinstance(want, list) else [want]:
+                if v not in KINDS:
+                    raise m._err(_line(where, name), f"{what}: unknown kind {v!r} (known: {', '.join(KINDS)})")
+    return where
+
+
+def load(path: str | Path | None = None) -> Matrix:
+    """Parse and expand a build matrix file (build_matrix.yaml by default)."""
+    path = Path(path) if path else DEFAULT_MATRIX
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise MatrixError(f"cannot read build matrix {path}: {e.strerror}", fix="pass --matrix PATH to an existing build_matrix.yaml") from None
+    try:
+        doc = yaml.load(text, Loader=_LineLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise MatrixError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}", fix=f"fix the YAML syntax in {path}") from None
+    except MatrixError as e:
+        raise MatrixError(f"{path}:{str(e)[len('line '):]}" if str(e).startswith("line ") else str(e)) from None
+    m = Matrix(path=path, default_profile="")
+    if not isinstance(doc, dict):
+        raise m._err(1, "expected a mapping at the top level")
+    for name in doc:
+        if name not in _TOP:
+            raise m._err(_line(doc, name), f"unknown top-level entry {name!r} (known: {', '.join(sorted(_TOP))})")
+    for name in ("axes", "groups", "profiles"):
+        if name not in doc:
+            raise m._err(1, f"missing top-level entry {name!r}")
+
+    axes = doc["axes"]
+    for name in axes:
+        if name not in _AXES:
+            raise m._err(_line(axes, name), f"unknown axis {name!r} (known: {', '.join(sorted(_AXES))})")
+    for name in _AXES:
+        if name not in axes:
+            raise m._err(_line(doc, "axes"), f"missing axis {name!r}")
+    arches = _check_values(m, "arch", axes["arch"], ARCHES, _line(axes, "arch"))
+    tps = _check_values(m, "tp", axes["tp"], None, _line(axes, "tp"))
+    for tp in tps:
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise m._err(_line(axes, "tp"), f"axis tp: {tp!r} is not a TP size")
+    tokens = _tokens(axes["tokens"], m, _line(axes, "tokens"))
+    if len(set(tokens)) != len(tokens):
+        raise m._err(_line(axes, "tokens"), "axis tokens: duplicate value")
+    timelines = _check_values(m, "timeline", axes["timeline"], [False, True], _line(axes, "timeline"))
+
+    layer_kinds = doc.get("layer_kinds") or {}
+    kinds_by_name: dict = {}
+    for lname, entries in layer_kinds.items():
+        seen = set()
+        for i, entry in enumerate(entries or []):
+            line = _line(entries, i)
+            if not isinstance(entry, dict) or set(entry) != _KIND_FIELDS:
+                raise m._err(line, f"layer_kinds.{lname}: each entry needs exactly {sorted(_KIND_FIELDS)}")
+            if entry["ratio"] not in RATIOS:
+                raise m._err(line, f"layer_kinds.{lname}: unknown ratio {entry['ratio']!r} (known: {RATIOS})")
+            for b in ("fold", "index"):
+                if not isinstance(entry[b], bool):
+                    raise m._err(line, f"layer_kinds.{lname}: {b} must be true or false")
+            t = (entry["ratio"], entry["fold"], entry["index"])
+            if t in seen:
+                raise m._err(line, f"layer_kinds.{lname}: duplicate layer kind {dict(entry)}")
+            seen.add(t)
+            kinds_by_name.setdefault(lname, []).append(dict(entry))
+        if lname not in kinds_by_name:
+            raise m._err(_line(layer_kinds, lname), f"layer_kinds.{lname} is empty")
+
+    routing = doc.get("routing") or {}
+    for rname, preset in routing.items():
+        if not isinstance(preset, dict) or set(preset) != _ROUTING_FIELDS:
+            raise m._err(_line(routing, rname), f"routing.{rname}: needs exactly {sorted(_ROUTING_FIELDS)}")
+        for f, v in preset.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise m._err(_line(preset, f), f"routing.{rname}.{f}: {v!r} is not a positive integer")
+
+    groups = doc["groups"]
+    expanded: list = []
+    gnames = set()
+    for i, g in enumerate(groups or []):
+        line = _line(groups, i)
+        if not isinstance(g, dict) or not {"name", "kinds", "routing"} <= set(g) or set(g) - {"name", "kinds", "routing", "layers"}:
+            raise m._err(line, "groups: each group needs name, kinds, routing and (for k1/k2) layers")
+        if g["name"] in gnames:
+            raise m._err(line, f"groups: duplicate group {g['name']!r}")
+        gnames.add(g["name"])
+        for kind in g["kinds"]:
+            if kind not in KINDS:
+                raise m._err(line, f"group {g['name']}: unknown launch kind {kind!r} (known: {', '.join(KINDS)})")
+        if g["routing"] not in routing:
+            raise m._err(line, f"group {g['name']}: unknown routing {g['routing']!r} (known: {', '.join(routing)})")
+        whole = [k for k in g["kinds"] if k != "ffn"]
+        if whole and g.get("layers") not in kinds_by_name:
+            raise m._err(line, f"group {g['name']}: unknown layers {g.get('layers')!r} (known: {', '.join(kinds_by_name)})")
+        lkinds = kinds_by_name[g["layers"]] if whole else [{"ratio": 0, "fold": True, "index": False}]
+        preset = routing[g["routing"]]
+        for arch, tp, lk, s, tl, kind in itertools.product(arches, tps, lkinds, tokens, timelines, g["kinds"]):
+            expanded.append((g["name"], BuildKey(kind=kind, arch=arch, tokens=s, tp=tp, timeline=tl, **lk, **preset)))
+
+    for i, r in enumerate(doc.get("rules") or []):
+        line = _line(doc["rules"], i)
+        if not isinstance(r, dict) or "when" not in r or ("drop" in r) == ("set" in r) or set(r) - {"when", "drop", "set", "source"}:
+            raise m._err(line, "rules: each rule needs `when` and exactly one of `drop: true` / `set: {...}` (and `source`)")
+        if "source" not in r:
+            raise m._err(line, "rules: name the upstream `source` the rule follows")
+        when = _check_match(m, r["when"], line, "rule `when`")
+        for name in when:
+            if name == "group" and any(v not in gnames for v in (when[name] if isinstance(when[name], list) else [when[name]])):
+                raise m._err(_line(when, name), f"rule `when`: unknown group {when[name]!r} (known: {', '.join(sorted(gnames))})")
+        sets = r.get("set") or {}
+        _check_match(m, sets, line, "rule `set`", allowed=_SET_FIELDS)
+        m.rules.append(Rule(when=dict(when), drop=bool(r.get("drop")), set=dict(sets), source=r["source"], line=line))
+
+    for rule in m.rules:
+        out = []
+        for g, key in expanded:
+            if _matches(rule.when, key, g):
+                if rule.drop:
+                    continue
+                try:
+                    key = key.with_(**rule.set)
+                except KeyFormatError as e:
+                    raise m._err(rule.line, f"rule `set` makes an invalid key: {e}") from None
+            out.append((g, key))
+        expanded = out
+    m.keys_by_group = expanded
+    if not expanded:
+        raise m._err(1, "the rules drop every key")
+
+    profiles = doc["profiles"]
+    if not isinstance(profiles, dict) or not profiles:
+        raise m._err(_line(doc, "profiles"), "profiles: expected at least one named profile")
+    for pname, spec in profiles.items():
+        spec = spec if spec is not None else _Node()
+        if not isinstance(spec, dict) or set(spec) - {"where", "keys"} or len(spec) > 1:
+            raise m._err(_line(profiles, pname), f"profile {pname!r}: expected {{}}, {{where: ...}} or {{keys: [...]}}")
+        if "where" in spec:
+            _check_match(m, spec["where"], _line(profiles, pname), f"profile {pname!r} `where`")
+        if "keys" in spec and (not isinstance(spec["keys"], list) or not spec["keys"]):
+            raise m._err(_line(profiles, pname), f"profile {pname!r}: empty keys list")
+        m.profiles[pname] = spec
+    m.default_profile = doc.get("default_profile") or next(iter(profiles))
+    if m.default_profile not in profiles:
+        raise m._err(_line(doc, "default_profile"), f"default_profile {m.default_profile!r} is not a profile")
+    for pname in m.profiles:
+        m.select(pname)  # every profile must select something valid
+    return m
+
+
+# ---------------------------------------------------------------- shards
+def estimate_seconds(key: BuildKey) -> float:
+    """A compile-time guess for a key with no recorded time: FACTS.md's
+    figures on a 2-core CPU (K1 ~2-4 s, K2 ~7-13 s, FFN ~4-8 s, growing with
+    the step width; gfx942 about 1.5x)."""
+    base, per_token = {"k1": (1.7, 0.04), "k2": (6.5, 0.12), "ffn": (4.0, 0.08)}[key.kind]
+    scale = 1.6 if key.arch == "gfx942" else 1.0
+    return (base + per_token * key.tokens) * scale
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)/(\d+)", text or "")
+    if not m or not (0 <= int(m[1]) < int(m[2])):
+        raise MatrixError(f"bad shard {text!r}: expected i/N with 0 <= i < N", fix="pass --shard 0/4 (shards are numbered from 0)")
+    return int(m[1]), int(m[2])
+
+
+def shard(keys: list[BuildKey], index: int, count: int, seconds: dict | None = None) -> list[BuildKey]:
+    """Shard ``index`` of ``count``: longest-first greedy over the recorded
+    compile seconds (``seconds``: key string -> s, e.g. from a manifest), or
+    the estimate where none is recorded. Deterministic: every key lands in
+    exactly one shard, the same one on every machine."""
+    seconds = seconds or {}
+    cost = {k: float(seconds.get(str(k), estimate_seconds(k))) for k in keys}
+    loads = [0.0] * count
+    out: list[list[BuildKey]] = [[] for _ in range(count)]
+    for k in sorted(keys, key=lambda k: (-cost[k], str(k))):
+        i = min(range(count), key=lambda j: (loads[j], j))
+        loads[i] += cost[k]
+        out[i].append(k)
+    return sorted(out[index])
