@@ -1,0 +1,315 @@
+"""Parallel, incremental, resumable builds of a list of keys.
+
+- Parallel: ``jobs`` worker processes (``dsv41_aot.worker``), each bound to
+  one arch for its life (the mono package fixes its target at import); a slot
+  whose arch runs out of work is given to the arch with the most work left.
+  Keys go longest-first.
+- Incremental: a key is up to date when its manifest entry was built from the
+  same source identity (vLLM mono SOURCES and version, aiter helpers, FlyDSL
+  version, linker) and its stored object still hashes to the manifest's
+  sha256. A changed identity rebuilds exactly the keys it covers.
+- Resumable: objects and the manifest are replaced atomically, the manifest
+  at least once a second while compiles land, so a kill at any moment leaves
+  a consistent directory; a rerun compiles only what is missing.
+- Deterministic: same inputs, same bytes (objects and manifest).
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import json
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import source, toolchain
+from .errors import AotError, CompileError, OutputDirError
+from .keys import BuildKey
+from .manifest import Manifest, sha256_file
+from .matrix import estimate_seconds
+
+FLUSH_SECONDS = 1.0
+
+
+@dataclass
+class Summary:
+    keys: int = 0
+    compiled: int = 0
+    up_to_date: int = 0
+    failed: int = 0
+    wall_seconds: float = 0.0
+    compile_seconds: float = 0.0  # sum over the keys compiled in this run
+    jobs: int = 1
+    failures: list = field(default_factory=list)  # [{"key", "error"}]
+
+    def as_dict(self) -> dict:
+        return {
+            "keys": self.keys,
+            "compiled": self.compiled,
+            "up_to_date": self.up_to_date,
+            "failed": self.failed,
+            "wall_seconds": round(self.wall_seconds, 3),
+            "compile_seconds": round(self.compile_seconds, 3),
+            "jobs": self.jobs,
+            "failures": self.failures,
+        }
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse an output directory that cannot be written, before writing anything."""
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise OutputDirError(f"output directory {out} is not writable (checked {probe})", fix="pass --out DIR to a writable folder")
+
+
+def identity(src: source.MonoSource, tools: toolchain.Toolchain) -> dict:
+    """The source identity every entry built now will carry."""
+    from . import compat
+
+    return {
+        "vllm_version": src.version,
+        "mono_sources": src.digest,
+        "helpers": compat.install_aiter_shim(),
+        "flydsl_version": tools.flydsl_version,
+        "linker": tools.lld_version,
+    }
+
+
+def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:
+    e = m.entries.get(str(key))
+    if e is None or e.get("source") != ident:
+        return False
+    path = m.dir / e["object"]
+    return path.is_file() and path.stat().st_size == e["bytes"] and sha256_file(path) == e["sha256"]
+
+
+class _Worker:
+    def __init__(self, arch: str, argv: list, env: dict, log):
+        self.arch = arch
+        self.key: BuildKey | None = None
+        self.ready = False
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, text=True, bufsize=1
+        )
+
+    def send(self, key: BuildKey) -> None:
+        self.key = key
+        self.proc.stdin.write(f"{key}\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+
+class _ArchState:
+    """One arch's manifest, lock and pending keys during a build."""
+
+    def __init__(self, out: Path, arch: str):
+        self.dir = out / arch
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.lock = open(self.dir / ".build.lock", "w")
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputDirError(f"another dsv41-aot build is writing {self.dir}", fix="wait for it to finish, or pass another --out") from None
+        self.manifest = Manifest.read(self.dir, arch, missing_ok=True)
+        self.pending: collections.deque = collections.deque()
+        self.dirty = False
+        self.failed_start: str | None = None
+
+
+def build(
+    keys: list[BuildKey],
+    out: Path,
+    *,
+    jobs: int | None = None,
+    vllm_src: str | None = None,
+    progress: bool = True,
+    log=None,
+) -> Summary:
+    """Build ``keys`` into the prebuilt directory ``out``; returns a summary
+    (failures included: a failed key does not stop the others)."""
+    t_start = time.perf_counter()
+    out = Path(out).resolve()
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    log = log or sys.stderr
+    # every check before anything is written
+    check_out_dir(out)
+    tools = toolchain.find()
+    src = source.find(vllm_src)
+    ident = identity(src, tools)
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise AotError(f"key {dup} asked for twice", fix="list each key once")
+
+    summary = Summary(keys=len(keys), jobs=jobs)
+    states: dict[str, _ArchState] = {}
+    for key in keys:
+        if key.arch not in states:
+            states[key.arch] = _ArchState(out, key.arch)
+        st = states[key.arch]
+        if up_to_date(st.manifest, key, ident):
+            summary.up_to_date += 1
+        else:
+            st.pending.append(key)
+    todo = sum(len(s.pending) for s in states.values())
+    for st in states.values():
+        st.pending = collections.deque(sorted(st.pending, key=lambda k: (-estimate_seconds(k), str(k))))
+
+    bar = None
+    if progress and todo:
+        from tqdm import tqdm
+
+        bar = tqdm(total=todo, desc="dsv41-aot build", unit="sym", file=sys.stderr, dynamic_ncols=True)
+    try:
+        if todo:
+            _run(states, ident, tools, src, jobs, summary, bar)
+    finally:
+        for st in states.values():
+            if st.dirty:
+                st.manifest.write()
+            if summary.failed == 0:
+                for orphan in st.manifest.orphans():
+                    orphan.unlink(missing_ok=True)
+            st.lock.close()
+        if bar is not None:
+            bar.close()
+    summary.wall_seconds = time.perf_counter() - t_start
+    return summary
+
+
+def _run(states, ident, tools, src, jobs, summary, bar) -> None:
+    sel = selectors.DefaultSelector()
+    workers: list[_Worker] = []
+    logdir = tempfile.TemporaryDirectory(prefix="dsv41-aot-workers-")
+    last_flush = time.monotonic()
+
+    def remaining(arch: str) -> float:
+        return sum(estimate_seconds(k) for k in states[arch].pending)
+
+    def start(arch: str) -> None:
+        st = states[arch]
+        env = __import__("dsv41_aot.compiler", fromlist=["worker_env"]).worker_env(
+            arch, str(tools.rocm_path), os.path.join(logdir.name, f"flydsl-{arch}")
+        )
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+        argv = [sys.executable, "-m", "dsv41_aot.worker", arch, str(src.root), str(st.dir), str(tools.strip), tools.lld_version]
+        logf = open(os.path.join(logdir.name, f"worker-{arch}-{len(workers)}.log"), "w+")
+        w = _Worker(arch, argv, env, logf)
+        w.log = logf
+        workers.append(w)
+        sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+
+    def retire(w: _Worker) -> None:
+        sel.unregister(w.proc.stdout)
+        w.stop()
+        w.proc.wait()
+        workers.remove(w)
+
+    def fail(key: BuildKey, error: str) -> None:
+        st = states[key.arch]
+        summary.failed += 1
+        summary.failures.append({"key": str(key), "error": error})
+        if st.manifest.entries.pop(str(key), None) is not None:
+            st.dirty = True  # its entry no longer says what this source builds
+        if bar is not None:
+            bar.write(f"FAILED {key}: {error}")
+            bar.update(1)
+        else:
+            print(f"FAILED {key}: {error}", file=sys.stderr)
+
+    def log_tail(w: _Worker) -> str:
+        w.log.seek(0)
+        lines = w.log.read().strip().splitlines()
+        return " | ".join(lines[-3:])
+
+    try:
+        while any(s.pending for s in states.values()) or any(w.key for w in workers):
+            # give free slots to the arch with the most work per worker
+            while len(workers) < jobs:
+                busy = collections.Counter(w.arch for w in workers)
+                cand = [a for a, s in states.items() if len(s.pending) > busy[a] and s.failed_start is None]
+                if not cand:
+                    break
+                start(max(cand, key=lambda a: (remaining(a) / (busy[a] + 1), a)))
+            for w in list(workers):
+                if w.ready and w.key is None:
+                    st = states[w.arch]
+                    if st.pending:
+                        w.send(st.pending.popleft())
+                    else:
+                        retire(w)
+            if not workers:
+                break
+            for sk, _ in sel.select(timeout=1.0):
+                w: _Worker = sk.data
+                line = w.proc.stdout.readline()
+                if not line:  # the worker died
+                    if w.key is not None:
+                        code = w.proc.wait()
+                        fail(w.key, f"compile worker died (exit {code}): {log_tail(w)}")
+                        w.key = None
+                    elif not w.ready:
+                        states[w.arch].failed_start = f"compile worker for {w.arch} died at start: {log_tail(w)}"
+                    retire(w)
+                    continue
+                msg = json.loads(line)
+                if "ready" in msg:
+                    if not msg["ready"]:
+                        states[w.arch].failed_start = msg["error"]
+                        retire(w)
+                    elif msg["identity"] != ident:
+                        states[w.arch].failed_start = (
+                            f"worker source identity {msg['identity']} differs from {ident}"
+                        )
+                        retire(w)
+                    else:
+                        w.ready = True
+                    continue
+                key, w.key = w.key, None
+                if msg["ok"]:
+                    st = states[key.arch]
+                    st.manifest.put(msg["entry"], msg["abi"])
+                    st.dirty = True
+                    summary.compiled += 1
+                    summary.compile_seconds += msg["entry"]["compile_seconds"]
+                    if bar is not None:
+                        bar.update(1)
+                else:
+                    fail(key, msg["error"])
+            for st in states.values():
+                if st.failed_start is not None and st.pending:
+                    for key in list(st.pending):
+                        fail(key, st.failed_start)
+                    st.pending.clear()
+            if time.monotonic() - last_flush >= FLUSH_SECONDS:
+                for st in states.values():
+                    if st.dirty:
+                        st.manifest.write()
+                        st.dirty = False
+                last_flush = time.monotonic()
+    finally:
+        for w in list(workers):
+            w.proc.kill()
+            w.proc.wait()
+        sel.close()
+        logdir.cleanup()
+
+
+def raise_for(summary: Summary) -> None:
+    if summary.failed:
+        raise CompileError(
+            f"{summary.failed} of {summary.keys} keys failed: " + "; ".join(f"{f['key']}" for f in summary.failures),
+            fix="read each key's error above; a key the kernel source refuses belongs in a rule of build_matrix.yaml",
+        )

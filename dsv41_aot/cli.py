@@ -1,0 +1,156 @@
+"""``dsv41-aot``: every command a user runs.
+
+Exit codes: 0 ok, 1 checks failed (a key failed to compile, an artifact is
+wrong), 2 bad input (the command line, the matrix, the environment). Commands
+that a script parses take ``--json``. Each command lives in its module, which
+provides ``register(subparsers)``; the subparser's ``func(args) -> int`` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from .errors import AotError
+
+# command modules beside the build commands below
+COMMANDS: tuple[str, ...] = ("resources", "verify")
+
+DEFAULT_OUT = Path(os.environ.get("DSV41_AOT_OUT", Path(__file__).resolve().parents[1] / "kernels_prebuilt"))
+
+
+# ---------------------------------------------------------------- build
+def _selected_keys(args) -> list:
+    from . import matrix
+    from .keys import BuildKey
+
+    m = matrix.load(args.matrix)
+    if args.key:
+        keys = [BuildKey.parse(k) for k in args.key]
+        universe = set(m.all_keys())
+        for k in keys:
+            if k not in universe and not args.any_key:
+                raise AotError(
+                    f"{k} is not a key {m.path} builds ({m._why_not(k)})",
+                    fix="pick a key from: dsv41-aot build --list --profile full  (or pass --any-key to build it anyway)",
+                )
+    else:
+        keys = m.select(args.profile)
+    if args.arch:
+        from . import toolchain
+
+        for a in args.arch:
+            toolchain.check_arch(a)
+        keys = [k for k in keys if k.arch in args.arch]
+        if not keys:
+            raise AotError(f"no selected key is for {', '.join(args.arch)}", fix="drop --arch or pick another profile")
+    if args.shard:
+        from .manifest import Manifest
+
+        i, n = matrix.parse_shard(args.shard)
+        seconds = {}
+        for arch in sorted({k.arch for k in keys}):
+            try:
+                man = Manifest.read(Path(args.out) / arch, arch, missing_ok=True)
+            except AotError:
+                continue
+            seconds.update({k: e["compile_seconds"] for k, e in man.entries.items()})
+        keys = matrix.shard(keys, i, n, seconds)
+    return keys
+
+
+def cmd_build(args) -> int:
+    keys = _selected_keys(args)
+    if args.list:
+        if args.json:
+            print(json.dumps([str(k) for k in keys]))
+        else:
+            for k in keys:
+                print(k)
+        return 0
+    from . import build
+
+    summary = build.build(keys, Path(args.out), jobs=args.jobs, vllm_src=args.vllm_src, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps(summary.as_dict(), indent=1))
+    else:
+        print(
+            f"{summary.keys} keys: {summary.compiled} compiled, {summary.up_to_date} up to date, "
+            f"{summary.failed} failed in {summary.wall_seconds:.1f} s -> {Path(args.out).resolve()}"
+        )
+        for f in summary.failures:
+            print(f"  FAILED {f['key']}: {f['error']}", file=sys.stderr)
+    return 1 if summary.failed else 0
+
+
+def cmd_list(args) -> int:
+    from .manifest import Manifest, arch_dirs
+
+    root = Path(args.dir)
+    entries = []
+    dirs = arch_dirs(root)
+    if not dirs:
+        raise AotError(f"{root} holds no prebuilt architecture (no <arch>/manifest.json)", fix=f"dsv41-aot build --out {root}")
+    for d in dirs:
+        m = Manifest.read(d)
+        for key in sorted(m.entries):
+            entries.append(dict(m.entries[key], abi=m.abi(key)))
+    if args.json:
+        print(json.dumps(entries, indent=1))
+        return 0
+    print(f"{'key':44} {'bytes':>8} {'code obj':>8} {'compile s':>9}  symbol")
+    for e in entries:
+        print(f"{e['key']:44} {e['bytes']:8d} {e['code_object_bytes']:8d} {e['compile_seconds']:9.2f}  {e['symbol']}")
+    print(f"{len(entries)} symbols in {root}")
+    return 0
+
+
+def _add_build(sub) -> None:
+    p = sub.add_parser("build", help="compile launch symbols ahead of time (no GPU needed)")
+    p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml)")
+    p.add_argument("--profile", help="matrix profile (default: the matrix's default_profile)")
+    p.add_argument("--arch", action="append", help="only keys of this arch (repeatable)")
+    p.add_argument("--key", nargs="+", help="build these keys instead of a profile")
+    p.add_argument("--any-key", action="store_true", help="with --key: allow keys the matrix does not list")
+    p.add_argument("--jobs", "-j", type=int, default=None, help="worker processes (default: CPU count)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="prebuilt directory (default: kernels_prebuilt/)")
+    p.add_argument("--shard", help="build shard i of N (i/N, from 0): balanced by recorded compile seconds")
+    p.add_argument("--vllm-src", help="a vLLM checkout (folder holding vllm/) instead of the installed vllm")
+    p.add_argument("--list", action="store_true", help="print the selected keys and exit")
+    p.add_argument("--json", action="store_true", help="print one JSON summary at the end")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("list", help="what a prebuilt directory holds")
+    p.add_argument("--dir", default=str(DEFAULT_OUT), help="prebuilt directory (default: kernels_prebuilt/)")
+    p.add_argument("--json", action="store_true", help="one JSON array of manifest entries")
+    p.set_defaults(func=cmd_list)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dsv41-aot", description="Ahead-of-time kernels for vLLM's DeepSeek-V4.1 mono decode layer")
+    sub = ap.add_subparsers(dest="command", required=True)
+    _add_build(sub)
+    for name in COMMANDS:
+        importlib.import_module(f"dsv41_aot.{name}").register(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except AotError as e:
+        print(f"dsv41-aot {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"dsv41-aot {args.command}: interrupted (rerun to resume)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""One key -> one stripped, content-addressed export object (build side).
+
+Runs inside a worker process bound to one architecture: the mono package fixes
+its target at import (``common/arch.py`` reads ``ARCH``), so ``ArchCompiler``
+sets the environment first, then imports vLLM's mono package in isolation.
+
+The compile path is FlyDSL 0.4.2's own JIT compile without a launch: the mono
+launchers take only scalars, so ``flyc.compile`` would try to launch them.
+``JitFunction._compile_or_execute(..., execute=False)`` compiles,
+``_make_compiled_function`` wraps the artifact, ``export_to_c`` writes the C
+object. These are FlyDSL internals: FlyDSL is pinned exactly
+(toolchain.FLYDSL_VERSION) and tests/test_flydsl_pin.py fails loudly when
+they drift.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from . import elf
+from .errors import CompileError, ResidencyError
+from .keys import BuildKey
+from .manifest import OBJECTS, atomic_write
+
+BUILDERS = {"k1": "build_mono_k1", "k2": "build_mono_k2", "ffn": "build_mono_ffn"}
+
+
+def worker_env(arch: str, rocm_path: str, cache_dir: str) -> dict:
+    """The environment a compile worker for ``arch`` runs in. FlyDSL options a
+    user may have set are cleared so a build compiles exactly what vLLM's JIT
+    compiles with FlyDSL's defaults."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYDSL_")}
+    env.update(
+        ARCH=arch,
+        FLYDSL_GPU_ARCH=arch,
+        ROCM_PATH=rocm_path,
+        FLYDSL_RUNTIME_CACHE_DIR=cache_dir,
+        FLYDSL_RUNTIME_ENABLE_CACHE="0",
+    )
+    return env
+
+
+def typed_args(launcher) -> tuple:
+    """Compile arguments for a launcher: a typed zero per parameter
+    annotation (``fx.Int64(0)``, ``fx.Int32(0)``), the stream left default."""
+    out = []
+    for p in inspect.signature(launcher.func).parameters.values():
+        if p.default is not inspect.Parameter.empty:
+            continue  # the stream
+        out.append(p.annotation(0))
+    return tuple(out)
+
+
+def abi_of(meta: dict) -> list:
+    """The call ABI recorded by export_to_c: slots in call order."""
+    return [{"name": a["arg_name"], "ctype": a["ctype"], "size": a["size"]} for a in meta["abi"]]
+
+
+class ArchCompiler:
+    """Compiles keys of one architecture; lives for a worker's lifetime."""
+
+    def __init__(self, arch: str, vllm_root: str, arch_dir: str, strip: str, linker: str):
+        if os.environ.get("ARCH") != arch:
+            raise RuntimeError(f"worker for {arch} started with ARCH={os.environ.get('ARCH')!r}")
+        from . import compat, source
+
+        self.arch = arch
+        self.arch_dir = Path(arch_dir)
+        self.strip = strip
+        self.helpers = compat.install_aiter_shim()
+        self.src = source.MonoSource(root=Path(vllm_root), version=source._version_of(Path(vllm_root)))
+        self.layer = source.import_mono(self.src, "layer")
+        from importlib import import_module
+
+        from flydsl import __version__ as flydsl_version
+
+        sources = import_module(f"{source.MONO}.sources").SOURCES
+        self.identity = {
+            "vllm_version": self.src.version,
+            "mono_sources": sources,
+            "helpers": self.helpers,
+            "flydsl_version": flydsl_version,
+            "linker": linker,
+        }
+
+    def launcher(self, key: BuildKey):
+        """vLLM's launcher for ``key``, built exactly as the runner builds it."""
+        build = getattr(self.layer, BUILDERS[key.kind])
+        return build(self.layer.MonoBuild(**key.build_fields()))
+
+    def compile(self, key: BuildKey) -> tuple[dict, list]:
+        """Compile ``key``, store its stripped export object, and return its
+        manifest entry and ABI."""
+        if key.arch != self.arch:
+            raise CompileError(f"{key}: sent to the {self.arch} worker")
+        t0 = time.perf_counter()
+        launcher = self.launcher(key)
+        args = typed_args(launcher)
+        launcher._compile_or_execute(args, {}, execute=False)
+        cache_key, _ = launcher._last_compiled
+        bound = launcher._sig.bind(*args)
+        bound.apply_defaults()
+        compiled = launcher._make_compiled_function(cache_key, bound, None)
+        compile_s = time.perf_counter() - t0
+        with tempfile.TemporaryDirectory(prefix="dsv41-export-") as tmp:
+            compiled.export_to_c(tmp, key.entry)
+            raw = Path(tmp) / f"{key.entry}.o"
+            stripped = Path(tmp) / "stripped.o"
+            proc = subprocess.run([self.strip, "--strip-debug", str(raw), "-o", str(stripped)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise CompileError(f"{key}: llvm-strip failed: {proc.stderr.strip()}")
+            data = stripped.read_bytes()
+            raw_bytes = raw.stat().st_size
+        meta_bytes, code = elf.exported_parts(data, key.entry)
+        meta = json.loads(meta_bytes)
+        if meta.get("arch") != self.arch:
+            raise CompileError(f"{key}: FlyDSL compiled for {meta.get('arch')!r}")
+        names = {s.name for s in elf.Elf(code).symbols()}
+        if key.kernel_symbol not in names:
+            raise CompileError(f"{key}: code object lacks kernel {key.kernel_symbol} (has {sorted(n for n in names if n.startswith('_ZN'))})")
+        resources = self.resources(key, code)
+        sha = hashlib.sha256(data).hexdigest()
+        obj = self.arch_dir / OBJECTS / f"{sha}.o"
+        if not (obj.is_file() and obj.stat().st_size == len(data)):
+            atomic_write(obj, data)
+        entry = {
+            "key": str(key),
+            "kind": key.kind,
+            "arch": key.arch,
+            "fields": key.build_fields(),
+            "symbol": key.kernel_symbol,
+            "entry": key.entry,
+            "object": f"{OBJECTS}/{sha}.o",
+            "sha256": sha,
+            "bytes": len(data),
+            "export_bytes": raw_bytes,
+            "code_object_sha256": hashlib.sha256(code).hexdigest(),
+            "code_object_bytes": len(code),
+            "compile_seconds": round(compile_s, 3),
+            "source": self.identity,
+            "resources": resources,
+        }
+        return entry, abi_of(meta)
+
+    def resources(self, key: BuildKey, code: bytes) -> dict:
+        """The code object's resource figures; a symbol that cannot be
+        resident one CTA per CU, or that spills, fails its key."""
+        try:
+            from .inspect import code_object_resources, residency_problems
+        except ImportError:  # the resource reader is optional until it lands
+            return {}
+        res = code_object_resources(code)
+        problems = residency_problems(res, key.arch)
+        if problems:
+            raise ResidencyError(f"{key}: cannot launch as a persistent kernel: {'; '.join(problems)}")
+        return res

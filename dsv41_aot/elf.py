@@ -1,0 +1,118 @@
+"""The little ELF64 reading dsv41-aot needs: sections, symbols, notes.
+
+An exported FlyDSL object (``export_to_c``) is an x86-64 relocatable ELF that
+holds two things we read back: ``<entry>__metadata`` (JSON: ABI slots, arch,
+FlyDSL version) and ``<entry>__kernels_binary`` (the GPU code object, itself
+an AMDGPU ELF whose notes carry the kernel's resource metadata).
+
+Standard library only (the runtime may read it too).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+ELF_MAGIC = b"\x7fELF"
+SHT_SYMTAB = 2
+SHT_NOTE = 7
+SHT_NOBITS = 8
+
+
+class ElfError(ValueError):
+    """Bytes that are not the ELF64 little-endian file we expect."""
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    type: int
+    offset: int
+    size: int
+    link: int
+    entsize: int
+
+
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    value: int
+    size: int
+    shndx: int
+    info: int
+
+
+class Elf:
+    def __init__(self, data: bytes):
+        if data[:4] != ELF_MAGIC or data[4] != 2 or data[5] != 1:
+            raise ElfError("not an ELF64 little-endian file")
+        self.data = data
+        (self.e_type, self.e_machine, _, _, _, shoff, self.e_flags, _, _, _, shentsize, shnum, shstrndx) = struct.unpack_from(
+            "<HHIQQQIHHHHHH", data, 16
+        )
+        if shoff == 0 or shoff + shnum * shentsize > len(data):
+            raise ElfError("truncated section header table")
+        raw = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+        names = raw[shstrndx]
+        self.sections = [
+            Section(self._str(names[4], r[0]), r[1], r[4], r[5], r[6], r[9]) for r in raw
+        ]
+
+    def _str(self, table_off: int, idx: int) -> str:
+        end = self.data.index(b"\0", table_off + idx)
+        return self.data[table_off + idx : end].decode()
+
+    def section(self, name: str) -> Section | None:
+        return next((s for s in self.sections if s.name == name), None)
+
+    def section_bytes(self, s: Section) -> bytes:
+        if s.type == SHT_NOBITS:
+            return b""
+        if s.offset + s.size > len(self.data):
+            raise ElfError(f"section {s.name} runs past the end of the file")
+        return self.data[s.offset : s.offset + s.size]
+
+    def symbols(self) -> list[Symbol]:
+        out = []
+        for s in self.sections:
+            if s.type != SHT_SYMTAB:
+                continue
+            strtab = self.sections[s.link]
+            for off in range(s.offset, s.offset + s.size, s.entsize or 24):
+                name, info, _, shndx, value, size = struct.unpack_from("<IBBHQQ", self.data, off)
+                out.append(Symbol(self._str(strtab.offset, name), value, size, shndx, info))
+        return out
+
+    def symbol_bytes(self, name: str) -> bytes:
+        """The bytes a data symbol of a relocatable object covers."""
+        for sym in self.symbols():
+            if sym.name == name:
+                sec = self.sections[sym.shndx]
+                return self.section_bytes(sec)[sym.value : sym.value + sym.size]
+        raise ElfError(f"no symbol {name}")
+
+    def notes(self):
+        """(name, type, desc) of every note in the SHT_NOTE sections."""
+        for s in self.sections:
+            if s.type != SHT_NOTE:
+                continue
+            buf, pos = self.section_bytes(s), 0
+            while pos + 12 <= len(buf):
+                namesz, descsz, ntype = struct.unpack_from("<III", buf, pos)
+                pos += 12
+                name = buf[pos : pos + namesz].rstrip(b"\0").decode(errors="replace")
+                pos += (namesz + 3) & ~3
+                desc = buf[pos : pos + descsz]
+                pos += (descsz + 3) & ~3
+                yield name, ntype, desc
+
+
+def exported_parts(obj: bytes, entry: str) -> tuple[bytes, bytes]:
+    """(metadata JSON bytes, GPU code object) of the export object ``obj``
+    whose C entry is ``entry``."""
+    elf = Elf(obj)
+    meta = elf.symbol_bytes(f"{entry}__metadata").rstrip(b"\0")
+    code = elf.symbol_bytes(f"{entry}__kernels_binary")
+    if code[:4] != ELF_MAGIC:
+        raise ElfError(f"{entry}__kernels_binary is not an ELF code object")
+    return meta, code

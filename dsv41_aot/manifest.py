@@ -1,0 +1,173 @@
+"""The prebuilt directory's manifest: schema, atomic writes, verification.
+
+Layout of a prebuilt directory (``kernels_prebuilt/`` by default), one folder
+per architecture so that a wheel carries exactly one::
+
+    <dir>/<arch>/manifest.json        this module's schema
+    <dir>/<arch>/objects/<sha256>.o   stripped export objects, content-addressed
+    <dir>/<arch>/lib/...              linked libraries (dsv41_aot.link)
+
+manifest.json::
+
+    {"schema": 1, "arch": "gfx950",
+     "abis": {"<abi id>": [{"name": "res_in", "ctype": "int64", "size": 8}, ...]},
+     "entries": {"<key string>": {
+         "key", "kind", "arch", "fields": {MonoBuild fields},
+         "symbol": GPU kernel symbol, "entry": C entry point,
+         "object": "objects/<sha256>.o", "sha256", "bytes",
+         "code_object_sha256", "code_object_bytes",
+         "compile_seconds", "abi": "<abi id>",
+         "source": {"vllm_version", "mono_sources", "helpers", "flydsl_version", "linker"},
+         "resources": {...} (GPU code object figures, when read)}}}
+
+ABI lists are shared by id (every K1 has the same 41 slots), so the manifest
+of a whole arch stays small and parses fast at load time.
+
+Runtime-side module: standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import IntegrityError, ManifestError
+
+SCHEMA = 1
+MANIFEST = "manifest.json"
+OBJECTS = "objects"
+REQUIRED = (
+    "key", "kind", "arch", "fields", "symbol", "entry", "object", "sha256", "bytes",
+    "code_object_sha256", "code_object_bytes", "compile_seconds", "abi", "source",
+)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader (or a kill at any moment)
+    sees the old file or the new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def abi_id(abi: list) -> str:
+    return hashlib.sha256(json.dumps(abi, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Manifest:
+    """One architecture's manifest (``<dir>/<arch>/manifest.json``)."""
+
+    def __init__(self, arch_dir: Path, arch: str, entries: dict | None = None, abis: dict | None = None):
+        self.dir = Path(arch_dir)
+        self.arch = arch
+        self.entries: dict = entries or {}
+        self.abis: dict = abis or {}
+
+    @property
+    def path(self) -> Path:
+        return self.dir / MANIFEST
+
+    # ---------------------------------------------------------------- io
+    @classmethod
+    def read(cls, arch_dir: Path, arch: str | None = None, *, missing_ok: bool = False) -> "Manifest":
+        arch_dir = Path(arch_dir)
+        path = arch_dir / MANIFEST
+        arch = arch or arch_dir.name
+        fix = f"rebuild it: dsv41-aot build --arch {arch} --out {arch_dir.parent}"
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            if missing_ok:
+                return cls(arch_dir, arch)
+            raise ManifestError(f"no manifest at {path}", fix=fix) from None
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:
+            raise ManifestError(f"{path}: malformed JSON ({e})", fix=fix) from None
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            raise ManifestError(f"{path}: not a schema-{SCHEMA} dsv41-aot manifest", fix=fix)
+        if doc.get("arch") != arch:
+            raise ManifestError(f"{path}: manifest for {doc.get('arch')!r} in the {arch} folder", fix=fix)
+        entries, abis = doc.get("entries"), doc.get("abis")
+        if not isinstance(entries, dict) or not isinstance(abis, dict):
+            raise ManifestError(f"{path}: entries / abis missing", fix=fix)
+        for key, e in entries.items():
+            missing = [f for f in REQUIRED if f not in e] if isinstance(e, dict) else list(REQUIRED)
+            if missing:
+                raise ManifestError(f"{path}: entry {key} lacks {', '.join(missing)}", fix=fix)
+            if e["key"] != key or e["arch"] != arch:
+                raise ManifestError(f"{path}: entry {key} names key {e['key']!r} / arch {e['arch']!r}", fix=fix)
+            if e["abi"] not in abis:
+                raise ManifestError(f"{path}: entry {key} names unknown ABI {e['abi']}", fix=fix)
+        return cls(arch_dir, arch, entries, abis)
+
+    def write(self) -> None:
+        """Atomically replace manifest.json (entries sorted: same inputs, same bytes)."""
+        used = {e["abi"] for e in self.entries.values()}
+        doc = {
+            "schema": SCHEMA,
+            "arch": self.arch,
+            "abis": {k: self.abis[k] for k in sorted(used)},
+            "entries": {k: self.entries[k] for k in sorted(self.entries)},
+        }
+        atomic_write(self.path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+
+    # ---------------------------------------------------------------- entries
+    def put(self, entry: dict, abi: list) -> None:
+        aid = abi_id(abi)
+        self.abis[aid] = abi
+        entry = dict(entry, abi=aid)
+        self.entries[entry["key"]] = entry
+
+    def abi(self, key: str) -> list:
+        return self.abis[self.entries[key]["abi"]]
+
+    def object_path(self, key: str) -> Path:
+        return self.dir / self.entries[key]["object"]
+
+    def check_object(self, key: str) -> None:
+        """Raise IntegrityError unless the key's stored object exists with the
+        manifest's sha256 and size."""
+        e = self.entries[key]
+        path = self.dir / e["object"]
+        fix = f"rebuild it: dsv41-aot build --key '{key}' --out {self.dir.parent}"
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise IntegrityError(f"{key}: object {path} is missing", fix=fix) from None
+        if size != e["bytes"] or sha256_file(path) != e["sha256"]:
+            raise IntegrityError(f"{key}: object {path} does not match its manifest sha256 (corrupt or altered)", fix=fix)
+
+    def orphans(self) -> list[Path]:
+        """Stored objects no entry names (left by an interrupted or older build)."""
+        named = {self.dir / e["object"] for e in self.entries.values()}
+        objdir = self.dir / OBJECTS
+        return sorted(p for p in objdir.glob("*.o") if p not in named) if objdir.is_dir() else []
+
+
+def arch_dirs(root: Path) -> list[Path]:
+    """The per-arch folders of a prebuilt directory that hold a manifest."""
+    root = Path(root)
+    return sorted(p for p in root.iterdir() if (p / MANIFEST).is_file()) if root.is_dir() else []

@@ -1,0 +1,105 @@
+"""The build toolchain, found and checked before any compile starts.
+
+FlyDSL's ROCDL serializer links GPU code objects with ``$ROCM_PATH/llvm/bin/ld.lld``.
+A ROCm install provides it; on a CPU-only machine Debian's ``lld-19`` does
+too, given a folder laid out like ROCm's (``<dir>/llvm/bin/ld.lld``). Debug
+info is stripped with ``llvm-strip`` from the same LLVM.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ToolchainError
+
+FLYDSL_VERSION = "0.4.2"  # the FlyDSL whose internal compile path compiler.py uses
+FIX_LLD = "install a ROCm (set ROCM_PATH) or Debian's lld-19 and llvm-19: apt-get install lld-19 llvm-19"
+FIX_FLYDSL = f"pip install flydsl=={FLYDSL_VERSION}"
+SHIM_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dsv41-aot" / "rocm"
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    rocm_path: Path  # what ROCM_PATH is set to in the compile workers
+    lld: Path
+    strip: Path
+    lld_version: str
+    flydsl_version: str
+
+
+def _llvm_dirs():
+    """LLVM bin folders to look in, best first: ROCm's, then Debian's."""
+    for rocm in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
+        if rocm:
+            yield Path(rocm) / "llvm" / "bin"
+    for d in sorted(Path("/usr/lib").glob("llvm-*"), key=lambda p: -int(p.name[5:]) if p.name[5:].isdigit() else 0):
+        yield d / "bin"
+
+
+def _version(tool: Path) -> str:
+    try:
+        out = subprocess.run([str(tool), "--version"], capture_output=True, text=True, timeout=30)
+    except OSError as e:
+        raise ToolchainError(f"{tool} does not run: {e}", fix=FIX_LLD) from None
+    if out.returncode != 0:
+        raise ToolchainError(f"{tool} --version failed: {out.stderr.strip()}", fix=FIX_LLD)
+    return out.stdout.strip().splitlines()[0]
+
+
+def find() -> Toolchain:
+    """Find ld.lld and llvm-strip, make a ROCM_PATH FlyDSL can use, and check
+    the FlyDSL version this build pins."""
+    lld = strip = None
+    for d in _llvm_dirs():
+        if lld is None and (d / "ld.lld").is_file():
+            lld = d / "ld.lld"
+        if strip is None and (d / "llvm-strip").is_file():
+            strip = d / "llvm-strip"
+    if lld is None:
+        raise ToolchainError("no ld.lld found (FlyDSL links GPU code objects with $ROCM_PATH/llvm/bin/ld.lld)", fix=FIX_LLD)
+    if strip is None:
+        found = shutil.which("llvm-strip")
+        if not found:
+            raise ToolchainError("no llvm-strip found (debug info is stripped from exported objects)", fix=FIX_LLD)
+        strip = Path(found)
+    lld_version = _version(lld)
+    if lld.parent.parent.name == "llvm" and lld == lld.parent.parent.parent / "llvm" / "bin" / "ld.lld":
+        rocm = lld.parent.parent.parent
+    else:
+        rocm = SHIM_DIR
+    if rocm == SHIM_DIR:
+        link = SHIM_DIR / "llvm" / "bin" / "ld.lld"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not (link.is_symlink() and Path(os.readlink(link)) == lld):
+            tmp = link.with_name(f".ld.lld.{os.getpid()}")
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(lld)
+            os.replace(tmp, link)
+    return Toolchain(rocm, lld, strip, lld_version, flydsl_version())
+
+
+def flydsl_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        have = version("flydsl")
+    except PackageNotFoundError:
+        raise ToolchainError("FlyDSL is not installed", fix=FIX_FLYDSL) from None
+    if have != FLYDSL_VERSION:
+        raise ToolchainError(
+            f"FlyDSL {have} is installed; dsv41-aot's compile path is pinned to FlyDSL {FLYDSL_VERSION}",
+            fix=FIX_FLYDSL,
+        )
+    return have
+
+
+def check_arch(arch: str) -> None:
+    """Refuse an arch this FlyDSL cannot target (its ROCDL backend's list)."""
+    from .keys import ARCHES
+
+    if arch not in ARCHES:
+        raise ToolchainError(f"arch {arch!r} is not one dsv41-aot builds (known: {', '.join(ARCHES)})", fix="pass --arch gfx950 or --arch gfx942")
