@@ -1,0 +1,146 @@
+"""The few HIP runtime calls the loader makes, through ctypes.
+
+The linked kernel libraries leave every ``hip*`` symbol undefined (no
+``DT_NEEDED libamdhip64.so.N``: the build machine's ROCm must not decide which
+one a serving host loads). This module opens the host's libamdhip64 with
+``RTLD_GLOBAL`` before any kernel library is opened, so their references bind
+to it. A libamdhip64 already mapped in the process (torch's ROCm build, say) is
+reused, never a second copy beside it.
+
+Runtime-side module: standard library only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import threading
+
+from .errors import HipUnavailableError
+
+SONAMES = ("libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6")
+FIX_HIP = (
+    "install ROCm 6 or 7 (libamdhip64), set ROCM_PATH to it, "
+    "or name the library with DSV41_AOT_HIP_LIB=/path/to/libamdhip64.so"
+)
+HIP_SUCCESS = 0
+_ARCH_RE = re.compile(rb"gfx[0-9a-f]+(?::[A-Za-z0-9+\-:]*)?\x00")
+# hipDeviceProp_t grew between ROCm 5 and 6 (hipGetDevicePropertiesR0600);
+# a buffer larger than either, scanned for the gcnArchName string, needs
+# neither layout.
+_PROPS_BYTES = 16384
+
+_lock = threading.Lock()
+_hip: "Hip | None" = None
+
+
+def candidates() -> list[str]:
+    """Where libamdhip64 is looked for, in order."""
+    out = []
+    mapped = _mapped_hip()
+    if mapped:
+        out.append(mapped)
+    explicit = os.environ.get("DSV41_AOT_HIP_LIB")
+    if explicit:
+        out.append(explicit)
+    rocm = os.environ.get("ROCM_PATH")
+    if rocm:
+        out += [os.path.join(rocm, "lib", name) for name in SONAMES]
+    out += list(SONAMES)
+    out += [os.path.join("/opt/rocm/lib", name) for name in SONAMES]
+    return list(dict.fromkeys(out))
+
+
+def _mapped_hip() -> str | None:
+    """The path of a libamdhip64 this process already has mapped, if any."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "libamdhip64.so" in line:
+                    return line.split(None, 5)[-1].strip()
+    except OSError:
+        pass
+    return None
+
+
+class Hip:
+    """An opened libamdhip64 and the calls the loader needs."""
+
+    def __init__(self, lib: ctypes.CDLL, path: str):
+        self.lib = lib
+        self.path = path
+        self._name = lib.hipGetErrorName
+        self._name.restype = ctypes.c_char_p
+        self._name.argtypes = [ctypes.c_int]
+
+    def error_name(self, status: int) -> str:
+        """hipGetErrorName of a HIP status, or FlyDSL's runtime codes."""
+        if status == -1:
+            return "FLYDSL_AOT_ERR_NOT_INITIALIZED"
+        if status == -2:
+            return "FLYDSL_AOT_ERR_NOT_LOADED"
+        try:
+            name = self._name(status)
+        except Exception:  # a status outside the enum: never fail while reporting
+            name = None
+        return name.decode() if name else f"HIP error {status}"
+
+    def device_count(self) -> tuple[int, int]:
+        """(status, number of visible devices)."""
+        n = ctypes.c_int(0)
+        return self.lib.hipGetDeviceCount(ctypes.byref(n)), n.value
+
+    def current_device(self) -> tuple[int, int]:
+        d = ctypes.c_int(-1)
+        return self.lib.hipGetDevice(ctypes.byref(d)), d.value
+
+    def arch(self, device: int | None = None) -> str | None:
+        """The device's gcnArchName without its feature suffix (``gfx942``
+        from ``gfx942:sramecc+:xnack-``); None when there is no device."""
+        status, count = self.device_count()
+        if status != HIP_SUCCESS or count < 1:
+            return None
+        if device is None:
+            status, device = self.current_device()
+            if status != HIP_SUCCESS:
+                return None
+        props = ctypes.create_string_buffer(_PROPS_BYTES)
+        fn = getattr(self.lib, "hipGetDevicePropertiesR0600", None) or self.lib.hipGetDeviceProperties
+        if fn(props, ctypes.c_int(device)) != HIP_SUCCESS:
+            return None
+        m = _ARCH_RE.search(props.raw)
+        return m.group(0).rstrip(b"\0").split(b":")[0].decode() if m else None
+
+    def stream_capturing(self, stream: int) -> bool:
+        """hipStreamIsCapturing on ``stream`` (0: the null stream). A failing
+        query (no device) is not a capture."""
+        fn = getattr(self.lib, "hipStreamIsCapturing", None)
+        if fn is None:
+            return False
+        state = ctypes.c_int(0)
+        if fn(ctypes.c_void_p(stream or None), ctypes.byref(state)) != HIP_SUCCESS:
+            return False
+        return state.value != 0  # hipStreamCaptureStatusNone == 0
+
+
+def load() -> Hip:
+    """libamdhip64, opened once per process with RTLD_GLOBAL."""
+    global _hip
+    if _hip is not None:
+        return _hip
+    with _lock:
+        if _hip is None:
+            tried = []
+            for name in candidates():
+                try:
+                    lib = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL | os.RTLD_NOW)
+                    _hip = Hip(lib, name)
+                    break
+                except (OSError, AttributeError) as e:
+                    tried.append(f"{name}: {e}")
+            else:
+                raise HipUnavailableError(
+                    "libamdhip64 cannot be loaded; tried:\n    " + "\n    ".join(tried), fix=FIX_HIP
+                )
+    return _hip

@@ -1,0 +1,243 @@
+"""Link one architecture's stored export objects into loadable libraries.
+
+What the runtime opens is a handful of shared libraries per arch, not one per
+key (hundreds of dlopens) and not one per arch (a deployment would map and
+verify every width of every TP). A library holds one *chunk*: the keys of one
+TP and one band of eight step widths (``libdsv41_gfx950_tp4_s09-16``), so a
+deployment opens only its TP's chunks, a chunk's members do not move when a
+key is added elsewhere, and only changed chunks are relinked.
+
+Each library:
+
+- leaves every ``hip*`` symbol (and libc's) undefined and records no
+  ``DT_NEEDED``: the loader opens the host's libamdhip64 (ROCm 6 or 7) with
+  RTLD_GLOBAL first, so the build machine's ``libamdhip64.so.5`` is never baked
+  in (FACTS.md);
+- is linked ``-z now`` so a missing HIP symbol fails at dlopen, not mid-launch;
+- is named by its content (``<chunk>.<sha256[:16]>.so``): relinking never
+  overwrites a file a running process has mapped, and libs.json (written
+  atomically, last) switches to the new set in one step;
+- is deterministic: objects in key order, relative paths, no build id.
+
+``<arch>/lib/libs.json`` records each library's file, sha256, bytes and the
+keys it holds with the sha256 of the object each was linked from, so the
+loader verifies the library and notices a manifest newer than its link.
+
+Build side (runs the linker); the loader reads libs.json only.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .elf import Elf
+from .errors import AotError, ToolchainError
+from .keys import BuildKey
+from .manifest import Manifest, arch_dirs, atomic_write, sha256_file
+
+LIB = "lib"
+LIBS_JSON = "libs.json"
+LIBS_SCHEMA = 1
+BAND = 8  # step widths per chunk
+FIX_LD = "install lld (Debian: apt-get install lld-19) or name it with DSV41_AOT_LD=/path/to/ld.lld"
+LINK_FLAGS = (
+    "-shared", "--build-id=none", "-z", "now", "-z", "relro", "-z", "noexecstack",
+    "--hash-style=gnu", "--strip-all", "--no-undefined-version",
+)
+# what an export object may leave for the host process to provide: the HIP
+# runtime (opened by the loader) and libc / libdl / pthread (every process)
+_HOST_SYMBOLS = frozenset(
+    "__tls_get_addr calloc malloc free realloc dlsym dlopen dlerror fprintf stderr abort memcpy memset "
+    "strlen strcmp getenv pthread_mutex_init pthread_mutex_destroy pthread_mutex_lock pthread_mutex_unlock "
+    "pthread_rwlock_rdlock pthread_rwlock_wrlock pthread_rwlock_unlock pthread_once __cxa_finalize "
+    "_ITM_registerTMCloneTable _ITM_deregisterTMCloneTable __gmon_start__".split()
+)
+
+
+def find_linker() -> str:
+    """An ld.lld: DSV41_AOT_LD, PATH, Debian's llvm-N, or ROCm's."""
+    explicit = os.environ.get("DSV41_AOT_LD")
+    found = [explicit] if explicit else []
+    found.append(shutil.which("ld.lld"))
+    found += sorted(glob.glob("/usr/lib/llvm-*/bin/ld.lld"), reverse=True)
+    for rocm in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
+        if rocm:
+            found.append(os.path.join(rocm, "llvm", "bin", "ld.lld"))
+    for path in found:
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise ToolchainError("no ld.lld found to link the kernel libraries", fix=FIX_LD)
+
+
+def chunk_name(key: BuildKey) -> str:
+    """The library a key links into: arch, TP and its band of step widths."""
+    lo = (key.tokens - 1) // BAND * BAND + 1
+    return f"libdsv41_{key.arch}_tp{key.tp}_s{lo:02d}-{lo + BAND - 1:02d}"
+
+
+def dynamic_info(data: bytes) -> dict:
+    """DT_NEEDED, SONAME and the defined / undefined dynamic symbols of a
+    shared library (read from its .dynamic and .dynsym)."""
+    elf = Elf(data)
+    out = {"needed": [], "soname": None, "undefined": [], "defined": []}
+    for s in elf.sections:
+        if s.type == 11:  # SHT_DYNSYM
+            strtab = elf.sections[s.link]
+            for off in range(s.offset + s.entsize, s.offset + s.size, s.entsize):
+                name, _info, _other, shndx, _value, _size = struct.unpack_from("<IBBHQQ", data, off)
+                out["undefined" if shndx == 0 else "defined"].append(elf._str(strtab.offset, name))
+        elif s.type == 6:  # SHT_DYNAMIC
+            strtab = elf.sections[s.link]
+            for off in range(s.offset, s.offset + s.size, 16):
+                tag, val = struct.unpack_from("<qQ", data, off)
+                if tag == 1:
+                    out["needed"].append(elf._str(strtab.offset, val))
+                elif tag == 14:
+                    out["soname"] = elf._str(strtab.offset, val)
+                elif tag == 0:
+                    break
+    return out
+
+
+def _check_library(data: bytes, path: str, entries: list[str]) -> None:
+    info = dynamic_info(data)
+    if info["needed"]:
+        raise AotError(f"{path}: records DT_NEEDED {info['needed']}; the kernel libraries must need nothing")
+    stray = sorted(s for s in info["undefined"] if not s.startswith("hip") and s not in _HOST_SYMBOLS)
+    if stray:
+        raise AotError(f"{path}: undefined symbols no ROCm host provides: {', '.join(stray[:10])}")
+    defined = set(info["defined"])
+    lost = [e for e in entries if e not in defined or f"{e}__module_load" not in defined]
+    if lost:
+        raise AotError(f"{path}: entries not exported: {', '.join(lost[:5])}")
+
+
+def read_libs(arch_dir: Path) -> dict:
+    """libs.json of one arch folder ({} when it was never linked)."""
+    path = Path(arch_dir) / LIB / LIBS_JSON
+    try:
+        return json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+
+
+def link_arch(arch_dir: Path, *, linker: str | None = None, log=None) -> dict:
+    """Link (or keep, when up to date) every chunk of one arch folder.
+    Returns {"arch", "libraries", "linked", "up_to_date", "removed", "seconds"}."""
+    t0 = time.perf_counter()
+    arch_dir = Path(arch_dir)
+    man = Manifest.read(arch_dir)
+    for key in man.entries:  # refuse a corrupt object before linking it in
+        man.check_object(key)
+    chunks: dict[str, list[str]] = {}
+    for key in sorted(man.entries):
+        chunks.setdefault(chunk_name(BuildKey.parse(key)), []).append(key)
+    old = {lib["chunk"]: lib for lib in read_libs(arch_dir).get("libraries", [])}
+    libdir = arch_dir / LIB
+    libdir.mkdir(parents=True, exist_ok=True)
+    libraries, linked, kept = [], 0, 0
+    for chunk, keys in sorted(chunks.items()):
+        members = {k: man.entries[k]["sha256"] for k in keys}
+        prev = old.get(chunk)
+        if prev and prev["entries"] == members and (libdir / prev["file"]).is_file() \
+                and sha256_file(libdir / prev["file"]) == prev["sha256"]:
+            libraries.append(prev)
+            kept += 1
+            continue
+        linker = linker or find_linker()
+        libraries.append(_link_chunk(arch_dir, chunk, keys, man, members, linker))
+        linked += 1
+        if log:
+            log(f"linked {libraries[-1]['file']} ({len(keys)} keys)")
+    doc = {
+        "schema": LIBS_SCHEMA,
+        "arch": man.arch,
+        "hip": "undefined in every library; the loader opens the host's libamdhip64 first",
+        "libraries": libraries,
+    }
+    atomic_write(libdir / LIBS_JSON, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+    os.chmod(libdir / LIBS_JSON, 0o644)  # installed read-only for every user, like the libraries
+    keep = {lib["file"] for lib in libraries} | {LIBS_JSON}
+    removed = []
+    for p in sorted(libdir.iterdir()):
+        if p.name not in keep and p.name.startswith("libdsv41_") and p.suffix == ".so":
+            p.unlink()
+            removed.append(p.name)
+    return {"arch": man.arch, "libraries": len(libraries), "linked": linked, "up_to_date": kept,
+            "removed": removed, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _link_chunk(arch_dir: Path, chunk: str, keys: list[str], man: Manifest, members: dict, linker: str) -> dict:
+    libdir = arch_dir / LIB
+    objects = sorted(dict.fromkeys(man.entries[k]["object"] for k in keys))
+    with tempfile.TemporaryDirectory(dir=libdir, prefix=".link-") as tmp:
+        out = Path(tmp) / f"{chunk}.so"
+        cmd = [linker, *LINK_FLAGS, f"-soname={chunk}.so", "-o", str(out), *objects]
+        r = subprocess.run(cmd, cwd=arch_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if r.returncode:
+            raise AotError(
+                f"linking {chunk} ({len(keys)} keys) failed: {(r.stderr or r.stdout).strip()[:2000]}",
+                fix=f"rebuild the objects: dsv41-aot build --arch {man.arch} --out {arch_dir.parent}",
+            )
+        data = out.read_bytes()
+        _check_library(data, chunk, [man.entries[k]["entry"] for k in keys])
+
+        digest = hashlib.sha256(data).hexdigest()
+        name = f"{chunk}.{digest[:16]}.so"
+        final = libdir / name
+        if not final.is_file() or sha256_file(final) != digest:
+            os.chmod(out, 0o755)
+            os.replace(out, final)
+    return {"chunk": chunk, "file": name, "sha256": digest, "bytes": len(data), "entries": members}
+
+
+def link_dir(root: Path, arches=None, *, log=None) -> list[dict]:
+    """Link every arch folder of a prebuilt directory (or the named arches)."""
+    dirs = arch_dirs(Path(root))
+    if arches:
+        dirs = [d for d in dirs if d.name in arches]
+    if not dirs:
+        raise AotError(f"no built arch folder (with a manifest.json) under {root}",
+                       fix=f"build first: dsv41-aot build --profile smoke --out {root}")
+    return [link_arch(d, log=log) for d in dirs]
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "link",
+        help="link stored objects into per-arch loadable libraries (<dir>/<arch>/lib/)",
+        description="Link each arch's stored export objects into shared libraries, one per TP and band of "
+                    "eight step widths; up-to-date libraries are kept. No libamdhip64 SONAME is recorded.",
+    )
+    p.add_argument("--dir", default="kernels_prebuilt", help="prebuilt directory (default: kernels_prebuilt)")
+    p.add_argument("--arch", action="append", help="link only this arch (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON array of per-arch summaries")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    try:
+        out = link_dir(Path(args.dir), args.arch, log=None if args.json else print)
+    except AotError as e:
+        print(f"dsv41-aot link: {e}", file=sys.stderr)
+        return e.exit_code
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for s in out:
+            print(f"{s['arch']}: {s['libraries']} libraries ({s['linked']} linked, {s['up_to_date']} up to date) "
+                  f"in {s['seconds']} s")
+    return 0
