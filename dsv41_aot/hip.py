@@ -42,8 +42,8 @@ def candidates() -> list[str]:
     if mapped:
         out.append(mapped)
     explicit = os.environ.get("DSV41_AOT_HIP_LIB")
-    if explicit:
-        out.append(explicit)
+    if explicit:  # named explicitly: that library or none
+        return out + [explicit]
     rocm = os.environ.get("ROCM_PATH")
     if rocm:
         out += [os.path.join(rocm, "lib", name) for name in SONAMES]

@@ -1,0 +1,38 @@
+"""The smoke profile, built once per test session and linked: what the loader
+and link tests run against. ``DSV41_AOT_TEST_PREBUILT=DIR`` names an already
+built smoke directory instead (it is copied, never changed)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent / "dsv41-aot"
+
+
+def cli(*args, **kw) -> subprocess.CompletedProcess:
+    cmd = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "dsv41_aot.cli"]
+    return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, **kw)
+
+
+def smoke_dir(tmp_path_factory) -> Path:
+    """A built and linked smoke prebuilt directory, shared by the session
+    (the build is incremental: a second caller compiles nothing)."""
+    out = tmp_path_factory.getbasetemp() / "smoke-prebuilt"
+    given = os.environ.get("DSV41_AOT_TEST_PREBUILT")
+    if given and not out.exists():
+        shutil.copytree(given, out, ignore=shutil.ignore_patterns("lib", ".build.lock"))
+    r = cli("build", "--profile", "smoke", "--out", out, "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = cli("link", "--dir", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out
+
+
+def copy_of(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".build.lock"))
+    return dst
