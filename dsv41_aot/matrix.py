@@ -95,6 +95,7 @@ class Matrix:
     default_profile: str
     keys_by_group: list = field(default_factory=list)  # [(group, BuildKey)] after rules
     profiles: dict = field(default_factory=dict)  # name -> _Node
+    profile_lines: dict = field(default_factory=dict)  # name -> line
     rules: list = field(default_factory=list)
 
     def _err(self, line: int, msg: str) -> MatrixError:
@@ -141,7 +142,7 @@ class Matrix:
             selected = [k for g, k in self.keys_by_group if _matches(where, k, g)]
             selected = sorted(set(selected))
         if not selected:
-            raise self._err(_line(self.profiles, name), f"profile {name!r} selects no keys")
+            raise self._err(self.profile_lines.get(name, 0), f"profile {name!r} selects no keys")
         return sorted(selected)
 
     def _why_not(self, key: BuildKey) -> str:
@@ -359,6 +360,7 @@ def load(path: str | Path | None = None) -> Matrix:
         if "keys" in spec and (not isinstance(spec["keys"], list) or not spec["keys"]):
             raise m._err(_line(profiles, pname), f"profile {pname!r}: empty keys list")
         m.profiles[pname] = spec
+        m.profile_lines[pname] = _line(profiles, pname)
     m.default_profile = doc.get("default_profile") or next(iter(profiles))
     if m.default_profile not in profiles:
         raise m._err(_line(doc, "default_profile"), f"default_profile {m.default_profile!r} is not a profile")

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Set up everything dsv41-aot builds and tests with, idempotently:
+# Debian's LLVM linker and strip (FlyDSL links GPU code objects with ld.lld),
+# libamdhip64 to link and dlopen against, a venv with the pinned build
+# toolchain, and vLLM 0.33.0 (--no-deps: only its kernel source is used).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+[ -x /usr/lib/llvm-19/bin/ld.lld ] || need_apt+=(lld-19)
+[ -x /usr/lib/llvm-19/bin/llvm-strip ] || need_apt+=(llvm-19)
+ls /usr/lib/x86_64-linux-gnu/libamdhip64.so* >/dev/null 2>&1 || need_apt+=(libamdhip64-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[build,test]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "vllm==0.33.0" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import flydsl, yaml, tqdm, pytest, vllm" 
+echo "bootstrap: ok ($(.venv/bin/python -c 'import flydsl; print("flydsl", flydsl.__version__)'))"

@@ -1,0 +1,66 @@
+import pytest
+
+from dsv41_aot.errors import KeyFormatError
+from dsv41_aot.keys import BuildKey
+
+
+def test_canonical_string_round_trips():
+    for text in [
+        "k2@gfx950:s=4,tp=4,r=1",
+        "k1@gfx950:s=6,tp=4,r=0,f=0,e=128,k=3,g=1,w=192",
+        "ffn@gfx942:s=42,tp=4,r=0,e=128,k=3",
+        "k1@gfx950:s=48,tp=2,r=2,i=1,tl=1",
+    ]:
+        assert str(BuildKey.parse(text)) == text
+
+
+def test_defaults_written_out_parse_to_the_canonical_key():
+    key = BuildKey.parse("k1@gfx950:s=4,tp=4,r=1,f=1,i=0,e=384,k=6,g=2,w=128,tl=0")
+    assert str(key) == "k1@gfx950:s=4,tp=4,r=1"
+
+
+def test_kernel_symbol_matches_vllm_naming():
+    # FACTS.md: K1 s=4 tp=4 r=1's kernel name in FlyDSL's cache
+    assert BuildKey.parse("k1@gfx950:s=4,tp=4,r=1").kernel_symbol == "_ZN5aiter33dsv41_mono_k1_s4_tp4_r1_tl0_f1_i0E"
+    assert BuildKey.parse("k2@gfx950:s=4,tp=4,r=1").kernel_symbol == "_ZN5aiter30dsv41_mono_k2_s4_tp4_r1_tl0_i0E"
+    # the FFN symbol names e but not k (layer._ffn_symbol_params)
+    assert BuildKey.parse("ffn@gfx942:s=1,tp=4,r=0,e=128,k=3").kernel_symbol == "_ZN5aiter30dsv41_mono_ffn_s1_tp4_tl0_e128E"
+
+
+def test_fields_a_launch_does_not_read_are_pinned():
+    # K2 does not read fold: one K2 symbol, one key
+    assert BuildKey("k2", "gfx950", 4, 4, 1, fold=False) == BuildKey("k2", "gfx950", 4, 4, 1)
+    # ffn_kernel builds MonoBuild(tokens, tp, 0, timeline, experts=, topk=)
+    assert str(BuildKey("ffn", "gfx950", 4, 4, 2, index=True, ug_groups=1)) == "ffn@gfx950:s=4,tp=4,r=0"
+
+
+def test_entry_names_are_distinct_c_identifiers():
+    a = BuildKey.parse("k1@gfx950:s=4,tp=4,r=1").entry
+    b = BuildKey.parse("k1@gfx950:s=4,tp=4,r=1,f=0").entry
+    assert a != b and a.isidentifier() and b.isidentifier()
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("k2gfx950:s=4", "malformed"),
+        ("k3@gfx950:s=4,tp=4,r=1", "unknown launch kind"),
+        ("k1@gfx1100:s=4,tp=4,r=1", "unknown arch"),
+        ("k1@gfx950:s=49,tp=4,r=1", "outside 1..48"),
+        ("k1@gfx950:s=0,tp=4,r=1", "outside 1..48"),
+        ("k1@gfx950:s=4,tp=4,r=3", "compress ratio"),
+        ("k1@gfx950:s=4,tp=4", "missing r"),
+        ("k1@gfx950:s=4,tp=4,r=1,x=2", "bad field"),
+        ("k1@gfx950:s=4,tp=4,r=1,f=2", "must be 0 or 1"),
+        ("k1@gfx950:s=four,tp=4,r=1", "not an integer"),
+        ("k1@gfx950:s=4,s=5,tp=4,r=1", "given twice"),
+        ("ffn@gfx950:s=4,tp=4,r=1", "does not take r=1"),
+        ("k2@gfx950:s=4,tp=4,r=1,f=0", "does not take f=0"),
+    ],
+)
+def test_malformed_keys_are_refused_with_the_fix(text, words):
+    with pytest.raises(KeyFormatError) as e:
+        BuildKey.parse(text)
+    assert words in str(e.value)
+    assert "fix:" in str(e.value)
+    assert e.value.exit_code == 2

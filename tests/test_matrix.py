@@ -1,0 +1,143 @@
+"""build_matrix.yaml: the rules vLLM 0.33.0 follows, profiles, shards, and
+errors that point at the offending line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dsv41_aot import matrix
+from dsv41_aot.errors import MatrixError
+from dsv41_aot.keys import BuildKey
+
+from conftest import REPO, run_cli
+
+MATRIX = REPO / "build_matrix.yaml"
+
+
+@pytest.fixture(scope="module")
+def m():
+    return matrix.load(MATRIX)
+
+
+def test_full_profile_follows_vllms_rules(m):
+    full = m.select("full")
+    assert len(full) == len(set(full))
+    gfx942 = [k for k in full if k.arch == "gfx942"]
+    # gfx942: TP 4 only, at most 42 rows, K2 without the key-table build,
+    # draft layers FFN-only
+    assert gfx942 and all(k.tp == 4 and k.tokens <= 42 for k in gfx942)
+    assert not any(k.kind == "k2" and k.index for k in gfx942)
+    assert not any(k.kind in ("k1", "k2") and k.experts != 384 for k in gfx942)
+    assert any(k.kind == "ffn" and (k.experts, k.topk) == (128, 3) for k in gfx942)
+    gfx950 = [k for k in full if k.arch == "gfx950"]
+    # gfx950: every width 1..48 at TP 2 and 4, the draft as whole layers
+    assert {k.tokens for k in gfx950} == set(range(1, 49)) and {k.tp for k in gfx950} == {2, 4}
+    assert not any(k.kind == "ffn" and k.experts != 384 for k in gfx950)
+    draft = BuildKey.parse("k1@gfx950:s=6,tp=4,r=0,f=0,e=128,k=3,g=1,w=192")
+    assert draft in full
+    # an index source's K2 keeps index on gfx950; layer 0's K1 folds nothing
+    assert BuildKey.parse("k2@gfx950:s=1,tp=2,r=2,i=1") in full
+    assert BuildKey.parse("k1@gfx950:s=1,tp=2,r=0,f=0") in full
+    # the kernel source refuses these (FACTS.md): never in the matrix
+    assert BuildKey.parse("ffn@gfx942:s=33,tp=2,r=0") not in full
+    assert BuildKey.parse("k2@gfx942:s=17,tp=2,r=2") not in full
+
+
+def test_deployment_profiles_partition_full(m):
+    parts = [set(m.select(p)) for p in ("gfx950-tp2", "gfx950-tp4", "gfx942-tp4")]
+    assert set.union(*parts) == set(m.select("full"))
+    assert sum(map(len, parts)) == len(m.select("full"))
+
+
+def test_smoke_covers_every_kind_on_both_arches(m):
+    smoke = m.select("smoke")
+    assert {(k.kind, k.arch) for k in smoke} == {(k, a) for k in ("k1", "k2", "ffn") for a in ("gfx950", "gfx942")}
+    assert len(smoke) <= 8
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7])
+def test_every_key_in_exactly_one_shard(m, count):
+    keys = m.select("gfx942-tp4")
+    shards = [matrix.shard(keys, i, count) for i in range(count)]
+    flat = [k for s in shards for k in s]
+    assert sorted(flat) == sorted(keys) and len(flat) == len(set(flat))
+
+
+def test_shards_balance_recorded_seconds(m):
+    keys = m.select("gfx950-tp4")[:40]
+    seconds = {str(k): (100.0 if i == 0 else 1.0) for i, k in enumerate(keys)}
+    a, b = (matrix.shard(keys, i, 2, seconds) for i in range(2))
+    heavy = keys[0]
+    # the 100-second key is alone against the 39 one-second ones
+    assert (heavy in a and len(a) == 1) or (heavy in b and len(b) == 1)
+
+
+def _write(tmp_path: Path, old: str, new: str, count: int = 1) -> Path:
+    text = MATRIX.read_text()
+    assert old in text, old
+    p = tmp_path / "build_matrix.yaml"
+    p.write_text(text.replace(old, new, count))
+    return p
+
+
+def _line_of(path: Path, needle: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
+@pytest.mark.parametrize(
+    "old, new, needle, words",
+    [
+        ("  timeline: [false]", "  timeline: [false]\n  width: [1]", "width: [1]", "unknown axis 'width'"),
+        ("  arch: [gfx950, gfx942]", "  arch: [gfx950, gfx1100]", "gfx1100", "unknown value 'gfx1100'"),
+        ("  tokens: 1..48", "  tokens: 1..49", "tokens: 1..49", "49 outside 1..48"),
+        ("  tokens: 1..48", "  tokens: [0, 4]", "tokens: [0, 4]", "0 outside 1..48"),
+        ("  tp: [2, 4]", "  tp: [2, 4, 4]", "tp: [2, 4, 4]", "duplicate value 4"),
+        ("      - k2@gfx950:s=4,tp=4,r=1\n", "      - k2@gfx950:s=4,tp=4,r=1\n      - k2@gfx950:s=4,tp=4,r=1\n", None, "duplicate key k2@gfx950:s=4,tp=4,r=1"),
+        ("  gfx942-tp4: {where: {arch: gfx942, tp: 4}}", "  gfx942-tp4: {where: {arch: gfx942, tp: 2}}", "gfx942-tp4:", "selects no keys"),
+        ("      - k1@gfx942:s=4,tp=4,r=1", "      - k1@gfx942:s=44,tp=4,r=1", "k1@gfx942:s=44", "dropped by the rule at line"),
+        ("    - {ratio: 0, fold: true, index: false}   # window-only", "    - {ratio: 3, fold: true, index: false}   # window-only", "ratio: 3", "unknown ratio 3"),
+        ("  - when: {arch: gfx942, kind: k2}", "  - when: {arch: gfx942, knd: k2}", "knd: k2", "unknown field 'knd'"),
+    ],
+)
+def test_bad_matrix_errors_name_the_line(tmp_path, old, new, needle, words):
+    p = _write(tmp_path, old, new)
+    with pytest.raises(MatrixError) as e:
+        m = matrix.load(p)
+        for name in m.profile_names():
+            m.select(name)
+    msg = str(e.value)
+    assert words in msg
+    assert str(p) in msg and "dsv41-aot build" in msg
+    if needle is None:  # the second copy of a duplicated line
+        line = [i for i, t in enumerate(p.read_text().splitlines(), 1) if "k2@gfx950:s=4,tp=4,r=1" in t][1]
+    else:
+        line = _line_of(p, needle)
+    assert re.search(rf":{line}:", msg), (line, msg)
+
+
+def test_not_yaml_names_the_line(tmp_path):
+    p = _write(tmp_path, "  tp: [2, 4]", "  tp: [2, 4")
+    with pytest.raises(MatrixError, match=r"build_matrix.yaml:\d+: not valid YAML"):
+        matrix.load(p)
+
+
+def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path):
+    p = _write(tmp_path, "  tokens: 1..48", "  tokens: 1..49")
+    out = tmp_path / "out"
+    code, _, err = run_cli("build", "--matrix", p, "--out", out, check=False)
+    assert code == 2 and "outside 1..48" in err
+    assert not out.exists()
+    code, _, err = run_cli("build", "--key", "k9@gfx950:s=1,tp=2,r=0", "--out", out, check=False)
+    assert code == 2 and "unknown launch kind" in err and not out.exists()
+    code, _, err = run_cli("build", "--profile", "nope", "--out", out, check=False)
+    assert code == 2 and "no profile 'nope'" in err and not out.exists()
+    code, _, err = run_cli("build", "--shard", "2/2", "--out", out, check=False)
+    assert code == 2 and "bad shard" in err and not out.exists()
+
+
+def test_cli_lists_a_profile(m):
+    _, out, _ = run_cli("build", "--list", "--profile", "smoke")
+    assert out.split() == [str(k) for k in m.select("smoke")]
