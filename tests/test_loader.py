@@ -1,0 +1,395 @@
+"""Runtime loader against the real smoke libraries and Debian's libamdhip64.
+
+No GPU anywhere here: the HIP runtime is real and answers "no device". The
+two places that need a device state (a graph capture in progress, a device of
+another arch) use a mock of the AMD GPU, marked MOCK-GPU where it is made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from _smoke import REPO, copy_of, smoke_dir
+import dsv41_aot
+from dsv41_aot import loader
+from dsv41_aot.errors import (
+    ArchMismatchError,
+    CaptureError,
+    HipUnavailableError,
+    IntegrityError,
+    KeyNotPrebuiltError,
+    LaunchError,
+    LoadError,
+    ManifestError,
+    SourceMismatchError,
+)
+from dsv41_aot.keys import BuildKey
+from dsv41_aot.manifest import Manifest
+
+pytestmark = pytest.mark.slow
+K1 = "k1@gfx950:s=4,tp=4,r=1"
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    return smoke_dir(tmp_path_factory)
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """A loader with no process state (each test opens what it needs)."""
+    monkeypatch.setattr(loader, "_state", loader._State())
+    monkeypatch.delenv(loader.ENV_ARCH, raising=False)
+    monkeypatch.delenv(loader.ENV_ALLOW_SOURCE, raising=False)
+    return loader
+
+
+def _run(code: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    full = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env=full, cwd=REPO)
+
+
+# ---------------------------------------------------------------- the happy path
+
+
+def test_launchers_for_every_smoke_key(smoke, fresh):
+    for arch in ("gfx950", "gfx942"):
+        for text in fresh.keys(arch, prebuilt=smoke):
+            launcher = dsv41_aot.load_key(text, prebuilt=smoke)
+            key = BuildKey.parse(text)
+            assert launcher.key == text and launcher.arch == arch
+            assert launcher.kernel_name == key.kernel_symbol and launcher.entry == key.entry
+            assert launcher.abi[-1]["name"] == "stream" and launcher.abi == Manifest.read(smoke / arch).abi(text)
+            assert dsv41_aot.load_key(text, prebuilt=smoke) is launcher  # one Launcher per key
+
+
+def test_load_names_the_key_vllm_builds(smoke, fresh, monkeypatch):
+    monkeypatch.setenv(loader.ENV_ARCH, "gfx950")
+    assert dsv41_aot.load("k2", tokens=4, tp=4, ratio=1, prebuilt=smoke).key == "k2@gfx950:s=4,tp=4,r=1"
+    # ffn_kernel builds MonoBuild(tokens, tp, 0, ...): the ratio does not name another symbol
+    assert dsv41_aot.load("ffn", tokens=4, tp=4, ratio=2, prebuilt=smoke).key == "ffn@gfx950:s=4,tp=4,r=0"
+    assert dsv41_aot.load("k1", tokens=4, tp=4, ratio=1, arch="gfx942", prebuilt=smoke).arch == "gfx942"
+
+
+def test_runtime_imports_only_the_standard_library():
+    r = _run("""
+        import sys
+        before = set(sys.modules)
+        import dsv41_aot
+        assert set(sys.modules) - before == {"dsv41_aot"}, set(sys.modules) - before
+        import dsv41_aot.loader
+        new = {m.split(".")[0] for m in set(sys.modules) - before}
+        print(sorted(new - set(sys.stdlib_module_names) - {"dsv41_aot"}))
+        print(sorted(m for m in sys.modules if m.startswith("dsv41_aot.")))
+    """)
+    assert r.returncode == 0, r.stderr
+    third_party, ours = r.stdout.splitlines()
+    assert third_party == "[]"
+    assert not any(m in ours for m in ("build", "compiler", "matrix", "worker", "toolchain", "link"))
+
+
+# flydsl, torch, vllm, yaml, tqdm and the build side blocked from import; a
+# spec lookup still answers (the source check finds vLLM without importing it)
+_BLOCKED = """
+import importlib.abc, importlib.machinery, sys
+BLOCK = ("flydsl", "torch", "vllm", "yaml", "tqdm", "mlir", "_mlir", "dsv41_aot.build", "dsv41_aot.compiler",
+         "dsv41_aot.matrix", "dsv41_aot.worker", "dsv41_aot.toolchain", "dsv41_aot.link")
+class Refuse(importlib.abc.Loader):
+    def create_module(self, spec):
+        raise ImportError(f"runtime imported {spec.name}")
+    def exec_module(self, module):
+        raise ImportError(f"runtime imported {module.__name__}")
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name in BLOCK or name.startswith(tuple(b + "." for b in BLOCK)):
+            real = importlib.machinery.PathFinder.find_spec(name, path)
+            spec = importlib.machinery.ModuleSpec(name, Refuse(), is_package=bool(real and real.submodule_search_locations))
+            if real is not None and real.submodule_search_locations:
+                spec.submodule_search_locations = list(real.submodule_search_locations)
+            return spec
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_every_smoke_key_loads_with_the_build_side_blocked(smoke):
+    r = _run(_BLOCKED + f"""
+import json, sys
+import dsv41_aot
+from dsv41_aot import loader
+out = {{}}
+for arch in ("gfx950", "gfx942"):
+    for key in loader.keys(arch, prebuilt={str(smoke)!r}):
+        out[key] = dsv41_aot.load_key(key, prebuilt={str(smoke)!r}).kernel_name
+assert loader._installed_vllm()[0] is not None  # the source check ran on the installed vLLM
+print(json.dumps(out))
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("flydsl", "torch", "vllm", "yaml", "tqdm")))
+""")
+    assert r.returncode == 0, r.stderr
+    out, imported = r.stdout.splitlines()
+    assert len(json.loads(out)) == 6 and imported == "[]"
+
+
+# ---------------------------------------------------------------- launches
+
+
+def test_a_launch_with_no_device_raises_the_hip_error_name(smoke):
+    r = _run(f"""
+import dsv41_aot
+from dsv41_aot.errors import LaunchError
+l = dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r})
+try:
+    l(*range(len(l.abi) - 1), stream=0)
+except LaunchError as e:
+    print(e.status, str(e).splitlines()[0])
+""", timeout=60)
+    assert r.returncode == 0, r.stderr  # no crash, no hang
+    status, message = r.stdout.strip().split(" ", 1)
+    assert int(status) > 0 and "hipError" in message and K1 in message
+
+
+def test_wrong_arguments_are_refused_before_any_call(smoke, fresh):
+    launcher = dsv41_aot.load_key(K1, prebuilt=smoke)
+    launcher._ready = True  # skip the module load: no device here (the C entry would answer -1 if called)
+    n = len(launcher.abi) - 1
+    cases = [
+        (tuple(range(n - 1)), {}, "takes 40 positional integers"),
+        (tuple(range(n + 1)), {}, "got 41"),
+        ((*range(n - 1), 1.5), {}, "argument 'tl' (int64) got 1.5"),
+        ((*range(24), 2**31, *range(n - 25)), {}, "argument 'swa_block' (int32) got 2147483648"),
+        ((*range(n - 1), "x"), {}, "argument 'tl'"),
+        (tuple(range(n)), {"stream": "s"}, "not a HIP stream"),
+    ]
+    for args, kw, why in cases:
+        with pytest.raises(LaunchError, match="nothing was launched|not a HIP stream") as e:
+            launcher(*args, **kw)
+        assert why in str(e.value) and not hasattr(e.value, "status"), str(e.value)
+    with pytest.raises(LaunchError) as e:  # the right arguments do reach the C entry
+        launcher(*range(n), stream=None)
+    assert e.value.status == -1 and "FLYDSL_AOT_ERR_NOT_INITIALIZED" in str(e.value)
+
+
+def test_stream_handles(smoke, fresh):
+    class TorchLikeStream:  # what torch.cuda.current_stream() hands vLLM's launchers
+        cuda_stream = 1234
+
+    import ctypes
+
+    assert loader._stream_handle(None) == 0 and loader._stream_handle(TorchLikeStream()) == 1234
+    assert loader._stream_handle(ctypes.c_void_p(77)) == 77 and loader._stream_handle(5) == 5
+
+
+# ---------------------------------------------------------------- preload / capture
+
+
+def test_first_load_inside_a_capture_is_refused(smoke, fresh, monkeypatch):
+    from dsv41_aot import hip
+
+    # MOCK-GPU: the (absent) device reports a capture in progress on the stream
+    monkeypatch.setattr(hip.Hip, "stream_capturing", lambda self, stream: True)
+    launcher = dsv41_aot.load_key(K1, prebuilt=smoke)
+    with pytest.raises(CaptureError, match="preload"):
+        dsv41_aot.preload([K1], prebuilt=smoke)
+    with pytest.raises(CaptureError):
+        launcher(*range(len(launcher.abi) - 1), stream=0)
+    assert launcher._ready is False
+
+
+def test_preload_loads_each_module_once_on_the_device(smoke, fresh, monkeypatch):
+    # MOCK-GPU: a gfx950 device whose module loads succeed (the library's
+    # __module_init / __module_load stand-ins count their calls)
+    monkeypatch.setattr(fresh._state, "device_arch", "gfx950")
+    monkeypatch.setattr(fresh._state, "device_arch_read", True)
+    launcher = dsv41_aot.load_key(K1, prebuilt=smoke)
+    calls = []
+
+    class Fake:
+        def __init__(self, step):
+            self.step, self.restype = step, None
+
+        def __call__(self, *a):
+            calls.append(self.step)
+            return 0
+
+    class Lib:
+        def __getattr__(self, name):
+            return Fake(name.rsplit("__", 1)[1])
+
+    launcher._lib = Lib()
+    threads = [threading.Thread(target=dsv41_aot.preload, args=([K1],), kwargs={"prebuilt": smoke}) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == ["module_init", "module_load"] and launcher._ready
+
+
+def test_device_of_another_arch_is_refused_at_first_load(smoke, fresh, monkeypatch):
+    # MOCK-GPU: the current device is a gfx942
+    monkeypatch.setattr(fresh._state, "device_arch", "gfx942")
+    monkeypatch.setattr(fresh._state, "device_arch_read", True)
+    with pytest.raises(ArchMismatchError, match="built for gfx950, but the current device is gfx942"):
+        dsv41_aot.preload([K1], prebuilt=smoke)
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_key_not_prebuilt_lists_the_closest_and_the_build_command(smoke, fresh):
+    with pytest.raises(KeyNotPrebuiltError) as e:
+        dsv41_aot.load_key("k1@gfx950:s=5,tp=4,r=1", prebuilt=smoke)
+    msg = str(e.value)
+    assert "k1@gfx950:s=4,tp=4,r=1" in msg.split("closest:")[1] and "dsv41-aot build --key 'k1@gfx950:s=5,tp=4,r=1'" in msg
+    assert isinstance(e.value, KeyError) and isinstance(e.value, LoadError) and e.value.exit_code == 1
+
+
+def test_an_arch_that_is_not_prebuilt(smoke, fresh, tmp_path):
+    d = tmp_path / "only950"
+    d.mkdir()
+    copy_of(smoke / "gfx950", d / "gfx950")
+    with pytest.raises(ArchMismatchError, match="holds prebuilt kernels for gfx950, not gfx942"):
+        dsv41_aot.load_key("k1@gfx942:s=4,tp=4,r=1", prebuilt=d)
+
+
+def test_no_device_and_no_arch_named(smoke, fresh):
+    with pytest.raises(HipUnavailableError, match="no HIP device"):
+        dsv41_aot.load("k1", tokens=4, tp=4, ratio=1, prebuilt=smoke)
+
+
+def test_libamdhip64_not_loadable(smoke):
+    r = _run(f"""
+import dsv41_aot
+from dsv41_aot.errors import HipUnavailableError
+try:
+    dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r})
+except HipUnavailableError as e:
+    print("refused:", e)
+""", env={"DSV41_AOT_HIP_LIB": "/nonexistent/libamdhip64.so"})
+    assert r.returncode == 0, r.stderr
+    assert "refused: libamdhip64 cannot be loaded" in r.stdout and "ROCM_PATH" in r.stdout
+
+
+def test_a_flipped_byte_in_a_library(smoke, fresh, tmp_path):
+    d = copy_of(smoke, tmp_path / "p")
+    lib = next((d / "gfx950" / "lib").glob("*.so"))
+    data = bytearray(lib.read_bytes())
+    data[len(data) // 3] ^= 0x40
+    lib.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="does not match the sha256"):
+        dsv41_aot.load_key(K1, prebuilt=d)
+    assert not fresh._state.libraries  # nothing opened
+
+
+def test_manifest_problems(smoke, fresh, tmp_path):
+    d = copy_of(smoke, tmp_path / "m")
+    (d / "gfx950" / "lib" / "libs.json").write_text("{not json")
+    with pytest.raises(ManifestError, match="malformed JSON"):
+        dsv41_aot.load_key(K1, prebuilt=d)
+    (d / "gfx950" / "lib" / "libs.json").unlink()
+    fresh._state.indexes.clear()
+    with pytest.raises(ManifestError, match="never linked") as e:
+        dsv41_aot.load_key(K1, prebuilt=d)
+    assert "dsv41-aot link" in str(e.value)
+    (d / "gfx950" / "manifest.json").write_text('{"schema": 1, "arch": "gfx950"')
+    fresh._state.indexes.clear()
+    with pytest.raises(ManifestError, match="malformed JSON"):
+        dsv41_aot.load_key(K1, prebuilt=d)
+    (d / "gfx950" / "manifest.json").unlink()
+    fresh._state.indexes.clear()
+    with pytest.raises(ManifestError, match="no prebuilt kernels for gfx950"):
+        dsv41_aot.load_key(K1, prebuilt=d / "nowhere")
+
+
+def test_a_manifest_newer_than_its_link(smoke, fresh, tmp_path):
+    d = copy_of(smoke, tmp_path / "s")
+    path = d / "gfx950" / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["entries"][K1]["sha256"] = "0" * 64
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="older than the manifest"):
+        dsv41_aot.load_key(K1, prebuilt=d)
+
+
+_FAKE_VLLM = """
+import sys
+sys.path.insert(0, {root!r})
+import dsv41_aot, logging
+logging.basicConfig(level=logging.WARNING, format="WARN %(message)s")
+from dsv41_aot.errors import SourceMismatchError
+try:
+    print("loaded", dsv41_aot.load_key({key!r}, prebuilt={smoke!r}).key)
+except SourceMismatchError as e:
+    print("refused:", e)
+"""
+
+
+def test_installed_vllm_with_other_mono_sources(smoke, tmp_path):
+    mono = tmp_path / "site" / "vllm" / "models" / "deepseek_v41" / "amd" / "mono"
+    mono.mkdir(parents=True)
+    (tmp_path / "site" / "vllm" / "__init__.py").write_text("raise ImportError('vllm must not be imported')\n")
+    (mono / "layer.py").write_text("# a different kernel source\n")
+    code = _FAKE_VLLM.format(root=str(tmp_path / "site"), key=K1, smoke=str(smoke))
+    r = _run(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("refused:") and "DSV41_AOT_ALLOW_SOURCE_MISMATCH=1" in r.stdout
+    r = _run(code, env={"DSV41_AOT_ALLOW_SOURCE_MISMATCH": "1"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"loaded {K1}" and "WARN" in r.stderr and "differ from" in r.stderr
+
+
+def test_no_installed_vllm_means_no_source_check(smoke):
+    r = subprocess.run(
+        [sys.executable, "-S", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); import dsv41_aot; "
+         f"from dsv41_aot import loader; print(dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r}).key, "
+         f"loader._installed_vllm())"],
+        capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"{K1} (None, None, None)"
+
+
+# ---------------------------------------------------------------- threads / fork
+
+
+def test_concurrent_first_loads_give_one_launcher(smoke, fresh):
+    got, errors = [], []
+
+    def one():
+        try:
+            got.append(dsv41_aot.load_key(K1, prebuilt=smoke))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len({id(x) for x in got}) == 1 and len(fresh._state.libraries) == 1
+
+
+def test_a_forked_child_reloads_its_modules(smoke):
+    r = _run(f"""
+import os
+import dsv41_aot
+from dsv41_aot import loader
+l = dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r})
+l._ready = True  # as after a load in the parent
+loader._state.lock.acquire()  # another thread holding the lock at fork time
+pid = os.fork()
+if pid == 0:
+    ok = l._ready is False and loader._state.lock.acquire(timeout=5)
+    ok = ok and dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r}) is l
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), l._ready)
+""", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0", "True"]
