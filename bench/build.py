@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""Build figures, measured in one run on this machine.
+
+    .venv/bin/python bench/build.py [--jobs 2] [--widths 1,16,48] [--out DIR]
+
+Builds a sample of keys (K1, K2, FFN x step widths x both arches, TP 4,
+ratio 1) into a fresh prebuilt directory with ``jobs`` workers and prints,
+beside each target: compile seconds by kind / width / arch; parallel
+efficiency (sum of per-symbol seconds / (wall x jobs)); the no-op rebuild;
+stored bytes per symbol beside FlyDSL's unstripped export; the key count of
+the ``full`` profile and its CPU time extrapolated from the sample; and the
+anchor: what vLLM's FlyDSL JIT pays for the same symbols at a cold start
+(the serial sum of the same compiles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dsv41_aot import matrix  # noqa: E402
+from dsv41_aot.keys import BuildKey  # noqa: E402
+from dsv41_aot.manifest import Manifest  # noqa: E402
+
+
+def cli(*args) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "dsv41_aot.cli", *map(str, args)], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    return json.loads(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--widths", default="1,16,42")
+    ap.add_argument("--out", help="prebuilt dir (default: a fresh temp dir)")
+    args = ap.parse_args()
+    widths = [int(w) for w in args.widths.split(",")]
+    keys = []
+    for arch in ("gfx950", "gfx942"):
+        for s in widths:
+            keys += [
+                BuildKey("k1", arch, s, 4, 1),
+                BuildKey("k2", arch, s, 4, 1),
+                BuildKey("ffn", arch, s, 4, 0),
+            ]
+    out = Path(args.out or tempfile.mkdtemp(prefix="dsv41-bench-")) / "kernels_prebuilt"
+    print(f"sample: {len(keys)} keys (K1, K2, FFN x widths {widths} x gfx950/gfx942, TP 4), jobs={args.jobs}, out={out}")
+
+    cold = cli("build", "--key", *map(str, keys), "--any-key", "--out", out, "--jobs", args.jobs, "--json", "--no-progress")
+    t = time.perf_counter()
+    noop = cli("build", "--key", *map(str, keys), "--any-key", "--out", out, "--jobs", args.jobs, "--json", "--no-progress")
+    noop_wall = time.perf_counter() - t
+
+    entries = {}
+    for arch in ("gfx950", "gfx942"):
+        entries.update(Manifest.read(out / arch).entries)
+    secs = {k: e["compile_seconds"] for k, e in entries.items()}
+
+    print("\n== compile seconds by kind, width and arch (one worker's view; 2 busy cores) ==")
+    print(f"{'kind':5} {'arch':7} " + " ".join(f"s={w:<6}" for w in widths))
+    for kind in ("k1", "k2", "ffn"):
+        for arch in ("gfx950", "gfx942"):
+            row = [secs.get(str(BuildKey(kind, arch, w, 4, 0 if kind == "ffn" else 1)), float("nan")) for w in widths]
+            print(f"{kind:5} {arch:7} " + " ".join(f"{x:<8.2f}" for x in row))
+
+    total = sum(secs.values())
+    eff = total / (cold["wall_seconds"] * args.jobs)
+    print("\n== the build ==")
+    print(f"{'':34} {'anchor / target':>18} {'dsv41-aot':>12}")
+    print(f"{'cold start, these symbols (s)':34} {total:>18.1f} {cold['wall_seconds']:>12.1f}   (anchor: vLLM's JIT compiles them one by one)")
+    print(f"{'parallel efficiency':34} {'>= 0.90':>18} {eff:>12.2f}   (sum of symbol s / (wall x {args.jobs} jobs))")
+    print(f"{'no-op rebuild (s)':34} {'<= 5.0':>18} {noop_wall:>12.2f}   ({noop['compiled']} compiled, {noop['up_to_date']} up to date)")
+
+    stored = [e["bytes"] for e in entries.values()]
+    naive = [e.get("export_bytes", 0) for e in entries.values()]
+    code = [e["code_object_bytes"] for e in entries.values()]
+    print("\n== bytes per symbol (min / median / max) ==")
+    for name, xs in (("FlyDSL export_to_c, unstripped", naive), ("dsv41-aot stored (stripped)", stored), ("GPU code object inside", code)):
+        print(f"{name:34} {min(xs):>9,} {int(statistics.median(xs)):>9,} {max(xs):>9,}")
+    print(f"{'target: stored <= 160 KB':34} {'':>9} {'':>9} {'ok' if max(stored) <= 160_000 else 'MISSED':>9}")
+
+    # full profile: per (kind, arch) a line through the measured widths
+    fit = {}
+    for kind in ("k1", "k2", "ffn"):
+        for arch in ("gfx950", "gfx942"):
+            pts = [(w, secs[str(BuildKey(kind, arch, w, 4, 0 if kind == "ffn" else 1))]) for w in widths]
+            if len(pts) > 1:
+                slope = (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+            else:
+                slope = 0.0
+            fit[kind, arch] = (pts[0][1] - slope * pts[0][0], slope)
+    full = matrix.load().select("full")
+    cpu = defaultdict(float)
+    for k in full:
+        a, b = fit[k.kind, k.arch]
+        cpu[k.arch] += a + b * k.tokens
+    print("\n== the full profile ==")
+    for arch in ("gfx950", "gfx942"):
+        n = sum(1 for k in full if k.arch == arch)
+        print(f"{arch}: {n} keys, ~{cpu[arch] / 3600:.1f} CPU-hours extrapolated "
+              f"(~{cpu[arch] / 3600 / args.jobs / max(eff, 0.01):.1f} h on {args.jobs} cores; split into CI shards)")
+    print(f"total: {len(full)} keys, ~{sum(cpu.values()) / 3600:.1f} CPU-hours")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
