@@ -18,7 +18,7 @@ from pathlib import Path
 from .errors import AotError
 
 # command modules beside the build commands below
-COMMANDS: tuple[str, ...] = ("resources", "verify", "link")
+COMMANDS: tuple[str, ...] = ("resources", "verify", "link", "coverage")
 
 DEFAULT_OUT = Path(os.environ.get("DSV41_AOT_OUT", Path(__file__).resolve().parents[1] / "kernels_prebuilt"))
 
