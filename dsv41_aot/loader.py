@@ -35,8 +35,9 @@ from .errors import (
     ManifestError,
     SourceMismatchError,
 )
-from .keys import BuildKey
-from .manifest import Manifest, sha256_file
+
+# keys.py (dataclasses) and manifest.py (hashlib, tempfile) are imported at
+# first use: ``import dsv41_aot.loader`` stays a few stdlib modules.
 
 ENV_PREBUILT = "DSV41_AOT_PREBUILT"
 ENV_ARCH = "DSV41_AOT_ARCH"
@@ -135,6 +136,8 @@ class _Index:
     def __init__(self, root: Path, arch: str):
         self.root = root
         self.arch = arch
+        from .manifest import Manifest
+
         self.dir = root / arch
         self.manifest = Manifest.read(self.dir, arch)
         self.entries = self.manifest.entries
@@ -257,6 +260,8 @@ def _open_library(idx: _Index, lib: dict) -> ctypes.CDLL:
     with _state.lock:
         handle = _state.libraries.get(path)
         if handle is None:
+            from .manifest import sha256_file
+
             try:
                 ok = sha256_file(Path(path)) == lib["sha256"]
             except FileNotFoundError:
@@ -419,6 +424,8 @@ def load_key(key, *, prebuilt: str | os.PathLike | None = None) -> Launcher:
     launcher = _state.launchers.get((root, text))
     if launcher is not None:
         return launcher
+    from .keys import BuildKey
+
     bk = BuildKey.parse(text) if isinstance(key, str) else key
     text = str(bk)
     idx = _index(root, bk.arch)
@@ -450,6 +457,8 @@ def load(kind: str, *, tokens: int, tp: int, ratio: int, fold: bool = True, inde
          arch: str | None = None, prebuilt: str | os.PathLike | None = None) -> Launcher:
     """The Launcher for the launch vLLM's ``build_mono_<kind>(MonoBuild(...))``
     would build, on ``arch`` (default: DSV41_AOT_ARCH, else the current device)."""
+    from .keys import BuildKey
+
     key = BuildKey(kind=kind, arch=resolve_arch(arch), tokens=tokens, tp=tp, ratio=ratio, fold=fold, index=index,
                    experts=experts, topk=topk, ug_groups=ug_groups, swa_width=swa_width, timeline=timeline)
     return load_key(key, prebuilt=prebuilt)

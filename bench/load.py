@@ -1,0 +1,203 @@
+"""Runtime figures: the prebuilt loader beside FlyDSL's own JIT paths, one run.
+
+    python bench/load.py --dir DIR [--arch gfx950] [--flydsl-keys 3]
+
+Prints, for the keys of one arch in DIR (a built and linked prebuilt folder):
+
+- import time of the runtime (``import dsv41_aot.loader`` in a fresh process)
+  beside the import FlyDSL's path needs (flydsl, torch, vLLM's mono layer);
+- a fresh process to Launchers for every key of DIR/ARCH (manifest read,
+  checks, library sha256 + dlopen);
+- Python-side cost of one launch up to the C call: the real
+  ``Launcher.__call__`` on the real library, the module marked loaded without
+  a device, so the C entry returns FLYDSL_AOT_ERR_NOT_INITIALIZED with no HIP
+  call; shown as pack + C call (the success path's work) and as the whole
+  ``__call__`` including the LaunchError it then raises;
+- FlyDSL's JIT compile of the same keys (cold cache), and the first call from
+  its warm disk cache, timed up to where it fails for want of a GPU.
+
+No timing is asserted anywhere; these are measurements on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def py(code: str, env: dict | None = None, timeout: int = 1800) -> str:
+    full = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full,
+                       timeout=timeout, cwd=REPO)
+    if r.returncode:
+        raise SystemExit(f"bench subprocess failed:\n{r.stderr[-4000:]}")
+    return r.stdout.strip().splitlines()[-1]
+
+
+def median_of(n: int, code: str, env: dict | None = None) -> float:
+    return statistics.median(float(py(code, env)) for _ in range(n))
+
+
+def runtime_side(root: Path, arch: str) -> dict:
+    out = {}
+    out["import_s"] = median_of(5, """
+        import time; t = time.perf_counter(); import dsv41_aot.loader; print(time.perf_counter() - t)""")
+    res = json.loads(py(f"""
+        import json, time
+        t0 = time.perf_counter()
+        import dsv41_aot
+        from dsv41_aot import loader
+        t1 = time.perf_counter()
+        loader._hip.load()
+        th = time.perf_counter()
+        loader._installed_vllm()
+        tv = time.perf_counter()
+        keys = loader.keys({arch!r}, prebuilt={str(root)!r})
+        t2 = time.perf_counter()
+        ls = [dsv41_aot.load_key(k, prebuilt={str(root)!r}) for k in keys]
+        t3 = time.perf_counter()
+        ls2 = [dsv41_aot.load_key(k, prebuilt={str(root)!r}) for k in keys]
+        t4 = time.perf_counter()
+        lib_bytes = sum(__import__("os").path.getsize(p) for p in {{l.library for l in ls}})
+        print(json.dumps(dict(keys=len(keys), import_s=t1 - t0, hip_s=th - t1, vllm_digest_s=tv - th, index_s=t2 - tv, launchers_s=t3 - t2,
+                              again_s=t4 - t3, total_s=t3 - t0, libraries=len({{l.library for l in ls}}),
+                              library_bytes=lib_bytes)))
+    """))
+    out["ready"] = res
+    call = json.loads(py(f"""
+        import json, timeit
+        import dsv41_aot
+        from dsv41_aot.errors import LaunchError
+        out = {{}}
+        for k in __import__("dsv41_aot.loader").loader.keys({arch!r}, prebuilt={str(root)!r}):
+            l = dsv41_aot.load_key(k, prebuilt={str(root)!r})
+            l._ready = True  # no device: the C entry answers -1 (not initialized) without any HIP call
+            args = list(range(len(l.abi) - 1))
+            pack, buf, c, argv = l._pack, l._buf, l._call, l._argv
+            assert c(argv) == -1
+            def raw():
+                pack(buf, 0, *args, 0); c(argv)
+            def full():
+                try:
+                    l(*args, stream=0)
+                except LaunchError:
+                    pass
+            n = 200000
+            out[k] = dict(slots=len(l.abi), pack_call_us=min(timeit.repeat(raw, number=n, repeat=3)) / n * 1e6,
+                          call_raise_us=min(timeit.repeat(full, number=n, repeat=3)) / n * 1e6)
+        print(json.dumps(out))
+    """))
+    out["call"] = call
+    return out
+
+
+def flydsl_side(arch: str, keys: list[str]) -> dict:
+    from dsv41_aot import compiler, toolchain
+
+    tc = toolchain.find()
+    cache = tempfile.mkdtemp(prefix="dsv41-bench-flydsl-")
+    env = compiler.worker_env(arch, str(tc.rocm_path), cache)
+    env["FLYDSL_RUNTIME_ENABLE_CACHE"] = "1"
+    # FlyDSL's JIT runtime needs libamdhip64.so.7 to get as far as the launch;
+    # Debian's ROCm 5.2 library stands in under that name (no GPU either way)
+    shim = Path(cache) / "hip-shim"
+    shim.mkdir()
+    (shim / "libamdhip64.so.7").symlink_to(os.path.realpath("/usr/lib/x86_64-linux-gnu/libamdhip64.so"))
+    warm_env = dict(env, LD_LIBRARY_PATH=f"{shim}:{os.environ.get('LD_LIBRARY_PATH', '')}")
+    prelude = f"""
+        import json, sys, time
+        t0 = time.perf_counter()
+        from dsv41_aot import compat, source
+        from dsv41_aot.keys import BuildKey
+        from dsv41_aot.compiler import BUILDERS, typed_args
+        compat.install_aiter_shim()
+        layer = source.import_mono(source.find(), "layer")
+        import_s = time.perf_counter() - t0
+        keys = {keys!r}
+        def launcher(k):
+            k = BuildKey.parse(k)
+            return getattr(layer, BUILDERS[k.kind])(layer.MonoBuild(**k.build_fields()))
+    """
+    cold = json.loads(py(prelude + """
+        out = {}
+        for k in keys:
+            t = time.perf_counter()
+            f = launcher(k)
+            f._compile_or_execute(typed_args(f), {}, execute=False)
+            out[k] = time.perf_counter() - t
+        print(json.dumps(dict(import_s=import_s, compile_s=out)))
+    """, env))
+    warm = json.loads(py(prelude + """
+        out, errs = {}, {}
+        for k in keys:
+            f = launcher(k)
+            n = len(typed_args(f))
+            t = time.perf_counter()
+            try:
+                f(*range(n), stream=None)
+            except BaseException as e:  # no GPU: the launch itself fails after the cache load
+                errs[k] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            out[k] = time.perf_counter() - t
+        print(json.dumps(dict(import_s=import_s, first_call_s=out, stopped_at=errs)))
+    """, warm_env))
+    return {"cold": cold, "warm": warm, "cache": cache}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", required=True, help="a built and linked prebuilt directory")
+    ap.add_argument("--arch", default="gfx950")
+    ap.add_argument("--flydsl-keys", type=int, default=3, help="keys to JIT through FlyDSL (seconds each)")
+    args = ap.parse_args()
+    root = Path(args.dir).resolve()
+
+    rt = runtime_side(root, args.arch)
+    ready, calls = rt["ready"], rt["call"]
+    by_kind = {}
+    for k in sorted(calls):
+        by_kind.setdefault(k.split("@")[0], k)
+    sample = list(by_kind.values())[: args.flydsl_keys]
+    fly = flydsl_side(args.arch, sample)
+
+    ms = lambda s: f"{s * 1e3:9.1f} ms"  # noqa: E731
+    print(f"dsv41-aot runtime vs FlyDSL JIT, {args.arch}, {ready['keys']} prebuilt keys in {root}")
+    print(f"  (python {sys.version.split()[0]}, {os.cpu_count()} CPUs, no GPU)\n")
+    print(f"{'':44}{'dsv41-aot':>14}{'FlyDSL':>14}")
+    print(f"{'import (fresh process)':44}{ms(rt['import_s']):>14}{ms(fly['cold']['import_s']):>14}"
+          f"   flydsl + torch + mono layer")
+    per_key_cold = sum(fly["cold"]["compile_s"].values()) / len(sample)
+    per_key_warm = sum(fly["warm"]["first_call_s"].values()) / len(sample)
+    print(f"{'launchers for every key, fresh process':44}{ms(ready['total_s']):>14}"
+          f"{ms(per_key_cold * ready['keys']):>14}   FlyDSL: {len(sample)}-key mean compile x {ready['keys']}")
+    print(f"  of which: import {ready['import_s']*1e3:.1f} ms, libamdhip64 dlopen {ready['hip_s']*1e3:.1f} ms, "
+          f"vLLM mono digest {ready['vllm_digest_s']*1e3:.1f} ms, manifest {ready['index_s']*1e3:.1f} ms, "
+          f"load_key x {ready['keys']} {ready['launchers_s']*1e3:.1f} ms ({ready['libraries']} libraries, "
+          f"{ready['library_bytes'] / 1e6:.2f} MB hashed + opened)")
+    print(f"{'  load_key per key':44}{ready['launchers_s'] / ready['keys'] * 1e6:11.0f} us{per_key_cold:12.2f} s   "
+          f"FlyDSL JIT compile, cold cache")
+    print(f"{'  first call from warm disk cache, per key':44}{'':>14}{ms(per_key_warm):>14}   "
+          f"up to the failing launch (no GPU)")
+    print(f"{'  load_key again (cached), per key':44}{ready['again_s'] / ready['keys'] * 1e6:11.1f} us")
+    print("\nPython-side cost of one launch (real Launcher, real library; C entry returns -1, no HIP call):")
+    for k, c in sorted(calls.items()):
+        print(f"  {k:34} {c['slots']:3} slots   pack + C call {c['pack_call_us']:5.2f} us   "
+              f"__call__ incl. raising LaunchError {c['call_raise_us']:5.2f} us")
+    print("\nFlyDSL per key (cold JIT compile s / first call from warm cache ms, stopped at):")
+    for k in sample:
+        print(f"  {k:34} {fly['cold']['compile_s'][k]:6.2f} s   {fly['warm']['first_call_s'][k] * 1e3:7.1f} ms   "
+              f"{fly['warm']['stopped_at'].get(k, 'returned')}")
+    print(f"\ntargets: import <= 30 ms, deployment launchers <= 50 ms, one launch <= 3 us (Python side)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
