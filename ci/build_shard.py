@@ -1,0 +1,104 @@
+"""Build one shard of one arch's keys: a CI matrix cell.
+
+    python ci/build_shard.py --arch gfx950 --shard 2/8 --out shards/gfx950-2 \
+        [--profile full] [--seconds PREVIOUS/manifest.json ...] [--jobs N]
+
+Every cell must cut the same partition, whatever its own cache holds, or a key
+would land in two shards or none. So the partition is computed here from
+inputs every cell shares: the profile's keys for the arch and, when given,
+compile seconds recorded in earlier manifests (``--seconds``; keys without a
+record get dsv41_aot.matrix's estimate), balanced longest-first
+(``dsv41_aot.matrix.shard``). The cell then builds exactly its keys with
+``dsv41-aot build --key ...`` and writes ``<out>/shard-<arch>-<i>of<N>.json``
+(the plan: every key of the arch, and this shard's), which ci/merge.py uses to
+prove that the shards together cover the profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from dsv41_aot import matrix  # noqa: E402
+from dsv41_aot.errors import AotError  # noqa: E402
+from dsv41_aot.manifest import atomic_write  # noqa: E402
+
+
+def recorded_seconds(paths) -> dict:
+    """key -> compile seconds from manifest.json files (or {key: seconds} JSON)."""
+    out: dict = {}
+    for p in paths or ():
+        doc = json.loads(Path(p).read_bytes())
+        entries = doc.get("entries", doc) if isinstance(doc, dict) else {}
+        for key, e in sorted(entries.items()):
+            out[key] = float(e["compile_seconds"] if isinstance(e, dict) else e)
+    return out
+
+
+def plan(arch: str, index: int, count: int, profile: str | None = None, matrix_path: str | None = None,
+         seconds: dict | None = None) -> dict:
+    """The shard plan every cell computes identically."""
+    m = matrix.load(matrix_path)
+    keys = [k for k in m.select(profile) if k.arch == arch]
+    if not keys:
+        raise AotError(f"profile {profile or m.default_profile!r} has no key for {arch}",
+                       fix=f"dsv41-aot build --list --profile {profile or m.default_profile}")
+    mine = matrix.shard(keys, index, count, seconds)
+    cost = {str(k): float((seconds or {}).get(str(k), matrix.estimate_seconds(k))) for k in mine}
+    return {
+        "arch": arch, "index": index, "count": count, "profile": profile or m.default_profile,
+        "all_keys": sorted(str(k) for k in keys), "keys": [str(k) for k in mine],
+        "estimated_seconds": round(sum(cost.values()), 3),
+    }
+
+
+def plan_name(arch: str, index: int, count: int) -> str:
+    return f"shard-{arch}-{index}of{count}.json"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", required=True)
+    ap.add_argument("--shard", required=True, help="i/N, from 0")
+    ap.add_argument("--out", required=True, help="this shard's prebuilt directory")
+    ap.add_argument("--profile", help="matrix profile (default: the matrix's default)")
+    ap.add_argument("--matrix", help="build matrix file")
+    ap.add_argument("--seconds", nargs="*", default=[], help="manifests with recorded compile seconds")
+    ap.add_argument("--jobs", "-j", type=int)
+    ap.add_argument("--plan-only", action="store_true", help="print the plan, build nothing")
+    args = ap.parse_args(argv)
+    try:
+        i, n = matrix.parse_shard(args.shard)
+        p = plan(args.arch, i, n, args.profile, args.matrix, recorded_seconds(args.seconds))
+    except (AotError, OSError, ValueError) as e:
+        print(f"ci/build_shard.py: error: {e}", file=sys.stderr)
+        return getattr(e, "exit_code", 2)
+    if args.plan_only:
+        print(json.dumps(p, indent=1))
+        return 0
+    print(f"shard {i}/{n} of {args.arch}: {len(p['keys'])} of {len(p['all_keys'])} keys, "
+          f"~{p['estimated_seconds']:.0f} CPU-s", file=sys.stderr)
+    out = Path(args.out)
+    if p["keys"]:
+        cmd = [sys.executable, "-m", "dsv41_aot.cli", "build", "--out", str(out), "--no-progress", "--json",
+               "--key", *p["keys"]]
+        if args.matrix:
+            cmd[4:4] = ["--matrix", args.matrix]
+        if args.jobs:
+            cmd += ["--jobs", str(args.jobs)]
+        r = subprocess.run(cmd, cwd=ROOT)
+        if r.returncode:
+            return r.returncode
+    atomic_write(out / plan_name(args.arch, i, n), (json.dumps(p, indent=1) + "\n").encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Merge shard prebuilt dirs into one prebuilt dir, then link it.
+
+    python ci/merge.py --out kernels_prebuilt shards/gfx950-0 shards/gfx950-1 ...
+
+Refused (exit 1, nothing written), each with the key or folder named:
+
+- a shard whose objects are missing or altered (its manifest's sha256);
+- the same key in two shards with a different object (sha256) or source
+  identity; the same key with the same object is kept once;
+- entries of one arch built from different source identities;
+- when shard plans (ci/build_shard.py) are present: a key the plan expects
+  that no shard holds, a missing shard of a planned count, or a shard that
+  holds a key its plan did not give it.
+
+The result is what one build of all the keys writes: the manifest through
+dsv41_aot.manifest (sorted, so same entries, same bytes), each object copied
+under its content address. It is assembled and linked in a temporary sibling
+of ``--out`` and only then moved into place, so ``--out`` is never seen half
+written: the old directory stays whole until the new one is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
+from dsv41_aot.link import link_arch  # noqa: E402
+from dsv41_aot.manifest import MANIFEST, Manifest, arch_dirs  # noqa: E402
+
+
+class MergeError(IntegrityError):
+    """Shards that cannot be merged into one consistent prebuilt dir."""
+
+
+def _plans(shards: list[Path]) -> dict:
+    """arch -> list of plan dicts found in the shard dirs."""
+    out: dict = {}
+    for d in shards:
+        for p in sorted(d.glob("shard-*of*.json")):
+            plan = json.loads(p.read_bytes())
+            plan["_file"] = str(p)
+            out.setdefault(plan["arch"], []).append(plan)
+    return out
+
+
+def _check_plans(arch: str, plans: list, held: dict) -> None:
+    """held: key -> shard dir holding it."""
+    counts = {p["count"] for p in plans}
+    universes = {tuple(p["all_keys"]) for p in plans}
+    if len(counts) != 1 or len(universes) != 1:
+        raise MergeError(f"{arch}: shard plans disagree (counts {sorted(counts)}, {len(universes)} key sets): "
+                         f"cells built from different matrices or seconds",
+                         fix="rerun every cell of the arch with the same --profile/--seconds (ci/build_shard.py)")
+    count = counts.pop()
+    have = sorted({p["index"] for p in plans})
+    if have != list(range(count)):
+        missing = sorted(set(range(count)) - set(have))
+        raise MergeError(f"{arch}: shards {missing} of {count} are missing (have {have})",
+                         fix=f"run ci/build_shard.py --arch {arch} --shard {missing[0]}/{count} and merge again")
+    expected = set(universes.pop())
+    lost = sorted(expected - set(held))
+    if lost:
+        raise MergeError(f"{arch}: {len(lost)} planned key(s) in no shard, e.g. {lost[0]}",
+                         fix=f"rebuild its shard: ci/build_shard.py --arch {arch} --shard i/{count} (see the plans)")
+    for p in plans:
+        stray = sorted(k for k in p["keys"] if k not in held)
+        if stray:
+            raise MergeError(f"{p['_file']}: key {stray[0]} planned but not built", fix="rerun that shard")
+
+
+def merge(shards: list[Path], out: Path, *, link: bool = True, log=print) -> dict:
+    """Merge ``shards`` into ``out`` (replaced as a whole); returns a summary."""
+    shards = [Path(s).resolve() for s in shards]
+    out = Path(out).resolve()
+    for s in shards:
+        if not s.is_dir():
+            raise ManifestError(f"shard {s} is not a directory", fix="pass the shard dirs ci/build_shard.py wrote")
+    by_arch: dict = {}
+    for s in shards:
+        for adir in arch_dirs(s):
+            by_arch.setdefault(adir.name, []).append(adir)
+    if not by_arch:
+        raise ManifestError(f"no shard holds a built arch (<arch>/{MANIFEST}) in {', '.join(map(str, shards))}",
+                            fix="build the shards first: ci/build_shard.py --arch A --shard i/N --out DIR")
+    plans = _plans(shards)
+
+    merged: dict = {}
+    for arch, adirs in sorted(by_arch.items()):
+        entries, abis, origin, sources = {}, {}, {}, {}
+        for adir in adirs:
+            man = Manifest.read(adir, arch)
+            for key, e in sorted(man.entries.items()):
+                man.check_object(key)
+                prev = entries.get(key)
+                if prev is not None:
+                    if prev["sha256"] != e["sha256"] or prev["source"] != e["source"]:
+                        what = "object" if prev["sha256"] != e["sha256"] else "source identity"
+                        raise MergeError(
+                            f"{key}: {origin[key]} and {adir} hold different {what}s "
+                            f"({prev['sha256'][:12]} vs {e['sha256'][:12]})",
+                            fix="rebuild both shards from one vLLM / FlyDSL (ci/build_shard.py), then merge",
+                        )
+                    continue
+                entries[key], origin[key] = e, adir
+                abis[e["abi"]] = man.abis[e["abi"]]
+                sources.setdefault(json.dumps(e["source"], sort_keys=True), key)
+        if len(sources) > 1:
+            ex = sorted(sources.values())
+            raise MergeError(f"{arch}: shards built from {len(sources)} source identities (e.g. {ex[0]} from "
+                             f"{origin[ex[0]]}, {ex[1]} from {origin[ex[1]]})",
+                             fix="rebuild every shard from one vLLM / FlyDSL (ci/build_shard.py), then merge")
+        if arch in plans:
+            _check_plans(arch, plans[arch], origin)
+        merged[arch] = (entries, abis, origin)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.merge-"))
+    summary = {"out": str(out), "arches": {}}
+    try:
+        for arch, (entries, abis, origin) in merged.items():
+            adir = tmp / arch
+            (adir / "objects").mkdir(parents=True)
+            for key, e in entries.items():
+                shutil.copyfile(origin[key] / e["object"], adir / e["object"])
+            Manifest(adir, arch, entries, abis).write()
+            summary["arches"][arch] = {"keys": len(entries), "shards": len(by_arch[arch])}
+            if link:
+                summary["arches"][arch]["link"] = link_arch(adir)
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if log:
+        for arch, s in summary["arches"].items():
+            log(f"{arch}: {s['keys']} keys from {s['shards']} shard(s)" + (" (linked)" if link else ""))
+    return summary
+
+
+def _replace_dir(new: Path, out: Path) -> None:
+    """Swap ``new`` in as ``out``: readers see the old tree or the new one."""
+    os.chmod(new, 0o755)
+    if not out.exists():
+        os.rename(new, out)
+        return
+    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+    os.rename(out, old / "tree")
+    os.rename(new, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("shards", nargs="+", help="shard prebuilt dirs (ci/build_shard.py --out)")
+    ap.add_argument("--out", required=True, help="merged prebuilt dir (replaced as a whole)")
+    ap.add_argument("--no-link", action="store_true", help="merge only (the wheel build needs the link)")
+    ap.add_argument("--json", action="store_true", help="print one JSON summary")
+    args = ap.parse_args(argv)
+    try:
+        s = merge([Path(p) for p in args.shards], Path(args.out), link=not args.no_link,
+                  log=None if args.json else print)
+    except AotError as e:
+        print(f"ci/merge.py: error: {e}", file=sys.stderr)
+        return e.exit_code
+    if args.json:
+        print(json.dumps(s, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
