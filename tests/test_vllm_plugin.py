@@ -1,0 +1,256 @@
+"""dsv41_aot.vllm: vLLM's own mono runner, patched, hands out the prebuilt
+Launchers; the plugin decides and says why; the entry point is installed.
+
+The runner tests run vLLM 0.33.0's real ``runner.py`` (imported in isolation,
+one arch per subprocess: tests/_vllm_probe.py) on a runner object made
+without a GPU, against the real linked smoke libraries. No GPU is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _smoke import REPO, copy_of, smoke_dir
+from dsv41_aot import elf
+from dsv41_aot import vllm as plugin
+from dsv41_aot.keys import BuildKey
+from dsv41_aot.manifest import Manifest
+
+PROBE = REPO / "tests" / "_vllm_probe.py"
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    return smoke_dir(tmp_path_factory)
+
+
+def probe(arch: str, prebuilt: Path, mode: str, order: str, calls: list) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLYDSL_", "DSV41_AOT_"))}
+    env.update(ARCH=arch, FLYDSL_GPU_ARCH=arch, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, str(PROBE), str(prebuilt), mode, order, json.dumps(calls)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def code_object_symbols(prebuilt: Path, key: str) -> set:
+    """The symbols of the GPU code object inside a key's stored export object."""
+    bk = BuildKey.parse(key)
+    man = Manifest.read(prebuilt / bk.arch, bk.arch)
+    _, code = elf.exported_parts(man.object_path(key).read_bytes(), bk.entry)
+    return {s.name for s in elf.Elf(code).symbols()}
+
+
+# ---------------------------------------------------------------- the patched runner
+
+
+@pytest.mark.slow
+def test_gfx950_runner_gets_the_prebuilt_launchers_vllm_would_compile(smoke):
+    calls = [["kernels", 4, 1, True, False], ["ffn", 4, 384, 6], ["kernels", 5, 1, True, False]]
+    out = probe("gfx950", smoke, "strict", "hook", calls)
+    # installed before vLLM's runner was imported: the meta_path hook patched it on import
+    assert out["before_import"]["hooked"] and not out["before_import"]["patched"]
+    assert out["patched"] and not out["gfx942"]
+    layer, ffn, missing = out["results"]
+    vllm_layer, vllm_ffn, _ = out["vllm"]
+    want = {"k1": "k1@gfx950:s=4,tp=4,r=1", "k2": "k2@gfx950:s=4,tp=4,r=1"}
+    for kind, key in want.items():
+        got = layer[kind]
+        assert got["origin"] == "aot" and got["key"] == key
+        # the kernel vLLM's own build_mono_* names, the key's symbol, the code object's
+        assert got["kernel_name"] == vllm_layer[kind] == BuildKey.parse(key).kernel_symbol
+        assert got["kernel_name"] in code_object_symbols(smoke, key)
+    assert ffn["ffn"]["origin"] == "aot" and ffn["ffn"]["key"] == "ffn@gfx950:s=4,tp=4,r=0"
+    assert ffn["ffn"]["kernel_name"] == vllm_ffn["ffn"] == BuildKey.parse("ffn@gfx950:s=4,tp=4,r=0").kernel_symbol
+    assert ffn["ffn"]["kernel_name"] in code_object_symbols(smoke, "ffn@gfx950:s=4,tp=4,r=0")
+    # vLLM's memo: same object on the second call, under vLLM's own memo keys
+    assert layer["memo"] and ffn["memo"]
+    assert out["memo_keys"] == ["(4, 'ffn', 384, 6)", "(4, 1, True, False)"]
+    # strict: a key that is not prebuilt raises, naming it and the build command
+    assert missing["error"] == "KeyNotPrebuiltError"
+    assert "k1@gfx950:s=5,tp=4,r=1" in missing["message"] and "dsv41-aot build --key" in missing["message"]
+    assert out["installed"]["served_jit"] == 0
+    assert out["uninstalled"]
+
+
+@pytest.mark.slow
+def test_gfx942_k2_is_the_one_built_without_index_and_fallback_jits_the_rest(smoke):
+    calls = [["kernels", 4, 1, True, True], ["ffn", 4, 128, 3], ["ffn", 4, 384, 6]]
+    out = probe("gfx942", smoke, "fallback", "now", calls)
+    assert out["before_install"] == {"patched": False} and out["patched"] and out["gfx942"]
+    layer, draft_ffn, ffn = out["results"]
+    vllm_layer = out["vllm"][0]
+    # an index source on gfx942: K2 is served by the index=False key ...
+    assert layer["k2"]["origin"] == "aot" and layer["k2"]["key"] == "k2@gfx942:s=4,tp=4,r=1"
+    assert layer["k2"]["kernel_name"] == vllm_layer["k2"] == "_ZN5aiter30dsv41_mono_k2_s4_tp4_r1_tl0_i0E"
+    assert layer["k2"]["kernel_name"] in code_object_symbols(smoke, "k2@gfx942:s=4,tp=4,r=1")
+    # ... while its K1 keeps index=True: not in the smoke set, so vLLM's JIT builds it
+    assert layer["k1"]["origin"] == "jit" and layer["k1"]["kernel_name"] == vllm_layer["k1"]
+    assert vllm_layer["k1"] == BuildKey.parse("k1@gfx942:s=4,tp=4,r=1,i=1").kernel_symbol
+    assert draft_ffn["ffn"]["origin"] == "jit" and draft_ffn["ffn"]["kernel_name"].endswith("_e128E")
+    assert ffn["ffn"]["origin"] == "aot" and ffn["ffn"]["key"] == "ffn@gfx942:s=4,tp=4,r=0"
+    # one warning a missing key, though a second runner asked again
+    warned = sorted(w.split(" not served")[0].removeprefix("dsv41-aot: ") for w in out["warnings"])
+    assert warned == ["ffn@gfx942:s=4,tp=4,r=0,e=128,k=3", "k1@gfx942:s=4,tp=4,r=1,i=1"]
+
+
+@pytest.mark.slow
+def test_gfx942_strict_refuses_the_missing_k1(smoke):
+    out = probe("gfx942", smoke, "strict", "hook", [["kernels", 4, 1, True, True]])
+    (res,) = out["results"]
+    assert res["error"] == "KeyNotPrebuiltError" and "k1@gfx942:s=4,tp=4,r=1,i=1" in res["message"]
+    assert "dsv41-aot build --key 'k1@gfx942:s=4,tp=4,r=1,i=1'" in res["message"]
+
+
+# ---------------------------------------------------------------- install / uninstall
+
+
+def test_install_is_idempotent_and_uninstall_removes_the_hook():
+    assert plugin.RUNNER not in sys.modules  # this process never imports vLLM's runner
+    plugin.uninstall()
+    before = list(sys.meta_path)
+    try:
+        plugin.install()
+        plugin.install("fallback")
+        hooks = [f for f in sys.meta_path if isinstance(f, plugin._RunnerHook)]
+        assert len(hooks) == 1 and plugin.installed()["mode"] == "fallback"
+        assert plugin.RUNNER not in sys.modules  # installing imports nothing of vLLM
+    finally:
+        plugin.uninstall()
+    assert sys.meta_path == before and plugin.installed()["mode"] is None
+
+
+def test_install_refuses_an_unknown_mode():
+    with pytest.raises(plugin.AotError, match="unknown dsv41-aot vLLM mode"):
+        plugin.install("lenient")
+    assert plugin.installed()["mode"] is None
+
+
+# ---------------------------------------------------------------- the plugin's decision
+
+
+def test_kfd_topology_gives_the_gpu_arch(tmp_path):
+    nodes = tmp_path / "nodes"
+    for i, v in enumerate((0, 90402, 90402)):  # a CPU node, two MI300X
+        (nodes / str(i)).mkdir(parents=True)
+        (nodes / str(i) / "properties").write_text(f"cpu_cores_count 0\ngfx_target_version {v}\nsimd_count 4\n")
+    assert plugin.kfd_arches(nodes) == ["gfx942"]
+    (nodes / "3").mkdir()
+    (nodes / "3" / "properties").write_text("gfx_target_version 90500\n")
+    assert plugin.kfd_arches(nodes) == ["gfx942", "gfx950"]
+    assert plugin.kfd_arches(tmp_path / "absent") == []
+
+
+def _enable(env: dict):
+    plugin.uninstall()
+    try:
+        return plugin.enable(environ=env), plugin.installed()["mode"]
+    finally:
+        plugin.uninstall()
+
+
+def test_disabled_by_the_environment(smoke, monkeypatch):
+    monkeypatch.setenv("DSV41_AOT_PREBUILT", str(smoke))
+    (ok, why, level), mode = _enable({"DSV41_AOT_DISABLE": "1", "DSV41_AOT_ARCH": "gfx950"})
+    assert not ok and "DSV41_AOT_DISABLE=1" in why and level == logging.INFO and mode is None
+
+
+def test_no_rocm_device_here(monkeypatch):
+    monkeypatch.delenv("DSV41_AOT_ARCH", raising=False)
+    if plugin.kfd_arches():
+        pytest.skip("this host has a GPU")
+    (ok, why, level), mode = _enable({})
+    assert not ok and "no ROCm device" in why and level == logging.INFO and mode is None
+
+
+@pytest.mark.slow
+def test_enabled_names_arch_key_count_and_vllm_digest(smoke, monkeypatch):
+    from dsv41_aot import source
+
+    monkeypatch.setenv("DSV41_AOT_PREBUILT", str(smoke))
+    (ok, why, level), mode = _enable({"DSV41_AOT_ARCH": "gfx950", "DSV41_AOT_MODE": "fallback"})
+    digest = source.mono_digest(source.find().mono_dir)
+    assert ok and level == logging.INFO and mode == "fallback"
+    assert "gfx950" in why and "3 prebuilt keys" in why and digest in why
+
+
+@pytest.mark.slow
+def test_digest_mismatch_keeps_vllm_on_jit(smoke, tmp_path, monkeypatch):
+    d = copy_of(smoke, tmp_path / "pb")
+    path = d / "gfx950" / "manifest.json"
+    doc = json.loads(path.read_text())
+    for e in doc["entries"].values():
+        e["source"]["mono_sources"] = "0123456789abcdef"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setenv("DSV41_AOT_PREBUILT", str(d))
+    (ok, why, level), mode = _enable({"DSV41_AOT_ARCH": "gfx950"})
+    assert not ok and "0123456789abcdef" in why and "differs" in why and level == logging.WARNING and mode is None
+    (ok, _, _), mode = _enable({"DSV41_AOT_ARCH": "gfx950", "DSV41_AOT_ALLOW_SOURCE_MISMATCH": "1"})
+    assert ok and mode == "strict"
+
+
+def test_no_prebuilt_dir_and_unknown_arch(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSV41_AOT_PREBUILT", str(tmp_path))
+    (ok, why, level), _ = _enable({"DSV41_AOT_ARCH": "gfx950"})
+    assert not ok and "no prebuilt kernels for gfx950" in why and level == logging.WARNING
+    (ok, why, _), _ = _enable({"DSV41_AOT_ARCH": "gfx90a"})
+    assert not ok and "gfx90a is not an arch" in why
+
+
+def test_register_never_raises_and_logs_one_line(tmp_path):
+    """In a fresh process, as vLLM calls it: one line on stderr, exit 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_AOT_")}
+    env.update(PYTHONPATH=str(REPO), DSV41_AOT_ARCH="gfx950", DSV41_AOT_PREBUILT=str(tmp_path / "nothing"))
+    proc = subprocess.run([sys.executable, "-c", "import dsv41_aot.vllm as v; v.register()"],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    assert proc.returncode == 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "[dsv41_aot]" in lines[0] and "plugin off" in lines[0], proc.stderr
+
+
+# ---------------------------------------------------------------- the entry point, installed for real
+
+
+@pytest.mark.slow
+def test_entry_point_found_after_pip_install_and_called_by_vllm(tmp_path, smoke):
+    """A fresh venv, ``pip install --no-deps --no-build-isolation`` of the
+    project: package metadata lists the plugin, and vLLM's own
+    ``load_general_plugins`` calls it (the build side and vLLM come from the
+    project venv through a .pth placed after the fresh site-packages)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "zz_project_venv.pth").write_text(ours + "\n")
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "kernels_prebuilt", "build", "*.egg-info",
+                                                             "__pycache__", "dist", ".pytest_cache"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DSV41_AOT_", "PYTHON"))}
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", str(src)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    code = ("import importlib.metadata as m, json; "
+            "print(json.dumps([[e.name, e.value, str(e.dist._path)] for e in m.entry_points(group='vllm.general_plugins')]))")
+    r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, check=True)
+    eps = {name: (value, dist) for name, value, dist in json.loads(r.stdout)}
+    assert eps["dsv41_aot"][0] == "dsv41_aot.vllm:register"
+    assert eps["dsv41_aot"][1].startswith(site)
+    env.update(VLLM_PLUGINS="dsv41_aot", DSV41_AOT_ARCH="gfx950", DSV41_AOT_PREBUILT=str(smoke))
+    code = ("import vllm.plugins as p; p.load_general_plugins(); import dsv41_aot.vllm as v, json; "
+            "print(json.dumps([v.__file__, v.installed()]))")
+    r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    where, state = json.loads(r.stdout.strip().splitlines()[-1])
+    assert where.startswith(site) and state["mode"] == "strict" and state["hooked"]
+    assert "dsv41-aot vLLM plugin on: enabled (strict) for gfx950: 3 prebuilt keys" in r.stderr
