@@ -46,6 +46,7 @@ class Summary:
     wall_seconds: float = 0.0
     compile_seconds: float = 0.0  # sum over the keys compiled in this run
     jobs: int = 1
+    libraries: int = 0  # linked libraries the built arches hold
     failures: list = field(default_factory=list)  # [{"key", "error"}]
 
     def as_dict(self) -> dict:
@@ -57,6 +58,7 @@ class Summary:
             "wall_seconds": round(self.wall_seconds, 3),
             "compile_seconds": round(self.compile_seconds, 3),
             "jobs": self.jobs,
+            "libraries": self.libraries,
             "failures": self.failures,
         }
 
@@ -136,10 +138,13 @@ def build(
     jobs: int | None = None,
     vllm_src: str | None = None,
     progress: bool = True,
+    link: bool = True,
     log=None,
 ) -> Summary:
-    """Build ``keys`` into the prebuilt directory ``out``; returns a summary
-    (failures included: a failed key does not stop the others)."""
+    """Build ``keys`` into the prebuilt directory ``out``, then link each
+    arch's objects into its loadable libraries (``link.link_arch``, which
+    keeps up-to-date libraries); returns a summary (failures included: a
+    failed key does not stop the others)."""
     t_start = time.perf_counter()
     out = Path(out).resolve()
     jobs = max(1, jobs or os.cpu_count() or 1)
@@ -185,6 +190,12 @@ def build(
             st.lock.close()
         if bar is not None:
             bar.close()
+    if link:
+        from .link import link_arch
+
+        for st in states.values():
+            if st.manifest.entries:
+                summary.libraries += link_arch(st.dir)["libraries"]
     summary.wall_seconds = time.perf_counter() - t_start
     return summary
 

@@ -74,7 +74,9 @@ def cmd_build(args) -> int:
         return 0
     from . import build
 
-    summary = build.build(keys, Path(args.out), jobs=args.jobs, vllm_src=args.vllm_src, progress=not args.no_progress)
+    summary = build.build(
+        keys, Path(args.out), jobs=args.jobs, vllm_src=args.vllm_src, progress=not args.no_progress, link=not args.no_link
+    )
     if args.json:
         print(json.dumps(summary.as_dict(), indent=1))
     else:
@@ -123,6 +125,7 @@ def _add_build(sub) -> None:
     p.add_argument("--list", action="store_true", help="print the selected keys and exit")
     p.add_argument("--json", action="store_true", help="print one JSON summary at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-link", action="store_true", help="store objects only; skip `dsv41-aot link`")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("list", help="what a prebuilt directory holds")

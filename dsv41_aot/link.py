@@ -216,13 +216,15 @@ def link_dir(root: Path, arches=None, *, log=None) -> list[dict]:
 
 
 def register(subparsers) -> None:
+    from .cli import DEFAULT_OUT
+
     p = subparsers.add_parser(
         "link",
         help="link stored objects into per-arch loadable libraries (<dir>/<arch>/lib/)",
         description="Link each arch's stored export objects into shared libraries, one per TP and band of "
                     "eight step widths; up-to-date libraries are kept. No libamdhip64 SONAME is recorded.",
     )
-    p.add_argument("--dir", default="kernels_prebuilt", help="prebuilt directory (default: kernels_prebuilt)")
+    p.add_argument("--dir", default=str(DEFAULT_OUT), help="prebuilt directory (default: kernels_prebuilt/)")
     p.add_argument("--arch", action="append", help="link only this arch (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON array of per-arch summaries")
     p.set_defaults(func=run)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from .errors import IntegrityError, ManifestError
@@ -48,9 +47,12 @@ REQUIRED = (
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a reader (or a kill at any moment)
     sees the old file or the new one, never a torn one."""
+    import tempfile  # not at import: the loader reads manifests, never writes them
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide an installed wheel's files from other users
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
