@@ -330,8 +330,8 @@ def verify(root: Path, *, against_jit: bool = False, keys: list[str] | None = No
             reports.append(rep)
             codes[k] = (man, code)
         if against_jit:
-            chosen[man.arch] = [k for k in choose_keys(man, [k for k in names], sample if not wanted else None, seed)
-                                if codes[k][1] is not None]
+            picked = choose_keys(man, names, None, seed) if wanted else choose_keys(man, None, sample, seed)
+            chosen[man.arch] = [k for k in picked if codes[k][1] is not None]
     if against_jit:
         by_key = {r.key: r for r in reports}
         with tempfile.TemporaryDirectory(prefix="dsv41-verify-") as tmp:
@@ -450,9 +450,14 @@ def run(args) -> int:
         for w in report["warnings"]:
             print(f"warning: {w}", file=sys.stderr)
         print(f"{report['keys']} keys checked ({report['jit_checked']} against vLLM's JIT): {len(report['failed'])} failed")
-        if report["failed"]:
-            print(f"fix: rebuild them: dsv41-aot build --key {' '.join(repr(k) for k in report['failed'])} --out {args.dir}",
+        resident = {r["key"] for r in report["reports"] if any(p.startswith("cannot be resident") for p in r["problems"])}
+        rebuild = [r["key"] for r in report["reports"] if any(not p.startswith("cannot be resident") for p in r["problems"])]
+        if rebuild:
+            print(f"fix: rebuild them: dsv41-aot build --key {' '.join(repr(k) for k in rebuild)} --out {args.dir}",
                   file=sys.stderr)
+        if resident:
+            print(f"fix: {', '.join(sorted(resident))} cannot launch as a persistent kernel (see dsv41-aot inspect):"
+                  " remove it from build_matrix.yaml", file=sys.stderr)
     return 1 if report["failed"] else 0
 
 

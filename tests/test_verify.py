@@ -128,3 +128,13 @@ def test_unknown_key_and_bad_sample_exit_2(smoke):
     assert proc.returncode == 2 and "malformed key" in proc.stderr
     proc = cli("verify", "--dir", smoke, "--against-jit", "--sample", "0")
     assert proc.returncode == 2 and "--sample 0" in proc.stderr
+
+
+@pytest.mark.slow
+def test_sample_checks_n_keys_per_arch_against_jit(smoke):
+    proc = cli("verify", "--dir", smoke, "--against-jit", "--sample", "1", "--seed", "3", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    jit = [r for r in report["reports"] if "jit" in r["checks"]]
+    assert report["jit_checked"] == 2 and sorted(r["arch"] for r in jit) == ["gfx942", "gfx950"]
+    assert report["keys"] == 6  # integrity still covers every key
