@@ -152,10 +152,8 @@ class ArchCompiler:
     def resources(self, key: BuildKey, code: bytes) -> dict:
         """The code object's resource figures; a symbol that cannot be
         resident one CTA per CU, or that spills, fails its key."""
-        try:
-            from .inspect import code_object_resources, residency_problems
-        except ImportError:  # the resource reader is optional until it lands
-            return {}
+        from .resources import code_object_resources, residency_problems
+
         res = code_object_resources(code)
         problems = residency_problems(res, key.arch)
         if problems:

@@ -152,19 +152,25 @@ def test_identity_change_makes_a_key_stale(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_key_the_kernel_source_refuses_fails_alone(tmp_path):
+def test_keys_that_cannot_run_fail_alone(tmp_path):
     out = tmp_path / "pb"
-    # FACTS.md: gfx942 FFN s=33 tp=2 trips stages/moe.py's shared_units assert
-    bad = "ffn@gfx942:s=33,tp=2,r=0"
+    # FACTS.md: gfx942 FFN s=33 tp=2 trips stages/moe.py's shared_units assert;
+    # gfx942 K2 s=17 tp=2 r=2 compiles but needs 77,056 B of LDS (64 KiB) and
+    # 325 VGPRs: a persistent CTA that could never be resident
+    refused, unresident = "ffn@gfx942:s=33,tp=2,r=0", "k2@gfx942:s=17,tp=2,r=2"
     code, stdout, stderr = run_cli(
-        "build", "--key", bad, CHEAP[1], "--any-key", "--out", out, "--json", "--no-progress", check=False
+        "build", "--key", refused, unresident, CHEAP[1], "--any-key", "--out", out, "--json", "--no-progress",
+        check=False,
     )
     assert code == 1
     s = json.loads(stdout)
-    assert (s["compiled"], s["failed"]) == (1, 1)
-    assert s["failures"][0]["key"] == bad and "moe.py" in s["failures"][0]["error"]
+    assert (s["compiled"], s["failed"]) == (1, 2)
+    errors = {f["key"]: f["error"] for f in s["failures"]}
+    assert "moe.py" in errors[refused]
+    assert unresident in errors[unresident] and "LDS" in errors[unresident] and "65536" in errors[unresident].replace(",", "")
     m = Manifest.read(out / "gfx942")
     assert list(m.entries) == [CHEAP[1]]
+    assert m.entries[CHEAP[1]]["resources"]["scratch_bytes"] == 0
 
 
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
