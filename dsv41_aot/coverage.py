@@ -93,14 +93,7 @@ def _matrix_doc(path) -> tuple[Path, dict]:
     from . import matrix
 
     m = matrix.load(path)
-    kinds = getattr(m, "layer_kinds", None)
-    routing = getattr(m, "routing", None)
-    if kinds is None or routing is None:  # Matrix does not expose them (yet): read the file it validated
-        import yaml
-
-        doc = yaml.safe_load(Path(m.path).read_text())
-        kinds, routing = doc.get("layer_kinds") or {}, doc.get("routing") or {}
-    return Path(m.path), {"layer_kinds": kinds, "routing": routing, "matrix": m}
+    return Path(m.path), {"layer_kinds": m.layer_kinds, "routing": m.routing, "matrix": m}
 
 
 def schedule(path=None) -> dict:

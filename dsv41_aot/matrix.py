@@ -96,6 +96,8 @@ class Matrix:
     keys_by_group: list = field(default_factory=list)  # [(group, BuildKey)] after rules
     profiles: dict = field(default_factory=dict)  # name -> _Node
     profile_lines: dict = field(default_factory=dict)  # name -> line
+    layer_kinds: dict = field(default_factory=dict)  # name -> [{"ratio", "fold", "index"}]
+    routing: dict = field(default_factory=dict)  # preset -> {"experts", "topk", "ug_groups", "swa_width"}
     rules: list = field(default_factory=list)
 
     def _err(self, line: int, msg: str) -> MatrixError:
@@ -294,6 +296,9 @@ def load(path: str | Path | None = None) -> Matrix:
         for f, v in preset.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise m._err(_line(preset, f), f"routing.{rname}.{f}: {v!r} is not a positive integer")
+
+    m.layer_kinds = kinds_by_name
+    m.routing = {name: dict(preset) for name, preset in routing.items()}
 
     groups = doc["groups"]
     expanded: list = []
