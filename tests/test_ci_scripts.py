@@ -200,3 +200,12 @@ def test_merge_refuses_missing_objects_missing_shards_and_mixed_sources(built, t
 def test_merge_refuses_no_shards(tmp_path):
     with pytest.raises(ManifestError, match="no shard holds"):
         merge.merge([tmp_path], tmp_path / "out", log=None)
+
+
+def test_cibuildwheel_config_selects_one_linux_x86_64_build():
+    exe = Path(PY).with_name("cibuildwheel")
+    if not exe.exists():
+        pytest.skip("cibuildwheel is not installed (pip install .[build])")
+    r = run(exe, "--platform", "linux", "--print-build-identifiers", ".")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["cp311-manylinux_x86_64"]
