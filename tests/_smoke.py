@@ -19,6 +19,17 @@ def cli(*args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, **kw)
 
 
+def run_cli(*args, check=True, env=None, timeout=1800):
+    """``dsv41-aot ARGS`` in a subprocess: (exit code, stdout, stderr)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dsv41_aot.cli", *map(str, args)],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dsv41-aot {' '.join(map(str, args))} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc.returncode, proc.stdout, proc.stderr
+
+
 def smoke_dir(tmp_path_factory) -> Path:
     """A built and linked smoke prebuilt directory, shared by the session
     (the build is incremental: a second caller compiles nothing)."""

@@ -16,7 +16,7 @@ import pytest
 from dsv41_aot import build, cli, source, toolchain
 from dsv41_aot.manifest import Manifest, sha256_file
 
-from conftest import REPO, run_cli
+from _smoke import REPO, run_cli
 
 GOLDEN = REPO / "tests" / "data" / "golden_code_objects.txt"
 CHEAP = ["k1@gfx950:s=1,tp=2,r=0", "k1@gfx942:s=1,tp=4,r=0"]  # ~3 s each

@@ -29,7 +29,7 @@ def smoke_build(tmp_path_factory) -> Path:
     """The smoke profile built with the real builder, shared by the modules
     of one test session (the builder is incremental: a second call compiles
     nothing)."""
-    out = tmp_path_factory.getbasetemp() / "dsv41-smoke"
+    out = tmp_path_factory.getbasetemp() / "smoke-prebuilt"
     proc = subprocess.run(
         [sys.executable, "-m", "dsv41_aot.cli", "build", "--profile", "smoke", "--out", str(out), "--no-progress"],
         capture_output=True, text=True,

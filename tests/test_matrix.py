@@ -12,7 +12,7 @@ from dsv41_aot import matrix
 from dsv41_aot.errors import MatrixError
 from dsv41_aot.keys import BuildKey
 
-from conftest import REPO, run_cli
+from _smoke import REPO, run_cli
 
 MATRIX = REPO / "build_matrix.yaml"
 
