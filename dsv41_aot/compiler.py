@@ -27,7 +27,7 @@ from pathlib import Path
 from . import elf
 from .errors import CompileError, ResidencyError
 from .keys import BuildKey
-from .manifest import OBJECTS, atomic_write
+from .manifest import OBJECTS, atomic_write, sha256_file
 
 BUILDERS = {"k1": "build_mono_k1", "k2": "build_mono_k2", "ffn": "build_mono_ffn"}
 
@@ -128,7 +128,7 @@ class ArchCompiler:
         resources = self.resources(key, code)
         sha = hashlib.sha256(data).hexdigest()
         obj = self.arch_dir / OBJECTS / f"{sha}.o"
-        if not (obj.is_file() and obj.stat().st_size == len(data)):
+        if not (obj.is_file() and sha256_file(obj) == sha):  # absent, or corrupt in place
             atomic_write(obj, data)
         entry = {
             "key": str(key),

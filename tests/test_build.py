@@ -82,7 +82,6 @@ def test_resume_rebuilds_only_missing_or_corrupt_and_is_deterministic(smoke_dir,
     assert (s["compiled"], s["up_to_date"]) == (2, 4)
     # same inputs, same bytes: the rebuilt directory equals the original
     for arch in ("gfx950", "gfx942"):
-        assert (out / arch / "manifest.json").read_text().replace('"compile_seconds"', "") is not None
         a, b = Manifest.read(smoke_dir / arch), Manifest.read(out / arch)
         for key in a.entries:
             assert a.entries[key]["sha256"] == b.entries[key]["sha256"], key
@@ -106,9 +105,8 @@ def test_kill_at_any_moment_leaves_a_consistent_directory(tmp_path):
     m = Manifest.read(out / "gfx950")  # parses: never torn
     for key in m.entries:
         m.check_object(key)
-    assert not list((out / "gfx950").glob("**/.*.tmp")) or True  # temp files may remain; never read
-    done = len(m.entries)
-    assert 1 <= done < len(keys) or done == len(keys)
+    done = len(m.entries)  # a temp file a kill left behind is never read: names start with "."
+    assert 1 <= done <= len(keys)
     _, stdout, _ = run_cli("build", "--key", *keys, "--out", out, "--json", "--no-progress")
     s = json.loads(stdout)
     assert s["up_to_date"] == done and s["compiled"] == len(keys) - done and s["failed"] == 0
