@@ -35,6 +35,8 @@ from .manifest import Manifest, sha256_file
 from .matrix import estimate_seconds
 
 FLUSH_SECONDS = 1.0
+# failures a rerun may not repeat: never remembered as the source's refusal
+_TRANSIENT = {"MemoryError", "OSError", "FileNotFoundError", "PermissionError", "TimeoutError", "InterruptedError"}
 
 
 @dataclass
@@ -44,7 +46,7 @@ class Summary:
     up_to_date: int = 0
     failed: int = 0
     wall_seconds: float = 0.0
-    compile_seconds: float = 0.0  # sum over the keys compiled in this run
+    compile_seconds: float = 0.0  # worker seconds over the keys compiled (or refused) in this run
     jobs: int = 1
     libraries: int = 0  # linked libraries the built arches hold
     failures: list = field(default_factory=list)  # [{"key", "error"}]
@@ -164,8 +166,12 @@ def build(
         if key.arch not in states:
             states[key.arch] = _ArchState(out, key.arch)
         st = states[key.arch]
+        known = st.manifest.refused.get(str(key))
         if up_to_date(st.manifest, key, ident):
             summary.up_to_date += 1
+        elif known is not None and known.get("source") == ident:
+            summary.failed += 1  # refused by this very source: compiling again would refuse again
+            summary.failures.append({"key": str(key), "error": known["error"], "known": True})
         else:
             st.pending.append(key)
     todo = sum(len(s.pending) for s in states.values())
@@ -228,12 +234,16 @@ def _run(states, ident, tools, src, jobs, summary, bar) -> None:
         w.proc.wait()
         workers.remove(w)
 
-    def fail(key: BuildKey, error: str) -> None:
+    def fail(key: BuildKey, error: str, deterministic: bool = False) -> None:
+        """Report a failed key; a refusal by the kernel source (not a crash
+        or a worker that could not start) is remembered for this source."""
         st = states[key.arch]
         summary.failed += 1
         summary.failures.append({"key": str(key), "error": error})
-        if st.manifest.entries.pop(str(key), None) is not None:
-            st.dirty = True  # its entry no longer says what this source builds
+        st.manifest.entries.pop(str(key), None)  # its entry no longer says what this source builds
+        if deterministic:
+            st.manifest.refused[str(key)] = {"error": error, "source": ident}
+        st.dirty = True
         if bar is not None:
             bar.write(f"FAILED {key}: {error}")
             bar.update(1)
@@ -292,13 +302,15 @@ def _run(states, ident, tools, src, jobs, summary, bar) -> None:
                 if msg["ok"]:
                     st = states[key.arch]
                     st.manifest.put(msg["entry"], msg["abi"])
+                    st.manifest.refused.pop(str(key), None)
                     st.dirty = True
                     summary.compiled += 1
                     summary.compile_seconds += msg["entry"]["compile_seconds"]
                     if bar is not None:
                         bar.update(1)
                 else:
-                    fail(key, msg["error"])
+                    summary.compile_seconds += msg.get("seconds", 0.0)
+                    fail(key, msg["error"], deterministic=msg.get("kind") not in _TRANSIENT)
             for st in states.values():
                 if st.failed_start is not None and st.pending:
                     for key in list(st.pending):

@@ -18,7 +18,8 @@ manifest.json::
          "code_object_sha256", "code_object_bytes",
          "compile_seconds", "abi": "<abi id>",
          "source": {"vllm_version", "mono_sources", "helpers", "flydsl_version", "linker"},
-         "resources": {...} (GPU code object figures, when read)}}}
+         "resources": {...} (GPU code object figures)}},
+     "refused": {"<key string>": {"error", "source"}}}
 
 ABI lists are shared by id (every K1 has the same 41 slots), so the manifest
 of a whole arch stays small and parses fast at load time.
@@ -81,11 +82,16 @@ def sha256_file(path: Path) -> str:
 class Manifest:
     """One architecture's manifest (``<dir>/<arch>/manifest.json``)."""
 
-    def __init__(self, arch_dir: Path, arch: str, entries: dict | None = None, abis: dict | None = None):
+    def __init__(self, arch_dir: Path, arch: str, entries: dict | None = None, abis: dict | None = None,
+                 refused: dict | None = None):
         self.dir = Path(arch_dir)
         self.arch = arch
         self.entries: dict = entries or {}
         self.abis: dict = abis or {}
+        # keys the kernel source refused, with the error and the source identity
+        # they were refused under: a rebuild from the same source reports them
+        # again without recompiling (compiles are deterministic)
+        self.refused: dict = refused or {}
 
     @property
     def path(self) -> Path:
@@ -123,7 +129,10 @@ class Manifest:
                 raise ManifestError(f"{path}: entry {key} names key {e['key']!r} / arch {e['arch']!r}", fix=fix)
             if e["abi"] not in abis:
                 raise ManifestError(f"{path}: entry {key} names unknown ABI {e['abi']}", fix=fix)
-        return cls(arch_dir, arch, entries, abis)
+        refused = doc.get("refused", {})
+        if not isinstance(refused, dict):
+            raise ManifestError(f"{path}: refused must be a mapping", fix=fix)
+        return cls(arch_dir, arch, entries, abis, refused)
 
     def write(self) -> None:
         """Atomically replace manifest.json (entries sorted: same inputs, same bytes)."""
@@ -133,6 +142,7 @@ class Manifest:
             "arch": self.arch,
             "abis": {k: self.abis[k] for k in sorted(used)},
             "entries": {k: self.entries[k] for k in sorted(self.entries)},
+            "refused": {k: self.refused[k] for k in sorted(self.refused)},
         }
         atomic_write(self.path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 
 
@@ -53,13 +54,14 @@ def main(argv: list[str]) -> int:
         text = line.strip()
         if not text:
             continue
+        t0 = time.perf_counter()
         try:
             entry, abi = compiler.compile(BuildKey.parse(text))
             say({"ok": True, "entry": entry, "abi": abi})
         except Exception as e:  # noqa: BLE001 - one key's failure must not stop the others
             traceback.print_exc()
             msg = str(e) if isinstance(e, AotError) else _describe(e)
-            say({"ok": False, "key": text, "error": msg, "kind": type(e).__name__})
+            say({"ok": False, "key": text, "error": msg, "kind": type(e).__name__, "seconds": time.perf_counter() - t0})
     return 0
 
 

@@ -169,6 +169,15 @@ def test_keys_that_cannot_run_fail_alone(tmp_path):
     m = Manifest.read(out / "gfx942")
     assert list(m.entries) == [CHEAP[1]]
     assert m.entries[CHEAP[1]]["resources"]["scratch_bytes"] == 0
+    assert set(m.refused) == {refused, unresident}
+    # the same source refuses them again: reported, not recompiled
+    code, stdout, _ = run_cli(
+        "build", "--key", refused, unresident, CHEAP[1], "--any-key", "--out", out, "--json", "--no-progress",
+        check=False,
+    )
+    s = json.loads(stdout)
+    assert code == 1 and (s["compiled"], s["up_to_date"], s["failed"], s["compile_seconds"]) == (0, 1, 2, 0)
+    assert {f["key"]: f["error"] for f in s["failures"]} == errors and all(f["known"] for f in s["failures"])
 
 
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
