@@ -195,7 +195,7 @@ def main() -> int:
     for k in sample:
         print(f"  {k:34} {fly['cold']['compile_s'][k]:6.2f} s   {fly['warm']['first_call_s'][k] * 1e3:7.1f} ms   "
               f"{fly['warm']['stopped_at'].get(k, 'returned')}")
-    print(f"\ntargets: import <= 30 ms, deployment launchers <= 50 ms, one launch <= 3 us (Python side)")
+    print("\ntargets: import <= 30 ms, deployment launchers <= 50 ms, one launch <= 3 us (Python side)")
     return 0
 
 

@@ -33,10 +33,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from ci.check_wheel import source_tree  # noqa: E402
 
 PY = sys.executable
 TARGET_MB = 30.0
-SOURCE_FILES = ("pyproject.toml", "setup.py", "LICENSE", "NOTICE", "README.md", "dsv41_aot", "ci")
 MB = 1e6
 
 
@@ -51,19 +51,6 @@ def clean_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_AOT_") and k != "PYTHONPATH"}
     env.update(extra)
     return env
-
-
-def source_tree(dest: Path) -> Path:
-    dest.mkdir(parents=True)
-    for name in SOURCE_FILES:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.is_file():
-            shutil.copyfile(src, dest / name)
-    if not (dest / "README.md").exists():
-        (dest / "README.md").write_text("dsv41-aot\n")
-    return dest
 
 
 def build_wheel(src: Path, out: Path, arch: str, prebuilt: Path, objects: bool) -> tuple[Path, float]:

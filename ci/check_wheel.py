@@ -141,6 +141,23 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
     return out
 
 
+# the files a wheel build reads (setup.py, pyproject.toml and what they pack)
+SOURCE_FILES = ("pyproject.toml", "setup.py", "LICENSE", "NOTICE", "README.md", "dsv41_aot", "ci")
+
+
+def source_tree(dest: Path, root: Path = Path(__file__).resolve().parents[1]) -> Path:
+    """A copy of the files a wheel build reads, so that concurrent wheel
+    builds never share setuptools' build/ folder."""
+    dest.mkdir(parents=True)
+    for name in SOURCE_FILES:
+        src = root / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copyfile(src, dest / name)
+    return dest
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("wheels", nargs="+")

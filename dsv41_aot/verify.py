@@ -30,7 +30,6 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -164,42 +163,19 @@ def start_jit_worker(arch: str, out_dir: Path, *, vllm_src: str | None = None, l
 
 
 def _worker_main(argv: list[str]) -> int:
-    """JIT worker: keys on stdin, one JSON answer a key on stdout."""
+    """JIT worker: keys on stdin, one JSON answer a key on stdout (worker.serve)."""
+    from .worker import serve
+
     arch, out_dir = argv[0], Path(argv[1])
     vllm_src = argv[3] if len(argv) > 3 and argv[2] == "--vllm-src" else None
-    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # FlyDSL's prints go to stderr
 
-    def say(obj) -> None:
-        answers.write(json.dumps(obj) + "\n")
+    def answer(jit, key):
+        code, params = jit.code_object(key)
+        path = out_dir / f"{key.entry}.jit.co"
+        path.write_bytes(code)
+        return {"code": str(path), "params": params}
 
-    try:
-        if os.environ.get("ARCH") != arch:
-            raise RuntimeError(f"JIT worker for {arch} started with ARCH={os.environ.get('ARCH')!r}")
-        jit = _VllmJit(arch, vllm_src)
-    except Exception as e:  # noqa: BLE001 - reported to the parent
-        import traceback
-
-        traceback.print_exc()
-        say({"ready": False, "error": f"{type(e).__name__}: {e}"})
-        return 1
-    say({"ready": True})
-    for line in sys.stdin:
-        text = line.strip()
-        if not text:
-            continue
-        t0 = time.perf_counter()
-        try:
-            code, params = jit.code_object(BuildKey.parse(text))
-            path = out_dir / f"{BuildKey.parse(text).entry}.jit.co"
-            path.write_bytes(code)
-            say({"key": text, "code": str(path), "params": params, "seconds": round(time.perf_counter() - t0, 3)})
-        except Exception as e:  # noqa: BLE001 - one key's failure must not stop the others
-            import traceback
-
-            traceback.print_exc()
-            say({"key": text, "error": f"{type(e).__name__}: {e}"})
-    return 0
+    return serve(arch, lambda: _VllmJit(arch, vllm_src), answer)
 
 
 class _VllmJit:

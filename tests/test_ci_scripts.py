@@ -4,7 +4,6 @@ and merge refuses what cannot be merged."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -7,7 +7,6 @@ Real parts throughout: the builder's objects, ld.lld, Debian's libamdhip64
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -29,7 +28,6 @@ from dsv41_aot.errors import (
     LaunchError,
     LoadError,
     ManifestError,
-    SourceMismatchError,
 )
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest

@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ci import check_wheel  # noqa: E402
+from ci.check_wheel import source_tree  # noqa: E402
 
 PY = sys.executable
 ARCHES = ("gfx950", "gfx942")
-SOURCE_FILES = ("pyproject.toml", "setup.py", "LICENSE", "NOTICE", "README.md", "dsv41_aot", "ci")
 
 pytestmark = pytest.mark.slow
 
@@ -40,21 +40,6 @@ def run(cmd, cwd=ROOT, env=None, **kw):
             full.pop(var, None)
     return subprocess.run([str(c) for c in cmd], cwd=cwd, env=full, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, **kw)
-
-
-def source_tree(dest: Path) -> Path:
-    """A copy of the files a wheel build reads, so that concurrent builds never
-    share setuptools' build/ folder (and nothing else is needed)."""
-    dest.mkdir(parents=True)
-    for name in SOURCE_FILES:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.is_file():
-            shutil.copyfile(src, dest / name)
-    if not (dest / "README.md").exists():
-        (dest / "README.md").write_text("dsv41-aot\n")
-    return dest
 
 
 def pip_wheel(src: Path, out: Path, arch: str | None, prebuilt: Path | None, isolated: bool = True):
