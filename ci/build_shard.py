@@ -31,17 +31,6 @@ from dsv41_aot.errors import AotError  # noqa: E402
 from dsv41_aot.manifest import atomic_write  # noqa: E402
 
 
-def recorded_seconds(paths) -> dict:
-    """key -> compile seconds from manifest.json files (or {key: seconds} JSON)."""
-    out: dict = {}
-    for p in paths or ():
-        doc = json.loads(Path(p).read_bytes())
-        entries = doc.get("entries", doc) if isinstance(doc, dict) else {}
-        for key, e in sorted(entries.items()):
-            out[key] = float(e["compile_seconds"] if isinstance(e, dict) else e)
-    return out
-
-
 def plan(arch: str, index: int, count: int, profile: str | None = None, matrix_path: str | None = None,
          seconds: dict | None = None) -> dict:
     """The shard plan every cell computes identically."""
@@ -76,7 +65,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         i, n = matrix.parse_shard(args.shard)
-        p = plan(args.arch, i, n, args.profile, args.matrix, recorded_seconds(args.seconds))
+        p = plan(args.arch, i, n, args.profile, args.matrix, matrix.recorded_seconds(args.seconds))
     except (AotError, OSError, ValueError) as e:
         print(f"ci/build_shard.py: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 2)

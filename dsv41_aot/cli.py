@@ -49,17 +49,10 @@ def _selected_keys(args) -> list:
         if not keys:
             raise AotError(f"no selected key is for {', '.join(args.arch)}", fix="drop --arch or pick another profile")
     if args.shard:
-        from .manifest import Manifest
-
         i, n = matrix.parse_shard(args.shard)
-        seconds = {}
-        for arch in sorted({k.arch for k in keys}):
-            try:
-                man = Manifest.read(Path(args.out) / arch, arch, missing_ok=True)
-            except AotError:
-                continue
-            seconds.update({k: e["compile_seconds"] for k, e in man.entries.items()})
-        keys = matrix.shard(keys, i, n, seconds)
+        # every CI cell must cut the same shards: seconds come from files all
+        # cells share (--seconds), never from this cell's own output directory
+        keys = matrix.shard(keys, i, n, matrix.recorded_seconds(args.seconds))
     return keys
 
 
@@ -120,7 +113,9 @@ def _add_build(sub) -> None:
     p.add_argument("--any-key", action="store_true", help="with --key: allow keys the matrix does not list")
     p.add_argument("--jobs", "-j", type=int, default=None, help="worker processes (default: CPU count)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="prebuilt directory (default: kernels_prebuilt/)")
-    p.add_argument("--shard", help="build shard i of N (i/N, from 0): balanced by recorded compile seconds")
+    p.add_argument("--shard", help="build shard i of N (i/N, from 0), balanced by compile seconds")
+    p.add_argument("--seconds", nargs="+", default=[], metavar="MANIFEST",
+                   help="with --shard: manifests whose recorded compile seconds balance the shards")
     p.add_argument("--vllm-src", help="a vLLM checkout (folder holding vllm/) instead of the installed vllm")
     p.add_argument("--list", action="store_true", help="print the selected keys and exit")
     p.add_argument("--json", action="store_true", help="print one JSON summary at the end")

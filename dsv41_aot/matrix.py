@@ -384,6 +384,23 @@ def estimate_seconds(key: BuildKey) -> float:
     return (base + per_token * key.tokens) * scale
 
 
+def recorded_seconds(paths) -> dict:
+    """key -> compile seconds from manifest.json files (or plain {key: seconds}
+    JSON files): the shared input that makes every CI cell cut the same shards."""
+    import json
+
+    out: dict = {}
+    for p in paths or ():
+        try:
+            doc = json.loads(Path(p).read_bytes())
+        except (OSError, ValueError) as e:
+            raise MatrixError(f"cannot read recorded seconds from {p}: {e}", fix="pass --seconds a manifest.json a build wrote") from None
+        entries = doc.get("entries", doc) if isinstance(doc, dict) else {}
+        for key, e in sorted(entries.items()):
+            out[key] = float(e["compile_seconds"] if isinstance(e, dict) else e)
+    return out
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     m = re.fullmatch(r"(\d+)/(\d+)", text or "")
     if not m or not (0 <= int(m[1]) < int(m[2])):

@@ -56,7 +56,7 @@ def test_plans_follow_recorded_seconds_identically_in_every_cell():
 def test_recorded_seconds_read_from_a_manifest(tmp_path):
     doc = {"schema": 1, "arch": "gfx950", "abis": {}, "entries": {"k1@gfx950:s=1,tp=2,r=0": {"compile_seconds": 3.5}}}
     (tmp_path / "m.json").write_text(json.dumps(doc))
-    assert build_shard.recorded_seconds([tmp_path / "m.json"]) == {"k1@gfx950:s=1,tp=2,r=0": 3.5}
+    assert matrix.recorded_seconds([tmp_path / "m.json"]) == {"k1@gfx950:s=1,tp=2,r=0": 3.5}
 
 
 def test_bad_shard_is_refused():
