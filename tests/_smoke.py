@@ -11,6 +11,17 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from dsv41_aot import matrix  # noqa: E402
+
+# the smoke profile's keys, from build_matrix.yaml (what every smoke build holds)
+SMOKE_KEYS = sorted(str(k) for k in matrix.load().select("smoke"))
+
+
+def smoke_count(arch: str | None = None) -> int:
+    return sum(1 for k in SMOKE_KEYS if arch is None or f"@{arch}:" in k)
 BIN = Path(sys.executable).parent / "dsv41-aot"
 
 

@@ -18,6 +18,8 @@ from ci import build_shard, merge  # noqa: E402
 from dsv41_aot import matrix  # noqa: E402
 from dsv41_aot.errors import IntegrityError, ManifestError  # noqa: E402
 
+from _smoke import copy_of, smoke_dir  # noqa: E402
+
 PY = sys.executable
 ARCHES = ("gfx950", "gfx942")
 
@@ -71,11 +73,7 @@ def test_bad_shard_is_refused():
 def built(tmp_path_factory):
     """The smoke profile built whole (and linked), and built as 2 shards per arch."""
     tmp = tmp_path_factory.mktemp("ci")
-    whole = tmp / "whole"
-    r = run(PY, "-m", "dsv41_aot.cli", "build", "--profile", "smoke", "--out", whole, "--no-progress", "--json")
-    assert r.returncode == 0, r.stderr
-    r = run(PY, "-m", "dsv41_aot.cli", "link", "--dir", whole)
-    assert r.returncode == 0, r.stderr
+    whole = copy_of(smoke_dir(tmp_path_factory), tmp / "whole")  # the session's smoke build, linked
     shards = []
     for arch in ARCHES:
         for i in range(2):

@@ -22,25 +22,14 @@ from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest, arch_dirs
 from dsv41_aot.resources import MsgpackError, residency_problems, unpackb
 
+from _smoke import smoke_count, smoke_dir
+
 READELF = shutil.which("llvm-readelf-19") or shutil.which("llvm-readelf") or "/usr/lib/llvm-19/bin/llvm-readelf"
-
-
-def smoke_build(tmp_path_factory) -> Path:
-    """The smoke profile built with the real builder, shared by the modules
-    of one test session (the builder is incremental: a second call compiles
-    nothing)."""
-    out = tmp_path_factory.getbasetemp() / "smoke-prebuilt"
-    proc = subprocess.run(
-        [sys.executable, "-m", "dsv41_aot.cli", "build", "--profile", "smoke", "--out", str(out), "--no-progress"],
-        capture_output=True, text=True,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> Path:
-    return smoke_build(tmp_path_factory)
+    return smoke_dir(tmp_path_factory)
 
 
 def code_objects(root: Path):
@@ -167,7 +156,7 @@ def test_decoder_agrees_with_llvm_readelf_on_every_smoke_object(smoke, tmp_path)
         theirs = readelf_notes(code, tmp_path)
         assert mine == theirs, key
         n += 1
-    assert n == 6
+    assert n == smoke_count()
 
 
 @pytest.mark.slow
@@ -207,7 +196,7 @@ def test_inspect_command_json_table_and_plot(smoke, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
-    assert len(rows) == 6 and all(r["resident"] and r["waves_per_simd"] >= 2 for r in rows)
+    assert len(rows) == smoke_count() and all(r["resident"] and r["waves_per_simd"] >= 2 for r in rows)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "inspect", "--dir", str(smoke)],
                            capture_output=True, text=True)

@@ -56,11 +56,23 @@ def descriptor_flags(arch=None) -> int:
 
 
 def _value(x):
-    """The ``ir.Value`` behind a FlyDSL scalar / vector, or ``x`` itself."""
-    if isinstance(x, ir.Value):
-        return x
-    if hasattr(x, "ir_value"):
+    """The ``ir.Value`` behind ``x``, unwrapped as aiter's helpers unwrap their
+    operands: a FlyDSL scalar / vector gives its ``ir_value()``; any other
+    wrapper is followed through its ``_value`` or ``value`` attribute, a few
+    levels deep (the mono package hands its mailbox ``Addr``, whose ``value``
+    is the traced address, straight to ``create_buffer_resource_from_addr``);
+    what is left is returned as is."""
+    if hasattr(x, "ir_value") and not isinstance(x, ir.Value):
         return x.ir_value()
+    for _ in range(10):
+        if isinstance(x, ir.Value):
+            break
+        if hasattr(x, "_value"):
+            x = x._value
+        elif hasattr(x, "value"):
+            x = x.value
+        else:
+            break
     return x
 
 
