@@ -156,7 +156,7 @@ def test_shim_defers_to_real_aiter(tmp_path):
 
 
 def test_shim_keeps_an_aiter_without_flydsl_ops(tmp_path):
-    """An aiter without FlyDSL ops (amd-aiter on PyPI) stays the ``aiter`` in
+    """An aiter without FlyDSL ops (amd-aiter 0.1.7, as published) stays the ``aiter`` in
     sys.modules; the missing levels below it come from the shim."""
     (tmp_path / "aiter" / "ops").mkdir(parents=True)
     (tmp_path / "aiter" / "__init__.py").write_text("MARK = 'real'\n")
