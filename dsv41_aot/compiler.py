@@ -75,7 +75,7 @@ class ArchCompiler:
         self.arch_dir = Path(arch_dir)
         self.strip = strip
         self.helpers = compat.install_aiter_shim()
-        self.src = source.MonoSource(root=Path(vllm_root), version=source._version_of(Path(vllm_root)))
+        self.src = source.MonoSource(root=Path(vllm_root))
         self.layer = source.import_mono(self.src, "layer")
         from importlib import import_module
 
@@ -152,10 +152,10 @@ class ArchCompiler:
     def resources(self, key: BuildKey, code: bytes) -> dict:
         """The code object's resource figures; a symbol that cannot be
         resident one CTA per CU, or that spills, fails its key."""
-        from .resources import code_object_resources, residency_problems
+        from .resources import code_object_resources, manifest_figures, residency_problems
 
         res = code_object_resources(code)
         problems = residency_problems(res, key.arch)
         if problems:
             raise ResidencyError(f"{key}: cannot launch as a persistent kernel: {'; '.join(problems)}")
-        return res
+        return manifest_figures(res)

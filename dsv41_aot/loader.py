@@ -75,7 +75,7 @@ class _State:
         self.launchers: dict = {}  # (arch folder, key) -> Launcher
         self.device_arch: str | None = None
         self.device_arch_read = False
-        self.installed_digest: tuple | None = None  # (digest or None, vllm version, mono dir)
+        self.installed_digest: tuple | None = None  # (digest or None, source.MonoSource, mono dir)
         self.warned: set = set()
 
 
@@ -223,18 +223,18 @@ def _installed_vllm() -> tuple:
 
         try:
             src = source.find(check_version=False)
-            _state.installed_digest = (source.mono_digest(src.mono_dir), src.version, str(src.mono_dir))
+            _state.installed_digest = (source.mono_digest(src.mono_dir), src, str(src.mono_dir))
         except Exception:  # no vLLM, or one without the mono package: nothing to compare
             _state.installed_digest = (None, None, None)
     return _state.installed_digest
 
 
 def _check_source(key: str, entry: dict) -> None:
-    digest, version, mono = _installed_vllm()
+    digest, src, mono = _installed_vllm()
     built = entry["source"].get("mono_sources")
     if digest is None or built == digest:
         return
-    msg = (f"{key}: installed vLLM {version} mono sources ({mono}) digest {digest} differ from the "
+    msg = (f"{key}: installed vLLM {src.version} mono sources ({mono}) digest {digest} differ from the "
            f"{built} the prebuilt kernels were built from (vLLM {entry['source'].get('vllm_version')})")
     if os.environ.get(ENV_ALLOW_SOURCE) == "1":
         if (digest, built) not in _state.warned:
@@ -315,33 +315,53 @@ class Launcher:
     """One prebuilt launch symbol, called like vLLM's FlyDSL launcher:
     ``launcher(*ints, stream=...)``. The integers are packed by the manifest's
     ABI into a buffer made once; the C entry is called holding the GIL
-    (ctypes.PYFUNCTYPE), so packing and call are one step for other threads."""
+    (ctypes.PYFUNCTYPE), so packing and call are one step for other threads.
 
-    __slots__ = ("key", "kernel_name", "entry", "abi", "library", "arch", "_abi", "_lib", "_buf", "_argv",
-                 "_call", "_pack", "_ready", "_stale", "_hip")
+    A Launcher is bound on its first call (or ``preload``): its library is
+    checked against its sha256 and opened (once per library), its entry
+    resolved, then its code object loaded on the device. Making one reads
+    only the manifest, so a whole deployment's Launchers are ready at once
+    and a corrupt library is refused before anything of it is loaded."""
 
-    def __init__(self, key: str, entry: dict, abi: _Abi, lib: ctypes.CDLL, library: str):
+    __slots__ = ("key", "kernel_name", "entry", "abi", "library", "arch", "_abi", "_idx", "_librec", "_lib",
+                 "_buf", "_argv", "_call", "_pack", "_ready", "_stale", "_hip")
+
+    def __init__(self, key: str, entry: dict, abi: _Abi, idx: _Index, lib: dict):
         self.key = key
         self.kernel_name = entry["symbol"]
         self.entry = entry["entry"]
         self.arch = entry["arch"]
         self.abi = abi.slots
-        self.library = library
+        self.library = str(idx.dir / "lib" / lib["file"])
         self._abi = abi
-        self._lib = lib
-        try:
-            fn = getattr(lib, self.entry)
-        except AttributeError:
-            raise IntegrityError(f"{key}: {library} does not export {self.entry}",
-                                 fix=f"relink: dsv41-aot link --arch {self.arch}") from None
-        self._call = abi.proto(ctypes.cast(fn, ctypes.c_void_p).value)
-        self._buf = ctypes.create_string_buffer(abi.struct.size)
-        base = ctypes.addressof(self._buf)
-        self._argv = abi.argv_type(*[base + off for off in abi.offsets])
-        self._pack = abi.struct.pack_into
+        self._idx = idx
+        self._librec = lib
+        self._lib = None
         self._ready = False
         self._stale = False
         self._hip = None
+
+    def bind(self) -> None:
+        """Open this key's library (sha256 first) and resolve its C entry; no
+        GPU work. Idempotent and thread-safe."""
+        if self._lib is not None:
+            return
+        with _state.lock:
+            if self._lib is not None:
+                return
+            lib = _open_library(self._idx, self._librec)
+            try:
+                fn = getattr(lib, self.entry)
+            except AttributeError:
+                raise IntegrityError(f"{self.key}: {self.library} does not export {self.entry}",
+                                     fix=f"relink: dsv41-aot link --arch {self.arch}") from None
+            abi = self._abi
+            self._call = abi.proto(ctypes.cast(fn, ctypes.c_void_p).value)
+            self._buf = ctypes.create_string_buffer(abi.struct.size)
+            base = ctypes.addressof(self._buf)
+            self._argv = abi.argv_type(*[base + off for off in abi.offsets])
+            self._pack = abi.struct.pack_into
+            self._lib = lib  # last: a bound Launcher has every field above
 
     def __repr__(self) -> str:
         return f"<Launcher {self.key} {self.kernel_name} ({len(self.abi) - 1} args + stream)>"
@@ -368,6 +388,7 @@ class Launcher:
         with _state.lock:
             if self._ready:
                 return
+            self.bind()
             if _capturing(stream):
                 raise CaptureError(
                     f"{self.key}: first load of its code object inside a HIP/CUDA graph capture",
@@ -443,11 +464,10 @@ def load_key(key, *, prebuilt: str | os.PathLike | None = None) -> Launcher:
     if lib is None or obj_sha != entry["sha256"]:
         raise ManifestError(f"{text}: {idx.dir / LIBS_JSON} is older than the manifest (key not linked from its "
                             f"current object)", fix=idx.fix_link)
-    handle = _open_library(idx, lib)
     with _state.lock:
         launcher = _state.launchers.get((root, text))
         if launcher is None:
-            launcher = Launcher(text, entry, idx.abi(entry["abi"]), handle, str(idx.dir / "lib" / lib["file"]))
+            launcher = Launcher(text, entry, idx.abi(entry["abi"]), idx, lib)
             _state.launchers[(root, text)] = launcher
     return launcher
 

@@ -246,6 +246,15 @@ def _round_up(n: int, granule: int) -> int:
     return -(-n // granule) * granule
 
 
+def manifest_figures(res: dict) -> dict:
+    """What a manifest entry keeps of ``code_object_resources``: every figure
+    but the per-argument kernarg layout (``verify`` reads that from the code
+    object itself), which would triple the manifest the runtime parses."""
+    out = {k: v for k, v in res.items() if k != "args"}
+    out["kernarg_count"] = len(res["args"])
+    return out
+
+
 def residency_problems(res: dict, arch: str, threads: int = MONO_THREADS) -> list[str]:
     """Why one CTA of ``threads`` threads of this kernel cannot be resident on
     one CU of ``arch`` (empty when it can). Each reason names the figure and

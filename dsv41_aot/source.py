@@ -15,6 +15,7 @@ Runtime-side module: standard library only.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -37,7 +38,13 @@ class MonoSource:
     """One vLLM tree holding the mono package."""
 
     root: Path  # the folder holding the ``vllm`` package
-    version: str  # vLLM's version ("unknown" for a checkout without one)
+
+    @functools.cached_property
+    def version(self) -> str:
+        """vLLM's version ("unknown" for a checkout without one); read on
+        demand: finding it lists site-packages, which the runtime's source
+        check does not need."""
+        return _version_of(self.root)
 
     @property
     def mono_dir(self) -> Path:
@@ -90,7 +97,7 @@ def find(vllm_src: str | os.PathLike | None = None, *, check_version: bool = Tru
         if spec is None or not spec.submodule_search_locations:
             raise ToolchainError("vLLM is not installed: it is the kernel source dsv41-aot builds from", fix=FIX_VLLM)
         root = Path(list(spec.submodule_search_locations)[0]).resolve().parent
-    src = MonoSource(root=root, version=_version_of(root))
+    src = MonoSource(root=root)
     if not src.mono_dir.is_dir():
         raise ToolchainError(f"vLLM at {root} ({src.version}) has no mono package at {MONO_REL}", fix=FIX_VLLM)
     # a checkout may carry no version: its mono digest still names it exactly

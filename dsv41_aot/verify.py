@@ -37,7 +37,7 @@ from . import elf
 from .errors import AotError, IntegrityError
 from .keys import BuildKey
 from .manifest import Manifest, arch_dirs
-from .resources import code_object_resources, residency_problems
+from .resources import code_object_resources, manifest_figures, residency_problems
 
 # FlyDSL annotation class name -> the ABI ctype export_to_c records
 CTYPES = {"Int64": "int64", "Int32": "int32"}
@@ -107,8 +107,9 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
         return rep, code
     if res["name"] != e["symbol"]:
         rep.problems.append(f"GPU kernel is named {res['name']}, the manifest says {e['symbol']}")
-    if e.get("resources") and e["resources"] != res:
-        changed = sorted(k for k in set(res) | set(e["resources"]) if res.get(k) != e["resources"].get(k))
+    figures = manifest_figures(res)
+    if e.get("resources") and e["resources"] != figures:
+        changed = sorted(k for k in set(figures) | set(e["resources"]) if figures.get(k) != e["resources"].get(k))
         rep.problems.append(f"manifest resources differ from the code object's: {', '.join(changed)}")
     rep.problems += kernarg_problems(man.abi(key), res)
     rep.problems += [f"cannot be resident: {p}" for p in residency_problems(res, man.arch)]

@@ -156,6 +156,7 @@ except LaunchError as e:
 
 def test_wrong_arguments_are_refused_before_any_call(smoke, fresh):
     launcher = dsv41_aot.load_key(K1, prebuilt=smoke)
+    launcher.bind()
     launcher._ready = True  # skip the module load: no device here (the C entry would answer -1 if called)
     n = len(launcher.abi) - 1
     cases = [
@@ -267,7 +268,7 @@ def test_libamdhip64_not_loadable(smoke):
 import dsv41_aot
 from dsv41_aot.errors import HipUnavailableError
 try:
-    dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r})
+    dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r}).bind()
 except HipUnavailableError as e:
     print("refused:", e)
 """, env={"DSV41_AOT_HIP_LIB": "/nonexistent/libamdhip64.so"})
@@ -281,8 +282,11 @@ def test_a_flipped_byte_in_a_library(smoke, fresh, tmp_path):
     data = bytearray(lib.read_bytes())
     data[len(data) // 3] ^= 0x40
     lib.write_bytes(bytes(data))
+    launcher = dsv41_aot.load_key(K1, prebuilt=d)  # the manifest is fine: a Launcher, unbound
     with pytest.raises(IntegrityError, match="does not match the sha256"):
-        dsv41_aot.load_key(K1, prebuilt=d)
+        launcher.bind()  # what its first call or preload does first
+    with pytest.raises(IntegrityError, match="does not match the sha256"):
+        dsv41_aot.preload([K1], prebuilt=d)
     assert not fresh._state.libraries  # nothing opened
 
 
@@ -361,7 +365,9 @@ def test_concurrent_first_loads_give_one_launcher(smoke, fresh):
 
     def one():
         try:
-            got.append(dsv41_aot.load_key(K1, prebuilt=smoke))
+            launcher = dsv41_aot.load_key(K1, prebuilt=smoke)
+            launcher.bind()  # the host side of a first call, raced
+            got.append(launcher)
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
@@ -379,6 +385,7 @@ import os
 import dsv41_aot
 from dsv41_aot import loader
 l = dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r})
+l.bind()
 l._ready = True  # as after a load in the parent
 loader._state.lock.acquire()  # another thread holding the lock at fork time
 pid = os.fork()
