@@ -445,12 +445,16 @@ def load_key(key, *, prebuilt: str | os.PathLike | None = None) -> Launcher:
     launcher = _state.launchers.get((root, text))
     if launcher is not None:
         return launcher
-    from .keys import BuildKey
+    # a canonical key of an arch already indexed needs no parsing
+    idx = _state.indexes.get(root / text.partition("@")[2].partition(":")[0])
+    entry = idx.entries.get(text) if idx is not None else None
+    if entry is None:
+        from .keys import BuildKey
 
-    bk = BuildKey.parse(text) if isinstance(key, str) else key
-    text = str(bk)
-    idx = _index(root, bk.arch)
-    entry = idx.entries.get(text)
+        bk = BuildKey.parse(text) if isinstance(key, str) else key
+        text = str(bk)
+        idx = _index(root, bk.arch)
+        entry = idx.entries.get(text)
     if entry is None:
         import difflib
 
