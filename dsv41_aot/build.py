@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import source, toolchain
+from .compiler import worker_env
 from .errors import AotError, CompileError, OutputDirError
 from .keys import BuildKey
 from .manifest import Manifest, sha256_file
@@ -100,6 +101,7 @@ class _Worker:
         self.arch = arch
         self.key: BuildKey | None = None
         self.ready = False
+        self.log = log  # the worker's stderr, a file: its tail explains a death
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, text=True, bufsize=1
         )
@@ -217,14 +219,11 @@ def _run(states, ident, tools, src, jobs, summary, bar) -> None:
 
     def start(arch: str) -> None:
         st = states[arch]
-        env = __import__("dsv41_aot.compiler", fromlist=["worker_env"]).worker_env(
-            arch, str(tools.rocm_path), os.path.join(logdir.name, f"flydsl-{arch}")
-        )
+        env = worker_env(arch, str(tools.rocm_path), os.path.join(logdir.name, f"flydsl-{arch}"))
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
         argv = [sys.executable, "-m", "dsv41_aot.worker", arch, str(src.root), str(st.dir), str(tools.strip), tools.lld_version]
         logf = open(os.path.join(logdir.name, f"worker-{arch}-{len(workers)}.log"), "w+")
         w = _Worker(arch, argv, env, logf)
-        w.log = logf
         workers.append(w)
         sel.register(w.proc.stdout, selectors.EVENT_READ, w)
 
