@@ -28,7 +28,6 @@ Build side (runs the linker); the loader reads libs.json only.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
@@ -65,15 +64,11 @@ _HOST_SYMBOLS = frozenset(
 
 
 def find_linker() -> str:
-    """An ld.lld: DSV41_AOT_LD, PATH, Debian's llvm-N, or ROCm's."""
-    explicit = os.environ.get("DSV41_AOT_LD")
-    found = [explicit] if explicit else []
-    found.append(shutil.which("ld.lld"))
-    found += sorted(glob.glob("/usr/lib/llvm-*/bin/ld.lld"), reverse=True)
-    for rocm in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
-        if rocm:
-            found.append(os.path.join(rocm, "llvm", "bin", "ld.lld"))
-    for path in found:
+    """An ld.lld: DSV41_AOT_LD, else the one the build compiles with
+    (toolchain.llvm_tool: ROCm's, then Debian's newest), else PATH's."""
+    from .toolchain import llvm_tool
+
+    for path in (os.environ.get("DSV41_AOT_LD"), llvm_tool("ld.lld"), shutil.which("ld.lld")):
         if path and os.path.isfile(path) and os.access(path, os.X_OK):
             return path
     raise ToolchainError("no ld.lld found to link the kernel libraries", fix=FIX_LD)

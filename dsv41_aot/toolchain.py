@@ -40,6 +40,11 @@ def _llvm_dirs():
         yield d / "bin"
 
 
+def llvm_tool(name: str) -> Path | None:
+    """``name`` (ld.lld, llvm-strip) from the first LLVM folder holding it."""
+    return next((d / name for d in _llvm_dirs() if (d / name).is_file()), None)
+
+
 def _version(tool: Path) -> str:
     try:
         out = subprocess.run([str(tool), "--version"], capture_output=True, text=True, timeout=30)
@@ -53,12 +58,7 @@ def _version(tool: Path) -> str:
 def find() -> Toolchain:
     """Find ld.lld and llvm-strip, make a ROCM_PATH FlyDSL can use, and check
     the FlyDSL version this build pins."""
-    lld = strip = None
-    for d in _llvm_dirs():
-        if lld is None and (d / "ld.lld").is_file():
-            lld = d / "ld.lld"
-        if strip is None and (d / "llvm-strip").is_file():
-            strip = d / "llvm-strip"
+    lld, strip = llvm_tool("ld.lld"), llvm_tool("llvm-strip")
     if lld is None:
         raise ToolchainError("no ld.lld found (FlyDSL links GPU code objects with $ROCM_PATH/llvm/bin/ld.lld)", fix=FIX_LLD)
     if strip is None:
