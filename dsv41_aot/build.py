@@ -30,9 +30,9 @@ from pathlib import Path
 
 from . import source, toolchain
 from .compiler import worker_env
-from .errors import AotError, CompileError, OutputDirError
+from .errors import AotError, CompileError, IntegrityError, OutputDirError
 from .keys import BuildKey
-from .manifest import Manifest, sha256_file
+from .manifest import Manifest
 from .matrix import estimate_seconds
 
 FLUSH_SECONDS = 1.0
@@ -92,8 +92,11 @@ def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:
     e = m.entries.get(str(key))
     if e is None or e.get("source") != ident:
         return False
-    path = m.dir / e["object"]
-    return path.is_file() and path.stat().st_size == e["bytes"] and sha256_file(path) == e["sha256"]
+    try:
+        m.check_object(str(key))
+    except IntegrityError:
+        return False
+    return True
 
 
 class _Worker:
