@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import subprocess
 import sys
@@ -152,11 +151,10 @@ def start_jit_worker(arch: str, out_dir: Path, *, vllm_src: str | None = None, l
     FlyDSL's defaults), ROCM_PATH pointing at a usable ld.lld."""
     from . import toolchain
 
-    rocm = toolchain.find().rocm_path
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYDSL_")}
-    cache = out_dir / f"flydsl-cache-{arch}"
-    env.update(ARCH=arch, FLYDSL_GPU_ARCH=arch, ROCM_PATH=str(rocm), FLYDSL_RUNTIME_CACHE_DIR=str(cache),
-               FLYDSL_RUNTIME_ENABLE_CACHE="1")
+    from .compiler import worker_env
+
+    env = worker_env(arch, str(toolchain.find().rocm_path), str(out_dir / f"flydsl-cache-{arch}"))
+    env["FLYDSL_RUNTIME_ENABLE_CACHE"] = "1"  # the artifact is read back from FlyDSL's disk cache
     argv = [sys.executable, "-m", "dsv41_aot.verify", arch, str(out_dir)] + (["--vllm-src", vllm_src] if vllm_src else [])
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log or subprocess.DEVNULL,
                             env=env, text=True, cwd=str(Path(__file__).resolve().parents[1]))
@@ -213,14 +211,12 @@ class _VllmJit:
         import inspect
         import pickle
 
+        from .compiler import typed_args
+
         launcher = self.launcher(key)
-        params, args = [], []
-        for p in inspect.signature(launcher.func).parameters.values():
-            ann = getattr(p.annotation, "__name__", str(p.annotation))
-            params.append([p.name, ann])
-            if p.default is inspect.Parameter.empty:
-                args.append(p.annotation(0))  # typed scalar, as vLLM's ints resolve
-        launcher._compile_or_execute(tuple(args), {}, execute=False)
+        params = [[p.name, getattr(p.annotation, "__name__", str(p.annotation))]
+                  for p in inspect.signature(launcher.func).parameters.values()]
+        launcher._compile_or_execute(typed_args(launcher), {}, execute=False)
         cache_key, _ = launcher._last_compiled
         mgr = launcher.cache_manager
         if mgr is None:
