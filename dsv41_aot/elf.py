@@ -27,6 +27,7 @@ class ElfError(ValueError):
 class Section:
     name: str
     type: int
+    addr: int
     offset: int
     size: int
     link: int
@@ -55,7 +56,7 @@ class Elf:
         raw = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
         names = raw[shstrndx]
         self.sections = [
-            Section(self._str(names[4], r[0]), r[1], r[4], r[5], r[6], r[9]) for r in raw
+            Section(self._str(names[4], r[0]), r[1], r[3], r[4], r[5], r[6], r[9]) for r in raw
         ]
 
     def _str(self, table_off: int, idx: int) -> str:

@@ -160,15 +160,6 @@ def amdgpu_metadata(code: bytes) -> dict:
     raise ElfError("GPU code object has no AMDGPU metadata note (NT_AMDGPU_METADATA)")
 
 
-def _section_addr(elf: Elf, index: int) -> int:
-    """sh_addr of section ``index`` (elf.Section keeps offsets only; a code
-    object is a shared object whose symbols hold addresses)."""
-    shoff, = struct.unpack_from("<Q", elf.data, 0x28)
-    shentsize, = struct.unpack_from("<H", elf.data, 0x3A)
-    addr, = struct.unpack_from("<Q", elf.data, shoff + index * shentsize + 16)
-    return addr
-
-
 def kernel_descriptor(code: bytes, kd_symbol: str) -> dict:
     """Allocation figures from the 64-byte kernel descriptor ``kd_symbol``
     (AMDGPUUsage, "Kernel Descriptor" for code object v3+)."""
@@ -177,7 +168,7 @@ def kernel_descriptor(code: bytes, kd_symbol: str) -> dict:
     if sym is None or not 0 < sym.shndx < len(elf.sections):
         raise ElfError(f"GPU code object has no kernel descriptor {kd_symbol}")
     sec = elf.sections[sym.shndx]
-    off = sym.value - _section_addr(elf, sym.shndx)
+    off = sym.value - elf.sections[sym.shndx].addr
     kd = elf.section_bytes(sec)[off : off + 64]
     if len(kd) != 64:
         raise ElfError(f"kernel descriptor {kd_symbol} is cut short")
