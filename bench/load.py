@@ -4,7 +4,7 @@
 
 Prints, for the keys of one arch in DIR (a built and linked prebuilt folder):
 
-- import time of the runtime (``import dsv41_aot.loader`` in a fresh process)
+- import time of the runtime (``import dsv41_aot.runtime.loader`` in a fresh process)
   beside the import FlyDSL's path needs (flydsl, torch, vLLM's mono layer);
 - a fresh process to Launchers for every key of DIR/ARCH (manifest read,
   checks), then what binding them all adds (libamdhip64, each library's
@@ -56,7 +56,7 @@ READY = """
 import json, time
 t0 = time.perf_counter()
 import dsv41_aot
-from dsv41_aot import loader
+from dsv41_aot.runtime import loader
 t1 = time.perf_counter()
 loader._installed_vllm()
 tv = time.perf_counter()
@@ -83,7 +83,7 @@ print(json.dumps(dict(keys=len(keys), import_s=t1 - t0, vllm_digest_s=tv - t1, i
 def runtime_side(root: Path, arch: str) -> dict:
     out = {}
     out["import_s"] = median_of(5, """
-        import time; t = time.perf_counter(); import dsv41_aot.loader; print(time.perf_counter() - t)""")
+        import time; t = time.perf_counter(); import dsv41_aot.runtime.loader; print(time.perf_counter() - t)""")
     consts = f"ARCH, ROOT = {arch!r}, {str(root)!r}\n"
     out["ready"] = json.loads(py(consts + READY))
     out["ready_in_vllm"] = json.loads(py(VLLM_STDLIB + consts + READY))
@@ -92,7 +92,7 @@ def runtime_side(root: Path, arch: str) -> dict:
         import dsv41_aot
         from dsv41_aot.errors import LaunchError
         out = {{}}
-        every = __import__("dsv41_aot.loader").loader.keys({arch!r}, prebuilt={str(root)!r})
+        every = __import__("dsv41_aot.runtime.loader").loader.keys({arch!r}, prebuilt={str(root)!r})
         # the call path depends on the ABI only: time one key of each launch kind
         sample = {{k.split("@")[0]: k for k in every}}.values()
         for k in sample:
@@ -119,7 +119,7 @@ def runtime_side(root: Path, arch: str) -> dict:
 
 
 def flydsl_side(arch: str, keys: list[str]) -> dict:
-    from dsv41_aot import compiler, toolchain
+    from dsv41_aot.build import compiler, toolchain
 
     tc = toolchain.find()
     cache = tempfile.mkdtemp(prefix="dsv41-bench-flydsl-")
@@ -134,16 +134,18 @@ def flydsl_side(arch: str, keys: list[str]) -> dict:
     prelude = f"""
         import json, sys, time
         t0 = time.perf_counter()
-        from dsv41_aot import compat, source
+        from dsv41_aot import source
+        from dsv41_aot.build import compat
         from dsv41_aot.keys import BuildKey
-        from dsv41_aot.compiler import BUILDERS, typed_args
+        from dsv41_aot.build.compiler import typed_args
+        from dsv41_aot.facts.kinds import KINDS
         compat.install_aiter_shim()
         layer = source.import_mono(source.find(), "layer")
         import_s = time.perf_counter() - t0
         keys = {keys!r}
         def launcher(k):
             k = BuildKey.parse(k)
-            return getattr(layer, BUILDERS[k.kind])(layer.MonoBuild(**k.build_fields()))
+            return getattr(layer, KINDS[k.kind].builder)(layer.MonoBuild(**k.build_fields()))
     """
     cold = json.loads(py(prelude + """
         out = {}

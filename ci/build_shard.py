@@ -7,8 +7,8 @@ Every cell must cut the same partition, whatever its own cache holds, or a key
 would land in two shards or none. So the partition is computed here from
 inputs every cell shares: the profile's keys for the arch and, when given,
 compile seconds recorded in earlier manifests (``--seconds``; keys without a
-record get dsv41_aot.matrix's estimate), balanced longest-first
-(``dsv41_aot.matrix.shard``). The cell then builds exactly its keys with
+record get dsv41_aot.build.matrix's estimate), balanced longest-first
+(``dsv41_aot.build.matrix.shard``). The cell then builds exactly its keys with
 ``dsv41-aot build --key ...`` and writes ``<out>/shard-<arch>-<i>of<N>.json``
 (the plan: every key of the arch, and this shard's), which ci/merge.py uses to
 prove that the shards together cover the profile.
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dsv41_aot import matrix  # noqa: E402
+from dsv41_aot.build import matrix  # noqa: E402
 from dsv41_aot.errors import AotError  # noqa: E402
 from dsv41_aot.manifest import atomic_write  # noqa: E402
 

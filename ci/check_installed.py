@@ -31,7 +31,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     import dsv41_aot
-    from dsv41_aot import hip, loader
+    from dsv41_aot.runtime import hip, loader
     from dsv41_aot.errors import AotError, HipUnavailableError
 
     import_ms = (time.perf_counter() - t0) * 1e3

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dsv41_aot.link import dynamic_info  # noqa: E402
+from dsv41_aot.build.link import dynamic_info  # noqa: E402
 
 PLAT = "manylinux_2_28_x86_64"
 PKG = "dsv41_aot/kernels_prebuilt/"

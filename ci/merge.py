@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
-from dsv41_aot.link import link_arch  # noqa: E402
+from dsv41_aot.build.link import link_arch  # noqa: E402
 from dsv41_aot.manifest import MANIFEST, Manifest, arch_dirs  # noqa: E402
 
 

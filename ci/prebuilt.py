@@ -30,8 +30,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
-from dsv41_aot.link import LIB, LIBS_JSON, dynamic_info  # noqa: E402
-from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest, sha256_file  # noqa: E402
+from dsv41_aot.build.link import dynamic_info  # noqa: E402
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest, sha256_file  # noqa: E402
 
 
 @dataclass

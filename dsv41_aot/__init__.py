@@ -1,19 +1,21 @@
 """dsv41-aot: vLLM's DeepSeek-V4.1 mono decode launches, compiled ahead of time.
 
-The public runtime API (``load``, ``load_key``, ``preload``, ``Launcher``)
-lives in :mod:`dsv41_aot.loader`, imported on first use: ``import dsv41_aot``
-costs nothing and never imports the build side (FlyDSL, torch, vLLM).
+The public runtime API (``load``, ``load_key``, ``preload``, ``keys``,
+``Launcher``) lives in :mod:`dsv41_aot.runtime.loader`, imported on first
+use: ``import dsv41_aot`` costs nothing and never imports the build half
+(:mod:`dsv41_aot.build`: FlyDSL, torch, vLLM). The vLLM plugin is
+:mod:`dsv41_aot.vllm`. ``docs/architecture.md`` draws the two halves.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["load", "load_key", "preload", "Launcher", "prebuilt_dir"]
+__all__ = ["load", "load_key", "preload", "keys", "Launcher", "prebuilt_dir"]
 
 
 def __getattr__(name: str):
     if name in __all__:
-        from . import loader
+        from .runtime import loader
 
         return getattr(loader, name)
     raise AttributeError(f"module 'dsv41_aot' has no attribute {name!r}")

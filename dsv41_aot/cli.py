@@ -11,21 +11,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 from pathlib import Path
 
 from .errors import AotError
+from .manifest import prebuilt_dir
 
 # command modules beside the build commands below
-COMMANDS: tuple[str, ...] = ("resources", "verify", "link", "coverage")
+COMMANDS: tuple[str, ...] = ("build.residency", "build.verify", "build.link", "build.coverage")
 
-DEFAULT_OUT = Path(os.environ.get("DSV41_AOT_OUT", Path(__file__).resolve().parents[1] / "kernels_prebuilt"))
 
 
 # ---------------------------------------------------------------- build
 def _selected_keys(args) -> list:
-    from . import matrix
+    from .build import matrix
     from .keys import BuildKey
 
     m = matrix.load(args.matrix)
@@ -41,7 +40,7 @@ def _selected_keys(args) -> list:
     else:
         keys = m.select(args.profile)
     if args.arch:
-        from . import toolchain
+        from .build import toolchain
 
         for a in args.arch:
             toolchain.check_arch(a)
@@ -65,9 +64,9 @@ def cmd_build(args) -> int:
             for k in keys:
                 print(k)
         return 0
-    from . import build
+    from .build import builder
 
-    summary = build.build(
+    summary = builder.build(
         keys, Path(args.out), jobs=args.jobs, vllm_src=args.vllm_src, progress=not args.no_progress, link=not args.no_link
     )
     if args.json:
@@ -112,7 +111,7 @@ def _add_build(sub) -> None:
     p.add_argument("--key", nargs="+", help="build these keys instead of a profile")
     p.add_argument("--any-key", action="store_true", help="with --key: allow keys the matrix does not list")
     p.add_argument("--jobs", "-j", type=int, default=None, help="worker processes (default: CPU count)")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="prebuilt directory (default: kernels_prebuilt/)")
+    p.add_argument("--out", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
     p.add_argument("--shard", help="build shard i of N (i/N, from 0), balanced by compile seconds")
     p.add_argument("--seconds", nargs="+", default=[], metavar="MANIFEST",
                    help="with --shard: manifests whose recorded compile seconds balance the shards")
@@ -124,7 +123,7 @@ def _add_build(sub) -> None:
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("list", help="what a prebuilt directory holds")
-    p.add_argument("--dir", default=str(DEFAULT_OUT), help="prebuilt directory (default: kernels_prebuilt/)")
+    p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
     p.add_argument("--json", action="store_true", help="one JSON array of manifest entries")
     p.set_defaults(func=cmd_list)
 

@@ -28,6 +28,10 @@ class KeyFormatError(AotError, ValueError):
     """A key string or key field that is not a mono build key."""
 
 
+class UnknownArchError(KeyFormatError):
+    """An arch that ``dsv41_aot.facts.arches`` does not know."""
+
+
 class MatrixError(AotError):
     """build_matrix.yaml cannot be turned into keys (names file and line)."""
 

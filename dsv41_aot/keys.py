@@ -27,9 +27,11 @@ import re
 from dataclasses import asdict, dataclass, replace
 
 from .errors import KeyFormatError
+from .facts import arches as _arches
+from .facts import kinds as _kinds
 
-KINDS = ("k1", "k2", "ffn")
-ARCHES = ("gfx950", "gfx942")
+KINDS = tuple(_kinds.KINDS)
+ARCHES = tuple(_arches.ARCHES)
 MAX_TOKENS = 48  # vLLM 0.33.0 mono/layer.py MAX_TOKENS
 RATIOS = (0, 1, 2)  # models/deepseek_v41/attention.py refuses any other ratio
 
@@ -58,11 +60,7 @@ _OPTIONAL_ORDER = ("fold", "index", "experts", "topk", "ug_groups", "swa_width",
 _KEY_RE = re.compile(r"^(?P<kind>[a-z0-9]+)@(?P<arch>gfx[0-9a-f]+):(?P<fields>.*)$")
 
 # the fields each kind's builder does not read, pinned to what vLLM passes
-_PINNED = {
-    "k1": {},
-    "k2": {"fold": True},
-    "ffn": {"ratio": 0, "fold": True, "index": False, "ug_groups": 2, "swa_width": 128},
-}
+_PINNED = {name: k.pinned for name, k in _kinds.KINDS.items()}
 
 FIX_KEY = "write keys as KIND@ARCH:s=N,tp=N,r=N[,f=0|1,i=0|1,e=N,k=N,g=N,w=N,tl=0|1], e.g. k2@gfx950:s=4,tp=4,r=1"
 
@@ -83,10 +81,8 @@ class BuildKey:
     timeline: bool = False
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise KeyFormatError(f"unknown launch kind {self.kind!r} (one of {', '.join(KINDS)})", fix=FIX_KEY)
-        if self.arch not in ARCHES:
-            raise KeyFormatError(f"unknown arch {self.arch!r} (one of {', '.join(ARCHES)})", fix=FIX_KEY)
+        _kinds.kind_facts(self.kind)
+        _arches.arch_facts(self.arch)
         if not 1 <= self.tokens <= MAX_TOKENS:
             raise KeyFormatError(f"{self}: step width s={self.tokens} outside 1..{MAX_TOKENS}", fix=FIX_KEY)
         if self.tp < 1:
@@ -138,6 +134,7 @@ class BuildKey:
         if missing:
             raise KeyFormatError(f"malformed key {text!r}: missing {', '.join(missing)}", fix=FIX_KEY)
         kind = m["kind"]
+        _kinds.kind_facts(kind)
         for name, want in _PINNED.get(kind, {}).items():
             if name in fields and fields[name] != want:
                 raise KeyFormatError(
@@ -165,27 +162,16 @@ class BuildKey:
     def kernel_symbol(self) -> str:
         """The GPU kernel's symbol as vLLM's ``kernel_symbol`` names it
         (``_ZN5aiter{len}{stem}_{signature}E``), computed without vLLM."""
-        params: dict = {"s": self.tokens, "tp": self.tp}
-        if self.kind == "ffn":
-            params["tl"] = self.timeline
-            if self.experts != DEFAULTS["experts"]:
-                params["e"] = self.experts
-        else:
-            params["r"] = self.ratio
-            params["tl"] = self.timeline
-            if self.kind == "k1":
-                params["f"] = self.fold
-            params["i"] = self.index
-            for name in ("experts", "topk", "ug_groups", "swa_width"):
-                if getattr(self, name) != DEFAULTS[name]:
-                    params[_LONG[name]] = getattr(self, name)
+        params: dict = {}
+        for p in _kinds.KINDS[self.kind].symbol_params:
+            short = p.lstrip("?")
+            value = getattr(self, _SHORT[short])
+            if p.startswith("?") and value == DEFAULTS[_SHORT[short]]:
+                continue
+            params[short] = value
         sig = "_".join(f"{k}{int(v) if isinstance(v, bool) else v}".replace("-", "_") for k, v in params.items())
         name = f"dsv41_mono_{self.kind}_{sig}"
         return f"_ZN5aiter{len(name)}{name}E"
 
     def with_(self, **changes) -> "BuildKey":
         return replace(self, **changes)
-
-
-def parse_keys(texts) -> list[BuildKey]:
-    return [BuildKey.parse(t) for t in texts]

@@ -5,7 +5,7 @@ per architecture so that a wheel carries exactly one::
 
     <dir>/<arch>/manifest.json        this module's schema
     <dir>/<arch>/objects/<sha256>.o   stripped export objects, content-addressed
-    <dir>/<arch>/lib/...              linked libraries (dsv41_aot.link)
+    <dir>/<arch>/lib/...              linked libraries (dsv41_aot.build.link)
 
 manifest.json::
 
@@ -39,10 +39,25 @@ from .errors import IntegrityError, ManifestError
 SCHEMA = 1
 MANIFEST = "manifest.json"
 OBJECTS = "objects"
+LIB = "lib"  # <arch>/lib/: linked libraries (build/link.py)
+LIBS_JSON = "libs.json"  # <arch>/lib/libs.json: which library holds which key
+ENV_PREBUILT = "DSV41_AOT_PREBUILT"  # the one variable naming a prebuilt directory
 REQUIRED = (
     "key", "kind", "arch", "fields", "symbol", "entry", "object", "sha256", "bytes",
     "code_object_sha256", "code_object_bytes", "compile_seconds", "abi", "source",
 )
+
+
+def prebuilt_dir() -> Path:
+    """The prebuilt directory every command and the loader use by default,
+    absolute: ``$DSV41_AOT_PREBUILT``, else the installed package's
+    ``kernels_prebuilt/`` (what a wheel carries), else the repository's."""
+    env = os.environ.get(ENV_PREBUILT)
+    if env:
+        return Path(env).resolve()
+    here = Path(__file__).resolve().parent
+    packaged = here / "kernels_prebuilt"
+    return packaged if packaged.is_dir() else here.parent / "kernels_prebuilt"
 
 
 def atomic_write(path: Path, data: bytes) -> None:

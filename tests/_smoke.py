@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dsv41_aot import matrix  # noqa: E402
+from dsv41_aot.build import matrix  # noqa: E402
 
 # the smoke profile's keys, from build_matrix.yaml (what every smoke build holds)
 SMOKE_KEYS = sorted(str(k) for k in matrix.load().select("smoke"))

@@ -32,7 +32,7 @@ def jit_kernel_name(launcher) -> str | None:
 
 
 def describe(x) -> dict:
-    from dsv41_aot.loader import Launcher
+    from dsv41_aot.runtime.loader import Launcher
 
     if isinstance(x, Launcher):
         return {"origin": "aot", "key": x.key, "kernel_name": x.kernel_name, "entry": x.entry, "library": x.library}
@@ -56,7 +56,8 @@ class _Records(logging.Handler):
 
 def main(prebuilt: str, mode: str, order: str, calls: list) -> dict:
     logging.getLogger("dsv41_aot").addHandler(_Records(logging.WARNING))
-    from dsv41_aot import compat, source
+    from dsv41_aot import source
+    from dsv41_aot.build import compat
     from dsv41_aot import vllm as plugin
     from dsv41_aot.errors import KeyNotPrebuiltError
 

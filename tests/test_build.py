@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from dsv41_aot import build, cli, source, toolchain
+from dsv41_aot import cli, source
+from dsv41_aot.build import builder, toolchain
 from dsv41_aot.manifest import Manifest, sha256_file
 
 from _smoke import REPO, run_cli, smoke_count
@@ -43,7 +44,7 @@ def test_smoke_build_reproduces_the_golden_code_objects(smoke_build):
             m.check_object(key)
             assert sha256_file(out / arch / e["object"]) == e["sha256"]
             assert e["source"]["mono_sources"] == source.find().digest
-            assert e["source"]["helpers"]["impl"] == "dsv41_aot.compat"
+            assert e["source"]["helpers"]["impl"] == "dsv41_aot.compat"  # the label manifests carry
             assert e["source"]["flydsl_version"] == toolchain.FLYDSL_VERSION
             assert e["bytes"] <= 160_000, "stripped objects stay small"
             abi = m.abi(key)
@@ -141,17 +142,17 @@ def test_identity_change_makes_a_key_stale(tmp_path):
     obj.write_bytes(b"object")
     ident = {"vllm_version": "0.33.0", "mono_sources": "a", "helpers": {}, "flydsl_version": "0.4.2", "linker": "l"}
     m.put({"key": str(key), "object": "objects/x.o", "bytes": 6, "sha256": sha256_file(obj), "source": ident}, [])
-    assert build.up_to_date(m, key, ident)
-    assert not build.up_to_date(m, key, dict(ident, flydsl_version="0.5.0"))
-    assert not build.up_to_date(m, key, dict(ident, mono_sources="b"))
+    assert builder.up_to_date(m, key, ident)
+    assert not builder.up_to_date(m, key, dict(ident, flydsl_version="0.5.0"))
+    assert not builder.up_to_date(m, key, dict(ident, mono_sources="b"))
     obj.write_bytes(b"objecT")
-    assert not build.up_to_date(m, key, ident)
+    assert not builder.up_to_date(m, key, ident)
 
 
 @pytest.mark.slow
 def test_keys_that_cannot_run_fail_alone(tmp_path):
     out = tmp_path / "pb"
-    # FACTS.md: gfx942 FFN s=33 tp=2 trips stages/moe.py's shared_units assert;
+    # measured here: gfx942 FFN s=33 tp=2 trips stages/moe.py's shared_units assert;
     # gfx942 K2 s=17 tp=2 r=2 compiles but needs 77,056 B of LDS (64 KiB) and
     # 325 VGPRs: a persistent CTA that could never be resident
     refused, unresident = "ffn@gfx942:s=33,tp=2,r=0", "k2@gfx942:s=17,tp=2,r=2"

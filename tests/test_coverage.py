@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from _smoke import cli, copy_of, smoke_dir
-from dsv41_aot import coverage
+from dsv41_aot.build import coverage
 from dsv41_aot.keys import BuildKey
 
 DRAFT = (128, 3, 192)  # V4.1-Flash's DSpark draft (build_matrix.yaml routing.dspark)
@@ -77,7 +77,7 @@ def test_bad_draft_is_bad_input():
 
 
 def test_schedule_that_breaks_vllm_invariants_is_refused(tmp_path):
-    from dsv41_aot.matrix import DEFAULT_MATRIX
+    from dsv41_aot.build.matrix import DEFAULT_MATRIX
 
     # a compressed draft layer: the matrix accepts it, vLLM never runs one
     text = DEFAULT_MATRIX.read_text().replace("\n  draft:\n", "\n  draft:\n    - {ratio: 1, fold: true, index: false}\n", 1)

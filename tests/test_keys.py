@@ -20,7 +20,7 @@ def test_defaults_written_out_parse_to_the_canonical_key():
 
 
 def test_kernel_symbol_matches_vllm_naming():
-    # FACTS.md: K1 s=4 tp=4 r=1's kernel name in FlyDSL's cache
+    # measured here: K1 s=4 tp=4 r=1's kernel name in FlyDSL's cache
     assert BuildKey.parse("k1@gfx950:s=4,tp=4,r=1").kernel_symbol == "_ZN5aiter33dsv41_mono_k1_s4_tp4_r1_tl0_f1_i0E"
     assert BuildKey.parse("k2@gfx950:s=4,tp=4,r=1").kernel_symbol == "_ZN5aiter30dsv41_mono_k2_s4_tp4_r1_tl0_i0E"
     # the FFN symbol names e but not k (layer._ffn_symbol_params)

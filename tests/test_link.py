@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from _smoke import REPO, cli, copy_of, smoke_count, smoke_dir
-from dsv41_aot import link
+from dsv41_aot.build import link
 from dsv41_aot.errors import IntegrityError
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest, sha256_file
@@ -117,7 +117,8 @@ _VLLM_SIGNATURES = r"""
 import inspect, json, os, sys
 arch = sys.argv[1]
 os.environ["ARCH"] = os.environ["FLYDSL_GPU_ARCH"] = arch
-from dsv41_aot import compat, source
+from dsv41_aot import source
+from dsv41_aot.build import compat
 from dsv41_aot.keys import BuildKey
 compat.install_aiter_shim()
 layer = source.import_mono(source.find(), "layer")

@@ -18,7 +18,7 @@ import pytest
 
 from _smoke import REPO, copy_of, smoke_count, smoke_dir
 import dsv41_aot
-from dsv41_aot import loader
+from dsv41_aot.runtime import loader
 from dsv41_aot.errors import (
     ArchMismatchError,
     CaptureError,
@@ -84,7 +84,7 @@ def test_runtime_imports_only_the_standard_library():
         before = set(sys.modules)
         import dsv41_aot
         assert set(sys.modules) - before == {"dsv41_aot"}, set(sys.modules) - before
-        import dsv41_aot.loader
+        import dsv41_aot.runtime.loader
         new = {m.split(".")[0] for m in set(sys.modules) - before}
         print(sorted(new - set(sys.stdlib_module_names) - {"dsv41_aot"}))
         print(sorted(m for m in sys.modules if m.startswith("dsv41_aot.")))
@@ -99,8 +99,8 @@ def test_runtime_imports_only_the_standard_library():
 # spec lookup still answers (the source check finds vLLM without importing it)
 _BLOCKED = """
 import importlib.abc, importlib.machinery, sys
-BLOCK = ("flydsl", "torch", "vllm", "yaml", "tqdm", "mlir", "_mlir", "dsv41_aot.build", "dsv41_aot.compiler",
-         "dsv41_aot.matrix", "dsv41_aot.worker", "dsv41_aot.toolchain", "dsv41_aot.link")
+BLOCK = ("flydsl", "torch", "vllm", "yaml", "tqdm", "mlir", "_mlir", "dsv41_aot.build", "dsv41_aot.build.compiler",
+         "dsv41_aot.build.matrix", "dsv41_aot.build.worker", "dsv41_aot.build.toolchain", "dsv41_aot.build.link")
 class Refuse(importlib.abc.Loader):
     def create_module(self, spec):
         raise ImportError(f"runtime imported {spec.name}")
@@ -122,7 +122,7 @@ def test_every_smoke_key_loads_with_the_build_side_blocked(smoke):
     r = _run(_BLOCKED + f"""
 import json, sys
 import dsv41_aot
-from dsv41_aot import loader
+from dsv41_aot.runtime import loader
 out = {{}}
 for arch in ("gfx950", "gfx942"):
     for key in loader.keys(arch, prebuilt={str(smoke)!r}):
@@ -190,7 +190,7 @@ def test_stream_handles(smoke, fresh):
 
 
 def test_first_load_inside_a_capture_is_refused(smoke, fresh, monkeypatch):
-    from dsv41_aot import hip
+    from dsv41_aot.runtime import hip
 
     # MOCK-GPU: the (absent) device reports a capture in progress on the stream
     monkeypatch.setattr(hip.Hip, "stream_capturing", lambda self, stream: True)
@@ -350,7 +350,7 @@ def test_installed_vllm_with_other_mono_sources(smoke, tmp_path):
 def test_no_installed_vllm_means_no_source_check(smoke):
     r = subprocess.run(
         [sys.executable, "-S", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); import dsv41_aot; "
-         f"from dsv41_aot import loader; print(dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r}).key, "
+         f"from dsv41_aot.runtime import loader; print(dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r}).key, "
          f"loader._installed_vllm())"],
         capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -383,7 +383,7 @@ def test_a_forked_child_reloads_its_modules(smoke):
     r = _run(f"""
 import os
 import dsv41_aot
-from dsv41_aot import loader
+from dsv41_aot.runtime import loader
 l = dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r})
 l.bind()
 l._ready = True  # as after a load in the parent

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv41_aot import matrix
+from dsv41_aot.build import matrix
 from dsv41_aot.errors import MatrixError
 from dsv41_aot.keys import BuildKey
 
@@ -41,7 +41,7 @@ def test_full_profile_follows_vllms_rules(m):
     # an index source's K2 keeps index on gfx950; layer 0's K1 folds nothing
     assert BuildKey.parse("k2@gfx950:s=1,tp=2,r=2,i=1") in full
     assert BuildKey.parse("k1@gfx950:s=1,tp=2,r=0,f=0") in full
-    # the kernel source refuses these (FACTS.md): never in the matrix
+    # the kernel source refuses these (measured here): never in the matrix
     assert BuildKey.parse("ffn@gfx942:s=33,tp=2,r=0") not in full
     assert BuildKey.parse("k2@gfx942:s=17,tp=2,r=2") not in full
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv41_aot import verify
-from dsv41_aot.elf import exported_parts
+from dsv41_aot.build import verify
+from dsv41_aot.build.elf import exported_parts
 from dsv41_aot.manifest import Manifest
 
 from _smoke import SMOKE_KEYS, smoke_count, smoke_dir

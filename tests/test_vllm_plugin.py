@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from _smoke import REPO, copy_of, smoke_count, smoke_dir
-from dsv41_aot import elf
+from dsv41_aot.build import elf
 from dsv41_aot import vllm as plugin
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest
@@ -234,7 +234,7 @@ def test_entry_point_found_after_pip_install_and_called_by_vllm(tmp_path, smoke)
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "zz_project_venv.pth").write_text(ours + "\n")
     src = tmp_path / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "kernels_prebuilt", "build", "*.egg-info",
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "kernels_prebuilt", "*.egg-info",
                                                              "__pycache__", "dist", ".pytest_cache"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DSV41_AOT_", "PYTHON"))}
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", str(src)],

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dsv41_aot import vllm as plugin
-from dsv41_aot.loader import Launcher
+from dsv41_aot.runtime.loader import Launcher
 
 HC = 4
 

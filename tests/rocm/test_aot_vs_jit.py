@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv41_aot import coverage, loader
+from dsv41_aot.build import coverage
+from dsv41_aot.runtime import loader
 from dsv41_aot import vllm as plugin
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest

@@ -12,7 +12,7 @@ Each library:
 - leaves every ``hip*`` symbol (and libc's) undefined and records no
   ``DT_NEEDED``: the loader opens the host's libamdhip64 (ROCm 6 or 7) with
   RTLD_GLOBAL first, so the build machine's ``libamdhip64.so.5`` is never baked
-  in (FACTS.md);
+  in;
 - is linked ``-z now`` so a missing HIP symbol fails at dlopen, not mid-launch;
 - is named by its content (``<chunk>.<sha256[:16]>.so``): relinking never
   overwrites a file a running process has mapped, and libs.json (written
@@ -40,12 +40,10 @@ import time
 from pathlib import Path
 
 from .elf import Elf
-from .errors import AotError, ToolchainError
-from .keys import BuildKey
-from .manifest import Manifest, arch_dirs, atomic_write, sha256_file
+from ..errors import AotError, ToolchainError
+from ..keys import BuildKey
+from ..manifest import LIB, LIBS_JSON, Manifest, arch_dirs, atomic_write, prebuilt_dir, sha256_file
 
-LIB = "lib"
-LIBS_JSON = "libs.json"
 LIBS_SCHEMA = 1
 BAND = 8  # step widths per chunk
 FIX_LD = "install lld (Debian: apt-get install lld-19) or name it with DSV41_AOT_LD=/path/to/ld.lld"
@@ -211,7 +209,7 @@ def link_dir(root: Path, arches=None, *, log=None) -> list[dict]:
 
 
 def register(subparsers) -> None:
-    from .cli import DEFAULT_OUT
+    from ..manifest import prebuilt_dir
 
     p = subparsers.add_parser(
         "link",
@@ -219,7 +217,7 @@ def register(subparsers) -> None:
         description="Link each arch's stored export objects into shared libraries, one per TP and band of "
                     "eight step widths; up-to-date libraries are kept. No libamdhip64 SONAME is recorded.",
     )
-    p.add_argument("--dir", default=str(DEFAULT_OUT), help="prebuilt directory (default: kernels_prebuilt/)")
+    p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
     p.add_argument("--arch", action="append", help="link only this arch (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON array of per-arch summaries")
     p.set_defaults(func=run)

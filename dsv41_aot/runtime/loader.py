@@ -25,7 +25,8 @@ import threading
 from pathlib import Path
 
 from . import hip as _hip
-from .errors import (
+from ..manifest import ENV_PREBUILT, LIB, LIBS_JSON, MANIFEST, Manifest, prebuilt_dir, sha256_file
+from ..errors import (
     ArchMismatchError,
     CaptureError,
     HipUnavailableError,
@@ -36,30 +37,17 @@ from .errors import (
     SourceMismatchError,
 )
 
-# keys.py (dataclasses) and manifest.py (hashlib, tempfile) are imported at
-# first use: ``import dsv41_aot.loader`` stays a few stdlib modules.
+# keys.py (dataclasses) is imported at first use: ``import
+# dsv41_aot.runtime.loader`` stays a few stdlib modules.
 
-ENV_PREBUILT = "DSV41_AOT_PREBUILT"
 ENV_ARCH = "DSV41_AOT_ARCH"
 ENV_ALLOW_SOURCE = "DSV41_AOT_ALLOW_SOURCE_MISMATCH"
-LIBS_JSON = "lib/libs.json"
 
 # slot ctype -> struct code (the export metadata's C types; "pointer" is the stream)
 _CODES = {
     "int64": "q", "uint64": "Q", "int32": "i", "uint32": "I", "int16": "h", "uint16": "H",
     "int8": "b", "uint8": "B", "bool": "?", "float": "f", "double": "d", "pointer": "Q",
 }
-
-
-def prebuilt_dir() -> Path:
-    """DSV41_AOT_PREBUILT, else the installed package's kernels_prebuilt/
-    (what a wheel carries), else the repository's kernels_prebuilt/."""
-    env = os.environ.get(ENV_PREBUILT)
-    if env:
-        return Path(env)
-    here = Path(__file__).resolve().parent
-    packaged = here / "kernels_prebuilt"
-    return packaged if packaged.is_dir() else here.parent / "kernels_prebuilt"
 
 
 # ------------------------------------------------------------------ process state
@@ -91,7 +79,6 @@ def _after_fork_in_child() -> None:
     _state.device_arch, _state.device_arch_read = None, False
     for launcher in old.launchers.values():
         launcher._ready = False
-        launcher._stale = True
 
 
 if hasattr(os, "register_at_fork"):
@@ -136,13 +123,11 @@ class _Index:
     def __init__(self, root: Path, arch: str):
         self.root = root
         self.arch = arch
-        from .manifest import Manifest
-
         self.dir = root / arch
         self.manifest = Manifest.read(self.dir, arch)
         self.entries = self.manifest.entries
         fix = f"link it: dsv41-aot link --dir {root} --arch {arch}"
-        path = self.dir / LIBS_JSON
+        path = self.dir / LIB / LIBS_JSON
         try:
             doc = json.loads(path.read_bytes())
         except FileNotFoundError:
@@ -175,8 +160,8 @@ def _index(root: Path, arch: str) -> _Index:
         with _state.lock:
             idx = _state.indexes.get(folder)
             if idx is None:
-                if not (folder / "manifest.json").is_file():
-                    others = sorted(p.parent.name for p in root.glob("*/manifest.json"))
+                if not (folder / MANIFEST).is_file():
+                    others = sorted(p.parent.name for p in root.glob(f"*/{MANIFEST}"))
                     if others:
                         raise ArchMismatchError(
                             f"{root} holds prebuilt kernels for {', '.join(others)}, not {arch}",
@@ -219,7 +204,7 @@ def _installed_vllm() -> tuple:
     """(mono digest, version, mono dir) of the vLLM this process would import,
     found without importing it; (None, None, None) when there is none."""
     if _state.installed_digest is None:
-        from . import source
+        from .. import source
 
         try:
             src = source.find(check_version=False)
@@ -260,7 +245,6 @@ def _open_library(idx: _Index, lib: dict) -> ctypes.CDLL:
     with _state.lock:
         handle = _state.libraries.get(path)
         if handle is None:
-            from .manifest import sha256_file
 
             try:
                 ok = sha256_file(Path(path)) == lib["sha256"]
@@ -324,7 +308,7 @@ class Launcher:
     and a corrupt library is refused before anything of it is loaded."""
 
     __slots__ = ("key", "kernel_name", "entry", "abi", "library", "arch", "_abi", "_idx", "_librec", "_lib",
-                 "_buf", "_argv", "_call", "_pack", "_ready", "_stale", "_hip")
+                 "_buf", "_argv", "_call", "_pack", "_ready", "_hip")
 
     def __init__(self, key: str, entry: dict, abi: _Abi, idx: _Index, lib: dict):
         self.key = key
@@ -338,7 +322,6 @@ class Launcher:
         self._librec = lib
         self._lib = None
         self._ready = False
-        self._stale = False
         self._hip = None
 
     def bind(self) -> None:
@@ -441,7 +424,7 @@ class Launcher:
 def load_key(key, *, prebuilt: str | os.PathLike | None = None) -> Launcher:
     """The Launcher of one key (its canonical string or a BuildKey)."""
     text = key if isinstance(key, str) else str(key)
-    root = Path(prebuilt) if prebuilt is not None else prebuilt_dir()
+    root = Path(prebuilt).resolve() if prebuilt is not None else prebuilt_dir()
     launcher = _state.launchers.get((root, text))
     if launcher is not None:
         return launcher
@@ -449,7 +432,7 @@ def load_key(key, *, prebuilt: str | os.PathLike | None = None) -> Launcher:
     idx = _state.indexes.get(root / text.partition("@")[2].partition(":")[0])
     entry = idx.entries.get(text) if idx is not None else None
     if entry is None:
-        from .keys import BuildKey
+        from ..keys import BuildKey
 
         bk = BuildKey.parse(text) if isinstance(key, str) else key
         text = str(bk)
@@ -466,7 +449,7 @@ def load_key(key, *, prebuilt: str | os.PathLike | None = None) -> Launcher:
     _check_source(text, entry)
     lib, obj_sha = idx.lib_of.get(text, (None, None))
     if lib is None or obj_sha != entry["sha256"]:
-        raise ManifestError(f"{text}: {idx.dir / LIBS_JSON} is older than the manifest (key not linked from its "
+        raise ManifestError(f"{text}: {idx.dir / LIB / LIBS_JSON} is older than the manifest (key not linked from its "
                             f"current object)", fix=idx.fix_link)
     with _state.lock:
         launcher = _state.launchers.get((root, text))
@@ -481,7 +464,7 @@ def load(kind: str, *, tokens: int, tp: int, ratio: int, fold: bool = True, inde
          arch: str | None = None, prebuilt: str | os.PathLike | None = None) -> Launcher:
     """The Launcher for the launch vLLM's ``build_mono_<kind>(MonoBuild(...))``
     would build, on ``arch`` (default: DSV41_AOT_ARCH, else the current device)."""
-    from .keys import BuildKey
+    from ..keys import BuildKey
 
     key = BuildKey(kind=kind, arch=resolve_arch(arch), tokens=tokens, tp=tp, ratio=ratio, fold=fold, index=index,
                    experts=experts, topk=topk, ug_groups=ug_groups, swa_width=swa_width, timeline=timeline)
@@ -501,5 +484,5 @@ def preload(keys, *, prebuilt: str | os.PathLike | None = None, stream=None) -> 
 
 def keys(arch: str | None = None, *, prebuilt: str | os.PathLike | None = None) -> list[str]:
     """Every prebuilt key of ``arch`` (default: as :func:`load`)."""
-    root = Path(prebuilt) if prebuilt is not None else prebuilt_dir()
+    root = Path(prebuilt).resolve() if prebuilt is not None else prebuilt_dir()
     return sorted(_index(root, resolve_arch(arch)).entries)

@@ -25,25 +25,12 @@ from __future__ import annotations
 
 import struct
 
+from ..facts.arches import arch_facts
 from .elf import Elf, ElfError
 
 NT_AMDGPU_METADATA = 32
 
-# Per-CU limits the residency check uses (LLVM AMDGPUUsage and the CDNA3 /
-# CDNA4 ISA guides):
-# - LDS per CU, allocated in granules (AMDGPUUsage, COMPUTE_PGM_RSRC2.LDS_SIZE:
-#   gfx950 rounds to 320 dwords, gfx9 to 128 dwords);
-# - 4 SIMDs per CU; on gfx90a and later each SIMD has one unified file of 512
-#   vector registers per lane (wave64) shared by arch VGPRs and AGPRs, a wave
-#   addresses at most 256 of each, AGPRs start at accum_offset (arch VGPRs
-#   rounded up to 4) and a wave's total is allocated in granules of 8;
-# - 800 SGPRs per SIMD on gfx9, allocated in granules of 16.
-ARCH_LIMITS = {
-    "gfx950": dict(lds_bytes=160 * 1024, lds_granule=320 * 4, simds=4, vgprs_per_simd=512,
-                   vgpr_granule=8, max_arch_vgprs=256, max_agprs=256, sgprs_per_simd=800, sgpr_granule=16),
-    "gfx942": dict(lds_bytes=64 * 1024, lds_granule=128 * 4, simds=4, vgprs_per_simd=512,
-                   vgpr_granule=8, max_arch_vgprs=256, max_agprs=256, sgprs_per_simd=800, sgpr_granule=16),
-}
+# Per-CU limits come from the arch table (dsv41_aot/facts/arches.py).
 MONO_THREADS = 512  # vLLM 0.33.0 mono launches: 512 threads a CTA
 
 
@@ -251,9 +238,7 @@ def residency_problems(res: dict, arch: str, threads: int = MONO_THREADS) -> lis
     one CU of ``arch`` (empty when it can). Each reason names the figure and
     the limit. Scratch use (a register spill) is a problem too: the mono
     launches are built never to spill."""
-    if arch not in ARCH_LIMITS:
-        return [f"no residency limits known for arch {arch!r} (known: {', '.join(ARCH_LIMITS)})"]
-    lim = ARCH_LIMITS[arch]
+    lim = arch_facts(arch).limits()
     out = []
     wave = res["wavefront_size"]
     waves = -(-threads // wave)
@@ -297,7 +282,7 @@ def residency_problems(res: dict, arch: str, threads: int = MONO_THREADS) -> lis
 
 def waves_per_simd(res: dict, arch: str) -> int:
     """How many waves of this kernel one SIMD can hold by registers alone."""
-    lim = ARCH_LIMITS[arch]
+    lim = arch_facts(arch).limits()
     alloc = max(res.get("vgpr_alloc", 0), _round_up(max(res["vgpr_count"], 1), lim["vgpr_granule"]))
     return min(lim["vgprs_per_simd"] // alloc, lim["sgprs_per_simd"] // _round_up(max(res["sgpr_count"], 1), lim["sgpr_granule"]))
 
@@ -312,8 +297,8 @@ def inspect_dir(root) -> list[dict]:
     from pathlib import Path
 
     from .elf import exported_parts
-    from .errors import AotError
-    from .manifest import Manifest, arch_dirs
+    from ..errors import AotError
+    from ..manifest import Manifest, arch_dirs
 
     root = Path(root)
     dirs = arch_dirs(root)
@@ -346,12 +331,12 @@ def plot(rows: list[dict], path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        from .errors import ToolchainError
+        from ..errors import ToolchainError
 
         raise ToolchainError("--plot needs matplotlib", fix="pip install 'dsv41-aot[build]'  (or: pip install matplotlib)") from None
     from pathlib import Path
 
-    from .manifest import atomic_write
+    from ..manifest import atomic_write
 
     series: dict = {}
     for r in rows:
@@ -379,10 +364,10 @@ def plot(rows: list[dict], path) -> None:
 
 
 def register(sub) -> None:
-    from .cli import DEFAULT_OUT
+    from ..manifest import prebuilt_dir
 
     p = sub.add_parser("inspect", help="GPU resources of every prebuilt symbol and whether one CTA per CU is resident")
-    p.add_argument("--dir", default=str(DEFAULT_OUT), help="prebuilt directory (default: kernels_prebuilt/)")
+    p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
     p.add_argument("--json", action="store_true", help="print one JSON array, a row per symbol")
     p.add_argument("--plot", metavar="FILE.png", help="write a PNG of compile seconds and code object bytes by kind and step width")
     p.set_defaults(func=run)
@@ -415,6 +400,6 @@ def run(args) -> int:
 
 
 __all__ = [
-    "ARCH_LIMITS", "MsgpackError", "amdgpu_metadata", "code_object_resources", "kernel_descriptor",
+    "MsgpackError", "amdgpu_metadata", "code_object_resources", "kernel_descriptor",
     "inspect_dir", "plot", "register", "residency_problems", "run", "unpackb", "waves_per_simd",
 ]

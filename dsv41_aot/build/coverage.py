@@ -19,18 +19,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import AotError
-from .keys import ARCHES, BuildKey
+from ..errors import AotError
+from ..facts.arches import ARCHES, arch_facts
+from ..keys import BuildKey
+from ..manifest import LIB, LIBS_JSON, MANIFEST, Manifest, prebuilt_dir
 
-# amd/mono_decode.py MAX_ROWS = 48: a step takes the kernels at <= 48 rows
-# (_decode_step: ``1 <= rows <= _max_rows()``), eager steps of any width
-MAX_ROWS = 48
-# amd/mono_decode.py MAX_ROWS_GFX942 = 42: _max_rows() on gfx942
-MAX_ROWS_GFX942 = 42
-# amd/mono_decode.py MonoDecodeLayer._create: "needs tensor parallel size 2 or 4"
-TP_SIZES = (2, 4)
-# amd/mono_decode.py MonoDecodeLayer._create: "gfx942 builds for tensor parallel size 4 only"
-TP_SIZES_GFX942 = (4,)
+# Per arch (dsv41_aot/facts/arches.py, each fact with its vLLM source): the TP
+# sizes MonoDecodeLayer._create accepts, the row cap of _max_rows() (a step
+# takes the kernels at 1..cap rows, eager steps of any width), whether the
+# runner's K2 reads index, and how a DSpark draft layer runs.
 # amd/mono_decode.py MonoDecodeLayer._create: ``experts, topk = 384, 6`` for a
 # target layer; _mono_runner builds the target's DSV41MonoLayer with its
 # defaults: timeline=False, ug_groups=2, swa_width=WINDOW (attention/plan.py, 128)
@@ -62,17 +59,18 @@ class Deployment:
 
 def deployment(arch: str, tp: int, max_rows: int | None = None, draft: tuple | None = None) -> Deployment:
     """Validate a deployment against vLLM's own refusals (exit 2 when wrong)."""
-    fix = "dsv41-aot coverage --arch gfx950 --tp 4  (gfx950: TP 2 or 4; gfx942: TP 4)"
+    tps = "; ".join(f"{a.name}: TP {' or '.join(map(str, a.tp_sizes))}" for a in ARCHES.values())
+    fix = f"dsv41-aot coverage --arch {next(iter(ARCHES))} --tp 4  ({tps})"
     if arch not in ARCHES:
         raise CoverageInputError(f"unknown arch {arch!r}: vLLM's mono path runs on {', '.join(ARCHES)}", fix=fix)
-    allowed = TP_SIZES_GFX942 if arch == "gfx942" else TP_SIZES
-    if tp not in allowed:
+    facts = arch_facts(arch)
+    if tp not in facts.tp_sizes:
         raise CoverageInputError(
-            f"vLLM's mono path refuses {arch} at TP {tp} (mono_decode.py: "
-            f"{'gfx942 builds for tensor parallel size 4 only' if arch == 'gfx942' else 'needs tensor parallel size 2 or 4'})",
+            f"vLLM's mono path refuses {arch} at TP {tp} (mono_decode.py MonoDecodeLayer._create: "
+            f"{arch} takes tensor parallel size {' or '.join(map(str, facts.tp_sizes))})",
             fix=fix,
         )
-    cap = MAX_ROWS_GFX942 if arch == "gfx942" else MAX_ROWS
+    cap = facts.max_rows
     if max_rows is None:
         max_rows = cap
     if max_rows < 1:
@@ -132,7 +130,7 @@ def _k1_k2(arch: str, tp: int, tokens: int, ratio: int, fold: bool, index: bool,
     """runner.py DSV41MonoLayer.kernels(): K1 = build_mono_k1(b),
     K2 = build_mono_k2(replace(b, index=False) if GFX942 else b)."""
     b = dict(arch=arch, tokens=tokens, tp=tp, ratio=ratio, fold=fold, index=index, timeline=TIMELINE, **routing)
-    k2 = dict(b, index=False) if arch == "gfx942" else b
+    k2 = b if arch_facts(arch).k2_reads_index else dict(b, index=False)
     return [BuildKey(kind="k1", **b), BuildKey(kind="k2", **k2)]
 
 
@@ -156,7 +154,7 @@ def required(dep: Deployment, sched: dict) -> list[BuildKey]:
         keys.add(_ffn(dep.arch, dep.tp, tokens, TARGET["experts"], TARGET["topk"]))
         if dep.draft is not None:
             experts, topk, swa_width = dep.draft
-            if dep.arch == "gfx942":
+            if arch_facts(dep.arch).draft_layers == "ffn":
                 # mono_decode._create: "On gfx942 the DSpark draft layers take the
                 # FFN launch, built for the draft's routing" on the target's runner
                 keys.add(_ffn(dep.arch, dep.tp, tokens, experts, topk))
@@ -175,15 +173,13 @@ def required(dep: Deployment, sched: dict) -> list[BuildKey]:
 def available_in_dir(root: Path, arch: str) -> tuple[set, set | None, str]:
     """(keys in the manifest, keys linked -- None when nothing is linked --,
     what was checked) of ``root/arch``."""
-    from .manifest import Manifest
-
     folder = Path(root) / arch
-    if not (folder / "manifest.json").is_file():
+    if not (folder / MANIFEST).is_file():
         raise CoverageInputError(f"no prebuilt kernels for {arch} at {folder} (no manifest.json)",
                                  fix=f"dsv41-aot build --arch {arch} --out {root}, or pass --dir / --profile")
     have = set(Manifest.read(folder, arch).entries)
     linked = None
-    libs = folder / "lib" / "libs.json"
+    libs = folder / LIB / LIBS_JSON
     if libs.is_file():
         try:
             doc = json.loads(libs.read_bytes())
@@ -205,9 +201,7 @@ def check(dep: Deployment, sched: dict, *, root=None, profile: str | None = None
         against = f"profile {profile!r} of {sched['matrix'].path}"
     else:
         if root is None:
-            from . import loader
-
-            root = loader.prebuilt_dir()
+            root = prebuilt_dir()
         have, linked, against = available_in_dir(Path(root), dep.arch)
         if linked is not None:
             unlinked = [t for t in texts if t in have and t not in linked]
@@ -240,9 +234,11 @@ def _parse_draft(text: str | None, routing: dict) -> tuple | None:
 
 def register(sub) -> None:
     p = sub.add_parser("coverage", help="the keys vLLM can ask for on a deployment, checked against prebuilt kernels")
-    p.add_argument("--arch", required=True, help="gfx950 (MI355X) or gfx942 (MI300X / MI325X)")
-    p.add_argument("--tp", type=int, required=True, help="tensor parallel size (gfx950: 2 or 4; gfx942: 4)")
-    p.add_argument("--max-rows", type=int, help="largest decode step in rows (default and cap: 48, gfx942 42)")
+    p.add_argument("--arch", required=True, help=" or ".join(f"{a.name} ({a.products})" for a in ARCHES.values()))
+    p.add_argument("--tp", type=int, required=True, help="tensor parallel size (" + "; ".join(
+        f"{a.name}: {' or '.join(map(str, a.tp_sizes))}" for a in ARCHES.values()) + ")")
+    p.add_argument("--max-rows", type=int, help="largest decode step in rows (default and cap: " + ", ".join(
+        f"{a.name} {a.max_rows}" for a in ARCHES.values()) + ")")
     p.add_argument("--draft", help="the DSpark draft's experts,topk,swa_width (e.g. 128,3,192) or a matrix "
                                    "routing preset name (dspark); omit without a draft")
     src = p.add_mutually_exclusive_group()

@@ -17,7 +17,7 @@ through the same kernel name and kernarg layout. Two levels:
   ``export_to_c``. Bytes, kernel name and kernarg layout are compared with
   the prebuilt code object, and the launcher's parameters with the ABI.
 
-One JIT worker process per arch (``python -m dsv41_aot.verify ARCH``): the
+One JIT worker process per arch (``python -m dsv41_aot.build.verify ARCH``): the
 mono package fixes its target at import from ``ARCH``.
 """
 
@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import elf
-from .errors import AotError, IntegrityError
-from .keys import BuildKey
-from .manifest import Manifest, arch_dirs
-from .resources import code_object_resources, manifest_figures, residency_problems
+from ..errors import AotError, IntegrityError
+from ..facts.kinds import kind_facts
+from ..keys import BuildKey
+from ..manifest import Manifest, arch_dirs
+from .residency import code_object_resources, manifest_figures, residency_problems
 
 # FlyDSL annotation class name -> the ABI ctype export_to_c records
 CTYPES = {"Int64": "int64", "Int32": "int32"}
@@ -155,9 +156,9 @@ def start_jit_worker(arch: str, out_dir: Path, *, vllm_src: str | None = None, l
 
     env = worker_env(arch, str(toolchain.find().rocm_path), str(out_dir / f"flydsl-cache-{arch}"))
     env["FLYDSL_RUNTIME_ENABLE_CACHE"] = "1"  # the artifact is read back from FlyDSL's disk cache
-    argv = [sys.executable, "-m", "dsv41_aot.verify", arch, str(out_dir)] + (["--vllm-src", vllm_src] if vllm_src else [])
+    argv = [sys.executable, "-m", "dsv41_aot.build.verify", arch, str(out_dir)] + (["--vllm-src", vllm_src] if vllm_src else [])
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log or subprocess.DEVNULL,
-                            env=env, text=True, cwd=str(Path(__file__).resolve().parents[1]))
+                            env=env, text=True, cwd=str(Path(__file__).resolve().parents[2]))
     return proc
 
 
@@ -181,7 +182,8 @@ class _VllmJit:
     """vLLM's runner and FlyDSL's JIT, in a process bound to one arch."""
 
     def __init__(self, arch: str, vllm_src: str | None):
-        from . import compat, source
+        from .. import source
+        from . import compat
 
         compat.install_aiter_shim()
         src = source.find(vllm_src)
@@ -201,11 +203,14 @@ class _VllmJit:
     def launcher(self, key: BuildKey):
         """The launcher vLLM's runner uses for ``key``. A K2 key names the
         layer's fields; on gfx942 the runner itself drops ``index``."""
+        kind = kind_facts(key.kind)
         r = self.runner(key)
-        if key.kind == "ffn":
+        if kind.runner_method == "ffn_kernel":
             return r.ffn_kernel(key.tokens, key.experts, key.topk)
-        k1, k2 = r.kernels(key.tokens, key.ratio, key.fold, key.index)
-        return k1 if key.kind == "k1" else k2
+        if kind.runner_method == "kernels":
+            return r.kernels(key.tokens, key.ratio, key.fold, key.index)[kind.runner_index]
+        raise AotError(f"{key}: verify does not know how vLLM's runner asks for a {key.kind} launch "
+                       f"({kind.runner_method})", fix="teach build/verify.py _VllmJit.launcher that runner method")
 
     def code_object(self, key: BuildKey) -> tuple[bytes, list]:
         import inspect
@@ -390,10 +395,10 @@ def _run_jit(chosen: dict, tmp: Path, vllm_src: str | None, progress: bool) -> d
 
 
 def register(sub) -> None:
-    from .cli import DEFAULT_OUT
+    from ..manifest import prebuilt_dir
 
     p = sub.add_parser("verify", help="check prebuilt objects; with --against-jit, against vLLM's own JIT build")
-    p.add_argument("--dir", default=str(DEFAULT_OUT), help="prebuilt directory (default: kernels_prebuilt/)")
+    p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
     p.add_argument("--against-jit", action="store_true",
                    help="rebuild keys through vLLM's runner and FlyDSL's JIT (compile only) and compare code objects")
     pick = p.add_mutually_exclusive_group()

@@ -28,6 +28,10 @@ KERNELS = "aiter.ops.flydsl.kernels"
 HELPERS = ("buffer_ops", "dpp_utils", "kernels_common")
 PACKAGES = ("aiter", "aiter.ops", "aiter.ops.flydsl", KERNELS)
 
+# the helpers' identity label in every manifest entry's source (kept as it
+# was when this package was dsv41_aot.compat: a new label would rebuild every key)
+IMPL = "dsv41_aot.compat"
+
 # marks the modules this shim registered, so a second call recognises them
 _MARK = "__dsv41_aot_compat__"
 
@@ -67,7 +71,7 @@ def _bare_package(name: str) -> types.ModuleType:
 
 
 def _lazy_helper(helper: str) -> types.ModuleType:
-    """``dsv41_aot.compat.<helper>``, registered but executed on first
+    """``dsv41_aot.build.compat.<helper>``, registered but executed on first
     attribute access (the helpers import FlyDSL, and FlyDSL imports torch)."""
     name = f"{__name__}.{helper}"
     if name in sys.modules:
@@ -117,4 +121,4 @@ def install_aiter_shim() -> dict:
             module = _lazy_helper(helper)
             sys.modules[f"{KERNELS}.{helper}"] = module
             setattr(parent, helper, module)
-    return {"impl": "dsv41_aot.compat", "digest": compat_digest()}
+    return {"impl": IMPL, "digest": compat_digest()}

@@ -1,5 +1,5 @@
 """Per-arch worker processes, and the compile worker:
-``python -m dsv41_aot.worker ARCH VLLM_ROOT ARCH_DIR STRIP LINKER``.
+``python -m dsv41_aot.build.worker ARCH VLLM_ROOT ARCH_DIR STRIP LINKER``.
 
 A worker is bound to one architecture for its life (the mono package fixes its
 target at import; ``ARCH`` is in its environment before Python starts). It
@@ -22,7 +22,7 @@ import traceback
 def describe(e: BaseException) -> str:
     """An exception from the kernel source, with the line that raised it (a
     bare ``assert`` in vLLM's mono package has no message of its own)."""
-    from .errors import AotError
+    from ..errors import AotError
 
     if isinstance(e, AotError):
         return str(e)
@@ -57,7 +57,7 @@ def serve(arch: str, start, answer, ready=lambda state: {}) -> int:
         return 1
     say({"ready": True, "pid": os.getpid(), **ready(state)})
 
-    from .keys import BuildKey
+    from ..keys import BuildKey
 
     for line in sys.stdin:
         text = line.strip()

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ToolchainError
+from ..errors import ToolchainError
 
 FLYDSL_VERSION = "0.4.2"  # the FlyDSL whose internal compile path compiler.py uses
 FIX_LLD = "install a ROCm (set ROCM_PATH) or Debian's lld-19 and llvm-19: apt-get install lld-19 llvm-19"
@@ -98,8 +98,7 @@ def flydsl_version() -> str:
 
 
 def check_arch(arch: str) -> None:
-    """Refuse an arch this FlyDSL cannot target (its ROCDL backend's list)."""
-    from .keys import ARCHES
+    """Refuse an arch dsv41-aot has no facts for (UnknownArchError, exit 2)."""
+    from ..facts.arches import arch_facts
 
-    if arch not in ARCHES:
-        raise ToolchainError(f"arch {arch!r} is not one dsv41-aot builds (known: {', '.join(ARCHES)})", fix="pass --arch gfx950 or --arch gfx942")
+    arch_facts(arch)

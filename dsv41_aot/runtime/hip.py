@@ -17,7 +17,7 @@ import os
 import re
 import threading
 
-from .errors import HipUnavailableError
+from ..errors import HipUnavailableError
 
 SONAMES = ("libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6")
 FIX_HIP = (

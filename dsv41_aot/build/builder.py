@@ -1,6 +1,6 @@
 """Parallel, incremental, resumable builds of a list of keys.
 
-- Parallel: ``jobs`` worker processes (``dsv41_aot.worker``), each bound to
+- Parallel: ``jobs`` worker processes (``dsv41_aot.build.worker``), each bound to
   one arch for its life (the mono package fixes its target at import); a slot
   whose arch runs out of work is given to the arch with the most work left.
   Keys go longest-first.
@@ -28,11 +28,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import source, toolchain
+from .. import source
+from . import toolchain
 from .compiler import worker_env
-from .errors import AotError, CompileError, IntegrityError, OutputDirError
-from .keys import BuildKey
-from .manifest import Manifest
+from ..errors import AotError, IntegrityError, OutputDirError
+from ..keys import BuildKey
+from ..manifest import Manifest
 from .matrix import estimate_seconds
 
 FLUSH_SECONDS = 1.0
@@ -223,8 +224,8 @@ def _run(states, ident, tools, src, jobs, summary, bar) -> None:
     def start(arch: str) -> None:
         st = states[arch]
         env = worker_env(arch, str(tools.rocm_path), os.path.join(logdir.name, f"flydsl-{arch}"))
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
-        argv = [sys.executable, "-m", "dsv41_aot.worker", arch, str(src.root), str(st.dir), str(tools.strip), tools.lld_version]
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+        argv = [sys.executable, "-m", "dsv41_aot.build.worker", arch, str(src.root), str(st.dir), str(tools.strip), tools.lld_version]
         logf = open(os.path.join(logdir.name, f"worker-{arch}-{len(workers)}.log"), "w+")
         w = _Worker(arch, argv, env, logf)
         workers.append(w)
@@ -331,10 +332,3 @@ def _run(states, ident, tools, src, jobs, summary, bar) -> None:
         sel.close()
         logdir.cleanup()
 
-
-def raise_for(summary: Summary) -> None:
-    if summary.failed:
-        raise CompileError(
-            f"{summary.failed} of {summary.keys} keys failed: " + "; ".join(f"{f['key']}" for f in summary.failures),
-            fix="read each key's error above; a key the kernel source refuses belongs in a rule of build_matrix.yaml",
-        )

@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 
 from . import elf
-from .errors import CompileError, ResidencyError
-from .keys import BuildKey
-from .manifest import OBJECTS, atomic_write, sha256_file
+from ..errors import CompileError, ResidencyError
+from ..facts.kinds import KINDS
+from ..keys import BuildKey
+from ..manifest import OBJECTS, atomic_write, sha256_file
 
-BUILDERS = {"k1": "build_mono_k1", "k2": "build_mono_k2", "ffn": "build_mono_ffn"}
 
 
 def worker_env(arch: str, rocm_path: str, cache_dir: str) -> dict:
@@ -69,7 +69,8 @@ class ArchCompiler:
     def __init__(self, arch: str, vllm_root: str, arch_dir: str, strip: str, linker: str):
         if os.environ.get("ARCH") != arch:
             raise RuntimeError(f"worker for {arch} started with ARCH={os.environ.get('ARCH')!r}")
-        from . import compat, source
+        from .. import source
+        from . import compat
 
         self.arch = arch
         self.arch_dir = Path(arch_dir)
@@ -92,7 +93,7 @@ class ArchCompiler:
 
     def launcher(self, key: BuildKey):
         """vLLM's launcher for ``key``, built exactly as the runner builds it."""
-        build = getattr(self.layer, BUILDERS[key.kind])
+        build = getattr(self.layer, KINDS[key.kind].builder)
         return build(self.layer.MonoBuild(**key.build_fields()))
 
     def compile(self, key: BuildKey) -> tuple[dict, list]:
@@ -152,7 +153,7 @@ class ArchCompiler:
     def resources(self, key: BuildKey, code: bytes) -> dict:
         """The code object's resource figures; a symbol that cannot be
         resident one CTA per CU, or that spills, fails its key."""
-        from .resources import code_object_resources, manifest_figures, residency_problems
+        from .residency import code_object_resources, manifest_figures, residency_problems
 
         res = code_object_resources(code)
         problems = residency_problems(res, key.arch)

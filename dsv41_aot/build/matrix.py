@@ -16,10 +16,12 @@ from pathlib import Path
 
 import yaml
 
-from .errors import KeyFormatError, MatrixError
-from .keys import ARCHES, KINDS, MAX_TOKENS, RATIOS, BuildKey
+from ..errors import KeyFormatError, MatrixError
+from ..facts.arches import ARCHES as ARCH_FACTS
+from ..facts.kinds import KINDS as KINDS_FACTS
+from ..keys import ARCHES, KINDS, MAX_TOKENS, RATIOS, BuildKey
 
-DEFAULT_MATRIX = Path(__file__).resolve().parents[1] / "build_matrix.yaml"
+DEFAULT_MATRIX = Path(__file__).resolve().parents[2] / "build_matrix.yaml"
 
 _TOP = {"version", "default_profile", "axes", "layer_kinds", "routing", "groups", "rules", "profiles"}
 _AXES = {"arch", "tp", "tokens", "timeline"}
@@ -376,12 +378,10 @@ def load(path: str | Path | None = None) -> Matrix:
 
 # ---------------------------------------------------------------- shards
 def estimate_seconds(key: BuildKey) -> float:
-    """A compile-time guess for a key with no recorded time: FACTS.md's
-    figures on a 2-core CPU (K1 ~2-4 s, K2 ~7-13 s, FFN ~4-8 s, growing with
-    the step width; gfx942 about 1.5x)."""
-    base, per_token = {"k1": (1.7, 0.04), "k2": (6.5, 0.12), "ffn": (4.0, 0.08)}[key.kind]
-    scale = 1.6 if key.arch == "gfx942" else 1.0
-    return (base + per_token * key.tokens) * scale
+    """A compile-time guess for a key with no recorded time, from the kind's
+    and the arch's facts (measured on a 2-core CPU, growing with the width)."""
+    base, per_token = KINDS_FACTS[key.kind].compile_estimate
+    return (base + per_token * key.tokens) * ARCH_FACTS[key.arch].compile_scale
 
 
 def recorded_seconds(paths) -> dict:

@@ -1,0 +1,7 @@
+"""The build half: the matrix, vLLM's kernel source, the compile workers,
+the linker, code-object reading, residency, verify and coverage.
+
+Runs on CPU-only build machines with FlyDSL, torch (CPU) and vLLM's mono
+package installed; nothing here is imported by a serving process
+(``dsv41_aot.runtime`` never imports it; ``tests/test_architecture.py``).
+"""

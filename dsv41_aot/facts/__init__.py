@@ -1,0 +1,15 @@
+"""Facts, not logic: the GPU architectures and the launch kinds dsv41-aot
+knows, each in one table.
+
+Adding an architecture is one :data:`arches.ARCHES` entry plus its axis value
+in ``build_matrix.yaml``; adding a launch kind is one :data:`kinds.KINDS`
+entry plus a launch group there. Every other module reads these tables: an
+arch or kind not in them is an error wherever it appears, never a default.
+
+Standard library only (the runtime reads them too).
+"""
+
+from .arches import ARCHES, Arch, arch_facts
+from .kinds import KINDS, Kind, kind_facts
+
+__all__ = ["ARCHES", "Arch", "arch_facts", "KINDS", "Kind", "kind_facts"]

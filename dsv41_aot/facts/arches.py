@@ -1,0 +1,77 @@
+"""The GPU architectures dsv41-aot builds for: hardware limits that decide
+whether a persistent mono CTA is resident, and what vLLM 0.33.0's mono path
+does on each (paths relative to ``vllm/models/deepseek_v41/``).
+
+Hardware figures: LLVM's AMDGPUUsage (kernel descriptor, LDS and VGPR
+granules) and the CDNA3 / CDNA4 ISA guides. On gfx90a and later each SIMD has
+one unified file of 512 vector registers a lane (wave64) shared by arch VGPRs
+and AGPRs; a wave addresses at most 256 of each, allocated in granules of 8;
+800 SGPRs a SIMD in granules of 16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UnknownArchError
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str  # the LLVM target, as ARCH / FLYDSL_GPU_ARCH / gcnArchName spell it
+    products: str
+    gfx_target_version: int  # KFD topology's number for it (sysfs), e.g. 90402
+    # --- per CU (residency of one persistent 512-thread CTA)
+    cus: int  # compute units of the smallest product: the 256-CTA grid needs one each
+    lds_bytes: int
+    lds_granule: int  # LDS is allocated in these (COMPUTE_PGM_RSRC2.LDS_SIZE)
+    simds: int = 4
+    vgprs_per_simd: int = 512
+    vgpr_granule: int = 8
+    max_arch_vgprs: int = 256
+    max_agprs: int = 256
+    sgprs_per_simd: int = 800
+    sgpr_granule: int = 16
+    # --- what vLLM 0.33.0's mono path does on this arch
+    tp_sizes: tuple = (2, 4)  # amd/mono_decode.py MonoDecodeLayer._create
+    max_rows: int = 48  # amd/mono_decode.py _max_rows()
+    k2_reads_index: bool = True  # amd/mono/runner.py kernels(): K2 built with index=False when not
+    draft_layers: str = "whole"  # "whole": K1 + K2 on the draft runner; "ffn": FFN launch on the target's
+    runner_flag: bool = False  # amd/mono/runner.py GFX942: the runner module's own flag for this arch
+    # --- build
+    compile_scale: float = 1.0  # compile seconds relative to gfx950 (matrix.estimate_seconds)
+
+    def limits(self) -> dict:
+        """The per-CU limits a residency judgement uses (inspect --json carries them)."""
+        return dict(lds_bytes=self.lds_bytes, lds_granule=self.lds_granule, simds=self.simds, cus=self.cus,
+                    vgprs_per_simd=self.vgprs_per_simd, vgpr_granule=self.vgpr_granule,
+                    max_arch_vgprs=self.max_arch_vgprs, max_agprs=self.max_agprs,
+                    sgprs_per_simd=self.sgprs_per_simd, sgpr_granule=self.sgpr_granule)
+
+
+ARCHES: dict[str, Arch] = {a.name: a for a in (
+    Arch(
+        "gfx950", "MI355X", 90500, cus=256, lds_bytes=160 * 1024, lds_granule=320 * 4,
+        # amd/mono_decode.py: TP 2 or 4, MAX_ROWS = 48; the draft runs whole layers
+        tp_sizes=(2, 4), max_rows=48,
+    ),
+    Arch(
+        "gfx942", "MI300X / MI325X", 90402, cus=304, lds_bytes=64 * 1024, lds_granule=128 * 4,
+        # amd/mono_decode.py: "gfx942 builds for tensor parallel size 4 only",
+        # MAX_ROWS_GFX942 = 42, "On gfx942 the DSpark draft layers take the FFN
+        # launch"; amd/mono/runner.py: "k2 = replace(b, index=False) if GFX942"
+        tp_sizes=(4,), max_rows=42, k2_reads_index=False, draft_layers="ffn", runner_flag=True,
+        compile_scale=1.6,  # measured: gfx942 compiles about 1.5x gfx950's time
+    ),
+)}
+
+
+def arch_facts(name: str) -> Arch:
+    """The facts of ``name``; UnknownArchError (naming the known ones) otherwise."""
+    try:
+        return ARCHES[name]
+    except KeyError:
+        raise UnknownArchError(
+            f"unknown arch {name!r} (dsv41-aot knows {', '.join(ARCHES)})",
+            fix="pick one of those, or add the arch to dsv41_aot/facts/arches.py and build_matrix.yaml",
+        ) from None

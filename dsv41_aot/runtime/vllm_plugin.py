@@ -1,0 +1,347 @@
+"""vLLM integration: prebuilt Launchers inside vLLM's mono decode runner.
+
+vLLM 0.33.0's ``DSV41MonoLayer.kernels()`` and ``ffn_kernel()``
+(``vllm/models/deepseek_v41/amd/mono/runner.py``) build their launchers with
+``build_mono_k1/k2/ffn``, which FlyDSL compiles just in time. :func:`install`
+wraps those two methods -- vLLM's files stay untouched -- so they hand out the
+loader's Launchers for exactly the keys vLLM builds, memoized in the runner's
+own ``_kernels`` dict as vLLM memoizes its launchers.
+
+- strict (the default): a key that is not prebuilt raises the loader's
+  KeyNotPrebuiltError, which names the key and the build command;
+- fallback: one warning per key, then vLLM's own method (FlyDSL JIT).
+
+The runner module is patched when it is imported, never imported from here:
+if it is already in ``sys.modules`` at once, else by a ``sys.meta_path``
+finder that watches that one module name. So installing on a machine where
+vLLM never reaches the mono path costs nothing.
+
+:func:`register` is the ``vllm.general_plugins`` entry point: vLLM calls it,
+with no arguments, in every process it starts (``vllm.plugins
+.load_general_plugins``, which does not catch what a plugin raises: this one
+never raises). ``DSV41_AOT_DISABLE=1`` turns it off; ``DSV41_AOT_MODE`` picks
+strict / fallback. It logs one line (logger ``dsv41_aot``) saying what it
+enabled or why it did not.
+
+Inside this package ``vllm`` is a module of ours; every import of the real
+vLLM is absolute and deferred (``from __future__ import annotations`` keeps
+the annotations from being evaluated).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+
+from ..errors import AotError, LoadError
+from ..facts.arches import ARCHES, arch_facts
+from ..keys import BuildKey
+from ..manifest import MANIFEST
+
+RUNNER = "vllm.models.deepseek_v41.amd.mono.runner"
+ENV_DISABLE = "DSV41_AOT_DISABLE"
+ENV_MODE = "DSV41_AOT_MODE"
+MODES = ("strict", "fallback")
+KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
+
+log = logging.getLogger("dsv41_aot")
+
+
+class _Install:
+    """What install() set up in this process."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.mode: str | None = None  # None: not installed
+        self.prebuilt: str | None = None
+        self.arch: str | None = None  # None: the runner package's target arch
+        self.hook: _RunnerHook | None = None
+        self.patched = None  # the runner class we wrapped
+        self.originals: dict = {}  # method name -> vLLM's function
+        self.warned: set = set()  # fallback keys already warned about
+        self.served: dict = {"aot": 0, "jit": 0}  # launchers handed out, by origin
+
+
+_state = _Install()
+
+
+# ------------------------------------------------------------------ the keys vLLM builds
+
+
+def _runner_arch(module) -> str:
+    """The arch vLLM's mono package compiles for in this process
+    (``common/arch.py target_arch()``: ARCH, else FlyDSL's device probe)."""
+    arch = _state.arch
+    if not arch:
+        pkg = module.__name__.rsplit(".", 1)[0]
+        arch = importlib.import_module(f"{pkg}.common.arch").target_arch()
+    facts = arch_facts(arch)
+    gfx942 = bool(getattr(module, "GFX942", False))
+    if gfx942 != facts.runner_flag:  # the runner's flag and the arch must agree
+        raise AotError(f"vLLM's mono runner has GFX942={gfx942} but compiles for {arch}",
+                       fix="set ARCH to the GPU's arch (or unset it) before vLLM starts")
+    return arch
+
+
+def layer_keys(runner, module, tokens: int, ratio: int, fold: bool, index: bool) -> tuple[BuildKey, BuildKey]:
+    """(K1, K2) keys of ``runner.kernels(tokens, ratio, fold, index)``: one
+    MonoBuild from the runner's fields, and on gfx942 K2 built with
+    ``index=False`` (runner.py: ``k2 = replace(b, index=False) if GFX942``)."""
+    arch = _runner_arch(module)
+    b = dict(tokens=tokens, tp=runner.tp, ratio=ratio, timeline=bool(runner.timeline), fold=bool(fold),
+             index=bool(index), experts=runner.experts, topk=runner.topk, ug_groups=runner.ug_groups,
+             swa_width=runner.swa_width)
+    k2 = b if arch_facts(arch).k2_reads_index else dict(b, index=False)
+    return BuildKey(kind="k1", arch=arch, **b), BuildKey(kind="k2", arch=arch, **k2)
+
+
+def ffn_key(runner, module, tokens: int, experts: int, topk: int) -> BuildKey:
+    """The key of ``runner.ffn_kernel(tokens, experts, topk)``:
+    ``MonoBuild(tokens, tp, 0, timeline, experts=, topk=)`` -- the runner's
+    ug_groups / swa_width are not passed, MonoBuild's defaults hold."""
+    return BuildKey(kind="ffn", arch=_runner_arch(module), tokens=tokens, tp=runner.tp, ratio=0,
+                    timeline=bool(runner.timeline), experts=experts, topk=topk)
+
+
+def _launcher(key: BuildKey):
+    """The prebuilt Launcher of ``key``, or None in fallback mode when the
+    loader refuses it (warned once per key)."""
+    from . import loader
+
+    try:
+        launcher = loader.load_key(key, prebuilt=_state.prebuilt)
+    except LoadError as e:
+        if _state.mode != "fallback":
+            raise
+        text = str(key)
+        if text not in _state.warned:
+            _state.warned.add(text)
+            log.warning("dsv41-aot: %s not served from the prebuilt kernels, FlyDSL JIT-compiles it "
+                        "(fallback mode): %s", text, str(e).splitlines()[0])
+        _state.served["jit"] += 1
+        return None
+    _state.served["aot"] += 1
+    return launcher
+
+
+# ------------------------------------------------------------------ patching the runner
+
+
+def _patch(module) -> None:
+    """Wrap ``DSV41MonoLayer.kernels`` / ``ffn_kernel`` of vLLM's runner module."""
+    with _state.lock:
+        cls = module.DSV41MonoLayer
+        if _state.patched is cls:
+            return
+        orig_kernels, orig_ffn = cls.kernels, cls.ffn_kernel
+
+        def kernels(self, tokens: int, ratio: int, fold: bool = True, index: bool = False):
+            memo = (tokens, ratio, fold, index)  # vLLM's own memo key
+            pair = self._kernels.get(memo)
+            if pair is None:
+                k1_key, k2_key = layer_keys(self, module, tokens, ratio, fold, index)
+                k1, k2 = _launcher(k1_key), _launcher(k2_key)
+                if k1 is None or k2 is None:  # fallback: vLLM builds the missing one
+                    jit = orig_kernels(self, tokens, ratio, fold, index)
+                    k1, k2 = k1 or jit[0], k2 or jit[1]
+                pair = self._kernels[memo] = (k1, k2)
+            return pair
+
+        def ffn_kernel(self, tokens: int, experts: int, topk: int):
+            memo = (tokens, "ffn", experts, topk)
+            launcher = self._kernels.get(memo)
+            if launcher is None:
+                launcher = _launcher(ffn_key(self, module, tokens, experts, topk))
+                if launcher is None:
+                    launcher = orig_ffn(self, tokens, experts, topk)
+                self._kernels[memo] = launcher
+            return launcher
+
+        for new, old in ((kernels, orig_kernels), (ffn_kernel, orig_ffn)):
+            new.__name__, new.__qualname__, new.__doc__ = old.__name__, old.__qualname__, old.__doc__
+            new.__wrapped__ = old
+            new.__dsv41_aot__ = True
+        _state.originals = {"kernels": orig_kernels, "ffn_kernel": orig_ffn}
+        cls.kernels, cls.ffn_kernel = kernels, ffn_kernel
+        _state.patched = cls
+        log.debug("dsv41-aot: patched %s.DSV41MonoLayer (%s)", module.__name__, _state.mode)
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """vLLM's own loader for the runner module, then the patch."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        if _state.mode is not None:
+            _patch(module)
+
+    def __getattr__(self, name):  # get_source, get_filename, ... as the inner loader
+        return getattr(self._inner, name)
+
+
+class _RunnerHook(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for the runner module only, it asks the finders
+    after it and wraps the spec's loader so the module is patched on import."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != RUNNER:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and not isinstance(spec.loader, _PatchingLoader):
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+def install(mode: str = "strict", *, prebuilt: str | os.PathLike | None = None, arch: str | None = None) -> None:
+    """Make vLLM's mono runner take its launchers from the prebuilt kernels
+    (``prebuilt``: the loader's directory by default; ``arch``: the runner
+    package's target arch by default). Idempotent: a second call only updates
+    the mode / directory."""
+    if mode not in MODES:
+        raise AotError(f"unknown dsv41-aot vLLM mode {mode!r} (one of {', '.join(MODES)})",
+                       fix=f"install(mode='strict') or {ENV_MODE}=fallback")
+    if arch is not None:
+        arch_facts(arch)  # UnknownArchError naming the known ones
+    with _state.lock:
+        _state.mode = mode
+        _state.prebuilt = str(prebuilt) if prebuilt is not None else None
+        _state.arch = arch
+        module = sys.modules.get(RUNNER)
+        if module is not None and hasattr(module, "DSV41MonoLayer"):
+            _patch(module)
+        elif _state.hook is None:
+            _state.hook = _RunnerHook()
+            sys.meta_path.insert(0, _state.hook)
+
+
+def uninstall() -> None:
+    """Undo install(): vLLM's methods back on the runner class, no hook.
+    Runners keep the launchers they memoized."""
+    with _state.lock:
+        if _state.patched is not None:
+            for name, fn in _state.originals.items():
+                setattr(_state.patched, name, fn)
+        if _state.hook is not None:
+            try:
+                sys.meta_path.remove(_state.hook)
+            except ValueError:
+                pass
+        _state.__init__()
+
+
+def installed() -> dict:
+    """What install() set up: mode, prebuilt dir, whether the runner is
+    patched yet, launchers served from the cache / by JIT so far."""
+    return {"mode": _state.mode, "prebuilt": _state.prebuilt, "patched": _state.patched is not None,
+            "hooked": _state.hook is not None, **{f"served_{k}": v for k, v in _state.served.items()}}
+
+
+# ------------------------------------------------------------------ the vLLM plugin
+
+
+def kfd_arches(nodes: Path = KFD_NODES) -> list[str]:
+    """The GPU architectures the kernel driver lists (KFD topology
+    ``gfx_target_version``, e.g. 90402 -> gfx942), read from sysfs: no HIP
+    call, so a process vLLM later forks is not left with a HIP runtime."""
+    out = set()
+    try:
+        props = sorted(nodes.glob("*/properties"))
+    except OSError:
+        return []
+    for p in props:
+        try:
+            fields = dict(line.split(None, 1) for line in p.read_text().splitlines() if " " in line)
+            v = int(fields.get("gfx_target_version", "0"))
+        except (OSError, ValueError):
+            continue
+        if v:  # CPU nodes have 0
+            major, minor, step = v // 10000, v // 100 % 100, v % 100
+            out.add(f"gfx{major}{minor:x}{step:x}")
+    return sorted(out)
+
+
+def _ensure_visible() -> None:
+    """vLLM configures its own ``vllm`` logger only; give ours a stderr
+    handler when nothing would print an INFO line."""
+    if not log.handlers and not logging.getLogger().handlers:
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [dsv41_aot] %(message)s", "%m-%d %H:%M:%S"))
+        log.addHandler(h)
+        if log.level == logging.NOTSET:
+            log.setLevel(logging.INFO)
+
+
+def enable(*, environ=None) -> tuple[bool, str, int]:
+    """Decide whether this process serves the prebuilt kernels, install if
+    so: (enabled, the one-line reason, its log level: INFO when nothing is
+    wrong, WARNING when the host has a GPU the kernels cannot serve). Never
+    raises."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_DISABLE, "") not in ("", "0"):
+        return False, f"disabled by {ENV_DISABLE}={env[ENV_DISABLE]}", logging.INFO
+    try:
+        from .. import source
+        from . import loader
+        from ..manifest import Manifest
+
+        mode = env.get(ENV_MODE) or "strict"
+        if mode not in MODES:
+            return False, f"{ENV_MODE}={mode!r} is not one of {', '.join(MODES)}", logging.WARNING
+        arch = env.get(loader.ENV_ARCH)
+        if not arch:
+            found = kfd_arches()
+            if not found:
+                return False, "no ROCm device (no GPU node in the KFD topology); vLLM keeps FlyDSL JIT", logging.INFO
+            if len(found) > 1:
+                return False, f"GPUs of several archs ({', '.join(found)}); name one with {loader.ENV_ARCH}", logging.WARNING
+            arch = found[0]
+        if arch not in ARCHES:
+            return False, f"{arch} is not an arch dsv41-aot builds ({', '.join(ARCHES)}); vLLM keeps FlyDSL JIT", logging.WARNING
+        root = loader.prebuilt_dir()
+        if not (root / arch / MANIFEST).is_file():
+            return False, (f"no prebuilt kernels for {arch} at {root} (install the {arch} wheel or set "
+                           f"{loader.ENV_PREBUILT}); vLLM keeps FlyDSL JIT"), logging.WARNING
+        man = Manifest.read(root / arch, arch)
+        built = sorted({e["source"].get("mono_sources") for e in man.entries.values()})
+        try:
+            src = source.find(check_version=False)
+            digest, version = source.mono_digest(src.mono_dir), src.version
+        except AotError as e:
+            return False, f"vLLM's mono package not found ({str(e).splitlines()[0]})", logging.WARNING
+        if built != [digest] and env.get(loader.ENV_ALLOW_SOURCE) != "1":
+            return False, (f"vLLM {version} mono source digest {digest} differs from the prebuilt kernels' "
+                           f"{', '.join(map(str, built)) or 'none'} ({root / arch}); vLLM keeps FlyDSL JIT "
+                           f"(rebuild, or {loader.ENV_ALLOW_SOURCE}=1)"), logging.WARNING
+        install(mode)  # keys take the arch vLLM's mono package compiles for
+        return True, (f"enabled ({mode}) for {arch}: {len(man.entries)} prebuilt keys in {root / arch}, "
+                      f"vLLM {version} mono sources {digest}"), logging.INFO
+    except Exception as e:  # noqa: BLE001 - a plugin must never stop vLLM
+        return False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", logging.WARNING
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point (vLLM calls it in every
+    process it starts, with no arguments). Logs one line; never raises."""
+    try:
+        _ensure_visible()
+        ok, why, level = enable()
+        log.log(level, "dsv41-aot vLLM plugin %s: %s", "on" if ok else "off", why)
+    except Exception:  # noqa: BLE001
+        pass

@@ -1,0 +1,140 @@
+"""The house's shape, checked on the source: the runtime half never imports
+the build half (nor FlyDSL, torch, vLLM, yaml, tqdm), the shared core imports
+neither half, no module imports the CLI, and the package has no import cycle.
+
+Imports are read from each module's syntax tree (every ``import`` statement,
+top level or inside a function), so a lazy import counts as much as an eager
+one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "dsv41_aot"
+HEAVY = ("flydsl", "torch", "vllm", "yaml", "tqdm", "matplotlib", "msgpack", "elftools", "numpy")
+SHARED = ("dsv41_aot", "dsv41_aot.errors", "dsv41_aot.keys", "dsv41_aot.manifest", "dsv41_aot.source",
+          "dsv41_aot.facts", "dsv41_aot.facts.arches", "dsv41_aot.facts.kinds")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Absolute names of every module ``path`` imports (``from X import y``
+    counts as X and, when X.y is a module of the package, X.y)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module
+            subs = [f"{mod}.{a.name}" for a in node.names]
+            subs = [s for s in subs if (PKG.parent / s.replace(".", "/")).with_suffix(".py").is_file()
+                    or (PKG.parent / s.replace(".", "/") / "__init__.py").is_file()]
+            out.update(subs)
+            if node.module or len(subs) < len(node.names):  # ``from .. import x`` of modules only: not the package
+                out.add(mod)
+    return out
+
+
+MODULES = {module_name(p): p for p in PKG.rglob("*.py")}
+# an import of a module's own ancestor package is left out: importing any
+# submodule runs its parents first, which is no cycle of this module's making
+GRAPH = {m: {i for i in imports_of(p) if i in MODULES and i != m and not m.startswith(i + ".")}
+         for m, p in MODULES.items()}
+
+
+def _crosses(mod: str, allowed_prefixes: tuple, what: str) -> list[str]:
+    bad = []
+    for imp in imports_of(MODULES[mod]):
+        top = imp.split(".")[0]
+        if top in HEAVY:
+            bad.append(f"{mod} imports {imp} ({what} must not)")
+        elif imp.startswith("dsv41_aot") and imp not in SHARED and not imp.startswith(allowed_prefixes):
+            bad.append(f"{mod} imports {imp} ({what} may import only the shared core and {allowed_prefixes})")
+    return bad
+
+
+def test_the_two_halves_exist():
+    assert {"dsv41_aot.runtime.loader", "dsv41_aot.runtime.hip", "dsv41_aot.runtime.vllm_plugin"} <= set(MODULES)
+    assert {"dsv41_aot.build.builder", "dsv41_aot.build.compiler", "dsv41_aot.build.link"} <= set(MODULES)
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.startswith("dsv41_aot.runtime")))
+def test_runtime_never_imports_the_build_half(mod):
+    assert _crosses(mod, ("dsv41_aot.runtime",), "the runtime") == []
+
+
+@pytest.mark.parametrize("mod", SHARED)
+def test_shared_core_imports_neither_half(mod):
+    allowed = ("dsv41_aot.runtime",) if mod == "dsv41_aot" else ()  # __init__'s lazy public API
+    assert _crosses(mod, allowed, "the shared core") == []
+
+
+def test_public_vllm_name_is_the_runtime_plugin():
+    assert imports_of(MODULES["dsv41_aot.vllm"]) <= {"sys", "dsv41_aot.runtime", "dsv41_aot.runtime.vllm_plugin"}
+
+
+def test_nothing_imports_the_cli():
+    users = sorted(m for m, deps in GRAPH.items() if "dsv41_aot.cli" in deps)
+    assert users == []
+
+
+def test_no_import_cycles():
+    """Tarjan's strongly connected components over the package's import
+    graph: every component must be a single module."""
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_the_checker_sees_a_crossing(tmp_path, monkeypatch):
+    """The walker itself: a runtime module with a lazy build import is caught."""
+    fake = PKG / "runtime" / "loader.py"
+    src = fake.read_text() + "\n\ndef _x():\n    from ..build import compiler\n"
+    probe = tmp_path / "dsv41_aot" / "runtime" / "loader.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(src)
+    monkeypatch.setattr(__import__(__name__), "PKG", tmp_path / "dsv41_aot")
+    mods = {"dsv41_aot.runtime.loader": probe}
+    monkeypatch.setattr(__import__(__name__), "MODULES", mods)
+    assert any("dsv41_aot.build" in b for b in _crosses("dsv41_aot.runtime.loader", ("dsv41_aot.runtime",), "rt"))
