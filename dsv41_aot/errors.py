@@ -5,7 +5,7 @@ that fixes it. ``exit_code`` is what the CLI exits with: 2 for bad input
 (a user can fix the command line, the matrix or the environment), 1 for a
 check that failed on artifacts that exist.
 
-Runtime-side module: imports nothing but the standard library.
+Shared core (build and runtime): imports nothing but the standard library.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ only the fields its builder reads (vLLM 0.33.0, ``mono/layer.py``):
   ``MonoBuild(tokens, tp, 0, timeline, experts=, topk=)``: ``r`` is 0 and
   ``f``/``i``/``g``/``w`` keep their defaults.
 
-Runtime-side module: standard library only.
+Shared core (build and runtime): standard library only.
 """
 
 from __future__ import annotations

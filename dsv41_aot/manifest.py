@@ -24,7 +24,7 @@ manifest.json::
 ABI lists are shared by id (every K1 has the same 41 slots), so the manifest
 of a whole arch stays small and parses fast at load time.
 
-Runtime-side module: standard library only.
+Shared core (build and runtime): standard library only.
 """
 
 from __future__ import annotations

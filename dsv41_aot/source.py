@@ -10,7 +10,7 @@ sha256 over each ``.py`` file's path relative to the mono folder, then its
 bytes, files sorted, first 16 hex digits) without importing anything, so the
 runtime can compare an installed vLLM with the digest a build recorded.
 
-Runtime-side module: standard library only.
+Shared core (build and runtime): standard library only.
 """
 
 from __future__ import annotations
