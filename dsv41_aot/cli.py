@@ -18,14 +18,14 @@ from .errors import AotError
 from .manifest import prebuilt_dir
 
 # command modules beside the build commands below
-COMMANDS: tuple[str, ...] = ("build.residency", "build.verify", "build.link", "build.coverage")
+COMMANDS: tuple[str, ...] = ("build.inspection", "build.verify", "build.link", "build.coverage")
 
 
 
 # ---------------------------------------------------------------- build
 def _selected_keys(args) -> list:
     from .build import matrix
-    from .keys import BuildKey
+    from .keys import BuildKey, neighbours
 
     m = matrix.load(args.matrix)
     if args.key:
@@ -33,8 +33,9 @@ def _selected_keys(args) -> list:
         universe = set(m.all_keys())
         for k in keys:
             if k not in universe and not args.any_key:
+                near = neighbours(k, universe)
                 raise AotError(
-                    f"{k} is not a key {m.path} builds ({m._why_not(k)})",
+                    f"{k} is not a key {m.path} builds ({m._why_not(k)}); nearest it builds: {', '.join(near) or 'none'}",
                     fix="pick a key from: dsv41-aot build --list --profile full  (or pass --any-key to build it anyway)",
                 )
     else:
@@ -108,7 +109,7 @@ def _add_build(sub) -> None:
     p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml)")
     p.add_argument("--profile", help="matrix profile (default: the matrix's default_profile)")
     p.add_argument("--arch", action="append", help="only keys of this arch (repeatable)")
-    p.add_argument("--key", nargs="+", help="build these keys instead of a profile")
+    p.add_argument("--key", action="extend", nargs="+", help="build these keys instead of a profile (--key A B, or --key A --key B)")
     p.add_argument("--any-key", action="store_true", help="with --key: allow keys the matrix does not list")
     p.add_argument("--jobs", "-j", type=int, default=None, help="worker processes (default: CPU count)")
     p.add_argument("--out", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")

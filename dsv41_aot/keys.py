@@ -175,3 +175,39 @@ class BuildKey:
 
     def with_(self, **changes) -> "BuildKey":
         return replace(self, **changes)
+
+
+# fields a neighbour may differ in (besides the width), in the order a
+# difference is read: the deployment first, then the layer, then the routing
+_NEIGHBOUR_FIELDS = ("tp", "ratio", "index", "fold", "experts", "topk", "ug_groups", "swa_width", "timeline")
+
+
+def neighbours(key: BuildKey, available, n: int = 5) -> list[str]:
+    """The keys of ``available`` (key strings or BuildKeys) nearest to
+    ``key``, for a "not prebuilt" message: the same launch (kind, arch and
+    every field but the width) at the nearest widths, below and above; then
+    the same kind, arch and width with the fewest other fields changed.
+    Failing both, the fewest fields changed at the nearest width. Never a
+    key of another kind or arch."""
+    same_arch = []
+    for k in available:
+        k = k if isinstance(k, BuildKey) else BuildKey.parse(k)
+        if k.kind == key.kind and k.arch == key.arch and k != key:
+            same_arch.append(k)
+    launch = [k for k in same_arch if k.with_(tokens=key.tokens) == key]
+    out = []
+    below = [k for k in launch if k.tokens < key.tokens]
+    above = [k for k in launch if k.tokens > key.tokens]
+    if below:
+        out.append(max(below, key=lambda k: k.tokens))
+    if above:
+        out.append(min(above, key=lambda k: k.tokens))
+
+    def changed(k: BuildKey) -> int:
+        return sum(getattr(k, f) != getattr(key, f) for f in _NEIGHBOUR_FIELDS)
+
+    width = sorted((k for k in same_arch if k.tokens == key.tokens), key=lambda k: (changed(k), str(k)))
+    out += width[: max(n - len(out), 0)]
+    if not out:  # neither: the fewest fields changed, then the nearest width
+        out = sorted(same_arch, key=lambda k: (changed(k), abs(k.tokens - key.tokens), str(k)))[:n]
+    return [str(k) for k in out]

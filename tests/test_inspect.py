@@ -1,27 +1,29 @@
-"""The resource report: MessagePack decoding, AMDGPU metadata, residency.
+"""The residency report: code-object reading, residency rules, spills,
+and the ``inspect`` command's headroom summary, JSON and picture.
 
 The slow tests read the code objects of a real ``smoke`` build (built once a
 test session into pytest's temp folder; a second module's build is a no-op)
-and cross-check the project's decoder against ``llvm-readelf --notes``.
+and cross-check the metadata reading against ``llvm-readelf --notes``.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from dsv41_aot.build import residency as resources
-from dsv41_aot.build.elf import exported_parts
+from dsv41_aot.build import codeobject, inspection
+from dsv41_aot.build.codeobject import manifest_figures
+from dsv41_aot.build.elf import Elf, ElfError, exported_parts
+from dsv41_aot.build.residency import residency_problems, spill_notes, usage
 from dsv41_aot.errors import UnknownArchError
+from dsv41_aot.facts.arches import arch_facts
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest, arch_dirs
-from dsv41_aot.build.residency import MsgpackError, manifest_figures, residency_problems, unpackb
 
 from _smoke import smoke_count, smoke_dir
 
@@ -39,51 +41,6 @@ def code_objects(root: Path):
         for key, e in sorted(man.entries.items()):
             meta, code = exported_parts(man.object_path(key).read_bytes(), e["entry"])
             yield man, key, json.loads(meta), code
-
-
-# ---------------------------------------------------------------- MessagePack
-
-
-def test_msgpack_every_type_family():
-    cases = {
-        b"\x05": 5,
-        b"\xff": -1,
-        b"\xcc\xc8": 200,
-        b"\xcd\x01\x00": 256,
-        b"\xce\x00\x01\x00\x00": 65536,
-        b"\xcf" + struct.pack(">Q", 1 << 40): 1 << 40,
-        b"\xd0\x80": -128,
-        b"\xd1\xff\x00": -256,
-        b"\xd2\xff\xff\xff\xfe": -2,
-        b"\xd3" + struct.pack(">q", -(1 << 40)): -(1 << 40),
-        b"\xca" + struct.pack(">f", 1.5): 1.5,
-        b"\xcb" + struct.pack(">d", -2.25): -2.25,
-        b"\xc0": None,
-        b"\xc2": False,
-        b"\xc3": True,
-        b"\xa3abc": "abc",
-        b"\xd9\x03xyz": "xyz",
-        b"\xda\x00\x02hi": "hi",
-        b"\xc4\x02\x00\x01": b"\x00\x01",
-        b"\x92\x01\xa1a": [1, "a"],
-        b"\xdc\x00\x01\xc3": [True],
-        b"\x81\xa1k\x90": {"k": []},
-        b"\xde\x00\x01\x01\x02": {1: 2},
-        b"\xd4\x07\x2a": (7, b"\x2a"),
-    }
-    for raw, want in cases.items():
-        assert unpackb(raw) == want, raw
-
-
-def test_msgpack_refuses_broken_input():
-    with pytest.raises(MsgpackError, match="truncated"):
-        unpackb(b"\xa5ab")
-    with pytest.raises(MsgpackError, match="truncated"):
-        unpackb(b"\x82\xa1k")
-    with pytest.raises(MsgpackError, match="trailing"):
-        unpackb(b"\x01\x02")
-    with pytest.raises(MsgpackError, match="0xc1"):
-        unpackb(b"\xc1")
 
 
 # ---------------------------------------------------------------- residency rule
@@ -128,12 +85,55 @@ def test_residency_unified_register_file_counts_agprs():
     assert residency_problems(figures(vgpr_count=250, vgpr_alloc=264), "gfx942")
 
 
-def test_residency_refuses_scratch_and_small_workgroups():
-    assert any("scratch" in p and "spills" in p for p in residency_problems(figures(scratch_bytes=16, vgpr_spill_count=4), "gfx950"))
-    assert any("dynamic stack" in p for p in residency_problems(figures(dynamic_stack=True), "gfx950"))
+def test_a_spill_is_noted_not_refused():
+    spilled = figures(scratch_bytes=16, vgpr_spill_count=4, sgpr_spill_count=2)
+    assert residency_problems(spilled, "gfx950") == []
+    assert spill_notes(spilled) == ["spills: scratch 16 bytes a lane (VGPR spills 4, SGPR spills 2)"]
+    assert "dynamic stack" in spill_notes(figures(dynamic_stack=True))[0]
+    # SGPR spills alone go to VGPR lanes, scratch 0: no spill
+    assert spill_notes(figures(sgpr_spill_count=3)) == []
+
+
+def test_residency_refuses_small_workgroups_and_unknown_arches():
     assert any("max_flat_workgroup_size 256" in p for p in residency_problems(figures(max_flat_workgroup_size=256), "gfx942"))
     with pytest.raises(UnknownArchError, match="gfx1100"):  # an unknown arch is an error, never gfx950's limits
         residency_problems(figures(), "gfx1100")
+
+
+def test_usage_is_judged_against_the_arch_table():
+    u = usage(figures(lds_bytes=158752, vgpr_count=251, vgpr_alloc=256, sgpr_count=98), "gfx950")
+    lim = arch_facts("gfx950").limits()
+    # 512 threads = 8 waves of 64 = 2 a SIMD: each wave gets half the SIMD's files
+    assert u == {"lds": (158752, lim["lds_bytes"]), "vgprs": (256, lim["vgprs_per_simd"] // 2),
+                 "agprs": (0, lim["max_agprs"]), "sgprs": (112, lim["sgprs_per_simd"] // 2)}
+    assert usage(figures(), "gfx942")["lds"][1] == arch_facts("gfx942").lds_bytes
+
+
+def row(key: str, lds: int, vgprs: int, scratch: int = 0) -> dict:
+    k = BuildKey.parse(key)
+    res = figures(lds_bytes=lds, vgpr_count=vgprs, vgpr_alloc=-(-vgprs // 8) * 8, scratch_bytes=scratch)
+    return {"key": key, "kind": k.kind, "arch": k.arch, "tokens": k.tokens, "series": inspection.series(k),
+            "usage": usage(res, k.arch), "spills": spill_notes(res), "resident": not residency_problems(res, k.arch)}
+
+
+def test_summary_names_the_tightest_key_per_resource_and_the_spills():
+    rows = [row("k2@gfx950:s=9,tp=4,r=1", 90000, 256, scratch=8), row("k2@gfx950:s=48,tp=2,r=2", 158752, 240),
+            row("k2@gfx950:s=4,tp=4,r=1", 60000, 200), row("k1@gfx950:s=4,tp=4,r=1", 30000, 120)]
+    summ = {(s["arch"], s["kind"]): s for s in inspection.summary(rows)}
+    k2 = summ[("gfx950", "k2")]
+    assert k2["keys"] == 3 and k2["spills"] == ["k2@gfx950:s=9,tp=4,r=1"] and k2["not_resident"] == []
+    assert k2["resources"]["lds"] == {"key": "k2@gfx950:s=48,tp=2,r=2", "use": 158752, "limit": 163840}
+    assert k2["resources"]["vgprs"] == {"key": "k2@gfx950:s=9,tp=4,r=1", "use": 256, "limit": 256}
+    assert summ[("gfx950", "k1")]["spills"] == []
+    text = "\n".join(inspection.summary_lines(inspection.summary(rows)))
+    assert "158,752 of  163,840" in text and "3.1% left" in text and "spills (1): k2@gfx950:s=9,tp=4,r=1" in text
+
+
+def test_series_tell_variants_apart():
+    names = {inspection.series(BuildKey.parse(k)) for k in (
+        "k2@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=2,r=1", "k2@gfx950:s=4,tp=4,r=1,i=1",
+        "k1@gfx950:s=4,tp=4,r=0,f=0,e=128,k=3,g=1,w=192", "k1@gfx950:s=4,tp=4,r=0", "ffn@gfx942:s=4,tp=4,r=0,e=128,k=3")}
+    assert names == {"k2 r1", "k2 r1 index", "k1 r0 e128/k3", "k1 r0", "ffn e128/k3"}
 
 
 # ---------------------------------------------------------------- real code objects
@@ -154,7 +154,7 @@ def readelf_notes(code: bytes, tmp_path: Path) -> dict:
 def test_decoder_agrees_with_llvm_readelf_on_every_smoke_object(smoke, tmp_path):
     n = 0
     for man, key, _, code in code_objects(smoke):
-        mine = resources.amdgpu_metadata(code)
+        mine = codeobject.amdgpu_metadata(code)
         theirs = readelf_notes(code, tmp_path)
         assert mine == theirs, key
         n += 1
@@ -165,7 +165,7 @@ def test_decoder_agrees_with_llvm_readelf_on_every_smoke_object(smoke, tmp_path)
 def test_figures_agree_with_export_metadata_and_manifest(smoke):
     kinds = set()
     for man, key, meta, code in code_objects(smoke):
-        res = resources.code_object_resources(code)
+        res = codeobject.code_object_resources(code)
         k = BuildKey.parse(key)
         kinds.add((k.kind, k.arch))
         assert res["name"] == k.kernel_symbol == man.entries[key]["symbol"]
@@ -182,27 +182,52 @@ def test_figures_agree_with_export_metadata_and_manifest(smoke):
         assert res["wavefront_size"] == 64 and res["max_flat_workgroup_size"] == 512
         # the kernel descriptor's allocation covers the note's count, in granules of 8
         assert res["vgpr_alloc"] % 8 == 0 and res["vgpr_alloc"] >= res["vgpr_count"]
-        assert residency_problems(res, man.arch) == [], key
+        assert residency_problems(res, man.arch) == [] and spill_notes(res) == [], key
         # what the builder stored is what the code object says
         assert man.entries[key]["resources"] == manifest_figures(res)
     assert kinds == {(k, a) for k in ("k1", "k2", "ffn") for a in ("gfx950", "gfx942")}
 
 
 @pytest.mark.slow
-def test_inspect_command_json_table_and_plot(smoke, tmp_path):
-    png = tmp_path / "figures.png"
+def test_a_broken_metadata_note_is_an_elf_error(smoke):
+    _, key, _, code = next(code_objects(smoke))
+    desc = next(d for owner, t, d in Elf(code).notes() if owner == "AMDGPU" and t == codeobject.NT_AMDGPU_METADATA)
+    at = code.index(desc)
+    broken = code[:at] + b"\xc1" + code[at + 1:]  # 0xc1: the one tag MessagePack never uses
+    with pytest.raises(ElfError, match="not one MessagePack value"):
+        codeobject.amdgpu_metadata(broken)
+
+
+@pytest.mark.slow
+def test_inspect_command_json_summary_and_plot(smoke, tmp_path):
+    png = tmp_path / "residency.png"
     proc = subprocess.run(
         [sys.executable, "-m", "dsv41_aot.cli", "inspect", "--dir", str(smoke), "--json", "--plot", str(png)],
         capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr
-    rows = json.loads(proc.stdout)
-    assert len(rows) == smoke_count() and all(r["resident"] and r["waves_per_simd"] >= 2 for r in rows)
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads(proc.stdout)
+    rows = doc["rows"]
+    assert len(rows) == smoke_count() and all(r["resident"] and r["waves_per_simd"] >= 2 and not r["spills"] for r in rows)
+    # the limits judged against are the arch table's, so a script can redo the judgement
+    assert doc["limits"] == {a: arch_facts(a).limits() for a in ("gfx942", "gfx950")} and doc["threads"] == 512
+    for r in rows:
+        lim = doc["limits"][r["arch"]]
+        assert r["usage"]["lds"] == [r["resources"]["lds_bytes"], lim["lds_bytes"]]
+        assert r["usage"]["vgprs"][1] == lim["vgprs_per_simd"] // 2
+    assert {(s["arch"], s["kind"]) for s in doc["summary"]} == {(a, k) for a in ("gfx942", "gfx950") for k in ("k1", "k2", "ffn")}
+    k2 = next(s for s in doc["summary"] if (s["arch"], s["kind"]) == ("gfx950", "k2"))
+    widest = max((r for r in rows if r["kind"] == "k2" and r["arch"] == "gfx950"), key=lambda r: r["usage"]["lds"][0])
+    assert k2["resources"]["lds"]["key"] == widest["key"] == "k2@gfx950:s=44,tp=4,r=1,i=1"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     table = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "inspect", "--dir", str(smoke)],
                            capture_output=True, text=True)
     assert table.returncode == 0
     assert "k2@gfx950:s=4,tp=4,r=1" in table.stdout and f"{smoke_count()} symbols, 0 cannot be resident" in table.stdout
+    # the text ends with the headroom summary: per (arch, kind) four resources and the spills
+    tail = table.stdout.split("headroom of one 512-thread CTA a CU")[1].strip().splitlines()
+    assert len(tail) == 1 + 6 * 5 and tail[-1].strip() == "spills (0): none"
+    assert any(line.strip().startswith("gfx950 k2") and " LDS " in line and widest["key"] in line for line in tail)
 
 
 def test_inspect_command_refuses_an_empty_dir(tmp_path):

@@ -1,7 +1,7 @@
 import pytest
 
 from dsv41_aot.errors import KeyFormatError
-from dsv41_aot.keys import BuildKey
+from dsv41_aot.keys import BuildKey, neighbours
 
 
 def test_canonical_string_round_trips():
@@ -64,3 +64,31 @@ def test_malformed_keys_are_refused_with_the_fix(text, words):
     assert words in str(e.value)
     assert "fix:" in str(e.value)
     assert e.value.exit_code == 2
+
+
+# ---------------------------------------------------------------- neighbours
+
+
+BUILT = [
+    "k2@gfx950:s=12,tp=4,r=1", "k2@gfx950:s=17,tp=4,r=1", "k2@gfx950:s=3,tp=4,r=1",
+    "k2@gfx950:s=13,tp=2,r=1", "k2@gfx950:s=13,tp=4,r=2,i=1", "k2@gfx950:s=13,tp=4,r=0",
+    "k1@gfx950:s=13,tp=4,r=1", "k2@gfx942:s=13,tp=4,r=1",
+]
+
+
+def test_neighbours_are_the_same_launch_at_the_nearest_widths_then_the_same_width():
+    want = BuildKey.parse("k2@gfx950:s=13,tp=4,r=1")
+    near = neighbours(want, BUILT)
+    # the same launch just below and just above (not s=3, which a string match would pick),
+    # then the same width with one field changed before two
+    assert near[:2] == ["k2@gfx950:s=12,tp=4,r=1", "k2@gfx950:s=17,tp=4,r=1"]
+    assert set(near[2:4]) == {"k2@gfx950:s=13,tp=2,r=1", "k2@gfx950:s=13,tp=4,r=0"}
+    assert near[4] == "k2@gfx950:s=13,tp=4,r=2,i=1" and len(near) == 5
+    # never another kind or arch
+    assert not any(k.startswith("k1@") or "gfx942" in k for k in near)
+    assert neighbours(want, [BuildKey.parse(k) for k in BUILT], n=2) == near[:2]
+
+
+def test_neighbours_fall_back_to_the_fewest_changes():
+    assert neighbours(BuildKey.parse("k2@gfx950:s=40,tp=2,r=2,i=1"), BUILT, n=1) == ["k2@gfx950:s=13,tp=4,r=2,i=1"]
+    assert neighbours(BuildKey.parse("ffn@gfx950:s=4,tp=4,r=0"), BUILT) == []

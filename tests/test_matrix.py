@@ -46,6 +46,25 @@ def test_full_profile_follows_vllms_rules(m):
     assert BuildKey.parse("k2@gfx942:s=17,tp=2,r=2") not in full
 
 
+def test_full_holds_every_layer_kind_the_runner_accepts(m):
+    full = set(m.select("full"))
+    # runner.forward: ratio 0/1/2, fold true/false, index only with a ratio --
+    # K1 with (ratio 1 or 2, fold false, index false) included, which
+    # V4.1-Flash's own schedule never uses
+    for arch, tp, widths in (("gfx950", 2, 48), ("gfx950", 4, 48), ("gfx942", 4, 42)):
+        for s in range(1, widths + 1):
+            for r in (0, 1, 2):
+                for f in (False, True):
+                    for i in (False, True) if r else (False,):
+                        assert BuildKey(kind="k1", arch=arch, tokens=s, tp=tp, ratio=r, fold=f, index=i) in full
+    superset = [k for k in full if k.kind == "k1" and k.ratio and not k.fold and not k.index]
+    # 2 ratios x 48 widths at each gfx950 TP, 2 x 42 on gfx942 TP4: the 96 / 96 / 84
+    assert len(superset) == 96 + 96 + 84
+    # K2 reads no fold: no K2 key is added by them
+    assert {str(k) for k in full if k.kind == "k2"} == {str(k.with_(index=k.index)) for k in full if k.kind == "k2"}
+    assert len([k for k in full if k.kind == "k2" and k.arch == "gfx950" and k.experts == 384]) == 2 * 48 * 5
+
+
 def test_deployment_profiles_partition_full(m):
     parts = [set(m.select(p)) for p in ("gfx950-tp2", "gfx950-tp4", "gfx942-tp4")]
     assert set.union(*parts) == set(m.select("full"))
@@ -141,3 +160,16 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path):
 def test_cli_lists_a_profile(m):
     _, out, _ = run_cli("build", "--list", "--profile", "smoke")
     assert out.split() == [str(k) for k in m.select("smoke")]
+
+
+def test_cli_key_flags_extend_and_suggest_real_neighbours():
+    a, b, c = "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1", "ffn@gfx942:s=4,tp=4,r=0"
+    # --key A --key B builds both (the last one used to win); --key A B still works
+    _, out, _ = run_cli("build", "--list", "--key", a, "--key", b, c)
+    assert out.split() == [a, b, c]
+    # a key the matrix does not build names its nearest keys, not string look-alikes
+    code, _, err = run_cli("build", "--list", "--key", "k2@gfx942:s=43,tp=4,r=1", check=False)
+    assert code == 2 and "nearest it builds: k2@gfx942:s=42,tp=4,r=1\n" in err  # gfx942 stops at 42 rows
+    code, _, err = run_cli("build", "--list", "--key", "k2@gfx950:s=13,tp=8,r=1", check=False)
+    near = err.split("nearest it builds: ")[1].splitlines()[0].split(", ")
+    assert code == 2 and near[:2] == ["k2@gfx950:s=13,tp=2,r=1", "k2@gfx950:s=13,tp=4,r=1"] and len(near) == 5

@@ -35,6 +35,7 @@ from ..errors import AotError, IntegrityError, OutputDirError
 from ..keys import BuildKey
 from ..manifest import Manifest
 from .matrix import estimate_seconds
+from .residency import spill_notes
 
 FLUSH_SECONDS = 1.0
 # failures a rerun may not repeat: never remembered as the source's refusal
@@ -52,6 +53,7 @@ class Summary:
     jobs: int = 1
     libraries: int = 0  # linked libraries the built arches hold
     failures: list = field(default_factory=list)  # [{"key", "error"}]
+    spills: list = field(default_factory=list)  # keys built (or up to date) whose code object uses scratch
 
     def as_dict(self) -> dict:
         return {
@@ -64,6 +66,7 @@ class Summary:
             "jobs": self.jobs,
             "libraries": self.libraries,
             "failures": self.failures,
+            "spills": self.spills,
         }
 
 
@@ -202,6 +205,12 @@ def build(
             st.lock.close()
         if bar is not None:
             bar.close()
+    for key in keys:  # compiled or up to date: a failed key's entry is gone
+        e = states[key.arch].manifest.entries.get(str(key))
+        notes = spill_notes(e["resources"]) if e and e.get("resources") else []
+        if notes:
+            summary.spills.append(str(key))
+            print(f"warning: {key} {'; '.join(notes)}", file=log)
     if link:
         from .link import link_arch
 

@@ -152,8 +152,10 @@ class ArchCompiler:
 
     def resources(self, key: BuildKey, code: bytes) -> dict:
         """The code object's resource figures; a symbol that cannot be
-        resident one CTA per CU, or that spills, fails its key."""
-        from .residency import code_object_resources, manifest_figures, residency_problems
+        resident one CTA per CU fails its key. A spill (scratch) is kept in
+        the figures, not refused: vLLM's JIT launches the same code object."""
+        from .codeobject import code_object_resources, manifest_figures
+        from .residency import residency_problems
 
         res = code_object_resources(code)
         problems = residency_problems(res, key.arch)

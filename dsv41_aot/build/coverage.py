@@ -1,13 +1,12 @@
-"""Deployment -> every key vLLM 0.33.0's mono path can ask for, and a check
-that a prebuilt directory (or a matrix profile) holds them all.
+"""Deployment -> every key vLLM 0.33.0 can ask for, and a check that a
+prebuilt directory (or a matrix profile) holds them all.
 
-The deployment rules are written here from vLLM's sources, independently of
-the build matrix's ``rules:`` -- so ``dsv41-aot coverage --profile full``
-really checks the matrix. Only the model's layer schedule is data, taken from
-the matrix file's ``layer_kinds`` (their origin is documented there, from
-``amd/mono/README.md`` "Scope" and ``attention.py``), and checked here
-against the invariants vLLM asserts. Paths are relative to
-``vllm/models/deepseek_v41/``.
+Everything here is written from vLLM's sources, independently of the build
+matrix -- its ``rules:`` and its ``layer_kinds`` -- so ``dsv41-aot coverage
+--profile full`` really checks the matrix: the layer kinds are every
+(ratio, fold, index) ``runner.forward`` accepts, not one checkpoint's
+schedule. The matrix's own layer kinds are checked against the invariants
+vLLM asserts. Paths are relative to ``vllm/models/deepseek_v41/``.
 
     dsv41-aot coverage --arch gfx950 --tp 4 --draft dspark
     dsv41-aot coverage --arch gfx942 --tp 4 --profile full --json
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from ..errors import AotError
 from ..facts.arches import ARCHES, arch_facts
-from ..keys import BuildKey
+from ..keys import RATIOS, BuildKey
 from ..manifest import LIB, LIBS_JSON, MANIFEST, Manifest, prebuilt_dir
 
 # Per arch (dsv41_aot/facts/arches.py, each fact with its vLLM source): the TP
@@ -94,20 +93,30 @@ def _matrix_doc(path) -> tuple[Path, dict]:
     return Path(m.path), {"layer_kinds": m.layer_kinds, "routing": m.routing, "matrix": m}
 
 
+def layer_kinds() -> dict:
+    """Every (ratio, fold, index) vLLM's runner runs a whole layer with.
+    Target layers: runner.forward takes any compress ratio attention.py
+    allows (0, 1, 2), fold True or False (mono_decode.py passes False on the
+    first layer and after an Engram write, which the checkpoint places), and
+    index only on a compressed layer (``assert not index or ratio``). Draft
+    layers: mono_decode._create refuses "a draft layer with compressed keys"
+    or an indexer, and its first layer settles the residual (fold False)."""
+    folds = (False, True)
+    return {
+        "backbone": [(r, f, i) for r in RATIOS for f in folds for i in (False, True) if r or not i],
+        "draft": [(0, f, False) for f in folds],
+    }
+
+
 def schedule(path=None) -> dict:
-    """{"backbone": [(ratio, fold, index), ...], "draft": [...]} from the
-    matrix file, each kind checked against what vLLM asserts:
-    runner.forward ``assert not index or ratio`` (an index source is a
-    compressed layer); mono_decode._create refuses "a draft layer with
-    compressed keys" (ratio 0, no indexer)."""
+    """{"backbone": [(ratio, fold, index), ...], "draft": [...]} (``layer_kinds``),
+    the matrix file's routing presets and the matrix; the matrix's own
+    layer kinds are checked against what vLLM asserts: runner.forward
+    ``assert not index or ratio`` (an index source is a compressed layer);
+    mono_decode._create refuses "a draft layer with compressed keys"."""
     mpath, doc = _matrix_doc(path)
-    out = {}
-    for name in ("backbone", "draft"):
-        entries = doc["layer_kinds"].get(name)
-        if not entries:
-            raise CoverageInputError(f"{mpath}: layer_kinds.{name} is missing: coverage reads the model's layer "
-                                     f"schedule from it", fix=f"add layer_kinds.{name} to {mpath}")
-        kinds = []
+    out = layer_kinds()
+    for name, entries in doc["layer_kinds"].items():
         for e in entries:
             ratio, fold, index = int(e["ratio"]), bool(e["fold"]), bool(e["index"])
             if index and not ratio:
@@ -116,8 +125,6 @@ def schedule(path=None) -> dict:
             if name == "draft" and (ratio or index):
                 raise CoverageInputError(f"{mpath}: layer_kinds.draft {dict(e)}: vLLM runs no draft layer with "
                                          f"compressed keys on the mono path (mono_decode.py)", fix=f"edit {mpath}")
-            kinds.append((ratio, fold, index))
-        out[name] = kinds
     out["routing"] = {k: dict(v) for k, v in doc["routing"].items()}
     out["matrix"] = doc["matrix"]
     return out

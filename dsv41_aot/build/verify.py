@@ -37,7 +37,8 @@ from ..errors import AotError, IntegrityError
 from ..facts.kinds import kind_facts
 from ..keys import BuildKey
 from ..manifest import Manifest, arch_dirs
-from .residency import code_object_resources, manifest_figures, residency_problems
+from .codeobject import code_object_resources, manifest_figures
+from .residency import residency_problems
 
 # FlyDSL annotation class name -> the ABI ctype export_to_c records
 CTYPES = {"Int64": "int64", "Int32": "int32"}
@@ -403,7 +404,7 @@ def register(sub) -> None:
                    help="rebuild keys through vLLM's runner and FlyDSL's JIT (compile only) and compare code objects")
     pick = p.add_mutually_exclusive_group()
     pick.add_argument("--sample", type=int, metavar="N", help="with --against-jit: N keys per arch, seeded")
-    pick.add_argument("--key", nargs="+", metavar="KEY", help="only these keys")
+    pick.add_argument("--key", action="extend", nargs="+", metavar="KEY", help="only these keys (--key A B, or --key A --key B)")
     p.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
     p.add_argument("--vllm-src", help="a vLLM checkout (folder holding vllm/) instead of the installed vllm")
     p.add_argument("--json", action="store_true", help="print one JSON report")

@@ -439,9 +439,9 @@ def load_key(key, *, prebuilt: str | os.PathLike | None = None) -> Launcher:
         idx = _index(root, bk.arch)
         entry = idx.entries.get(text)
     if entry is None:
-        import difflib
+        from ..keys import neighbours
 
-        close = difflib.get_close_matches(text, list(idx.entries), n=5, cutoff=0.0)
+        close = neighbours(bk, idx.entries)
         raise KeyNotPrebuiltError(
             f"{text} is not prebuilt in {idx.dir} ({len(idx.entries)} keys); closest: {', '.join(close) or 'none'}",
             fix=f"dsv41-aot build --key '{text}' --out {root} && dsv41-aot link --dir {root}",

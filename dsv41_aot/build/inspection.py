@@ -1,0 +1,225 @@
+"""``dsv41-aot inspect``: how close each prebuilt launch is to not fitting.
+
+One row per stored symbol: its figures read again from the stored GPU code
+object (``codeobject``), its residency verdict and spills (``residency``),
+its use of each resource against the arch's limit. The text ends with the
+headroom summary per (arch, kind); ``--json`` prints one document with the
+limits judged against (``facts/arches.py Arch.limits()``), the rows and the
+summary; ``--plot`` draws the use against step width per arch.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from ..errors import AotError
+from ..facts.arches import arch_facts
+from ..keys import DEFAULTS, BuildKey
+from ..manifest import Manifest, arch_dirs, atomic_write, prebuilt_dir
+from .codeobject import code_object_resources
+from .elf import exported_parts
+from .residency import MONO_THREADS, RESOURCES, UNITS, residency_problems, spill_notes, usage, waves_per_simd
+
+LABELS = {"lds": "LDS", "vgprs": "VGPRs", "agprs": "AGPRs", "sgprs": "SGPRs"}
+# a resource other than LDS and VGPRs gets its own panel when some key of the
+# arch uses at least this share of its limit (or, for AGPRs, any at all)
+BINDS = 0.5
+
+
+def inspect_dir(root) -> list[dict]:
+    """One row per stored symbol of prebuilt directory ``root``."""
+    root = Path(root)
+    dirs = arch_dirs(root)
+    if not dirs:
+        raise AotError(f"{root} holds no prebuilt architecture (no <arch>/manifest.json)", fix=f"dsv41-aot build --out {root}")
+    rows = []
+    for d in dirs:
+        man = Manifest.read(d)
+        for key in sorted(man.entries):
+            e = man.entries[key]
+            man.check_object(key)
+            _, code = exported_parts(man.object_path(key).read_bytes(), e["entry"])
+            res = code_object_resources(code)
+            problems = residency_problems(res, man.arch)
+            rows.append({
+                "key": key, "kind": e["kind"], "arch": man.arch, "tokens": e["fields"]["tokens"],
+                "tp": e["fields"]["tp"], "series": series(BuildKey.parse(key)),
+                "compile_seconds": e["compile_seconds"], "bytes": e["bytes"],
+                "code_object_bytes": e["code_object_bytes"], "resources": res,
+                "usage": {r: list(v) for r, v in usage(res, man.arch).items()},
+                "waves_per_simd": waves_per_simd(res, man.arch), "resident": not problems, "problems": problems,
+                "spills": spill_notes(res),
+            })
+    return rows
+
+
+def series(key: BuildKey) -> str:
+    """The plot series of a key: its kind and variant (ratio, index, a routing
+    other than the target model's); TP and fold are folded into the series."""
+    parts = [key.kind] if key.kind == "ffn" else [key.kind, f"r{key.ratio}"]
+    if key.index:
+        parts.append("index")
+    if (key.experts, key.topk) != (DEFAULTS["experts"], DEFAULTS["topk"]):
+        parts.append(f"e{key.experts}/k{key.topk}")
+    return " ".join(parts)
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per (arch, kind): the tightest key of each resource (least left to its
+    limit), its use and the limit, and the keys that spill."""
+    out: dict = {}
+    for r in rows:
+        s = out.setdefault((r["arch"], r["kind"]), {"arch": r["arch"], "kind": r["kind"], "keys": 0, "resources": {}, "spills": [], "not_resident": []})
+        s["keys"] += 1
+        for name, (use, limit) in r["usage"].items():
+            best = s["resources"].get(name)
+            if best is None or limit - use < best["limit"] - best["use"]:
+                s["resources"][name] = {"key": r["key"], "use": use, "limit": limit}
+        if r["spills"]:
+            s["spills"].append(r["key"])
+        if not r["resident"]:
+            s["not_resident"].append(r["key"])
+    return [out[k] for k in sorted(out)]
+
+
+def report(root) -> dict:
+    """The ``--json`` document: limits per arch, rows, summary."""
+    rows = inspect_dir(root)
+    arches = sorted({r["arch"] for r in rows})
+    return {"threads": MONO_THREADS, "limits": {a: arch_facts(a).limits() for a in arches},
+            "rows": rows, "summary": summary(rows)}
+
+
+def summary_lines(summ: list[dict]) -> list[str]:
+    lines = [f"headroom of one {MONO_THREADS}-thread CTA a CU, per arch and kind (tightest key per resource):"]
+    for s in summ:
+        head = f"{s['arch']} {s['kind']} ({s['keys']} keys)"
+        for i, name in enumerate(RESOURCES):
+            t = s["resources"][name]
+            left = 100.0 * (t["limit"] - t["use"]) / t["limit"]
+            lines.append(f"  {head if i == 0 else '':24} {LABELS[name]:6} {t['use']:>8,} of {t['limit']:>8,} {UNITS[name]:9}"
+                         f" {left:5.1f}% left  {t['key']}")
+        shown = ", ".join(s["spills"]) if s["spills"] else "none"
+        lines.append(f"  {'':24} spills ({len(s['spills'])}): {shown}")
+        if s["not_resident"]:
+            lines.append(f"  {'':24} NOT RESIDENT ({len(s['not_resident'])}): {', '.join(s['not_resident'])}")
+    return lines
+
+
+# ---------------------------------------------------------------- the picture
+
+
+def _panels(rows: list[dict]) -> list[str]:
+    """LDS and VGPRs always; AGPRs / SGPRs where they bind on some arch."""
+    out = ["lds", "vgprs"]
+    for name in ("agprs", "sgprs"):
+        if any(r["usage"][name][0] > (0 if name == "agprs" else BINDS * r["usage"][name][1]) for r in rows):
+            out.append(name)
+    return out
+
+
+def plot(rows: list[dict], path) -> None:
+    """PNG: per arch (a row of panels), each residency resource's use against
+    step width, one line per series (kind and variant; the max over TP and
+    fold at each width), the arch's limit as a line, spilling keys marked."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from ..errors import ToolchainError
+
+        raise ToolchainError("--plot needs matplotlib", fix="pip install 'dsv41-aot[build]'  (or: pip install matplotlib)") from None
+
+    arches = sorted({r["arch"] for r in rows})
+    panels = _panels(rows)
+    fig, axes = plt.subplots(len(arches), len(panels), figsize=(4.6 * len(panels) + 2.2, 3.6 * len(arches)), squeeze=False)
+    shades = {"k1": plt.cm.Blues, "k2": plt.cm.Oranges, "ffn": plt.cm.Greens}
+    styles = ["-", "--", "-.", ":"]
+    for i, arch in enumerate(arches):
+        mine = [r for r in rows if r["arch"] == arch]
+        names = sorted({r["series"] for r in mine})
+        by_kind = {}
+        for n in names:
+            by_kind.setdefault(n.split()[0], []).append(n)
+        for j, res in enumerate(panels):
+            ax = axes[i][j]
+            for kind, group in by_kind.items():
+                cmap = shades.get(kind, plt.cm.Greys)
+                for m, name in enumerate(group):
+                    top: dict = {}
+                    for r in mine:
+                        if r["series"] == name:
+                            top[r["tokens"]] = max(top.get(r["tokens"], 0), r["usage"][res][0])
+                    xs = sorted(top)
+                    ax.plot(xs, [top[x] for x in xs], color=cmap(0.45 + 0.5 * m / max(len(group) - 1, 1)),
+                            linestyle=styles[m % len(styles)], marker="o", markersize=2.5 if len(xs) > 8 else 5,
+                            linewidth=1.2, label=name)
+            for limit in sorted({r["usage"][res][1] for r in mine}):
+                ax.axhline(limit, color="red", linewidth=1.0, linestyle="--", label=f"limit {limit:,}")
+            spilled = [r for r in mine if r["spills"]]
+            if spilled:
+                ax.scatter([r["tokens"] for r in spilled], [r["usage"][res][0] for r in spilled], marker="x",
+                           color="black", s=36, zorder=5, label=f"spills ({len(spilled)} keys)")
+            top_y = max([r["usage"][res][1] for r in mine] + [r["usage"][res][0] for r in mine])
+            ax.set_ylim(0, top_y * 1.08)
+            ax.set_xlim(0, max(48, max(r["tokens"] for r in mine)) + 1)
+            ax.set_title(f"{arch}: {LABELS[res]} ({UNITS[res]})", fontsize=10)
+            ax.set_xlabel("step width (tokens)", fontsize=8)
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=7)
+        handles, labels = axes[i][0].get_legend_handles_labels()
+        seen = {}
+        for h, lab in zip(handles, labels):
+            seen.setdefault(lab, h)
+        axes[i][-1].legend(seen.values(), seen.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                           title=f"{arch}, {len(mine)} keys", title_fontsize=8)
+    fig.suptitle(f"Residency of one {MONO_THREADS}-thread CTA a CU: use against the arch's limit "
+                 "(a line: a kind and variant, max over TP and fold at each width)", fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write(Path(path), buf.getvalue())
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def register(sub) -> None:
+    p = sub.add_parser("inspect", help="residency of every prebuilt symbol: resources against the arch's limits, spills, headroom")
+    p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
+    p.add_argument("--json", action="store_true", help='print one JSON document: {"threads", "limits", "rows", "summary"}')
+    p.add_argument("--plot", metavar="FILE.png", help="write a PNG of LDS / VGPR (AGPR, SGPR where they bind) use against step width, per arch")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Exit 1 when any symbol cannot be resident, else 0 (a spill is shown, not failed)."""
+    doc = report(args.dir)
+    rows = doc["rows"]
+    if args.plot:
+        plot(rows, args.plot)
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print(f"{'key':44} {'VGPR':>4} {'AGPR':>4} {'SGPR':>4} {'LDS':>7} {'scratch':>7} {'kernarg':>7} {'wave':>4} {'w/SIMD':>6}  resident")
+        for r in rows:
+            x = r["resources"]
+            print(
+                f"{r['key']:44} {x['vgpr_count']:4d} {x['agpr_count']:4d} {x['sgpr_count']:4d} {x['lds_bytes']:7d}"
+                f" {x['scratch_bytes']:7d} {x['kernarg_bytes']:7d} {x['wavefront_size']:4d} {r['waves_per_simd']:6d}"
+                f"  {'yes' if r['resident'] else 'NO'}{', spills' if r['spills'] else ''}"
+            )
+            for note in r["problems"] + r["spills"]:
+                print(f"    {note}")
+        bad = sum(not r["resident"] for r in rows)
+        spilled = sum(bool(r["spills"]) for r in rows)
+        print(f"{len(rows)} symbols, {bad} cannot be resident one {MONO_THREADS}-thread CTA per CU, {spilled} spill"
+              + (f"; plot: {args.plot}" if args.plot else ""))
+        print()
+        print("\n".join(summary_lines(doc["summary"])))
+    return 1 if any(not r["resident"] for r in rows) else 0
