@@ -31,8 +31,10 @@ def test_gfx950_tp4_counts_and_widths(sched):
     keys = keys_of("gfx950", 4, sched)
     assert {k.tokens for k in keys} == set(range(1, 49))  # mono_decode.py MAX_ROWS
     by_kind = {kind: [k for k in keys if k.kind == kind] for kind in ("k1", "k2", "ffn")}
-    # 8 backbone layer kinds a width; K2 ignores fold, so 5 distinct (ratio, index)
-    assert len(by_kind["k1"]) == 48 * 8 and len(by_kind["k2"]) == 48 * 5 and len(by_kind["ffn"]) == 48
+    # every layer kind runner.forward accepts: ratio 0 with fold 0/1, ratio 1 and 2
+    # with fold 0/1 x index 0/1 = 10 a width; K2 ignores fold: 5 distinct (ratio, index)
+    assert len(by_kind["k1"]) == 48 * 10 and len(by_kind["k2"]) == 48 * 5 and len(by_kind["ffn"]) == 48
+    assert BuildKey.parse("k1@gfx950:s=13,tp=4,r=2,f=0") in keys and BuildKey.parse("k1@gfx950:s=13,tp=4,r=1,f=0") in keys
     assert any(k.index for k in by_kind["k2"])
     assert all((k.experts, k.topk, k.ug_groups, k.swa_width) == (384, 6, 2, 128) for k in keys)
     assert not any(k.timeline for k in keys)
@@ -86,6 +88,22 @@ def test_schedule_that_breaks_vllm_invariants_is_refused(tmp_path):
     bad.write_text(text)
     with pytest.raises(coverage.CoverageInputError, match="compressed keys"):
         coverage.schedule(bad)
+
+
+def test_required_layer_kinds_come_from_vllms_rules_not_the_matrix(tmp_path):
+    from dsv41_aot.build.matrix import DEFAULT_MATRIX
+
+    # a matrix that builds only one checkpoint's schedule (no Engram write
+    # before a compressed layer without an indexer) misses K1 keys vLLM can ask for
+    text = DEFAULT_MATRIX.read_text()
+    narrow = text.replace("    - {ratio: 1, fold: false, index: false}", "", 1)
+    assert narrow != text
+    path = tmp_path / "m.yaml"
+    path.write_text(narrow)
+    r = cli("coverage", "--arch", "gfx942", "--tp", 4, "--profile", "full", "--matrix", path, "--json")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 1 and len(rep["missing"]) == 42
+    assert all(BuildKey.parse(k).with_(tokens=1) == BuildKey.parse("k1@gfx942:s=1,tp=4,r=1,f=0") for k in rep["missing"])
 
 
 # ---------------------------------------------------------------- the matrix profiles

@@ -95,7 +95,7 @@ def report(root) -> dict:
 def summary_lines(summ: list[dict]) -> list[str]:
     lines = [f"headroom of one {MONO_THREADS}-thread CTA a CU, per arch and kind (tightest key per resource):"]
     for s in summ:
-        head = f"{s['arch']} {s['kind']} ({s['keys']} keys)"
+        head = f"{s['arch']} {s['kind']} ({s['keys']} key{'s' if s['keys'] != 1 else ''})"
         for i, name in enumerate(RESOURCES):
             t = s["resources"][name]
             left = 100.0 * (t["limit"] - t["use"]) / t["limit"]
@@ -128,6 +128,7 @@ def plot(rows: list[dict], path) -> None:
         import matplotlib
 
         matplotlib.use("Agg")
+        import matplotlib.ticker
         import matplotlib.pyplot as plt
     except ImportError:
         from ..errors import ToolchainError
@@ -159,7 +160,9 @@ def plot(rows: list[dict], path) -> None:
                             linestyle=styles[m % len(styles)], marker="o", markersize=2.5 if len(xs) > 8 else 5,
                             linewidth=1.2, label=name)
             for limit in sorted({r["usage"][res][1] for r in mine}):
-                ax.axhline(limit, color="red", linewidth=1.0, linestyle="--", label=f"limit {limit:,}")
+                ax.axhline(limit, color="red", linewidth=1.0, linestyle="--", label="the arch's limit")
+                ax.annotate(f"limit {limit:,}", (0.99, limit), xycoords=("axes fraction", "data"), ha="right",
+                            va="bottom", fontsize=7, color="red")
             spilled = [r for r in mine if r["spills"]]
             if spilled:
                 ax.scatter([r["tokens"] for r in spilled], [r["usage"][res][0] for r in spilled], marker="x",
@@ -171,6 +174,7 @@ def plot(rows: list[dict], path) -> None:
             ax.set_xlabel("step width (tokens)", fontsize=8)
             ax.grid(alpha=0.3)
             ax.tick_params(labelsize=7)
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
         handles, labels = axes[i][0].get_legend_handles_labels()
         seen = {}
         for h, lab in zip(handles, labels):
@@ -218,7 +222,7 @@ def run(args) -> int:
                 print(f"    {note}")
         bad = sum(not r["resident"] for r in rows)
         spilled = sum(bool(r["spills"]) for r in rows)
-        print(f"{len(rows)} symbols, {bad} cannot be resident one {MONO_THREADS}-thread CTA per CU, {spilled} spill"
+        print(f"{len(rows)} symbols, {bad} cannot be resident one {MONO_THREADS}-thread CTA per CU, {spilled} spilling"
               + (f"; plot: {args.plot}" if args.plot else ""))
         print()
         print("\n".join(summary_lines(doc["summary"])))

@@ -1,0 +1,90 @@
+"""Serving every launch vLLM runs: a key whose code object spills to scratch
+is built, linked and shipped with its spill recorded (vLLM's JIT launches the
+very same code object); a key that cannot be resident still fails; a key
+that is not prebuilt names its real neighbours."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from _smoke import REPO, run_cli, smoke_dir
+from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest
+
+pytestmark = pytest.mark.slow
+
+# measured here: vLLM 0.33.0's gfx950 TP4 FFN at 16 rows uses scratch (about
+# 10 s to compile); gfx942 K2 s=17 tp=2 r=2 needs 77,056 B of LDS (64 KiB a CU)
+SPILL = "ffn@gfx950:s=16,tp=4,r=0"
+UNRESIDENT = "k2@gfx942:s=17,tp=2,r=2"
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=REPO)
+
+
+def test_a_spilling_key_ships_and_a_non_resident_key_still_fails(tmp_path):
+    out = tmp_path / "pb"
+    argv = ["build", "--key", SPILL, "--key", UNRESIDENT, "--any-key", "--out", out, "--json", "--no-progress"]
+    code, stdout, stderr = run_cli(*argv, check=False)
+    s = json.loads(stdout)
+    # both keys of `--key A --key B` were built; only the one that can never be resident failed
+    assert code == 1 and (s["keys"], s["compiled"], s["failed"]) == (2, 1, 1), stdout + stderr
+    assert [f["key"] for f in s["failures"]] == [UNRESIDENT]
+    assert "LDS 77056" in s["failures"][0]["error"] and "scratch" not in s["failures"][0]["error"]
+    assert s["spills"] == [SPILL]
+    warnings = [line for line in stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: {SPILL} spills: scratch ")
+
+    # the manifest keeps the spill's figures
+    res = Manifest.read(out / "gfx950").entries[SPILL]["resources"]
+    assert res["scratch_bytes"] > 0 and res["vgpr_spill_count"] > 0
+    assert f"scratch {res['scratch_bytes']} bytes a lane (VGPR spills {res['vgpr_spill_count']}" in warnings[0]
+    # linked into a library the loader opens, and loadable (lazily: no GPU here)
+    libs = json.loads((out / "gfx950" / LIB / LIBS_JSON).read_text())
+    assert any(SPILL in lib["entries"] for lib in libs["libraries"])
+    proc = _python(f"""
+        import dsv41_aot
+        launcher = dsv41_aot.load_key({SPILL!r}, prebuilt={str(out)!r})
+        print(launcher.key, launcher.kernel_name)
+    """)
+    assert proc.returncode == 0 and proc.stdout.split()[0] == SPILL, proc.stderr
+
+    # verify's integrity check passes it; inspect shows it and exits 0
+    code, stdout, stderr = run_cli("verify", "--dir", out, "--no-progress", check=False)
+    assert code == 0, stdout + stderr
+    code, stdout, _ = run_cli("inspect", "--dir", out, "--json")
+    doc = json.loads(stdout)
+    (row,) = doc["rows"]
+    assert row["key"] == SPILL and row["resident"] and row["spills"]
+    assert doc["summary"][0]["spills"] == [SPILL]
+    code, stdout, _ = run_cli("inspect", "--dir", out)
+    assert f"spills (1): {SPILL}" in stdout and "1 symbols, 0 cannot be resident" in stdout and ", 1 spilling" in stdout
+
+    # a rerun: up to date, still reported as spilling
+    code, stdout, stderr = run_cli("build", "--key", SPILL, "--out", out, "--json", "--no-progress")
+    s = json.loads(stdout)
+    assert (s["up_to_date"], s["compiled"], s["spills"]) == (1, 0, [SPILL])
+    assert sum(line.startswith("warning:") for line in stderr.splitlines()) == 1
+
+
+def test_a_key_not_prebuilt_names_the_same_launch_at_the_nearest_width(tmp_path_factory):
+    smoke = smoke_dir(tmp_path_factory)
+    proc = _python(f"""
+        import dsv41_aot
+        from dsv41_aot.errors import KeyNotPrebuiltError
+        try:
+            dsv41_aot.load_key("k2@gfx950:s=13,tp=4,r=1", prebuilt={str(smoke)!r})
+        except KeyNotPrebuiltError as e:
+            print(str(e).split("closest: ")[1].splitlines()[0])
+    """)
+    # smoke holds k2 s=4 r=1 and s=44 r=1 i=1 at gfx950: the same launch is s=4 alone
+    # (a string match offered k1 keys and the s=44 index key as well)
+    assert proc.stdout.strip() == "k2@gfx950:s=4,tp=4,r=1", proc.stderr
