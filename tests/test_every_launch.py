@@ -66,7 +66,7 @@ def test_a_spilling_key_ships_and_a_non_resident_key_still_fails(tmp_path):
     assert row["key"] == SPILL and row["resident"] and row["spills"]
     assert doc["summary"][0]["spills"] == [SPILL]
     code, stdout, _ = run_cli("inspect", "--dir", out)
-    assert f"spills (1): {SPILL}" in stdout and "1 symbols, 0 cannot be resident" in stdout and ", 1 spilling" in stdout
+    assert f"spills (1): {SPILL}" in stdout and "1 symbol, 0 cannot be resident" in stdout and ", 1 spilling" in stdout
 
     # a rerun: up to date, still reported as spilling
     code, stdout, stderr = run_cli("build", "--key", SPILL, "--out", out, "--json", "--no-progress")

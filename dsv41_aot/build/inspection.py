@@ -222,7 +222,7 @@ def run(args) -> int:
                 print(f"    {note}")
         bad = sum(not r["resident"] for r in rows)
         spilled = sum(bool(r["spills"]) for r in rows)
-        print(f"{len(rows)} symbols, {bad} cannot be resident one {MONO_THREADS}-thread CTA per CU, {spilled} spilling"
+        print(f"{len(rows)} symbol{'s' if len(rows) != 1 else ''}, {bad} cannot be resident one {MONO_THREADS}-thread CTA per CU, {spilled} spilling"
               + (f"; plot: {args.plot}" if args.plot else ""))
         print()
         print("\n".join(summary_lines(doc["summary"])))
