@@ -251,7 +251,7 @@ def register(sub) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--dir", help="prebuilt directory to check (default: what the loader uses)")
     src.add_argument("--profile", help="check a build matrix profile instead, without building")
-    p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml): the layer schedule, the profiles")
+    p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml): routing presets, profiles")
     p.add_argument("--json", action="store_true", help='print {"required": [...], "missing": [...], ...}')
     p.set_defaults(func=run)
 
