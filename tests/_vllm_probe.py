@@ -178,6 +178,9 @@ def main(prebuilt: str, mode: str, order: str, calls: list, options: dict) -> di
         except Exception as e:  # noqa: BLE001
             out["install_error"] = f"{type(e).__name__}: {e}"
     out["runner_imported"] = mod is not None and hasattr(mod, "DSV41MonoLayer")
+    if not out["runner_imported"]:
+        out["installed"] = plugin.installed()
+        return out
     out["gfx942"] = bool(getattr(mod, "GFX942", False))
     out["patched"] = bool(getattr(getattr(mod.DSV41MonoLayer, "kernels", None), "__dsv41_aot__", False))
     runners = Runners(mod)

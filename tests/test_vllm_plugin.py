@@ -177,6 +177,19 @@ def test_tp2_dspark_and_timeline_runners_get_the_keys_vllm_builds(variants):
     assert warned == ["k2@gfx950:s=4,tp=4,r=1,e=128,k=3,g=1,w=192", "k2@gfx950:s=4,tp=4,r=1,tl=1"]
 
 
+@pytest.mark.slow
+def test_the_variant_k1_objects_are_what_vllms_jit_compiles(variants):
+    """The code objects behind the K1 Launchers above are byte for byte (kernel
+    name included) what vLLM's runner, given the same fields, makes FlyDSL
+    compile: verify's compile-only JIT worker, K1s only (about 2 s each)."""
+    k1s = [VARIANT_KEYS[n] for n in ("tp2 k1", "timeline k1", "dspark k1")]
+    r = cli("verify", "--dir", variants, "--against-jit", "--key", *k1s, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["jit_checked"] == 3 and report["failed"] == []
+    assert sorted(x["key"] for x in report["reports"] if "jit" in x["checks"]) == sorted(k1s)
+
+
 # ---------------------------------------------------------------- fallback really falls back
 
 

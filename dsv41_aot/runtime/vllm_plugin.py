@@ -49,7 +49,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ..errors import AotError, LoadError
+from ..errors import AotError
 from ..facts.arches import ARCHES, arch_facts
 from ..keys import BuildKey
 from ..manifest import MANIFEST
