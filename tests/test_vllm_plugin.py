@@ -321,6 +321,7 @@ def test_a_runner_the_plugin_cannot_patch_still_imports_and_nothing_is_left_inst
         assert "plugin off: AotError" in line and "has no ffn_kernel" in line
 
 
+@pytest.mark.faults
 def test_the_plugin_lock_is_renewed_in_a_forked_child():
     """vLLM forks workers; a lock another thread held at fork must not hang
     the child's install()."""
