@@ -12,13 +12,15 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from _smoke import REPO, copy_of, smoke_count, smoke_dir
+from _smoke import REPO, cli, copy_of, smoke_count, smoke_dir
 from dsv41_aot.build import elf
 from dsv41_aot import vllm as plugin
 from dsv41_aot.keys import BuildKey
@@ -32,11 +34,11 @@ def smoke(tmp_path_factory):
     return smoke_dir(tmp_path_factory)
 
 
-def probe(arch: str, prebuilt: Path, mode: str, order: str, calls: list) -> dict:
+def probe(arch: str, prebuilt: Path, mode: str, order: str, calls: list, **options) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLYDSL_", "DSV41_AOT_"))}
     env.update(ARCH=arch, FLYDSL_GPU_ARCH=arch, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, str(PROBE), str(prebuilt), mode, order, json.dumps(calls)],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    argv = [sys.executable, str(PROBE), str(prebuilt), mode, order, json.dumps(calls), json.dumps(options)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -108,6 +110,247 @@ def test_gfx942_strict_refuses_the_missing_k1(smoke):
     (res,) = out["results"]
     assert res["error"] == "KeyNotPrebuiltError" and "k1@gfx942:s=4,tp=4,r=1,i=1" in res["message"]
     assert "dsv41-aot build --key 'k1@gfx942:s=4,tp=4,r=1,i=1'" in res["message"]
+
+
+def check_served(got: dict, key: str, vllm_name: str, prebuilt: Path) -> None:
+    """A Launcher handed out for ``key``, bound, naming the kernel vLLM's own
+    JIT launcher names for the same call, which is in the key's code object."""
+    assert got["origin"] == "aot" and got["key"] == key and got["bound"], got
+    assert got["kernel_name"] == vllm_name == BuildKey.parse(key).kernel_symbol
+    assert got["kernel_name"] in code_object_symbols(prebuilt, key)
+
+
+def check_jit(got: dict, vllm_name: str, key: str) -> None:
+    """vLLM's own launcher handed out, for the kernel ``key`` names."""
+    assert got["origin"] == "jit" and got["kernel_name"] == vllm_name == BuildKey.parse(key).kernel_symbol, got
+
+
+# ---------------------------------------------------------------- tp 2, DSpark routing, timeline
+
+
+# vLLM's DSpark draft runner: the draft's experts / topk / swa width, DRAFT_UG_GROUPS = 1
+DSPARK = {"experts": 128, "topk": 3, "ug_groups": 1, "swa_width": 192}
+VARIANT_KEYS = {  # written out by hand: what vLLM's runner builds for each call below
+    "tp2 k1": "k1@gfx950:s=1,tp=2,r=0",
+    "tp2 k2": "k2@gfx950:s=1,tp=2,r=0",
+    "timeline k1": "k1@gfx950:s=4,tp=4,r=1,tl=1",
+    "dspark k1": "k1@gfx950:s=4,tp=4,r=1,e=128,k=3,g=1,w=192",
+    "dspark ffn": "ffn@gfx950:s=4,tp=4,r=0,e=128,k=3",
+}
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    """The keys above, built and linked for the test alone (about 20 s of
+    compiles); the smoke build holds none of them."""
+    out = tmp_path_factory.mktemp("variants")
+    keys = sorted(VARIANT_KEYS.values())
+    assert [str(BuildKey.parse(k)) for k in keys] == keys  # each is its key's one string form
+    r = cli("build", "--key", *keys, "--any-key", "--out", out, "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out
+
+
+@pytest.mark.slow
+def test_tp2_dspark_and_timeline_runners_get_the_keys_vllm_builds(variants):
+    """Each runner field the key derivation reads, changed from the default
+    one at a time: a derivation that ignored tp, the draft routing or the
+    timeline would hand out another key's Launcher (its kernel name differs
+    from vLLM's) or none at all (served by JIT)."""
+    calls = [["kernels", 1, 0, True, False, {"tp": 2}],
+             ["kernels", 4, 1, True, False, {"timeline": True}],
+             ["kernels", 4, 1, True, False, DSPARK],
+             ["ffn", 4, 128, 3, DSPARK]]
+    out = probe("gfx950", variants, "fallback", "hook", calls)
+    assert out["patched"]
+    tp2, timeline, dspark, dspark_ffn = out["results"]
+    vllm_tp2, vllm_timeline, vllm_dspark, vllm_dspark_ffn = out["vllm"]
+    check_served(tp2["k1"], VARIANT_KEYS["tp2 k1"], vllm_tp2["k1"], variants)
+    check_served(tp2["k2"], VARIANT_KEYS["tp2 k2"], vllm_tp2["k2"], variants)
+    check_served(timeline["k1"], VARIANT_KEYS["timeline k1"], vllm_timeline["k1"], variants)
+    check_served(dspark["k1"], VARIANT_KEYS["dspark k1"], vllm_dspark["k1"], variants)
+    check_served(dspark_ffn["ffn"], VARIANT_KEYS["dspark ffn"], vllm_dspark_ffn["ffn"], variants)
+    # the K2s not built: vLLM's JIT launchers, for the keys the derivation named
+    check_jit(timeline["k2"], vllm_timeline["k2"], "k2@gfx950:s=4,tp=4,r=1,tl=1")
+    check_jit(dspark["k2"], vllm_dspark["k2"], "k2@gfx950:s=4,tp=4,r=1,e=128,k=3,g=1,w=192")
+    warned = sorted(w.split(" not served")[0].removeprefix("dsv41-aot: ") for w in out["warnings"])
+    assert warned == ["k2@gfx950:s=4,tp=4,r=1,e=128,k=3,g=1,w=192", "k2@gfx950:s=4,tp=4,r=1,tl=1"]
+
+
+@pytest.mark.slow
+def test_the_variant_k1_objects_are_what_vllms_jit_compiles(variants):
+    """The code objects behind the K1 Launchers above are byte for byte (kernel
+    name included) what vLLM's runner, given the same fields, makes FlyDSL
+    compile: verify's compile-only JIT worker, K1s only (about 2 s each)."""
+    k1s = [VARIANT_KEYS[n] for n in ("tp2 k1", "timeline k1", "dspark k1")]
+    r = cli("verify", "--dir", variants, "--against-jit", "--key", *k1s, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["jit_checked"] == 3 and report["failed"] == []
+    assert sorted(x["key"] for x in report["reports"] if "jit" in x["checks"]) == sorted(k1s)
+
+
+# ---------------------------------------------------------------- fallback really falls back
+
+
+def library_of(prebuilt: Path, key: str) -> Path:
+    arch = BuildKey.parse(key).arch
+    libs = json.loads((prebuilt / arch / "lib" / "libs.json").read_text())["libraries"]
+    (lib,) = [lib for lib in libs if key in lib["entries"]]
+    return prebuilt / arch / "lib" / lib["file"]
+
+
+@pytest.fixture
+def corrupt(smoke, tmp_path):
+    """A copy of the smoke build whose library holding K1 s=4 has one byte
+    flipped in its middle; the gfx950 K2 s=44 library is intact."""
+    d = copy_of(smoke, tmp_path / "pb")
+    bad = library_of(d, "k1@gfx950:s=4,tp=4,r=1")
+    good = library_of(d, "k2@gfx950:s=44,tp=4,r=1,i=1")
+    assert bad != good
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    return d, bad, good
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_fallback_jits_the_keys_of_a_corrupt_library_and_serves_the_rest(corrupt):
+    d, bad, good = corrupt
+    calls = [["kernels", 4, 1, True, False], ["ffn", 4, 384, 6], ["kernels", 44, 1, True, True]]
+    out = probe("gfx950", d, "fallback", "hook", calls)
+    layer, ffn, wide = out["results"]
+    vllm_layer, vllm_ffn, vllm_wide = out["vllm"]
+    # the corrupt library's keys: vLLM's own launchers, not Launchers that fail at the first call
+    check_jit(layer["k1"], vllm_layer["k1"], "k1@gfx950:s=4,tp=4,r=1")
+    check_jit(layer["k2"], vllm_layer["k2"], "k2@gfx950:s=4,tp=4,r=1")
+    check_jit(ffn["ffn"], vllm_ffn["ffn"], "ffn@gfx950:s=4,tp=4,r=0")
+    # the intact library's key: a prebuilt Launcher, already bound; its K1 is not prebuilt at all
+    check_served(wide["k2"], "k2@gfx950:s=44,tp=4,r=1,i=1", vllm_wide["k2"], d)
+    check_jit(wide["k1"], vllm_wide["k1"], "k1@gfx950:s=44,tp=4,r=1,i=1")
+    # the corrupt file was never mapped into the process; the intact one was, at hand-out
+    assert out["mapped"] == [str(good.resolve())]
+    # one warning line a key, naming the loader's refusal, though a second runner asked again
+    warned = {w.split(" not served")[0].removeprefix("dsv41-aot: "): w for w in out["warnings"]}
+    assert sorted(warned) == ["ffn@gfx950:s=4,tp=4,r=0", "k1@gfx950:s=4,tp=4,r=1", "k1@gfx950:s=44,tp=4,r=1,i=1",
+                              "k2@gfx950:s=4,tp=4,r=1"]
+    assert len(out["warnings"]) == 4
+    for key in ("ffn@gfx950:s=4,tp=4,r=0", "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1"):
+        assert "IntegrityError" in warned[key] and bad.name in warned[key] and "sha256" in warned[key]
+    assert "KeyNotPrebuiltError" in warned["k1@gfx950:s=44,tp=4,r=1,i=1"]
+    # counted where they were served: 1 AOT and 4 JIT hand-outs a set of runners, two sets
+    assert (out["installed"]["served_aot"], out["installed"]["served_jit"]) == (2, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_strict_raises_the_loaders_error_at_hand_out(corrupt):
+    from dsv41_aot.errors import IntegrityError
+    from dsv41_aot.runtime import loader
+
+    d, bad, _ = corrupt
+    out = probe("gfx950", d, "strict", "now", [["kernels", 4, 1, True, False], ["ffn", 4, 384, 6]])
+    layer, ffn = out["results"]
+    # the loader's own refusal of that library, in this process
+    with pytest.raises(IntegrityError) as e:
+        loader.load_key("k1@gfx950:s=4,tp=4,r=1", prebuilt=d).bind()
+    assert layer["error"] == ffn["error"] == "IntegrityError"
+    assert layer["message"] == str(e.value) and bad.name in ffn["message"] and "sha256" in ffn["message"]
+    assert out["mapped"] == [] and out["installed"]["served_aot"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_fallback_jits_a_key_it_cannot_derive_an_unknown_arch_and_one_that_disagrees(smoke):
+    # a compress ratio no key has (vLLM's runner still makes its launchers): JIT, a warning for K1 and K2
+    calls = [["kernels", 4, 4, True, False], ["kernels", 4, 1, True, False]]
+    out = probe("gfx950", smoke, "fallback", "hook", calls)
+    bad, good = out["results"]
+    assert bad["k1"]["origin"] == bad["k2"]["origin"] == "jit"
+    assert bad["k1"]["kernel_name"] == out["vllm"][0]["k1"] and "_r4_" in bad["k1"]["kernel_name"]
+    assert bad["k2"]["kernel_name"] == out["vllm"][0]["k2"] and "_r4_" in bad["k2"]["kernel_name"]
+    assert good["k1"]["origin"] == good["k2"]["origin"] == "aot"
+    assert sorted(w.split(" not served")[0] for w in out["warnings"]) == [
+        f"dsv41-aot: K{i} of kernels(tokens=4, ratio=4, fold=True, index=False)" for i in (1, 2)]
+    assert all("KeyFormatError" in w and "r=4" in w for w in out["warnings"])
+    # a runner compiling for gfx950 told it serves gfx942: every key JIT, strict refuses
+    calls = [["kernels", 4, 1, True, False], ["ffn", 4, 384, 6]]
+    out = probe("gfx950", smoke, "fallback", "hook", calls, install_arch="gfx942")
+    layer, ffn = out["results"]
+    assert layer["k1"]["origin"] == layer["k2"]["origin"] == ffn["ffn"]["origin"] == "jit"
+    assert out["installed"]["served_aot"] == 0 and len(out["warnings"]) == 3
+    assert all("GFX942=False but compiles for gfx942" in w for w in out["warnings"])
+    out = probe("gfx950", smoke, "strict", "hook", calls[:1], install_arch="gfx942")
+    assert out["results"][0]["error"] == "AotError" and "GFX942=False" in out["results"][0]["message"]
+    # vLLM compiling for an arch dsv41-aot does not know: JIT
+    out = probe("gfx90a", smoke, "fallback", "hook", calls[1:])
+    assert out["results"][0]["ffn"]["origin"] == "jit" and out["results"][0]["ffn"]["kernel_name"] == out["vllm"][0]["ffn"]
+    (line,) = out["warnings"]
+    assert "UnknownArchError" in line and "gfx90a" in line
+
+
+# ---------------------------------------------------------------- the plugin never breaks vLLM
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+@pytest.mark.parametrize("entry", ["install", "register"])
+def test_a_runner_the_plugin_cannot_patch_still_imports_and_nothing_is_left_installed(smoke, entry):
+    """vLLM's runner.py, loaded with its DSV41MonoLayer lacking ffn_kernel (a
+    vLLM the plugin does not fit): through the meta_path hook the import
+    succeeds, vLLM keeps its own methods, the plugin is off, one log line."""
+    out = probe("gfx950", smoke, "strict", "hook", [["kernels", 4, 1, True, False]],
+                entry=entry, runner_without="ffn_kernel")
+    assert out["before_import"]["hooked"]
+    assert "import_error" not in out and out["runner_imported"] and not out["patched"]
+    assert out["installed"] == {"mode": None, "prebuilt": None, "patched": False, "hooked": False,
+                                "served_aot": 0, "served_jit": 0}  # as in a process never installed
+    assert out["results"][0]["k1"]["origin"] == "jit"
+    (line,) = out["warnings"]
+    assert "could not patch" in line and "has no ffn_kernel" in line
+    # already imported: install() raises the plugin's error and leaves nothing; register() logs it, no raise
+    out = probe("gfx950", smoke, "strict", "now", [], entry=entry, runner_without="ffn_kernel")
+    assert out["installed"]["mode"] is None and not out["installed"]["hooked"] and not out["patched"]
+    if entry == "install":
+        assert out["install_error"].startswith("AotError") and "has no ffn_kernel" in out["install_error"]
+        assert out["warnings"] == []
+    else:
+        assert "install_error" not in out
+        (line,) = out["warnings"]
+        assert "plugin off: AotError" in line and "has no ffn_kernel" in line
+
+
+@pytest.mark.faults
+def test_the_plugin_lock_is_renewed_in_a_forked_child():
+    """vLLM forks workers; a lock another thread held at fork must not hang
+    the child's install()."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with plugin._state.lock:
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert held.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: installs, or dies by SIGALRM on the parent's lock
+            code = 3
+            try:
+                signal.alarm(5)
+                plugin.install("fallback")
+                code = 0 if plugin.installed()["mode"] == "fallback" else 1
+                plugin.uninstall()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        t.join()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
 # ---------------------------------------------------------------- install / uninstall

@@ -7,9 +7,19 @@ wraps those two methods -- vLLM's files stay untouched -- so they hand out the
 loader's Launchers for exactly the keys vLLM builds, memoized in the runner's
 own ``_kernels`` dict as vLLM memoizes its launchers.
 
-- strict (the default): a key that is not prebuilt raises the loader's
-  KeyNotPrebuiltError, which names the key and the build command;
-- fallback: one warning per key, then vLLM's own method (FlyDSL JIT).
+Each Launcher is bound when it is handed out (``Launcher.bind()``: sha256
+check, dlopen, entry lookup; no GPU work), in the eager step where vLLM asks
+for it, never inside a graph capture. Whatever the loader refuses there -- a
+key it cannot derive, an arch it does not know or that disagrees with the
+runner, a key not prebuilt, a corrupt or missing library -- is decided per key:
+
+- strict (the default): the loader's error is raised, naming the key and the
+  command that fixes it;
+- fallback: one warning line per key, then vLLM's own method (FlyDSL JIT);
+  that key counts as served by JIT.
+
+The plugin never breaks vLLM: a patch that fails while vLLM imports its
+runner is rolled back (vLLM's methods, no mode, no hook) with one log line.
 
 The runner module is patched when it is imported, never imported from here:
 if it is already in ``sys.modules`` at once, else by a ``sys.meta_path``
@@ -39,7 +49,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ..errors import AotError, LoadError
+from ..errors import AotError
 from ..facts.arches import ARCHES, arch_facts
 from ..keys import BuildKey
 from ..manifest import MANIFEST
@@ -58,6 +68,10 @@ class _Install:
 
     def __init__(self):
         self.lock = threading.RLock()
+        self.reset()
+
+    def reset(self) -> None:
+        """Not installed (the lock stays: uninstall() runs holding it)."""
         self.mode: str | None = None  # None: not installed
         self.prebuilt: str | None = None
         self.arch: str | None = None  # None: the runner package's target arch
@@ -109,24 +123,32 @@ def ffn_key(runner, module, tokens: int, experts: int, topk: int) -> BuildKey:
                     timeline=bool(runner.timeline), experts=experts, topk=topk)
 
 
-def _launcher(key: BuildKey):
-    """The prebuilt Launcher of ``key``, or None in fallback mode when the
-    loader refuses it (warned once per key)."""
+def _launcher(what: str, derive):
+    """The bound prebuilt Launcher of the key ``derive()`` gives, or None in
+    fallback mode when that key cannot be served (warned once per key; a
+    key that cannot be derived is named by ``what``, the runner call).
+    Strict mode raises the same error at the same point."""
     from . import loader
 
+    key = None
     try:
+        key = derive()
         launcher = loader.load_key(key, prebuilt=_state.prebuilt)
-    except LoadError as e:
+        launcher.bind()  # sha256, dlopen, entry: refused here, not at the first launch
+    except (AotError, OSError) as e:
         if _state.mode != "fallback":
             raise
-        text = str(key)
-        if text not in _state.warned:
+        text = what if key is None else str(key)
+        with _state.lock:
+            _state.served["jit"] += 1
+            if text in _state.warned:
+                return None
             _state.warned.add(text)
-            log.warning("dsv41-aot: %s not served from the prebuilt kernels, FlyDSL JIT-compiles it "
-                        "(fallback mode): %s", text, str(e).splitlines()[0])
-        _state.served["jit"] += 1
+        log.warning("dsv41-aot: %s not served from the prebuilt kernels, FlyDSL JIT-compiles it "
+                    "(fallback mode): %s: %s", text, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return None
-    _state.served["aot"] += 1
+    with _state.lock:
+        _state.served["aot"] += 1
     return launcher
 
 
@@ -134,19 +156,35 @@ def _launcher(key: BuildKey):
 
 
 def _patch(module) -> None:
-    """Wrap ``DSV41MonoLayer.kernels`` / ``ffn_kernel`` of vLLM's runner module."""
+    """Wrap ``DSV41MonoLayer.kernels`` / ``ffn_kernel`` of vLLM's runner
+    module. All or nothing: on any failure vLLM's methods are put back and
+    the error raised."""
     with _state.lock:
-        cls = module.DSV41MonoLayer
-        if _state.patched is cls:
+        cls = getattr(module, "DSV41MonoLayer", None)
+        if cls is not None and _state.patched is cls:
             return
-        orig_kernels, orig_ffn = cls.kernels, cls.ffn_kernel
+        missing = [n for n in ("kernels", "ffn_kernel") if cls is None or not callable(getattr(cls, n, None))]
+        if missing:
+            raise AotError(f"{module.__name__}.DSV41MonoLayer has no {' / '.join(missing)}: not the vLLM "
+                           f"runner dsv41-aot serves (vLLM 0.33.0)",
+                           fix=f"install vllm==0.33.0, or run without the prebuilt kernels: {ENV_DISABLE}=1")
+        originals = {name: getattr(cls, name) for name in ("kernels", "ffn_kernel")}
+        orig_kernels, orig_ffn = originals["kernels"], originals["ffn_kernel"]
 
         def kernels(self, tokens: int, ratio: int, fold: bool = True, index: bool = False):
             memo = (tokens, ratio, fold, index)  # vLLM's own memo key
             pair = self._kernels.get(memo)
             if pair is None:
-                k1_key, k2_key = layer_keys(self, module, tokens, ratio, fold, index)
-                k1, k2 = _launcher(k1_key), _launcher(k2_key)
+                derived: list = []  # (K1, K2) keys, derived once for both
+
+                def key_of(i):
+                    if not derived:
+                        derived.extend(layer_keys(self, module, tokens, ratio, fold, index))
+                    return derived[i]
+
+                call = f"kernels(tokens={tokens}, ratio={ratio}, fold={fold}, index={index})"
+                k1 = _launcher(f"K1 of {call}", lambda: key_of(0))
+                k2 = _launcher(f"K2 of {call}", lambda: key_of(1))
                 if k1 is None or k2 is None:  # fallback: vLLM builds the missing one
                     jit = orig_kernels(self, tokens, ratio, fold, index)
                     k1, k2 = k1 or jit[0], k2 or jit[1]
@@ -157,20 +195,38 @@ def _patch(module) -> None:
             memo = (tokens, "ffn", experts, topk)
             launcher = self._kernels.get(memo)
             if launcher is None:
-                launcher = _launcher(ffn_key(self, module, tokens, experts, topk))
+                launcher = _launcher(f"ffn_kernel(tokens={tokens}, experts={experts}, topk={topk})",
+                                     lambda: ffn_key(self, module, tokens, experts, topk))
                 if launcher is None:
                     launcher = orig_ffn(self, tokens, experts, topk)
                 self._kernels[memo] = launcher
             return launcher
 
-        for new, old in ((kernels, orig_kernels), (ffn_kernel, orig_ffn)):
-            new.__name__, new.__qualname__, new.__doc__ = old.__name__, old.__qualname__, old.__doc__
-            new.__wrapped__ = old
-            new.__dsv41_aot__ = True
-        _state.originals = {"kernels": orig_kernels, "ffn_kernel": orig_ffn}
-        cls.kernels, cls.ffn_kernel = kernels, ffn_kernel
+        try:
+            for new, name in ((kernels, "kernels"), (ffn_kernel, "ffn_kernel")):
+                old = originals[name]
+                new.__name__, new.__qualname__, new.__doc__ = old.__name__, old.__qualname__, old.__doc__
+                new.__wrapped__ = old
+                new.__dsv41_aot__ = True
+                setattr(cls, name, new)
+        except BaseException:
+            for name, fn in originals.items():
+                setattr(cls, name, fn)
+            raise
+        _state.originals = originals
         _state.patched = cls
         log.debug("dsv41-aot: patched %s.DSV41MonoLayer (%s)", module.__name__, _state.mode)
+
+
+def _give_up(why: BaseException) -> None:
+    """A patch failed while vLLM imported its runner: undo everything (vLLM
+    keeps its own methods and FlyDSL JIT) and say so once."""
+    try:
+        uninstall()
+        log.warning("dsv41-aot vLLM plugin off: could not patch %s (%s: %s); vLLM keeps FlyDSL JIT",
+                    RUNNER, type(why).__name__, str(why).splitlines()[0] if str(why) else "")
+    except Exception:  # noqa: BLE001 - never break vLLM's import
+        pass
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -183,9 +239,12 @@ class _PatchingLoader(importlib.abc.Loader):
         return self._inner.create_module(spec)
 
     def exec_module(self, module):
-        self._inner.exec_module(module)
+        self._inner.exec_module(module)  # vLLM's own errors are vLLM's
         if _state.mode is not None:
-            _patch(module)
+            try:
+                _patch(module)
+            except Exception as e:  # noqa: BLE001 - the plugin never breaks vLLM's import
+                _give_up(e)
 
     def __getattr__(self, name):  # get_source, get_filename, ... as the inner loader
         return getattr(self._inner, name)
@@ -198,14 +257,17 @@ class _RunnerHook(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname != RUNNER:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and not isinstance(spec.loader, _PatchingLoader):
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    if spec.loader is not None and not isinstance(spec.loader, _PatchingLoader):
+                        spec.loader = _PatchingLoader(spec.loader)
+                    return spec
+        except Exception:  # noqa: BLE001 - step aside: the import system asks the finders itself
+            return None
         return None
 
 
@@ -220,12 +282,20 @@ def install(mode: str = "strict", *, prebuilt: str | os.PathLike | None = None, 
     if arch is not None:
         arch_facts(arch)  # UnknownArchError naming the known ones
     with _state.lock:
+        before = (_state.mode, _state.prebuilt, _state.arch)
         _state.mode = mode
-        _state.prebuilt = str(prebuilt) if prebuilt is not None else None
+        _state.prebuilt = str(Path(prebuilt).resolve()) if prebuilt is not None else None
         _state.arch = arch
         module = sys.modules.get(RUNNER)
         if module is not None and hasattr(module, "DSV41MonoLayer"):
-            _patch(module)
+            try:
+                _patch(module)
+            except BaseException:
+                if _state.patched is None:  # nothing was installed: back to nothing
+                    uninstall()
+                else:  # a runner patched earlier stays patched: the previous settings
+                    _state.mode, _state.prebuilt, _state.arch = before
+                raise
         elif _state.hook is None:
             _state.hook = _RunnerHook()
             sys.meta_path.insert(0, _state.hook)
@@ -243,7 +313,17 @@ def uninstall() -> None:
                 sys.meta_path.remove(_state.hook)
             except ValueError:
                 pass
-        _state.__init__()
+        _state.reset()
+
+
+def _renew_lock_in_child() -> None:
+    """After fork: a lock held by another thread of the parent would never
+    be released in the child."""
+    _state.lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_lock_in_child)
 
 
 def installed() -> dict:
