@@ -9,12 +9,13 @@ Refused (exit 1, nothing written), each with the key or folder named:
   identity; the same key with the same object is kept once;
 - entries of one arch built from different source identities;
 - when shard plans (ci/build_shard.py) are present: a key the plan expects
-  that no shard holds, a missing shard of a planned count, or a shard that
-  holds a key its plan did not give it.
+  that no shard holds, a missing shard of a planned count, a shard that
+  holds a key its plan did not give it, or a shard with no plan.
 
 The result is what one build of all the keys writes: the manifest through
 dsv41_aot.manifest (sorted, so same entries, same bytes), each object copied
-under its content address. It is assembled and linked in a temporary sibling
+under its content address, the shards' timings.json (compile seconds, for the
+next run's shard balance) joined. It is assembled and linked in a temporary sibling
 of ``--out`` and only then moved into place, so ``--out`` is never seen half
 written: the old directory stays whole until the new one is complete.
 """
@@ -48,13 +49,13 @@ def _plans(shards: list[Path]) -> dict:
     for d in shards:
         for p in sorted(d.glob("shard-*of*.json")):
             plan = json.loads(p.read_bytes())
-            plan["_file"] = str(p)
+            plan["_file"], plan["_dir"] = str(p), d
             out.setdefault(plan["arch"], []).append(plan)
     return out
 
 
-def _check_plans(arch: str, plans: list, held: dict) -> None:
-    """held: key -> shard dir holding it."""
+def _check_plans(arch: str, plans: list, held: dict, held_by: dict) -> None:
+    """held: key -> shard arch dir holding it; held_by: shard arch dir -> its keys."""
     counts = {p["count"] for p in plans}
     universes = {tuple(p["all_keys"]) for p in plans}
     if len(counts) != 1 or len(universes) != 1:
@@ -67,6 +68,17 @@ def _check_plans(arch: str, plans: list, held: dict) -> None:
         missing = sorted(set(range(count)) - set(have))
         raise MergeError(f"{arch}: shards {missing} of {count} are missing (have {have})",
                          fix=f"run ci/build_shard.py --arch {arch} --shard {missing[0]}/{count} and merge again")
+    planned = {p["_dir"] / arch: p for p in plans}
+    for adir, keys in sorted(held_by.items()):
+        p = planned.get(adir)
+        if p is None:
+            raise MergeError(f"{adir}: holds {len(keys)} {arch} key(s) but no shard plan (shard-{arch}-*of{count}.json)",
+                             fix=f"build it with ci/build_shard.py --arch {arch} --shard i/{count}, or leave it out")
+        extra = sorted(set(keys) - set(p["keys"]))
+        if extra:
+            raise MergeError(f"{adir}: holds {len(extra)} key(s) its plan {p['_file']} did not give it, e.g. {extra[0]}",
+                             fix=f"rebuild the shard into an empty dir: ci/build_shard.py --arch {arch} "
+                                 f"--shard {p['index']}/{count} --out NEW_DIR, and merge that")
     expected = set(universes.pop())
     lost = sorted(expected - set(held))
     if lost:
@@ -96,9 +108,11 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print) -> dic
 
     merged: dict = {}
     for arch, adirs in sorted(by_arch.items()):
-        entries, abis, origin, sources = {}, {}, {}, {}
+        entries, abis, origin, sources, timings, held_by = {}, {}, {}, {}, {}, {}
         for adir in adirs:
             man = Manifest.read(adir, arch)
+            held_by[adir] = sorted(man.entries)
+            timings.update(man.timings)
             for key, e in sorted(man.entries.items()):
                 man.check_object(key)
                 prev = entries.get(key)
@@ -120,19 +134,19 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print) -> dic
                              f"{origin[ex[0]]}, {ex[1]} from {origin[ex[1]]})",
                              fix="rebuild every shard from one vLLM / FlyDSL (ci/build_shard.py), then merge")
         if arch in plans:
-            _check_plans(arch, plans[arch], origin)
-        merged[arch] = (entries, abis, origin)
+            _check_plans(arch, plans[arch], origin, held_by)
+        merged[arch] = (entries, abis, origin, timings)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.merge-"))
     summary = {"out": str(out), "arches": {}}
     try:
-        for arch, (entries, abis, origin) in merged.items():
+        for arch, (entries, abis, origin, timings) in merged.items():
             adir = tmp / arch
             (adir / "objects").mkdir(parents=True)
             for key, e in entries.items():
                 shutil.copyfile(origin[key] / e["object"], adir / e["object"])
-            Manifest(adir, arch, entries, abis).write()
+            Manifest(adir, arch, entries, abis, timings=timings).write()
             summary["arches"][arch] = {"keys": len(entries), "shards": len(by_arch[arch])}
             if link:
                 summary["arches"][arch]["link"] = link_arch(adir)

@@ -2,7 +2,8 @@
 
 Exit codes: 0 ok, 1 checks failed (a key failed to compile, an artifact is
 wrong), 2 bad input (the command line, the matrix, the environment). Commands
-that a script parses take ``--json``. Each command lives in its module, which
+that a script parses take ``--json``: one JSON document on stdout, also on an
+error (``dsv41_aot.build.output`` has the shared vocabulary). Each command lives in its module, which
 provides ``register(subparsers)``; the subparser's ``func(args) -> int`` runs it.
 """
 
@@ -10,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from pathlib import Path
 
+from .build.output import error_doc, print_json, tally
 from .errors import AotError
 from .manifest import prebuilt_dir
 
@@ -60,7 +61,7 @@ def cmd_build(args) -> int:
     keys = _selected_keys(args)
     if args.list:
         if args.json:
-            print(json.dumps([str(k) for k in keys]))
+            print_json(tally(len(keys), len(keys), [], entries=[str(k) for k in keys]))
         else:
             for k in keys:
                 print(k)
@@ -71,7 +72,7 @@ def cmd_build(args) -> int:
         keys, Path(args.out), jobs=args.jobs, vllm_src=args.vllm_src, progress=not args.no_progress, link=not args.no_link
     )
     if args.json:
-        print(json.dumps(summary.as_dict(), indent=1))
+        print_json(summary.as_dict())
     else:
         print(
             f"{summary.keys} keys: {summary.compiled} compiled, {summary.up_to_date} up to date, "
@@ -90,16 +91,20 @@ def cmd_list(args) -> int:
     dirs = arch_dirs(root)
     if not dirs:
         raise AotError(f"{root} holds no prebuilt architecture (no <arch>/manifest.json)", fix=f"dsv41-aot build --out {root}")
+    timings = {}
     for d in dirs:
         m = Manifest.read(d)
+        timings.update(m.timings)
         for key in sorted(m.entries):
             entries.append(dict(m.entries[key], abi=m.abi(key)))
     if args.json:
-        print(json.dumps(entries, indent=1))
+        print_json(tally(len(entries), len(entries), [], dir=str(root.resolve()), entries=entries))
         return 0
     print(f"{'key':44} {'bytes':>8} {'code obj':>8} {'compile s':>9}  symbol")
     for e in entries:
-        print(f"{e['key']:44} {e['bytes']:8d} {e['code_object_bytes']:8d} {e['compile_seconds']:9.2f}  {e['symbol']}")
+        secs = timings.get(e["key"])
+        secs = f"{secs:9.2f}" if secs is not None else f"{'-':>9}"
+        print(f"{e['key']:44} {e['bytes']:8d} {e['code_object_bytes']:8d} {secs}  {e['symbol']}")
     print(f"{len(entries)} symbols in {root}")
     return 0
 
@@ -139,11 +144,20 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:  # argparse's usage error (exit 2), already on stderr
+        if e.code == 2 and "--json" in argv:
+            print_json(error_doc(next((a for a in argv if not a.startswith("-")), ""), AotError("bad command line (see the usage above)",
+                                                                  fix="dsv41-aot --help")))
+        raise
     try:
         return args.func(args)
     except AotError as e:
         print(f"dsv41-aot {args.command}: error: {e}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print_json(error_doc(args.command, e))
         return e.exit_code
     except KeyboardInterrupt:
         print(f"dsv41-aot {args.command}: interrupted (rerun to resume)", file=sys.stderr)

@@ -15,11 +15,14 @@ manifest.json::
          "key", "kind", "arch", "fields": {MonoBuild fields},
          "symbol": GPU kernel symbol, "entry": C entry point,
          "object": "objects/<sha256>.o", "sha256", "bytes",
-         "code_object_sha256", "code_object_bytes",
-         "compile_seconds", "abi": "<abi id>",
+         "code_object_sha256", "code_object_bytes", "abi": "<abi id>",
          "source": {"vllm_version", "mono_sources", "helpers", "flydsl_version", "linker"},
          "resources": {...} (GPU code object figures)}},
      "refused": {"<key string>": {"error", "source"}}}
+
+Same inputs, same bytes: nothing measured goes in the manifest. What a build
+measured (compile seconds a key, which the CI shard balancer reads) goes to
+``<dir>/<arch>/timings.json`` ({key: seconds}), a side file no wheel carries.
 
 ABI lists are shared by id (every K1 has the same 41 slots), so the manifest
 of a whole arch stays small and parses fast at load time.
@@ -41,10 +44,11 @@ MANIFEST = "manifest.json"
 OBJECTS = "objects"
 LIB = "lib"  # <arch>/lib/: linked libraries (build/link.py)
 LIBS_JSON = "libs.json"  # <arch>/lib/libs.json: which library holds which key
+TIMINGS = "timings.json"  # <arch>/timings.json: {key: compile seconds}, never shipped
 ENV_PREBUILT = "DSV41_AOT_PREBUILT"  # the one variable naming a prebuilt directory
 REQUIRED = (
     "key", "kind", "arch", "fields", "symbol", "entry", "object", "sha256", "bytes",
-    "code_object_sha256", "code_object_bytes", "compile_seconds", "abi", "source",
+    "code_object_sha256", "code_object_bytes", "abi", "source",
 )
 
 
@@ -98,7 +102,7 @@ class Manifest:
     """One architecture's manifest (``<dir>/<arch>/manifest.json``)."""
 
     def __init__(self, arch_dir: Path, arch: str, entries: dict | None = None, abis: dict | None = None,
-                 refused: dict | None = None):
+                 refused: dict | None = None, timings: dict | None = None):
         self.dir = Path(arch_dir)
         self.arch = arch
         self.entries: dict = entries or {}
@@ -107,6 +111,11 @@ class Manifest:
         # they were refused under: a rebuild from the same source reports them
         # again without recompiling (compiles are deterministic)
         self.refused: dict = refused or {}
+        # key -> compile seconds (timings.json): measured, so kept out of the manifest
+        self.timings: dict = timings or {}
+        for key, e in self.entries.items():  # a manifest written before timings.json existed
+            if isinstance(e, dict) and "compile_seconds" in e:
+                self.timings.setdefault(key, e.pop("compile_seconds"))
 
     @property
     def path(self) -> Path:
@@ -125,6 +134,7 @@ class Manifest:
             if missing_ok:
                 return cls(arch_dir, arch)
             raise ManifestError(f"no manifest at {path}", fix=fix) from None
+        fix += " (it sets the corrupt manifest aside and recovers its entries from the stored objects)"
         try:
             doc = json.loads(raw)
         except ValueError as e:
@@ -147,7 +157,7 @@ class Manifest:
         refused = doc.get("refused", {})
         if not isinstance(refused, dict):
             raise ManifestError(f"{path}: refused must be a mapping", fix=fix)
-        return cls(arch_dir, arch, entries, abis, refused)
+        return cls(arch_dir, arch, entries, abis, refused, read_timings(arch_dir))
 
     def write(self) -> None:
         """Atomically replace manifest.json (entries sorted: same inputs, same bytes)."""
@@ -160,12 +170,21 @@ class Manifest:
             "refused": {k: self.refused[k] for k in sorted(self.refused)},
         }
         atomic_write(self.path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+        timings = {k: self.timings[k] for k in sorted(self.timings) if k in self.entries}
+        if timings:
+            atomic_write(self.dir / TIMINGS, (json.dumps(timings, indent=1) + "\n").encode())
 
     # ---------------------------------------------------------------- entries
-    def put(self, entry: dict, abi: list) -> None:
+    def put(self, entry: dict, abi: list, seconds: float | None = None) -> None:
+        """Add or replace an entry; ``seconds`` (what its compile took) goes
+        to timings.json, as does a ``compile_seconds`` the entry carries."""
         aid = abi_id(abi)
         self.abis[aid] = abi
         entry = dict(entry, abi=aid)
+        measured = entry.pop("compile_seconds", None)
+        seconds = measured if seconds is None else seconds
+        if seconds is not None:
+            self.timings[entry["key"]] = round(float(seconds), 3)
         self.entries[entry["key"]] = entry
 
     def abi(self, key: str) -> list:
@@ -192,6 +211,18 @@ class Manifest:
         named = {self.dir / e["object"] for e in self.entries.values()}
         objdir = self.dir / OBJECTS
         return sorted(p for p in objdir.glob("*.o") if p not in named) if objdir.is_dir() else []
+
+
+def read_timings(arch_dir: Path) -> dict:
+    """key -> compile seconds from ``<arch>/timings.json`` ({} when absent or
+    unreadable: timings only balance shards, they never decide a build)."""
+    try:
+        doc = json.loads((Path(arch_dir) / TIMINGS).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: float(v) for k, v in doc.items() if isinstance(v, (int, float))}
 
 
 def arch_dirs(root: Path) -> list[Path]:

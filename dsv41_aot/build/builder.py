@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import collections
-import fcntl
+import contextlib
 import json
 import os
 import selectors
@@ -31,9 +31,10 @@ from pathlib import Path
 from .. import source
 from . import toolchain
 from .compiler import worker_env
-from ..errors import AotError, IntegrityError, OutputDirError
+from ..errors import AotError, IntegrityError, ManifestError, OutputDirError
 from ..keys import BuildKey
 from ..manifest import Manifest
+from .lock import arch_lock
 from .matrix import estimate_seconds
 from .residency import spill_notes
 
@@ -54,20 +55,23 @@ class Summary:
     libraries: int = 0  # linked libraries the built arches hold
     failures: list = field(default_factory=list)  # [{"key", "error"}]
     spills: list = field(default_factory=list)  # keys built (or up to date) whose code object uses scratch
+    recovered: list = field(default_factory=list)  # corrupt manifests set aside: recover.recover's reports
 
     def as_dict(self) -> dict:
-        return {
-            "keys": self.keys,
-            "compiled": self.compiled,
-            "up_to_date": self.up_to_date,
-            "failed": self.failed,
-            "wall_seconds": round(self.wall_seconds, 3),
-            "compile_seconds": round(self.compile_seconds, 3),
-            "jobs": self.jobs,
-            "libraries": self.libraries,
-            "failures": self.failures,
-            "spills": self.spills,
-        }
+        """The --json summary (build/output.py's vocabulary)."""
+        from .output import tally
+
+        return tally(
+            self.keys, self.compiled + self.up_to_date, self.failures,
+            compiled=self.compiled,
+            up_to_date=self.up_to_date,
+            wall_seconds=round(self.wall_seconds, 3),
+            compile_seconds=round(self.compile_seconds, 3),
+            jobs=self.jobs,
+            libraries=self.libraries,
+            spills=self.spills,
+            recovered=self.recovered,
+        )
 
 
 def check_out_dir(out: Path) -> None:
@@ -126,17 +130,23 @@ class _Worker:
 
 
 class _ArchState:
-    """One arch's manifest, lock and pending keys during a build."""
+    """One arch's manifest and pending keys during a build (its lock is held
+    by ``build``). A corrupt manifest is set aside and rebuilt from the
+    stored objects (build/recover.py)."""
 
-    def __init__(self, out: Path, arch: str):
+    def __init__(self, out: Path, arch: str, ident: dict, summary: Summary, log):
         self.dir = out / arch
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.lock = open(self.dir / ".build.lock", "w")
         try:
-            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise OutputDirError(f"another dsv41-aot build is writing {self.dir}", fix="wait for it to finish, or pass another --out") from None
-        self.manifest = Manifest.read(self.dir, arch, missing_ok=True)
+            self.manifest = Manifest.read(self.dir, arch, missing_ok=True)
+        except ManifestError as e:
+            from .recover import recover
+
+            self.manifest, report = recover(self.dir, arch, ident)
+            summary.recovered.append(report)
+            print(f"dsv41-aot build: {str(e).splitlines()[0]}\n  set aside as {report['set_aside']}; "
+                  f"{report['recovered']} entries recovered from {self.dir / 'objects'}"
+                  + (f", {len(report['skipped'])} objects not (their keys compile again)" if report["skipped"] else ""),
+                  file=log, flush=True)
         self.pending: collections.deque = collections.deque()
         self.dirty = False
         self.failed_start: str | None = None
@@ -170,10 +180,20 @@ def build(
         raise AotError(f"key {dup} asked for twice", fix="list each key once")
 
     summary = Summary(keys=len(keys), jobs=jobs)
-    states: dict[str, _ArchState] = {}
+    with contextlib.ExitStack() as held:
+        # each arch's lock from its manifest read through its link, taken in
+        # one order so that two builders never wait on each other crosswise
+        states: dict[str, _ArchState] = {}
+        for arch in sorted({k.arch for k in keys}):
+            held.enter_context(arch_lock(out / arch, "build", log))
+            states[arch] = _ArchState(out, arch, ident, summary, log)
+        _build_locked(keys, states, ident, tools, src, jobs, summary, progress, link, log)
+    summary.wall_seconds = time.perf_counter() - t_start
+    return summary
+
+
+def _build_locked(keys, states, ident, tools, src, jobs, summary, progress, link, log) -> None:
     for key in keys:
-        if key.arch not in states:
-            states[key.arch] = _ArchState(out, key.arch)
         st = states[key.arch]
         known = st.manifest.refused.get(str(key))
         if up_to_date(st.manifest, key, ident):
@@ -202,7 +222,6 @@ def build(
             if summary.failed == 0:
                 for orphan in st.manifest.orphans():
                     orphan.unlink(missing_ok=True)
-            st.lock.close()
         if bar is not None:
             bar.close()
     for key in keys:  # compiled or up to date: a failed key's entry is gone
@@ -217,8 +236,6 @@ def build(
         for st in states.values():
             if st.manifest.entries:
                 summary.libraries += link_arch(st.dir)["libraries"]
-    summary.wall_seconds = time.perf_counter() - t_start
-    return summary
 
 
 def _run(states, ident, tools, src, jobs, summary, bar) -> None:
@@ -257,7 +274,7 @@ def _run(states, ident, tools, src, jobs, summary, bar) -> None:
             st.manifest.refused[str(key)] = {"error": error, "source": ident}
         st.dirty = True
         if bar is not None:
-            bar.write(f"FAILED {key}: {error}")
+            bar.write(f"FAILED {key}: {error}", file=sys.stderr)  # stdout is --json's
             bar.update(1)
         else:
             print(f"FAILED {key}: {error}", file=sys.stderr)
@@ -313,11 +330,11 @@ def _run(states, ident, tools, src, jobs, summary, bar) -> None:
                 key, w.key = w.key, None
                 if msg["ok"]:
                     st = states[key.arch]
-                    st.manifest.put(msg["entry"], msg["abi"])
+                    st.manifest.put(msg["entry"], msg["abi"], seconds=msg["seconds"])
                     st.manifest.refused.pop(str(key), None)
                     st.dirty = True
                     summary.compiled += 1
-                    summary.compile_seconds += msg["entry"]["compile_seconds"]
+                    summary.compile_seconds += msg["seconds"]
                     if bar is not None:
                         bar.update(1)
                 else:

@@ -21,7 +21,6 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from . import elf
@@ -98,10 +97,10 @@ class ArchCompiler:
 
     def compile(self, key: BuildKey) -> tuple[dict, list]:
         """Compile ``key``, store its stripped export object, and return its
-        manifest entry and ABI."""
+        manifest entry and ABI. The entry holds nothing measured (same inputs,
+        same bytes): the worker protocol reports the seconds beside it."""
         if key.arch != self.arch:
             raise CompileError(f"{key}: sent to the {self.arch} worker")
-        t0 = time.perf_counter()
         launcher = self.launcher(key)
         args = typed_args(launcher)
         launcher._compile_or_execute(args, {}, execute=False)
@@ -109,7 +108,6 @@ class ArchCompiler:
         bound = launcher._sig.bind(*args)
         bound.apply_defaults()
         compiled = launcher._make_compiled_function(cache_key, bound, None)
-        compile_s = time.perf_counter() - t0
         with tempfile.TemporaryDirectory(prefix="dsv41-export-") as tmp:
             compiled.export_to_c(tmp, key.entry)
             raw = Path(tmp) / f"{key.entry}.o"
@@ -119,46 +117,48 @@ class ArchCompiler:
                 raise CompileError(f"{key}: llvm-strip failed: {proc.stderr.strip()}")
             data = stripped.read_bytes()
             raw_bytes = raw.stat().st_size
-        meta_bytes, code = elf.exported_parts(data, key.entry)
-        meta = json.loads(meta_bytes)
-        if meta.get("arch") != self.arch:
-            raise CompileError(f"{key}: FlyDSL compiled for {meta.get('arch')!r}")
-        names = {s.name for s in elf.Elf(code).symbols()}
-        if key.kernel_symbol not in names:
-            raise CompileError(f"{key}: code object lacks kernel {key.kernel_symbol} (has {sorted(n for n in names if n.startswith('_ZN'))})")
-        resources = self.resources(key, code)
-        sha = hashlib.sha256(data).hexdigest()
-        obj = self.arch_dir / OBJECTS / f"{sha}.o"
-        if not (obj.is_file() and sha256_file(obj) == sha):  # absent, or corrupt in place
+        entry, abi = describe_object(key, data, self.identity)
+        obj = self.arch_dir / entry["object"]
+        if not (obj.is_file() and sha256_file(obj) == entry["sha256"]):  # absent, or corrupt in place
             atomic_write(obj, data)
-        entry = {
-            "key": str(key),
-            "kind": key.kind,
-            "arch": key.arch,
-            "fields": key.build_fields(),
-            "symbol": key.kernel_symbol,
-            "entry": key.entry,
-            "object": f"{OBJECTS}/{sha}.o",
-            "sha256": sha,
-            "bytes": len(data),
-            "export_bytes": raw_bytes,
-            "code_object_sha256": hashlib.sha256(code).hexdigest(),
-            "code_object_bytes": len(code),
-            "compile_seconds": round(compile_s, 3),
-            "source": self.identity,
-            "resources": resources,
-        }
-        return entry, abi_of(meta)
+        entry["export_bytes"] = raw_bytes
+        return entry, abi
 
-    def resources(self, key: BuildKey, code: bytes) -> dict:
-        """The code object's resource figures; a symbol that cannot be
-        resident one CTA per CU fails its key. A spill (scratch) is kept in
-        the figures, not refused: vLLM's JIT launches the same code object."""
-        from .codeobject import code_object_resources, manifest_figures
-        from .residency import residency_problems
 
-        res = code_object_resources(code)
-        problems = residency_problems(res, key.arch)
-        if problems:
-            raise ResidencyError(f"{key}: cannot launch as a persistent kernel: {'; '.join(problems)}")
-        return manifest_figures(res)
+def describe_object(key: BuildKey, data: bytes, identity: dict) -> tuple[dict, list]:
+    """The manifest entry and ABI of ``key``'s stripped export object
+    ``data``, checked: exported for the key's arch, holding the key's GPU
+    kernel, resident one CTA per CU (else the key fails; a spill is kept in
+    the figures, not refused: vLLM's JIT launches the same code object).
+    Used for a fresh compile and to recover a lost manifest from objects/."""
+    from .codeobject import code_object_resources, manifest_figures
+    from .residency import residency_problems
+
+    meta_bytes, code = elf.exported_parts(data, key.entry)
+    meta = json.loads(meta_bytes)
+    if meta.get("arch") != key.arch:
+        raise CompileError(f"{key}: FlyDSL compiled for {meta.get('arch')!r}")
+    names = {s.name for s in elf.Elf(code).symbols()}
+    if key.kernel_symbol not in names:
+        raise CompileError(f"{key}: code object lacks kernel {key.kernel_symbol} (has {sorted(n for n in names if n.startswith('_ZN'))})")
+    res = code_object_resources(code)
+    problems = residency_problems(res, key.arch)
+    if problems:
+        raise ResidencyError(f"{key}: cannot launch as a persistent kernel: {'; '.join(problems)}")
+    sha = hashlib.sha256(data).hexdigest()
+    entry = {
+        "key": str(key),
+        "kind": key.kind,
+        "arch": key.arch,
+        "fields": key.build_fields(),
+        "symbol": key.kernel_symbol,
+        "entry": key.entry,
+        "object": f"{OBJECTS}/{sha}.o",
+        "sha256": sha,
+        "bytes": len(data),
+        "code_object_sha256": hashlib.sha256(code).hexdigest(),
+        "code_object_bytes": len(code),
+        "source": identity,
+        "resources": manifest_figures(res),
+    }
+    return entry, abi_of(meta)

@@ -262,7 +262,11 @@ def run(args) -> int:
     rep = check(dep, sched, root=args.dir, profile=args.profile)
     bad = rep["missing"] or rep["unlinked"]
     if args.json:
-        print(json.dumps(rep, indent=1))
+        from .output import print_json, tally
+
+        failures = [{"key": k, "error": "missing"} for k in rep["missing"]] + \
+                   [{"key": k, "error": "not linked"} for k in rep["unlinked"]]
+        print_json(tally(len(rep["required"]), len(rep["required"]) - len(failures), failures, **rep))
         return 1 if bad else 0
     missing, unlinked = set(rep["missing"]), set(rep["unlinked"])
     for k in rep["required"]:

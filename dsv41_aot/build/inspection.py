@@ -46,7 +46,7 @@ def inspect_dir(root) -> list[dict]:
             rows.append({
                 "key": key, "kind": e["kind"], "arch": man.arch, "tokens": e["fields"]["tokens"],
                 "tp": e["fields"]["tp"], "series": series(BuildKey.parse(key)),
-                "compile_seconds": e["compile_seconds"], "bytes": e["bytes"],
+                "compile_seconds": man.timings.get(key), "bytes": e["bytes"],
                 "code_object_bytes": e["code_object_bytes"], "resources": res,
                 "usage": {r: list(v) for r, v in usage(res, man.arch).items()},
                 "waves_per_simd": waves_per_simd(res, man.arch), "resident": not problems, "problems": problems,
@@ -208,7 +208,10 @@ def run(args) -> int:
     if args.plot:
         plot(rows, args.plot)
     if args.json:
-        print(json.dumps(doc, indent=1))
+        from .output import print_json, tally
+
+        failures = [{"key": r["key"], "error": "; ".join(r["problems"])} for r in rows if not r["resident"]]
+        print_json(tally(len(rows), len(rows) - len(failures), failures, **doc))
     else:
         print(f"{'key':44} {'VGPR':>4} {'AGPR':>4} {'SGPR':>4} {'LDS':>7} {'scratch':>7} {'kernarg':>7} {'wave':>4} {'w/SIMD':>6}  resident")
         for r in rows:

@@ -126,7 +126,7 @@ def read_libs(arch_dir: Path) -> dict:
 
 def link_arch(arch_dir: Path, *, linker: str | None = None, log=None) -> dict:
     """Link (or keep, when up to date) every chunk of one arch folder.
-    Returns {"arch", "libraries", "linked", "up_to_date", "removed", "seconds"}."""
+    Returns {"arch", "keys", "libraries", "linked", "up_to_date", "removed", "seconds"}."""
     t0 = time.perf_counter()
     arch_dir = Path(arch_dir)
     man = Manifest.read(arch_dir)
@@ -166,7 +166,7 @@ def link_arch(arch_dir: Path, *, linker: str | None = None, log=None) -> dict:
         if p.name not in keep and p.name.startswith("libdsv41_") and p.suffix == ".so":
             p.unlink()
             removed.append(p.name)
-    return {"arch": man.arch, "libraries": len(libraries), "linked": linked, "up_to_date": kept,
+    return {"arch": man.arch, "keys": len(man.entries), "libraries": len(libraries), "linked": linked, "up_to_date": kept,
             "removed": removed, "seconds": round(time.perf_counter() - t0, 3)}
 
 
@@ -195,14 +195,21 @@ def _link_chunk(arch_dir: Path, chunk: str, keys: list[str], man: Manifest, memb
 
 
 def link_dir(root: Path, arches=None, *, log=None) -> list[dict]:
-    """Link every arch folder of a prebuilt directory (or the named arches)."""
+    """Link every arch folder of a prebuilt directory (or the named arches),
+    each under its arch lock (build/lock.py: waits for a build writing it)."""
+    from .lock import arch_lock
+
     dirs = arch_dirs(Path(root))
     if arches:
         dirs = [d for d in dirs if d.name in arches]
     if not dirs:
         raise AotError(f"no built arch folder (with a manifest.json) under {root}",
                        fix=f"build first: dsv41-aot build --profile smoke --out {root}")
-    return [link_arch(d, log=log) for d in dirs]
+    out = []
+    for d in dirs:
+        with arch_lock(d, "link"):
+            out.append(link_arch(d, log=log))
+    return out
 
 
 # ------------------------------------------------------------------ CLI
@@ -224,13 +231,14 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    try:
-        out = link_dir(Path(args.dir), args.arch, log=None if args.json else print)
-    except AotError as e:
-        print(f"dsv41-aot link: {e}", file=sys.stderr)
-        return e.exit_code
+    out = link_dir(Path(args.dir), args.arch, log=None if args.json else print)
     if args.json:
-        print(json.dumps(out))
+        from .output import print_json, tally
+
+        keys = sum(s["keys"] for s in out)
+        print_json(tally(keys, keys, [], dir=str(Path(args.dir).resolve()), arches=out,
+                         libraries=sum(s["libraries"] for s in out), linked=sum(s["linked"] for s in out),
+                         up_to_date=sum(s["up_to_date"] for s in out)))
     else:
         for s in out:
             print(f"{s['arch']}: {s['libraries']} libraries ({s['linked']} linked, {s['up_to_date']} up to date) "

@@ -385,19 +385,40 @@ def estimate_seconds(key: BuildKey) -> float:
 
 
 def recorded_seconds(paths) -> dict:
-    """key -> compile seconds from manifest.json files (or plain {key: seconds}
-    JSON files): the shared input that makes every CI cell cut the same shards."""
+    """key -> compile seconds: the shared input that makes every CI cell cut
+    the same shards. Each path is a ``timings.json`` a build wrote beside its
+    manifest (or any {key: seconds} JSON file), an arch folder holding one, or
+    a ``manifest.json`` (its sibling timings.json, or the ``compile_seconds``
+    manifests held before timings moved out of them)."""
     import json
+
+    from ..manifest import TIMINGS, read_timings
 
     out: dict = {}
     for p in paths or ():
+        p = Path(p)
+        if p.is_dir():
+            p = p / TIMINGS
         try:
-            doc = json.loads(Path(p).read_bytes())
+            doc = json.loads(p.read_bytes())
         except (OSError, ValueError) as e:
-            raise MatrixError(f"cannot read recorded seconds from {p}: {e}", fix="pass --seconds a manifest.json a build wrote") from None
-        entries = doc.get("entries", doc) if isinstance(doc, dict) else {}
-        for key, e in sorted(entries.items()):
-            out[key] = float(e["compile_seconds"] if isinstance(e, dict) else e)
+            raise MatrixError(f"cannot read recorded seconds from {p}: {e}",
+                              fix=f"pass --seconds the {TIMINGS} (or manifest.json) a build wrote") from None
+        if not isinstance(doc, dict):
+            raise MatrixError(f"{p}: not a {{key: seconds}} mapping or a manifest",
+                              fix=f"pass --seconds the {TIMINGS} (or manifest.json) a build wrote")
+        if isinstance(doc.get("entries"), dict):  # a manifest
+            found = {k: e["compile_seconds"] for k, e in doc["entries"].items()
+                     if isinstance(e, dict) and "compile_seconds" in e}
+            found.update(read_timings(p.parent))
+        else:
+            found = doc
+        for key, secs in sorted(found.items()):
+            try:
+                out[key] = float(secs)
+            except (TypeError, ValueError):
+                raise MatrixError(f"{p}: seconds of {key} is {secs!r}, not a number",
+                                  fix=f"pass --seconds the {TIMINGS} a build wrote") from None
     return out
 
 

@@ -7,7 +7,9 @@ through the same kernel name and kernarg layout. Two levels:
 - integrity (always): the manifest parses; every object exists with its
   recorded sha256; the code object inside it, its kernel name, export ABI and
   resource figures match the manifest; the symbol can be resident (see
-  ``dsv41_aot.resources``);
+  ``dsv41_aot.resources``); ``lib/libs.json`` parses, every library it names
+  is inside ``lib/`` with its recorded sha256, and it links every manifest
+  key from the manifest's object (what the loader checks before it loads);
 - ``--against-jit``: for each chosen key, vLLM's own runner
   (``DSV41MonoLayer.kernels`` / ``ffn_kernel``, on a runner object made
   without a GPU) picks the launcher exactly as at serving time (gfx942's K2
@@ -36,8 +38,9 @@ from . import elf
 from ..errors import AotError, IntegrityError
 from ..facts.kinds import kind_facts
 from ..keys import BuildKey
-from ..manifest import Manifest, arch_dirs
+from ..manifest import LIB, LIBS_JSON, Manifest, arch_dirs, sha256_file
 from .codeobject import code_object_resources, manifest_figures
+from .output import tally
 from .residency import residency_problems
 
 # FlyDSL annotation class name -> the ABI ctype export_to_c records
@@ -115,6 +118,50 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
     rep.problems += kernarg_problems(man.abi(key), res)
     rep.problems += [f"cannot be resident: {p}" for p in residency_problems(res, man.arch)]
     return rep, code
+
+
+def check_libraries(man: Manifest) -> list[dict]:
+    """The linked libraries of one arch folder against its manifest: a
+    failure {"key", "file", "error", "fix"} per problem (key None when the
+    problem is the file's), [] when the loader would accept them."""
+    from .link import read_libs
+
+    libdir = man.dir / LIB
+    path = libdir / LIBS_JSON
+    relink = f"dsv41-aot link --dir {man.dir.parent} --arch {man.arch}"
+
+    def failure(error: str, file: Path = path, key: str | None = None) -> dict:
+        return {"key": key, "file": str(file), "error": error, "fix": relink}
+
+    if not path.is_file():
+        return [failure(f"{path} is missing: the loader cannot open any {man.arch} key")]
+    try:
+        libraries = read_libs(man.dir)["libraries"]
+        linked = {}
+        for lib in libraries:
+            if not isinstance(lib.get("file"), str) or not isinstance(lib.get("sha256"), str):
+                raise ValueError(f"a library record lacks file / sha256: {str(lib)[:200]}")
+            linked.update({k: (lib["file"], sha) for k, sha in lib["entries"].items()})
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return [failure(f"{path} is not a dsv41-aot link record ({type(e).__name__}: {e})")]
+    out = []
+    for lib in libraries:
+        file = (libdir / lib["file"]).resolve()
+        if file.parent != libdir.resolve():
+            out.append(failure(f"{path} names {lib['file']!r}, outside {libdir}"))
+        elif not file.is_file():
+            out.append(failure(f"{file} is missing (named by {path})", file))
+        elif sha256_file(file) != lib["sha256"]:
+            out.append(failure(f"{file} does not match its sha256 in {path} (corrupt or altered)", file))
+    for key, e in sorted(man.entries.items()):
+        if key not in linked:
+            out.append(failure(f"{key} is in {man.path} but no library links it", key=key))
+        elif linked[key][1] != e["sha256"]:
+            out.append(failure(f"{key}: {path} links it from object {linked[key][1][:16]}, the manifest names "
+                               f"{e['sha256'][:16]} (relink after the rebuild)", key=key))
+    for key in sorted(set(linked) - set(man.entries)):
+        out.append(failure(f"{key} is linked (in {linked[key][0]}) but not in {man.path}", key=key))
+    return out
 
 
 def kernarg_problems(abi: list, res: dict) -> list[str]:
@@ -298,9 +345,10 @@ def verify(root: Path, *, against_jit: bool = False, keys: list[str] | None = No
         unknown = [k for k in wanted if k not in known]
         if unknown:
             raise AotError(f"{root} does not hold {', '.join(unknown)}", fix=f"dsv41-aot list --dir {root}")
-    reports, warnings, codes, chosen = [], [], {}, {}
+    reports, warnings, codes, chosen, lib_failures = [], [], {}, {}, []
     for d in dirs:
         man = Manifest.read(d)
+        lib_failures += check_libraries(man)
         for orphan in man.orphans():
             warnings.append(f"{man.arch}: stored object {orphan.name} is named by no entry (left by an older or interrupted build)")
         names = [k for k in sorted(man.entries) if wanted is None or k in wanted]
@@ -323,15 +371,17 @@ def verify(root: Path, *, against_jit: bool = False, keys: list[str] | None = No
                     ans = answers.get(k, {"error": "the JIT worker gave no answer"})
                     rep.jit_seconds = ans.get("seconds")
                     rep.problems += compare_jit(man, k, code, ans)
-    failed = [r.key for r in reports if not r.ok]
-    return {
-        "dir": str(root.resolve()),
-        "keys": len(reports),
-        "jit_checked": sum(len(v) for v in chosen.values()),
-        "failed": failed,
-        "warnings": warnings,
-        "reports": [r.as_dict() for r in reports],
-    }
+    failures = [{"key": r.key, "file": None, "error": "; ".join(r.problems),
+                 "fix": _fix_for(r.key, r.problems, root)} for r in reports if not r.ok] + lib_failures
+    return tally(len(reports), sum(r.ok for r in reports), failures, dir=str(root.resolve()),
+                 jit_checked=sum(len(v) for v in chosen.values()), warnings=warnings,
+                 reports=[r.as_dict() for r in reports])
+
+
+def _fix_for(key: str, problems: list, root: Path) -> str:
+    if all(p.startswith("cannot be resident") for p in problems):
+        return f"{key} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from build_matrix.yaml"
+    return f"rebuild it: dsv41-aot build --key '{key}' --out {root}"
 
 
 def _run_jit(chosen: dict, tmp: Path, vllm_src: str | None, progress: bool) -> dict:
@@ -418,7 +468,11 @@ def run(args) -> int:
     report = verify(Path(args.dir), against_jit=args.against_jit, keys=args.key, sample=args.sample, seed=args.seed,
                     vllm_src=args.vllm_src, progress=args.against_jit and not args.no_progress and not args.json)
     if args.json:
-        print(json.dumps(report, indent=1))
+        from .output import print_json
+
+        print_json(report)
+        for w in report["warnings"]:
+            print(f"warning: {w}", file=sys.stderr)
     else:
         for r in report["reports"]:
             status = "ok" if r["ok"] else "FAILED"
@@ -426,9 +480,13 @@ def run(args) -> int:
             print(f"{status:6} {r['key']:44} {'+'.join(r['checks'])}{jit}")
             for prob in r["problems"]:
                 print(f"         {prob}")
+        libs = [f for f in report["failures"] if f["file"] is not None]
+        for f in libs:
+            print(f"FAILED {f['file']}: {f['error']}")
         for w in report["warnings"]:
             print(f"warning: {w}", file=sys.stderr)
-        print(f"{report['keys']} keys checked ({report['jit_checked']} against vLLM's JIT): {len(report['failed'])} failed")
+        print(f"{report['keys']} keys checked ({report['jit_checked']} against vLLM's JIT): "
+              f"{report['keys'] - report['ok']} failed; {len(libs)} library problems")
         resident = {r["key"] for r in report["reports"] if any(p.startswith("cannot be resident") for p in r["problems"])}
         rebuild = [r["key"] for r in report["reports"] if any(not p.startswith("cannot be resident") for p in r["problems"])]
         if rebuild:
@@ -437,6 +495,8 @@ def run(args) -> int:
         if resident:
             print(f"fix: {', '.join(sorted(resident))} cannot launch as a persistent kernel (see dsv41-aot inspect):"
                   " remove it from build_matrix.yaml", file=sys.stderr)
+        for fix in dict.fromkeys(f["fix"] for f in libs):
+            print(f"fix: {fix}", file=sys.stderr)
     return 1 if report["failed"] else 0
 
 

@@ -1,0 +1,42 @@
+"""The one lock of an arch folder: whoever writes ``<dir>/<arch>/`` (a build
+from its manifest read through its link, or ``dsv41-aot link``) holds it.
+
+A second writer waits for it, saying so on stderr, instead of failing: two
+builders on one ``--out`` both end up built and linked, one after the other,
+and a link never deletes the library a concurrent build just linked. The lock
+is ``flock`` on ``<arch>/.build.lock``, so a killed holder releases it with
+its last file descriptor. The holder's pid is written into the file for the
+waiting message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sys
+from pathlib import Path
+
+LOCK_FILE = ".build.lock"
+
+
+@contextlib.contextmanager
+def arch_lock(arch_dir: Path, what: str = "build", log=None):
+    """Hold the lock of ``arch_dir`` for the ``with`` block, waiting for
+    another holder (one message on ``log``, default stderr)."""
+    arch_dir = Path(arch_dir)
+    arch_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(arch_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            print(f"dsv41-aot {what}: waiting for another dsv41-aot build or link of {arch_dir} (pid {holder}) "
+                  f"to finish", file=log or sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the flock

@@ -1,0 +1,40 @@
+"""What every ``dsv41-aot ... --json`` prints: exactly one JSON object on
+stdout and nothing else there (progress, warnings and FAILED lines go to
+stderr), with one vocabulary across build, verify, link, coverage, list and
+inspect:
+
+- ``keys``: how many keys the command looked at;
+- ``ok``: how many of them passed (built or up to date, verified, linked,
+  present, resident);
+- ``failed``: how many problems it found (an int), and ``failures``: the
+  list of them, each ``{"key", "error"}`` (``key`` null when the problem is
+  a file's; ``file`` and ``fix`` where there is one);
+
+then the command's own fields. A command that stops on an error (exit 2 bad
+input, 1 failed check) prints ``{"command", "error", "fix", "exit_code",
+"keys": 0, "ok": 0, "failed": 1, "failures": [...]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def tally(keys: int, ok: int, failures: list, **fields) -> dict:
+    """A --json document: the shared counts, then the command's fields."""
+    return {"keys": keys, "ok": ok, "failed": len(failures), "failures": failures, **fields}
+
+
+def error_doc(command: str, err) -> dict:
+    """The --json document of a command stopped by a dsv41_aot error."""
+    message = str(err).split("\n  fix: ")[0]
+    fix = getattr(err, "fix", None)
+    return tally(0, 0, [{"key": None, "error": message, "fix": fix}], command=command, error=message, fix=fix,
+                 exit_code=getattr(err, "exit_code", 1))
+
+
+def print_json(doc) -> None:
+    """Print the one JSON document of a --json command on stdout."""
+    sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,103 @@
+"""Recover an arch folder whose manifest.json is corrupt (truncated, ``{}``,
+another schema): set the file aside, and rebuild the manifest from the
+content-addressed objects it named.
+
+Each stored object carries what its entry says: its C entry point names the
+key (``dsv41_<kind>_<arch>_s4_tp4_r1`` is ``<kind>@<arch>:s=4,tp=4,r=1``),
+its export metadata the ABI and arch, its GPU code object the kernel and
+resource figures; the sha256 is its file name. An object is recovered only
+when all of that checks out (``compiler.describe_object``, the same checks a
+fresh compile passes) and it is the only object for its key; anything else
+stays out of the manifest, and the build compiles that key again.
+
+What an object cannot carry is the source identity it was built from (vLLM
+mono digest, helpers, linker): recovered entries take the identity of the
+build that recovers them, once their FlyDSL version matches.
+``dsv41-aot verify --against-jit`` proves them against vLLM's JIT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+from . import elf
+from ..errors import AotError
+from ..keys import BuildKey
+from ..manifest import MANIFEST, OBJECTS, Manifest, read_timings
+
+_ENTRY_RE = re.compile(r"dsv41_([a-z0-9]+)_(gfx[0-9a-f]+)_([a-z]+[0-9]+(?:_[a-z]+[0-9]+)*)")
+
+
+def key_of_entry(entry: str) -> BuildKey:
+    """The key whose C entry point is ``entry`` (the inverse of ``BuildKey.entry``)."""
+    m = _ENTRY_RE.fullmatch(entry)
+    if not m:
+        raise AotError(f"{entry!r} is not a dsv41-aot entry point name")
+    fields = ",".join(re.sub(r"^([a-z]+)([0-9]+)$", r"\1=\2", part) for part in m[3].split("_"))
+    key = BuildKey.parse(f"{m[1]}@{m[2]}:{fields}")
+    if key.entry != entry:
+        raise AotError(f"{entry!r} names {key}, whose entry point is {key.entry}")
+    return key
+
+
+def entry_of_object(path: Path, arch: str, identity: dict) -> tuple[dict, list]:
+    """(manifest entry, ABI) re-derived from one stored object, or AotError /
+    ElfError / ValueError saying why it cannot be."""
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != path.stem:
+        raise AotError(f"{path.name}: content does not match its sha256 name (corrupt)")
+    names = {s.name for s in elf.Elf(data).symbols()}
+    entries = sorted(n[: -len("__metadata")] for n in names if n.startswith("dsv41_") and n.endswith("__metadata"))
+    if len(entries) != 1:
+        raise AotError(f"{path.name}: exports {len(entries)} dsv41 entry points, expected 1")
+    key = key_of_entry(entries[0])
+    if key.arch != arch:
+        raise AotError(f"{path.name}: holds {key}, not a {arch} key")
+    meta = json.loads(elf.exported_parts(data, key.entry)[0])
+    if meta.get("flydsl_version") != identity.get("flydsl_version"):
+        raise AotError(f"{path.name}: built by FlyDSL {meta.get('flydsl_version')}, this build uses "
+                       f"{identity.get('flydsl_version')}")
+    from .compiler import describe_object
+
+    return describe_object(key, data, identity)
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a corrupt file out of the way (never over an earlier one)."""
+    n = 0
+    while True:
+        aside = path.with_name(f"{path.name}.corrupt" + (f"-{n}" if n else ""))
+        if not aside.exists():
+            os.replace(path, aside)
+            return aside
+        n += 1
+
+
+def recover(arch_dir: Path, arch: str, identity: dict) -> tuple[Manifest, dict]:
+    """Set ``arch_dir``'s corrupt manifest aside and write one rebuilt from
+    its objects. Returns the manifest and {"arch", "set_aside", "recovered",
+    "skipped": [why, ...]}."""
+    arch_dir = Path(arch_dir)
+    aside = set_aside(arch_dir / MANIFEST)
+    found: dict = {}
+    skipped = []
+    objdir = arch_dir / OBJECTS
+    for path in sorted(objdir.glob("*.o")) if objdir.is_dir() else []:
+        try:
+            entry, abi = entry_of_object(path, arch, identity)
+        except (AotError, elf.ElfError, ValueError, KeyError, OSError) as e:
+            skipped.append(f"{path.name}: {str(e).splitlines()[0]}")
+            continue
+        found.setdefault(entry["key"], []).append((entry, abi))
+    man = Manifest(arch_dir, arch, timings=read_timings(arch_dir))
+    for key, cands in sorted(found.items()):
+        if len(cands) > 1:
+            skipped.append(f"{key}: {len(cands)} objects hold it and none is known to be current")
+            continue
+        man.put(*cands[0])
+    man.write()
+    return man, {"arch": arch, "set_aside": str(aside), "recovered": len(man.entries), "skipped": skipped}
