@@ -38,7 +38,7 @@ from . import elf
 from ..errors import AotError, IntegrityError
 from ..facts.kinds import kind_facts
 from ..keys import BuildKey
-from ..manifest import LIB, LIBS_JSON, Manifest, arch_dirs, sha256_file
+from ..manifest import LIB, LIBS_JSON, REQUIRED, Manifest, arch_dirs, sha256_file
 from .codeobject import code_object_resources, manifest_figures
 from .output import tally
 from .residency import residency_problems
@@ -87,6 +87,12 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
         return rep, None
     if str(parsed) != key:
         rep.problems.append(f"manifest key is not canonical (canonical: {parsed})")
+    unknown = sorted(set(e) - set(REQUIRED) - {"resources", "export_bytes"})
+    if unknown or "resources" not in e:
+        rep.problems.append(f"manifest entry has unknown fields {unknown}" if unknown else "manifest entry lacks resources")
+    if (e["kind"], e["arch"], e["fields"]) != (parsed.kind, parsed.arch, parsed.build_fields()):
+        rep.problems.append(f"manifest kind / arch / fields differ from the key's ({parsed.kind}, {parsed.arch}, "
+                            f"{parsed.build_fields()})")
     if e["symbol"] != parsed.kernel_symbol or e["entry"] != parsed.entry:
         rep.problems.append(f"manifest names symbol {e['symbol']} / entry {e['entry']}, the key's are {parsed.kernel_symbol} / {parsed.entry}")
     rep.checks.append("export")
@@ -112,7 +118,7 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
     if res["name"] != e["symbol"]:
         rep.problems.append(f"GPU kernel is named {res['name']}, the manifest says {e['symbol']}")
     figures = manifest_figures(res)
-    if e.get("resources") and e["resources"] != figures:
+    if "resources" in e and e["resources"] != figures:
         changed = sorted(k for k in set(figures) | set(e["resources"]) if figures.get(k) != e["resources"].get(k))
         rep.problems.append(f"manifest resources differ from the code object's: {', '.join(changed)}")
     rep.problems += kernarg_problems(man.abi(key), res)
@@ -158,10 +164,26 @@ def check_libraries(man: Manifest) -> list[dict]:
             out.append(failure(f"{key} is in {man.path} but no library links it", key=key))
         elif linked[key][1] != e["sha256"]:
             out.append(failure(f"{key}: {path} links it from object {linked[key][1][:16]}, the manifest names "
-                               f"{e['sha256'][:16]} (relink after the rebuild)", key=key))
+                               f"{e['sha256'][:16]}", key=key))
     for key in sorted(set(linked) - set(man.entries)):
         out.append(failure(f"{key} is linked (in {linked[key][0]}) but not in {man.path}", key=key))
     return out
+
+
+def check_sources(man: Manifest) -> list[dict]:
+    """One arch folder's entries must come from one source identity (vLLM
+    mono digest and version, helpers, FlyDSL, linker): no installed vLLM
+    matches a mix, and a single altered entry shows up as one."""
+    sources: dict = {}
+    for key, e in sorted(man.entries.items()):
+        sources.setdefault(json.dumps(e["source"], sort_keys=True), []).append(key)
+    if len(sources) < 2:
+        return []
+    fewest = min(sources.values(), key=len)
+    return [{"key": None, "file": str(man.path),
+             "error": f"{man.path} mixes {len(sources)} source identities ({len(fewest)} key(s) differ from the rest, "
+                      f"e.g. {fewest[0]})",
+             "fix": f"rebuild: dsv41-aot build --arch {man.arch} --out {man.dir.parent}"}]
 
 
 def kernarg_problems(abi: list, res: dict) -> list[str]:
@@ -348,7 +370,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list[str] | None = No
     reports, warnings, codes, chosen, lib_failures = [], [], {}, {}, []
     for d in dirs:
         man = Manifest.read(d)
-        lib_failures += check_libraries(man)
+        lib_failures += check_libraries(man) + check_sources(man)
         for orphan in man.orphans():
             warnings.append(f"{man.arch}: stored object {orphan.name} is named by no entry (left by an older or interrupted build)")
         names = [k for k in sorted(man.entries) if wanted is None or k in wanted]
