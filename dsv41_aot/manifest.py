@@ -113,9 +113,11 @@ class Manifest:
         self.refused: dict = refused or {}
         # key -> compile seconds (timings.json): measured, so kept out of the manifest
         self.timings: dict = timings or {}
-        for key, e in self.entries.items():  # a manifest written before timings.json existed
+        self.migrated = False  # read from a manifest that held compile seconds: the next write moves them
+        for key, e in self.entries.items():
             if isinstance(e, dict) and "compile_seconds" in e:
                 self.timings.setdefault(key, e.pop("compile_seconds"))
+                self.migrated = True
 
     @property
     def path(self) -> Path:
@@ -146,6 +148,10 @@ class Manifest:
         entries, abis = doc.get("entries"), doc.get("abis")
         if not isinstance(entries, dict) or not isinstance(abis, dict):
             raise ManifestError(f"{path}: entries / abis missing", fix=fix)
+        for aid, slots in abis.items():
+            if not (isinstance(slots, list) and all(isinstance(s, dict) and set(s) == {"name", "ctype", "size"}
+                                                    for s in slots)) or abi_id(slots) != aid:
+                raise ManifestError(f"{path}: ABI {aid} is not the slot list its id names", fix=fix)
         for key, e in entries.items():
             missing = [f for f in REQUIRED if f not in e] if isinstance(e, dict) else list(REQUIRED)
             if missing:

@@ -148,7 +148,7 @@ class _ArchState:
                   + (f", {len(report['skipped'])} objects not (their keys compile again)" if report["skipped"] else ""),
                   file=log, flush=True)
         self.pending: collections.deque = collections.deque()
-        self.dirty = False
+        self.dirty = self.manifest.migrated  # compile seconds still in the manifest: move them out
         self.failed_start: str | None = None
 
 

@@ -115,13 +115,19 @@ def _check_library(data: bytes, path: str, entries: list[str]) -> None:
         raise AotError(f"{path}: entries not exported: {', '.join(lost[:5])}")
 
 
-def read_libs(arch_dir: Path) -> dict:
-    """libs.json of one arch folder ({} when it was never linked)."""
+def read_libs(arch_dir: Path, *, strict: bool = False) -> dict:
+    """libs.json of one arch folder ({} when it was never linked; also when
+    it is malformed, unless ``strict``: a relink then links every chunk)."""
     path = Path(arch_dir) / LIB / LIBS_JSON
     try:
-        return json.loads(path.read_bytes())
+        doc = json.loads(path.read_bytes())
     except FileNotFoundError:
         return {}
+    except ValueError:
+        if strict:
+            raise
+        return {}
+    return doc if isinstance(doc, dict) or strict else {}
 
 
 def link_arch(arch_dir: Path, *, linker: str | None = None, log=None) -> dict:

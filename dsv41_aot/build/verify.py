@@ -38,7 +38,7 @@ from . import elf
 from ..errors import AotError, IntegrityError
 from ..facts.kinds import kind_facts
 from ..keys import BuildKey
-from ..manifest import LIB, LIBS_JSON, REQUIRED, Manifest, arch_dirs, sha256_file
+from ..manifest import LIB, LIBS_JSON, Manifest, arch_dirs, sha256_file
 from .codeobject import code_object_resources, manifest_figures
 from .output import tally
 from .residency import residency_problems
@@ -87,9 +87,8 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
         return rep, None
     if str(parsed) != key:
         rep.problems.append(f"manifest key is not canonical (canonical: {parsed})")
-    unknown = sorted(set(e) - set(REQUIRED) - {"resources", "export_bytes"})
-    if unknown or "resources" not in e:
-        rep.problems.append(f"manifest entry has unknown fields {unknown}" if unknown else "manifest entry lacks resources")
+    if "resources" not in e:
+        rep.problems.append("manifest entry lacks resources")
     if (e["kind"], e["arch"], e["fields"]) != (parsed.kind, parsed.arch, parsed.build_fields()):
         rep.problems.append(f"manifest kind / arch / fields differ from the key's ({parsed.kind}, {parsed.arch}, "
                             f"{parsed.build_fields()})")
@@ -121,7 +120,7 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
     if "resources" in e and e["resources"] != figures:
         changed = sorted(k for k in set(figures) | set(e["resources"]) if figures.get(k) != e["resources"].get(k))
         rep.problems.append(f"manifest resources differ from the code object's: {', '.join(changed)}")
-    rep.problems += kernarg_problems(man.abi(key), res)
+    rep.problems += kernarg_problems(slots, res)  # the object's own ABI (the manifest's was compared above)
     rep.problems += [f"cannot be resident: {p}" for p in residency_problems(res, man.arch)]
     return rep, code
 
@@ -142,7 +141,7 @@ def check_libraries(man: Manifest) -> list[dict]:
     if not path.is_file():
         return [failure(f"{path} is missing: the loader cannot open any {man.arch} key")]
     try:
-        libraries = read_libs(man.dir)["libraries"]
+        libraries = read_libs(man.dir, strict=True)["libraries"]
         linked = {}
         for lib in libraries:
             if not isinstance(lib.get("file"), str) or not isinstance(lib.get("sha256"), str):

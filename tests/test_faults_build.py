@@ -1,0 +1,433 @@
+"""Faults injected for real into the build side: kill -9 at random moments
+(during link too), byte flips in objects, libraries, libs.json and
+manifests, corrupt manifests, two builders on one ``--out``.
+
+Every fault is counted: tried, survived (the next ordinary command ends in a
+good prebuilt dir: it builds, links and verifies, with the bytes of a clean
+build) and refused with the right error (exit code, the file or key named,
+and a fix that works when it is run). The counts are printed at the end of
+the module (``-rA`` not needed: pytest's terminal summary).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _smoke import REPO, copy_of, smoke_dir
+from dsv41_aot.build import verify as verify_mod
+from dsv41_aot.build.lock import LOCK_FILE, arch_lock
+from dsv41_aot.errors import ManifestError
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, Manifest
+
+pytestmark = pytest.mark.faults
+
+CHEAP = ["k1@gfx950:s=1,tp=2,r=0", "k1@gfx942:s=1,tp=4,r=0"]  # the cheapest compiles, one per arch
+SEED = 20261129
+TALLY = {"tried": 0, "survived": 0, "refused": 0}
+
+
+def record(outcome: str) -> None:
+    TALLY["tried"] += 1
+    TALLY[outcome] += 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fault_counts(request):
+    yield
+    line = (f"faults (tests/test_faults_build.py): {TALLY['tried']} tried, {TALLY['survived']} survived, "
+            f"{TALLY['refused']} refused with the right error")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else open(os.devnull):
+        print(f"\n{line}", file=sys.stderr)
+
+
+def cli(*args, env=None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, env=env, **kw)
+
+
+def popen_build(out: Path, keys, *, env=None, stderr=None) -> subprocess.Popen:
+    """A build in its own process group (kill -9 takes its workers with it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "dsv41_aot.cli", "build", "--key", *keys, "--any-key", "--out", str(out),
+         "--no-progress", "--json", "--jobs", "2"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr or subprocess.DEVNULL, env=env, start_new_session=True,
+    )
+
+
+def kill9(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def artifacts(root: Path) -> dict:
+    """What a build leaves that must be the same for the same inputs."""
+    out = {}
+    for arch_dir in sorted(p for p in root.iterdir() if (p / MANIFEST).is_file()):
+        out[f"{arch_dir.name}/{MANIFEST}"] = (arch_dir / MANIFEST).read_bytes()
+        out[f"{arch_dir.name}/{LIB}/{LIBS_JSON}"] = (arch_dir / LIB / LIBS_JSON).read_bytes()
+        for p in sorted((arch_dir / "objects").glob("*.o")) + sorted((arch_dir / LIB).glob("*.so")):
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+def flip(path: Path, rng: random.Random) -> int:
+    data = bytearray(path.read_bytes())
+    at = rng.randrange(len(data))
+    data[at] ^= 1 << rng.randrange(8)
+    path.write_bytes(bytes(data))
+    return at
+
+
+def fixes_of(stderr: str) -> list[list[str]]:
+    """The commands of the ``fix:`` lines an error printed (argv after dsv41-aot)."""
+    out = []
+    for line in stderr.splitlines():
+        if "fix:" not in line:
+            continue
+        text = line.split("fix:", 1)[1].strip()
+        text = text.split(" (", 1)[0]  # a trailing explanation
+        if text.startswith("rebuild it: ") or text.startswith("rebuild them: ") or text.startswith("rebuild: "):
+            text = text.split(": ", 1)[1]
+        argv = shlex.split(text)
+        assert argv[0] == "dsv41-aot", line
+        out.append(argv[1:])
+    assert out, stderr
+    return out
+
+
+def fix_of(stderr: str) -> list[str]:
+    (only,) = fixes_of(stderr)
+    return only
+
+
+def meaning(man: Manifest) -> tuple:
+    """What a manifest says to the loader and the builder (not the
+    informational export_bytes)."""
+    strip = {k: {f: v for f, v in e.items() if f != "export_bytes"} for k, e in man.entries.items()}
+    return man.arch, strip, man.abis, man.refused
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Path:
+    return smoke_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """A clean build of the cheap keys: (dir, its --json summary)."""
+    out = tmp_path_factory.mktemp("reference") / "prebuilt"
+    r = cli("build", "--key", *CHEAP, "--any-key", "--out", out, "--json", "--no-progress", "--jobs", "2")
+    assert r.returncode == 0, r.stderr
+    return out, json.loads(r.stdout)
+
+
+# ------------------------------------------------------------------ determinism
+
+
+@pytest.mark.slow
+def test_two_clean_builds_are_byte_identical(reference, tmp_path):
+    """Nothing measured goes into the artifact: manifests, libs.json, objects
+    and libraries of two clean builds are the same bytes; the compile seconds
+    are in the side file the shard balancer reads."""
+    ref, _ = reference
+    r = cli("build", "--key", *CHEAP, "--any-key", "--out", tmp_path / "again", "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    a, b = artifacts(ref), artifacts(tmp_path / "again")
+    assert a.keys() == b.keys() and len(a) >= 8
+    assert [k for k in a if a[k] != b[k]] == []
+    for arch_dir in (ref / "gfx950", ref / "gfx942"):
+        assert "compile_seconds" not in (arch_dir / MANIFEST).read_text()
+        timings = json.loads((arch_dir / "timings.json").read_text())
+        assert list(timings) == [k for k in CHEAP if f"@{arch_dir.name}:" in k] and all(s > 0 for s in timings.values())
+    from dsv41_aot.build.matrix import recorded_seconds
+
+    assert set(recorded_seconds([ref / "gfx950" / MANIFEST, ref / "gfx942"])) == set(CHEAP)
+
+
+# ------------------------------------------------------------------ kill -9
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_then_a_rerun_gives_the_clean_bytes(reference, tmp_path):
+    ref, summary = reference
+    rng = random.Random(SEED)
+    out = tmp_path / "killed"
+    span = max(summary["wall_seconds"], 3.0)
+    moments = [round(rng.uniform(0.1, span), 2) for _ in range(3)]
+    for at in moments:
+        proc = popen_build(out, CHEAP)
+        time.sleep(at)
+        kill9(proc)
+        # whatever the moment, the folder is never torn: verify runs and
+        # either passes or names what is missing (exit 1), never crashes
+        if any((out / a / MANIFEST).is_file() for a in ("gfx950", "gfx942")):
+            v = cli("verify", "--dir", out, "--json")
+            assert v.returncode in (0, 1), v.stderr
+            json.loads(v.stdout)
+        record("survived")
+    r = cli("build", "--key", *CHEAP, "--any-key", "--out", out, "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert cli("verify", "--dir", out).returncode == 0
+    a, b = artifacts(ref), artifacts(out)
+    assert [k for k in a if a[k] != b.get(k)] == [], f"kill moments {moments}"
+
+
+@pytest.mark.slow
+def test_kill_9_during_link(reference, tmp_path):
+    """A build killed while its linker runs (a wrapper that sleeps before
+    exec'ing ld.lld, so the kill lands inside the link) leaves the previous
+    link intact or none; verify names libs.json and `dsv41-aot link` fixes it."""
+    from dsv41_aot.build.link import find_linker
+
+    ref, _ = reference
+    slow_ld = tmp_path / "slow-ld.lld"
+    slow_ld.write_text(f"#!/bin/sh\nsleep 5\nexec {shlex.quote(find_linker())} \"$@\"\n")
+    slow_ld.chmod(0o755)
+    out = copy_of(ref, tmp_path / "p")  # everything compiled: the build goes straight to link
+    for arch_dir in (out / "gfx950", out / "gfx942"):
+        for p in (arch_dir / LIB).iterdir():
+            p.unlink()
+    env = dict(os.environ, DSV41_AOT_LD=str(slow_ld))
+    proc = popen_build(out, CHEAP, env=env)
+    deadline = time.monotonic() + 300
+    while not list((out / "gfx942" / LIB).glob(".link-*")) and time.monotonic() < deadline:
+        assert proc.poll() is None, "the build ended before it linked"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    kill9(proc)
+    v = cli("verify", "--dir", out)
+    assert v.returncode == 1 and f"gfx942/{LIB}/{LIBS_JSON} is missing" in v.stdout
+    for fix in fixes_of(v.stderr):
+        assert fix[0] == "link"
+        assert cli(*fix).returncode == 0
+    assert cli("verify", "--dir", out).returncode == 0
+    a, b = artifacts(ref), artifacts(out)
+    assert [k for k in a if a[k] != b.get(k)] == []
+    record("refused")
+
+
+# ------------------------------------------------------------------ two writers
+
+
+@pytest.mark.slow
+def test_two_builders_on_one_out_both_end_built_and_linked(tmp_path):
+    out = tmp_path / "shared"
+    first, second = "k1@gfx950:s=1,tp=2,r=0", "k1@gfx950:s=2,tp=2,r=0"
+    log_a, log_b = open(tmp_path / "a.err", "w+"), open(tmp_path / "b.err", "w+")
+    a = popen_build(out, [first], stderr=log_a)
+    lock = out / "gfx950" / LOCK_FILE
+    deadline = time.monotonic() + 120
+    while not (lock.is_file() and lock.read_text().strip() == str(a.pid)) and time.monotonic() < deadline:
+        assert a.poll() is None
+        time.sleep(0.05)
+    b = popen_build(out, [second], stderr=log_b)
+    assert a.wait(600) == 0 and b.wait(600) == 0, (tmp_path / "a.err").read_text() + (tmp_path / "b.err").read_text()
+    assert f"waiting for another dsv41-aot build or link of {out / 'gfx950'} (pid {a.pid})" in (tmp_path / "b.err").read_text()
+    man = Manifest.read(out / "gfx950")
+    assert sorted(man.entries) == sorted([first, second])
+    linked = {k for lib in json.loads((out / "gfx950" / LIB / LIBS_JSON).read_text())["libraries"] for k in lib["entries"]}
+    assert linked == {first, second}
+    assert cli("verify", "--dir", out).returncode == 0
+    record("survived")
+
+
+def test_link_waits_for_a_build_holding_the_lock(smoke, tmp_path):
+    d = copy_of(smoke, tmp_path / "p")
+    err = open(tmp_path / "link.err", "w+")
+    with arch_lock(d / "gfx950", "test"):
+        proc = subprocess.Popen([sys.executable, "-m", "dsv41_aot.cli", "link", "--dir", str(d), "--arch", "gfx950"],
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 60
+        while "waiting for another" not in (tmp_path / "link.err").read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "link.err").read_text()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert proc.poll() is None  # still waiting while the lock is held
+        assert f"(pid {os.getpid()})" in (tmp_path / "link.err").read_text()
+    assert proc.wait(120) == 0, (tmp_path / "link.err").read_text()
+
+
+def test_build_holds_the_lock_through_link(smoke, tmp_path, monkeypatch):
+    """In process: the build's link runs while its arch lock is still held
+    (another flock on the lock file would block)."""
+    import fcntl
+
+    from dsv41_aot.build import builder, link
+    from dsv41_aot.keys import BuildKey
+
+    d = copy_of(smoke, tmp_path / "p")
+    seen = []
+    real = link.link_arch
+
+    def probing_link(arch_dir, **kw):
+        fd = os.open(Path(arch_dir) / LOCK_FILE, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append("free")
+        except BlockingIOError:
+            seen.append("held")
+        finally:
+            os.close(fd)
+        return real(arch_dir, **kw)
+
+    monkeypatch.setattr(link, "link_arch", probing_link)
+    keys = [BuildKey.parse(k) for k in Manifest.read(d / "gfx950").entries]
+    s = builder.build(keys, d, jobs=1, progress=False)
+    assert (s.compiled, s.up_to_date, s.failed) == (0, len(keys), 0)
+    assert seen == ["held"]
+
+
+# ------------------------------------------------------------------ byte flips
+
+
+@pytest.mark.slow
+def test_flipped_object_is_refused_by_verify_and_link_and_rebuilt_by_build(smoke, tmp_path):
+    d = copy_of(smoke, tmp_path / "p")
+    man = Manifest.read(d / "gfx950")
+    key = "k1@gfx950:s=4,tp=4,r=1"  # the cheapest smoke key to compile again
+    before = man.object_path(key).read_bytes()
+    flip(man.object_path(key), random.Random(SEED))
+    v = cli("verify", "--dir", d)
+    assert v.returncode == 1 and f"FAILED {key}" in v.stdout and "does not match its manifest sha256" in v.stdout
+    assert v.stdout.count("FAILED") == 1
+    link = cli("link", "--dir", d)
+    assert link.returncode == 1 and key in link.stderr and "does not match its manifest sha256" in link.stderr
+    fix = fix_of(v.stderr)
+    assert fix[:2] == ["build", "--key"]
+    r = cli(*fix)
+    assert r.returncode == 0, r.stderr
+    assert man.object_path(key).read_bytes() == before
+    assert cli("verify", "--dir", d).returncode == 0
+    record("refused")
+
+
+def test_flipped_libraries_are_refused_and_the_fix_relinks(smoke, tmp_path):
+    d = copy_of(smoke, tmp_path / "p")
+    rng = random.Random(SEED)
+    libs = sorted(d.glob(f"*/{LIB}/*.so"))
+    assert len(libs) >= 3
+    for lib in libs:
+        good = lib.read_bytes()
+        flip(lib, rng)
+        v = cli("verify", "--dir", d)
+        assert v.returncode == 1 and f"FAILED {lib}" in v.stdout and "does not match its sha256" in v.stdout, v.stdout
+        fix = fix_of(v.stderr)
+        assert fix[0] == "link" and cli(*fix).returncode == 0
+        assert cli("verify", "--dir", d).returncode == 0
+        assert lib.read_bytes() == good  # relinked to the same bytes
+        record("refused")
+
+
+@pytest.mark.parametrize("damage", ["delete-library", "delete-libs.json", "malformed-libs.json", "empty-libs.json",
+                                    "libs.json-object-sha256", "libs.json-outside-path"])
+def test_damaged_link_records_are_refused_and_the_fix_relinks(smoke, tmp_path, damage):
+    d = copy_of(smoke, tmp_path / "p")
+    libdir = d / "gfx942" / LIB
+    path = libdir / LIBS_JSON
+    doc = json.loads(path.read_text())
+    lib = doc["libraries"][0]
+    named = str(path)
+    if damage == "delete-library":
+        (libdir / lib["file"]).unlink()
+        named = str(libdir / lib["file"])
+    elif damage == "delete-libs.json":
+        path.unlink()
+    elif damage == "malformed-libs.json":
+        path.write_text(path.read_text()[:100])
+    elif damage == "empty-libs.json":
+        path.write_text("{}")
+    elif damage == "libs.json-object-sha256":
+        key = sorted(lib["entries"])[0]
+        lib["entries"][key] = "0" * 64
+        path.write_text(json.dumps(doc))
+    elif damage == "libs.json-outside-path":
+        lib["file"] = "../../../../etc/hostname"
+        path.write_text(json.dumps(doc))
+    v = cli("verify", "--dir", d, "--json")
+    assert v.returncode == 1
+    report = json.loads(v.stdout)
+    assert report["failed"] >= 1 and any(f["file"] == named for f in report["failures"]), report["failures"]
+    assert all(f["fix"] == f"dsv41-aot link --dir {d} --arch gfx942" for f in report["failures"])
+    assert cli("link", "--dir", d, "--arch", "gfx942").returncode == 0
+    assert cli("verify", "--dir", d).returncode == 0
+    record("refused")
+
+
+def test_random_manifest_flips_are_refused(smoke, tmp_path):
+    """Single-bit flips anywhere in a manifest: verify refuses each (a
+    malformed manifest, or the entry / file the flip changed), except a flip
+    in ``export_bytes``, which only reports FlyDSL's unstripped size and
+    which nothing loads."""
+    d = copy_of(smoke, tmp_path / "p")
+    path = d / "gfx950" / MANIFEST
+    good = path.read_bytes()
+    reference_dir = copy_of(d / "gfx950", tmp_path / "untouched" / "gfx950")
+    rng = random.Random(SEED)
+    informational = 0
+    for _ in range(60):
+        path.write_bytes(good)
+        at = flip(path, rng)
+        try:
+            report = verify_mod.verify(d)
+        except ManifestError as e:
+            assert str(path) in str(e) and "dsv41-aot build --arch gfx950" in str(e)
+            record("refused")
+            continue
+        if report["failed"]:
+            record("refused")
+            continue
+        # verify passed: the manifest must still mean the same (what the
+        # loader and the builder read), only an informational figure moved
+        assert meaning(Manifest.read(d / "gfx950")) == meaning(Manifest.read(reference_dir)), \
+            f"flip at byte {at} passed verify and changed the manifest"
+        informational += 1
+        record("survived")
+    path.write_bytes(good)
+    assert informational < 10
+
+
+# ------------------------------------------------------------------ corrupt manifests
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["truncated", "empty-object", "other-schema", "other-arch"])
+def test_corrupt_manifest_link_refuses_and_its_fix_recovers(smoke, tmp_path, damage):
+    d = copy_of(smoke, tmp_path / "p")
+    path = d / "gfx950" / MANIFEST
+    before = Manifest.read(d / "gfx950")
+    good = path.read_bytes()
+    bad = {
+        "truncated": good[: len(good) // 2],
+        "empty-object": b"{}",
+        "other-schema": json.dumps(dict(json.loads(good), schema=99)).encode(),
+        "other-arch": json.dumps(dict(json.loads(good), arch="gfx942")).encode(),
+    }[damage]
+    path.write_bytes(bad)
+    link = cli("link", "--dir", d)
+    assert link.returncode == 1 and str(path) in link.stderr
+    fix = fix_of(link.stderr)
+    assert fix[:3] == ["build", "--arch", "gfx950"]
+    r = cli(*fix, "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    aside = path.with_name(f"{MANIFEST}.corrupt")
+    assert aside.read_bytes() == bad and str(aside) in r.stderr
+    assert s["compiled"] == 0 and s["recovered"][0]["recovered"] == len(before.entries)
+    after = Manifest.read(d / "gfx950")
+    assert meaning(after) == meaning(before)
+    assert cli("verify", "--dir", d).returncode == 0
+    record("refused")
