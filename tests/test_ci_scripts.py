@@ -55,10 +55,25 @@ def test_plans_follow_recorded_seconds_identically_in_every_cell():
     assert plans != [build_shard.plan("gfx950", i, 4, "full") for i in range(4)]
 
 
-def test_recorded_seconds_read_from_a_manifest(tmp_path):
-    doc = {"schema": 1, "arch": "gfx950", "abis": {}, "entries": {"k1@gfx950:s=1,tp=2,r=0": {"compile_seconds": 3.5}}}
-    (tmp_path / "m.json").write_text(json.dumps(doc))
-    assert matrix.recorded_seconds([tmp_path / "m.json"]) == {"k1@gfx950:s=1,tp=2,r=0": 3.5}
+def test_recorded_seconds_read_from_timings_manifests_and_arch_folders(tmp_path):
+    """timings.json (what a build writes beside its manifest), a manifest.json
+    (its sibling timings.json), an arch folder, and an older manifest that
+    still held compile_seconds all give the same mapping."""
+    k1, k2 = "k1@gfx950:s=1,tp=2,r=0", "k2@gfx950:s=4,tp=4,r=1"
+    arch = tmp_path / "gfx950"
+    arch.mkdir()
+    (arch / "timings.json").write_text(json.dumps({k1: 3.5, k2: 9.25}))
+    (arch / "manifest.json").write_text(json.dumps({"schema": 1, "arch": "gfx950", "abis": {}, "entries": {}}))
+    want = {k1: 3.5, k2: 9.25}
+    assert matrix.recorded_seconds([arch / "timings.json"]) == want
+    assert matrix.recorded_seconds([arch / "manifest.json"]) == want
+    assert matrix.recorded_seconds([arch]) == want
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"schema": 1, "arch": "gfx950", "abis": {}, "entries": {k1: {"compile_seconds": 3.5}}}))
+    assert matrix.recorded_seconds([old]) == {k1: 3.5}
+    (tmp_path / "bad.json").write_text(json.dumps({k1: "slow"}))
+    with pytest.raises(matrix.MatrixError, match="not a number"):
+        matrix.recorded_seconds([tmp_path / "bad.json"])
 
 
 def test_bad_shard_is_refused():
@@ -84,14 +99,6 @@ def built(tmp_path_factory):
     return tmp, whole, shards
 
 
-def _without_timings(path: Path) -> bytes:
-    """manifest.json with compile_seconds (a wall-clock figure of that run) zeroed."""
-    doc = json.loads(path.read_bytes())
-    for e in doc["entries"].values():
-        e["compile_seconds"] = 0
-    return json.dumps(doc, indent=1, sort_keys=True).encode()
-
-
 def _tree(path: Path) -> dict:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
             if p.is_file() and not p.name.startswith(".")}
@@ -108,8 +115,10 @@ def test_merged_shards_equal_the_whole_build(built):
         # objects and linked libraries byte for byte
         assert _tree(a / "objects") == _tree(b / "objects")
         assert _tree(a / "lib") == _tree(b / "lib")
-        # the manifest byte for byte, but for the compile seconds each run measured
-        assert _without_timings(a / "manifest.json") == _without_timings(b / "manifest.json")
+        # the manifest byte for byte (nothing measured is in it); the shards'
+        # compile seconds joined in the side file
+        assert (a / "manifest.json").read_bytes() == (b / "manifest.json").read_bytes()
+        assert sorted(json.loads((a / "timings.json").read_text())) == sorted(json.loads((a / "manifest.json").read_text())["entries"])
     assert sorted(p.name for p in out.iterdir()) == list(sorted(ARCHES))
 
 
@@ -192,6 +201,34 @@ def test_merge_refuses_missing_objects_missing_shards_and_mixed_sources(built, t
     with pytest.raises(IntegrityError, match="2 source identities"):
         merge.merge(copies, tmp_path / "o3", log=None)
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
+
+
+@pytest.mark.slow
+def test_merge_refuses_a_key_the_shard_plan_did_not_give(built, tmp_path):
+    """A shard holding a key of another shard (same object: a plain merge
+    would keep it once) or a shard with no plan is refused, naming the shard."""
+    _, _, shards = built
+    copies = _copy_shards(shards, tmp_path)
+    a, b = copies[0] / "gfx950", copies[1] / "gfx950"
+    man_a, man_b = json.loads((a / "manifest.json").read_bytes()), json.loads((b / "manifest.json").read_bytes())
+    key = sorted(man_b["entries"])[0]
+    e = man_b["entries"][key]
+    man_a["entries"][key] = e
+    man_a["abis"][e["abi"]] = man_b["abis"][e["abi"]]
+    (a / "manifest.json").write_text(json.dumps(man_a))
+    shutil.copyfile(b / e["object"], a / e["object"])
+    with pytest.raises(IntegrityError, match="did not give it") as err:
+        merge.merge(copies, tmp_path / "out", log=None)
+    assert key in str(err.value) and str(a) in str(err.value) and "--shard 0/2" in str(err.value)
+    assert not (tmp_path / "out").exists()
+    fresh = _copy_shards(shards, tmp_path / "fresh")
+    extra = tmp_path / "unplanned"
+    shutil.copytree(fresh[1], extra)
+    for plan in extra.glob("shard-*.json"):
+        plan.unlink()
+    with pytest.raises(IntegrityError, match="no shard plan") as err:
+        merge.merge(fresh + [extra], tmp_path / "out", log=None)
+    assert str(extra) in str(err.value)
 
 
 def test_merge_refuses_no_shards(tmp_path):

@@ -71,7 +71,7 @@ def test_link_is_deterministic_and_incremental(smoke, tmp_path):
         assert [p.name for p in la] == sorted(p.name for p in (smoke / arch / "lib").iterdir())
     r = cli("link", "--dir", a, "--json")
     assert r.returncode == 0, r.stderr
-    assert [s["linked"] for s in json.loads(r.stdout)] == [0, 0]  # nothing changed: nothing relinked
+    assert [s["linked"] for s in json.loads(r.stdout)["arches"]] == [0, 0]  # nothing changed: nothing relinked
 
 
 def test_a_flipped_byte_in_an_object_is_refused_and_nothing_is_written(smoke, tmp_path):

@@ -43,7 +43,8 @@ def test_against_jit_passes_on_smoke(smoke):
     proc = cli("verify", "--dir", smoke, "--against-jit", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
-    assert report["failed"] == [] and report["jit_checked"] == smoke_count()
+    assert (report["failed"], report["failures"], report["ok"]) == (0, [], smoke_count())
+    assert report["jit_checked"] == smoke_count()
     assert {r["key"] for r in report["reports"]} == set(SMOKE_KEYS)
     assert all("jit" in r["checks"] and r["ok"] for r in report["reports"])
 
@@ -78,7 +79,8 @@ def test_swapped_object_with_updated_sha_is_caught(copy):
     proc = cli("verify", "--dir", copy, "--json")
     assert proc.returncode == 1
     report = json.loads(proc.stdout)
-    assert report["failed"] == [victim]
+    assert report["failed"] == 1 and [f["key"] for f in report["failures"]] == [victim]
+    assert report["failures"][0]["fix"] == f"rebuild it: dsv41-aot build --key '{victim}' --out {copy}"
     (bad,) = [r for r in report["reports"] if r["key"] == victim]
     assert any("is not an export of entry" in p for p in bad["problems"]), bad
 
@@ -137,3 +139,56 @@ def test_sample_checks_n_keys_per_arch_against_jit(smoke):
     jit = [r for r in report["reports"] if "jit" in r["checks"]]
     assert report["jit_checked"] == 2 and sorted(r["arch"] for r in jit) == ["gfx942", "gfx950"]
     assert report["keys"] == smoke_count()  # integrity still covers every key
+
+
+# ---------------------------------------------------------------- libraries and libs.json
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["flip-library", "delete-library", "delete-libs.json", "malformed-libs.json",
+                                    "object-sha256"])
+def test_libraries_and_libs_json_are_checked(copy, damage):
+    """What the loader refuses, verify refuses: exit 1, the file named, and
+    the fix (relink) printed; running it makes verify pass again."""
+    libdir = copy / "gfx950" / "lib"
+    path = libdir / "libs.json"
+    doc = json.loads(path.read_text())
+    lib = libdir / doc["libraries"][0]["file"]
+    named = {"flip-library": lib, "delete-library": lib}.get(damage, path)
+    if damage == "flip-library":
+        _flip(lib)
+    elif damage == "delete-library":
+        lib.unlink()
+    elif damage == "delete-libs.json":
+        path.unlink()
+    elif damage == "malformed-libs.json":
+        path.write_text("{")
+    else:
+        key = sorted(doc["libraries"][0]["entries"])[0]
+        doc["libraries"][0]["entries"][key] = "f" * 64
+        path.write_text(json.dumps(doc))
+    proc = cli("verify", "--dir", copy)
+    assert proc.returncode == 1, proc.stdout
+    assert f"FAILED {named}" in proc.stdout, proc.stdout
+    fix = f"fix: dsv41-aot link --dir {copy} --arch gfx950"
+    assert fix in proc.stderr
+    assert "0 failed" in proc.stdout  # every key's own object is fine: the link is what is wrong
+    assert cli("link", "--dir", copy, "--arch", "gfx950").returncode == 0
+    assert cli("verify", "--dir", copy).returncode == 0
+
+
+def test_mixed_source_identities_fail(copy):
+    man = Manifest.read(copy / "gfx942")
+    key = sorted(man.entries)[0]
+    man.entries[key]["source"] = dict(man.entries[key]["source"], mono_sources="0" * 16)
+    man.write()
+    proc = cli("verify", "--dir", copy, "--json")
+    assert proc.returncode == 1
+    (f,) = json.loads(proc.stdout)["failures"]
+    assert f["file"] == str(copy / "gfx942" / "manifest.json") and key in f["error"] and "2 source identities" in f["error"]
+    assert f["fix"] == f"rebuild: dsv41-aot build --arch gfx942 --out {copy}"
