@@ -119,8 +119,9 @@ def _add_build(sub) -> None:
     p.add_argument("--jobs", "-j", type=int, default=None, help="worker processes (default: CPU count)")
     p.add_argument("--out", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
     p.add_argument("--shard", help="build shard i of N (i/N, from 0), balanced by compile seconds")
-    p.add_argument("--seconds", nargs="+", default=[], metavar="MANIFEST",
-                   help="with --shard: manifests whose recorded compile seconds balance the shards")
+    p.add_argument("--seconds", nargs="+", default=[], metavar="TIMINGS",
+                   help="with --shard: <arch>/timings.json files (or manifest.json / arch folders beside them) "
+                        "whose recorded compile seconds balance the shards")
     p.add_argument("--vllm-src", help="a vLLM checkout (folder holding vllm/) instead of the installed vllm")
     p.add_argument("--list", action="store_true", help="print the selected keys and exit")
     p.add_argument("--json", action="store_true", help="print one JSON summary at the end")
