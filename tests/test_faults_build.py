@@ -195,7 +195,7 @@ def test_kill_9_during_link(reference, tmp_path):
 
     ref, _ = reference
     slow_ld = tmp_path / "slow-ld.lld"
-    slow_ld.write_text(f"#!/bin/sh\nsleep 5\nexec {shlex.quote(find_linker())} \"$@\"\n")
+    slow_ld.write_text(f"#!/bin/sh\nsleep 5\nexec {shlex.quote(str(find_linker()))} \"$@\"\n")
     slow_ld.chmod(0o755)
     out = copy_of(ref, tmp_path / "p")  # everything compiled: the build goes straight to link
     for arch_dir in (out / "gfx950", out / "gfx942"):
