@@ -431,3 +431,20 @@ def test_corrupt_manifest_link_refuses_and_its_fix_recovers(smoke, tmp_path, dam
     assert meaning(after) == meaning(before)
     assert cli("verify", "--dir", d).returncode == 0
     record("refused")
+
+
+def test_an_abi_with_a_slot_removed_is_refused_at_read(smoke, tmp_path):
+    """An ABI is shared by id (a hash of its slots): one with a slot removed
+    no longer matches its id, and every reader (verify, link, the loader's
+    Manifest.read) refuses the manifest instead of calling with fewer slots."""
+    d = copy_of(smoke, tmp_path / "p")
+    path = d / "gfx950" / MANIFEST
+    doc = json.loads(path.read_text())
+    aid = sorted(doc["abis"])[0]
+    doc["abis"][aid] = doc["abis"][aid][:-2] + doc["abis"][aid][-1:]  # drop the slot before the stream
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match=f"ABI {aid} is not the slot list its id names"):
+        Manifest.read(d / "gfx950")
+    v = cli("verify", "--dir", d)
+    assert v.returncode == 1 and f"ABI {aid}" in v.stderr and "dsv41-aot build --arch gfx950" in v.stderr
+    record("refused")
