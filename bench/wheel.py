@@ -67,7 +67,7 @@ def build_wheel(src: Path, out: Path, arch: str, prebuilt: Path, objects: bool) 
 
 def full_counts(arch: str) -> Counter:
     r = sh([PY, "-m", "dsv41_aot.cli", "build", "--list", "--profile", "full", "--arch", arch, "--json"], cwd=ROOT)
-    return Counter(k.split("@")[0] for k in json.loads(r.stdout))
+    return Counter(k.split("@")[0] for k in json.loads(r.stdout)["entries"])
 
 
 def shares(prebuilt: Path, arch: str, wheel: Path) -> dict:
