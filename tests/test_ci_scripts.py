@@ -203,25 +203,45 @@ def test_merge_refuses_missing_objects_missing_shards_and_mixed_sources(built, t
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
 
 
-@pytest.mark.slow
-def test_merge_refuses_a_key_the_shard_plan_did_not_give(built, tmp_path):
+def _planned_shards(whole: Path, dest: Path, arch: str, count: int = 2) -> list[Path]:
+    """Shards cut from a built arch folder, each with the plan ci/build_shard.py
+    would write for it (its keys, every key of the arch)."""
+    man = json.loads((whole / arch / "manifest.json").read_bytes())
+    everything = sorted(man["entries"])
+    out = []
+    for i in range(count):
+        d = dest / f"shard-{arch}-{i}"
+        keep = everything[i::count]
+        part = dict(man, entries={k: man["entries"][k] for k in keep})
+        (d / arch / "objects").mkdir(parents=True)
+        (d / arch / "manifest.json").write_text(json.dumps(part))
+        for k in keep:
+            obj = man["entries"][k]["object"]
+            shutil.copyfile(whole / arch / obj, d / arch / obj)
+        plan = {"arch": arch, "index": i, "count": count, "profile": "smoke", "all_keys": everything, "keys": keep}
+        (d / build_shard.plan_name(arch, i, count)).write_text(json.dumps(plan))
+        out.append(d)
+    return out
+
+
+def test_merge_refuses_a_key_the_shard_plan_did_not_give(tmp_path_factory, tmp_path):
     """A shard holding a key of another shard (same object: a plain merge
     would keep it once) or a shard with no plan is refused, naming the shard."""
-    _, _, shards = built
-    copies = _copy_shards(shards, tmp_path)
-    a, b = copies[0] / "gfx950", copies[1] / "gfx950"
+    whole = smoke_dir(tmp_path_factory)
+    shards = _planned_shards(whole, tmp_path / "ok", "gfx950")
+    merge.merge(shards, tmp_path / "fine", log=None)  # as planned: merges
+    a, b = shards[0] / "gfx950", shards[1] / "gfx950"
     man_a, man_b = json.loads((a / "manifest.json").read_bytes()), json.loads((b / "manifest.json").read_bytes())
     key = sorted(man_b["entries"])[0]
     e = man_b["entries"][key]
     man_a["entries"][key] = e
-    man_a["abis"][e["abi"]] = man_b["abis"][e["abi"]]
     (a / "manifest.json").write_text(json.dumps(man_a))
     shutil.copyfile(b / e["object"], a / e["object"])
     with pytest.raises(IntegrityError, match="did not give it") as err:
-        merge.merge(copies, tmp_path / "out", log=None)
+        merge.merge(shards, tmp_path / "out", log=None)
     assert key in str(err.value) and str(a) in str(err.value) and "--shard 0/2" in str(err.value)
     assert not (tmp_path / "out").exists()
-    fresh = _copy_shards(shards, tmp_path / "fresh")
+    fresh = _planned_shards(whole, tmp_path / "fresh", "gfx950")
     extra = tmp_path / "unplanned"
     shutil.copytree(fresh[1], extra)
     for plan in extra.glob("shard-*.json"):
