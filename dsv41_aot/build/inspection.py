@@ -11,7 +11,6 @@ summary; ``--plot`` draws the use against step width per arch.
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 from ..errors import AotError
