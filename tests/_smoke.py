@@ -30,21 +30,30 @@ def cli(*args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, **kw)
 
 
-def run_cli(*args, check=True, env=None, timeout=1800):
-    """``dsv41-aot ARGS`` in a subprocess: (exit code, stdout, stderr)."""
+def run_cli(*args, check=True, env=None, timeout=1800, cwd=REPO):
+    """``dsv41-aot ARGS`` in a subprocess: (exit code, stdout, stderr). The
+    dsv41_aot package imported is the one in ``cwd`` (the repository's by
+    default)."""
     proc = subprocess.run(
         [sys.executable, "-m", "dsv41_aot.cli", *map(str, args)],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout,
+        capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"dsv41-aot {' '.join(map(str, args))} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc.returncode, proc.stdout, proc.stderr
 
 
+_READY: set = set()  # smoke folders built and linked by this process
+
+
 def smoke_dir(tmp_path_factory) -> Path:
-    """A built and linked smoke prebuilt directory, shared by the session
-    (the build is incremental: a second caller compiles nothing)."""
+    """The session's one built and linked smoke prebuilt directory, for every
+    module that asks (whichever asks first builds it; tests read it and copy
+    it to change it). A test must not assume it compiled anything: with
+    ``DSV41_AOT_TEST_PREBUILT`` it is a copy brought up to date."""
     out = tmp_path_factory.getbasetemp() / "smoke-prebuilt"
+    if out in _READY:
+        return out
     given = os.environ.get("DSV41_AOT_TEST_PREBUILT")
     if given and not out.exists():
         shutil.copytree(given, out, ignore=shutil.ignore_patterns("lib", ".build.lock"))
@@ -52,6 +61,7 @@ def smoke_dir(tmp_path_factory) -> Path:
     assert r.returncode == 0, r.stdout + r.stderr
     r = cli("link", "--dir", out)
     assert r.returncode == 0, r.stdout + r.stderr
+    _READY.add(out)
     return out
 
 

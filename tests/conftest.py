@@ -1,24 +1,15 @@
-"""Shared fixtures. ``smoke_dir`` builds the matrix's smoke profile for real
-(FlyDSL compile on the CPU, both arches) once per test session."""
+"""Shared fixtures. ``smoke_dir`` is the session's one smoke prebuilt
+directory (tests/_smoke.py): built for real (FlyDSL compiles on the CPU, both
+arches) and linked by whichever test asks first, in any test order."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from _smoke import run_cli
-
-@pytest.fixture(scope="session")
-def smoke_build(tmp_path_factory):
-    """(prebuilt dir, build summary) of the smoke profile, built once."""
-    # the same folder tests/_smoke.py and test_inspect.py build into: every
-    # module shares this one build (a second build there compiles nothing)
-    out = tmp_path_factory.getbasetemp() / "smoke-prebuilt"
-    _, stdout, _ = run_cli("build", "--profile", "smoke", "--out", out, "--json", "--no-progress")
-    return out, json.loads(stdout)
+import _smoke
 
 
 @pytest.fixture(scope="session")
-def smoke_dir(smoke_build):
-    return smoke_build[0]
+def smoke_dir(tmp_path_factory):
+    """Built and linked; read it, copy it to change it."""
+    return _smoke.smoke_dir(tmp_path_factory)

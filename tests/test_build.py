@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -13,13 +14,19 @@ import time
 import pytest
 
 from dsv41_aot import cli, source
-from dsv41_aot.build import builder, toolchain
-from dsv41_aot.manifest import Manifest, sha256_file
+from dsv41_aot.build import builder, elf, toolchain
+from dsv41_aot.keys import BuildKey
+from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, arch_dirs, sha256_file
 
-from _smoke import REPO, run_cli, smoke_count
+from _smoke import REPO, SMOKE_KEYS, copy_of, run_cli, smoke_count
 
 GOLDEN = REPO / "tests" / "data" / "golden_code_objects.txt"
 CHEAP = ["k1@gfx950:s=1,tp=2,r=0", "k1@gfx942:s=1,tp=4,r=0"]  # ~3 s each
+# four K1 widths of one arch and one library chunk, about 2 s of compile each
+K1S = [f"k1@gfx950:s={s},tp=2,r=0" for s in (1, 2, 3, 4)]
+# ABI slots of each launch kind, the stream last: counted in export_to_c's
+# metadata of vLLM 0.33.0's launchers (K1 41, K2 55, FFN 31 parameters)
+ABI_SLOTS = {"k1": 41, "k2": 55, "ffn": 31}
 
 
 def golden() -> dict:
@@ -31,37 +38,49 @@ def golden() -> dict:
     return out
 
 
+def build_json(*keys, out, check=True, **run) -> dict:
+    """``dsv41-aot build --key KEYS --out OUT --json``: the summary."""
+    code, stdout, stderr = run_cli("build", "--key", *keys, "--out", out, "--json", "--no-progress", check=check, **run)
+    return json.loads(stdout)
+
+
 @pytest.mark.slow
-def test_smoke_build_reproduces_the_golden_code_objects(smoke_build):
-    out, summary = smoke_build
-    assert summary["compiled"] == summary["keys"] == smoke_count() and summary["failed"] == 0
+def test_smoke_build_reproduces_the_golden_code_objects(smoke_dir):
+    """Re-hash the GPU code object inside every stored object (not the
+    digest the manifest recorded) and compare with the golden list."""
     want = golden()
     seen = {}
-    for arch in ("gfx950", "gfx942"):
-        m = Manifest.read(out / arch)
+    for arch_dir in arch_dirs(smoke_dir):
+        m = Manifest.read(arch_dir)
         for key, e in m.entries.items():
-            seen[key] = (e["code_object_sha256"], e["code_object_bytes"])
-            m.check_object(key)
-            assert sha256_file(out / arch / e["object"]) == e["sha256"]
+            data = (arch_dir / e["object"]).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == e["sha256"], key
+            meta, code = elf.exported_parts(data, e["entry"])
+            seen[key] = (hashlib.sha256(code).hexdigest(), len(code))
+            assert (e["code_object_sha256"], e["code_object_bytes"]) == seen[key], f"{key}: the manifest misstates its code object"
+            meta = json.loads(meta)
+            assert meta["arch"] == arch_dir.name == BuildKey.parse(key).arch
+            assert BuildKey.parse(key).kernel_symbol in {s.name for s in elf.Elf(code).symbols()}
             assert e["source"]["mono_sources"] == source.find().digest
             assert e["source"]["helpers"]["impl"] == "dsv41_aot.compat"  # the label manifests carry
             assert e["source"]["flydsl_version"] == toolchain.FLYDSL_VERSION
             assert e["bytes"] <= 160_000, "stripped objects stay small"
             abi = m.abi(key)
             assert abi[-1] == {"name": "stream", "ctype": "pointer", "size": 8}
-            assert len(abi) == {"k1": 41}.get(e["kind"], len(abi))
+            assert len(abi) == ABI_SLOTS[e["kind"]], key
+            assert all((a["ctype"], a["size"]) in {("int64", 8), ("int32", 4)} for a in abi[:-1]), key
+    assert sorted(seen) == SMOKE_KEYS
     # the project's own aiter helpers give upstream's code objects, byte for byte
     assert {k: seen.get(k) for k in want} == want
 
 
 @pytest.mark.slow
-def test_a_second_build_compiles_nothing(smoke_build):
-    out, _ = smoke_build
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ".lock" not in p.name}
-    _, stdout, _ = run_cli("build", "--profile", "smoke", "--out", out, "--json", "--no-progress")
+def test_a_second_build_compiles_nothing(smoke_dir):
+    before = {p: p.read_bytes() for p in smoke_dir.rglob("*") if p.is_file() and ".lock" not in p.name}
+    _, stdout, _ = run_cli("build", "--profile", "smoke", "--out", smoke_dir, "--json", "--no-progress")
     s = json.loads(stdout)
     assert (s["compiled"], s["up_to_date"], s["failed"]) == (0, smoke_count(), 0)
-    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ".lock" not in p.name}
+    after = {p: p.read_bytes() for p in smoke_dir.rglob("*") if p.is_file() and ".lock" not in p.name}
     assert before == after
 
 
@@ -88,29 +107,105 @@ def test_resume_rebuilds_only_missing_or_corrupt_and_is_deterministic(smoke_dir,
     assert Manifest.read(out / "gfx950").entries["k1@gfx950:s=4,tp=4,r=1"]["sha256"] == dropped["sha256"]
 
 
-@pytest.mark.slow
-def test_kill_at_any_moment_leaves_a_consistent_directory(tmp_path):
-    out = tmp_path / "pb"
-    keys = ["k1@gfx950:s=1,tp=2,r=0", "k1@gfx950:s=2,tp=2,r=0", "k1@gfx950:s=3,tp=2,r=0", "k1@gfx950:s=4,tp=2,r=0"]
+# The build in a process group of its own, SIGKILLed (workers and all) at one
+# moment of its own: os.replace is where a flush or a library lands, so the
+# hook kills right before the rename of the chosen one.
+_KILLED_BUILD = """
+import os, signal, sys
+moment, argv = sys.argv[1], sys.argv[2:]
+real, flushes = os.replace, []
+
+def replace(src, dst, *a, **kw):
+    name = os.path.basename(os.fspath(dst))
+    if moment == "mid-flush" and name == "manifest.json":
+        flushes.append(dst)
+        if len(flushes) == 2:  # the second flush: its temp file written, not yet renamed
+            os.killpg(0, signal.SIGKILL)
+    if moment == "during-link" and name.endswith(".so"):  # a library linked, libs.json not written
+        os.killpg(0, signal.SIGKILL)
+    return real(src, dst, *a, **kw)
+
+os.replace = replace
+from dsv41_aot import cli
+sys.exit(cli.main(argv))
+"""
+
+
+def _killed_build(moment: str, keys: list, out) -> dict:
+    """Run ``build --key KEYS --jobs 1`` and SIGKILL it at ``moment``; the
+    manifest's entries it left (asserting the kill did happen)."""
+    argv = ["build", "--key", *keys, "--out", str(out), "--jobs", "1", "--no-progress"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dsv41_aot.cli", "build", "--key", *keys, "--out", str(out), "--jobs", "2", "--no-progress"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [sys.executable, "-c", _KILLED_BUILD, moment, *argv],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
-    manifest = out / "gfx950" / "manifest.json"
-    deadline = time.time() + 300
-    while time.time() < deadline and not manifest.exists():
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the build and its workers, mid-flight
-    proc.wait()
-    m = Manifest.read(out / "gfx950")  # parses: never torn
+    if moment == "mid-compile":
+        # wait for a flush that holds some keys but not all, then kill while the
+        # worker compiles the next one (one compile is about 2 s)
+        manifest, deadline = out / "gfx950" / "manifest.json", time.time() + 600
+        while time.time() < deadline and proc.poll() is None:
+            if manifest.exists() and 1 <= len(Manifest.read(manifest.parent).entries) < len(keys):
+                time.sleep(0.3)
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.02)
+    err = proc.communicate(timeout=600)[1]
+    assert proc.returncode == -signal.SIGKILL, f"the build was not interrupted {moment} (exit {proc.returncode}): {err[-2000:]}"
+    m = Manifest.read(out / "gfx950", missing_ok=True)  # parses: never torn
     for key in m.entries:
         m.check_object(key)
-    done = len(m.entries)  # a temp file a kill left behind is never read: names start with "."
-    assert 1 <= done <= len(keys)
-    _, stdout, _ = run_cli("build", "--key", *keys, "--out", out, "--json", "--no-progress")
-    s = json.loads(stdout)
-    assert s["up_to_date"] == done and s["compiled"] == len(keys) - done and s["failed"] == 0
+    return m.entries
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["mid-compile", "mid-flush"])
+def test_a_build_killed_mid_flight_resumes_with_what_is_missing(moment, tmp_path):
+    """A kill while compiles land keeps the keys already flushed (the manifest
+    is written at least once a second, atomically); the rerun compiles exactly
+    the keys the killed run had not recorded."""
+    out = tmp_path / "pb"
+    recorded = _killed_build(moment, K1S, out)
+    assert 1 <= len(recorded) < len(K1S), f"killed {moment} with {len(recorded)} of {len(K1S)} keys recorded"
+    if moment == "mid-flush":
+        # the flush the kill cut short: a temp file holding more than manifest.json
+        (torn,) = (out / "gfx950").glob(".manifest.json.*.tmp")
+        assert len(json.loads(torn.read_bytes())["entries"]) > len(recorded)
+    s = build_json(*K1S, out=out)
+    missing = len(K1S) - len(recorded)
+    assert (s["compiled"], s["up_to_date"], s["failed"]) == (missing, len(recorded), 0)
+    m = Manifest.read(out / "gfx950")
+    assert sorted(m.entries) == sorted(K1S)
+    for key, e in recorded.items():
+        assert m.entries[key]["sha256"] == e["sha256"], f"{key} was compiled again"
+    for key in m.entries:
+        m.check_object(key)
     assert not list((out / "gfx950" / "objects").glob(".*.tmp")), "a finished build leaves no temp files"
+
+
+@pytest.fixture(scope="module")
+def built_k1s(tmp_path_factory):
+    """K1S built and linked into a folder of this module's own (copy it to change it)."""
+    out = tmp_path_factory.mktemp("k1s") / "pb"
+    s = build_json(*K1S, out=out)
+    assert (s["compiled"], s["failed"]) == (len(K1S), 0)
+    return out
+
+
+@pytest.mark.slow
+def test_a_build_killed_during_link_relinks_and_compiles_nothing(built_k1s, tmp_path):
+    out = copy_of(built_k1s, tmp_path / "pb")
+    shutil.rmtree(out / "gfx950" / LIB)
+    recorded = _killed_build("during-link", K1S, out)
+    assert sorted(recorded) == sorted(K1S)
+    libdir = out / "gfx950" / LIB
+    assert not (libdir / LIBS_JSON).exists(), "killed before libs.json"
+    s = build_json(*K1S, out=out)
+    assert (s["compiled"], s["up_to_date"], s["failed"], s["libraries"]) == (0, len(K1S), 0, 1)
+    libs = json.loads((libdir / LIBS_JSON).read_bytes())["libraries"]
+    assert [sorted(lib["entries"]) for lib in libs] == [sorted(K1S)]
+    assert libs[0]["entries"] == {k: e["sha256"] for k, e in recorded.items()}
+    assert sha256_file(libdir / libs[0]["file"]) == libs[0]["sha256"]
+    assert sorted(p.name for p in libdir.glob("*.so")) == [libs[0]["file"]]
 
 
 @pytest.mark.slow
@@ -130,6 +225,111 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     e = Manifest.read(out / "gfx950").entries[CHEAP[0]]
     assert e["source"]["mono_sources"] == source.mono_digest(root / source.MONO_REL)
     assert e["source"]["vllm_version"] == "unknown"
+
+
+def _project_copy(tmp_path, edit=None):
+    """A copy of this project (the dsv41_aot package and build_matrix.yaml),
+    ``edit(root)`` applied: run the CLI from it (``cwd=``) and it, and the
+    workers it starts, import the copy."""
+    root = tmp_path / "project"
+    shutil.copytree(REPO / "dsv41_aot", root / "dsv41_aot", ignore=shutil.ignore_patterns("__pycache__", "kernels_prebuilt"))
+    shutil.copy2(REPO / "build_matrix.yaml", root / "build_matrix.yaml")
+    if edit:
+        edit(root)
+    return root
+
+
+def _append(path, text):
+    path.write_text(path.read_text() + text)
+
+
+def _only_the_changed_key_rebuilds(out, field, **run) -> str:
+    """``out`` holds K1S built by this project as it is. Under a toolchain or
+    helper change (``run``: the env / cwd the CLI runs with), building key A
+    rebuilds it, and its entry's source differs from key B's in ``field``
+    only; then A and B together rebuild B alone. Returns A's new ``field``."""
+    a, b = K1S[:2]
+    before = Manifest.read(out / "gfx950").entries
+    s = build_json(a, out=out, **run)
+    assert (s["compiled"], s["up_to_date"], s["failed"]) == (1, 0, 0), f"a changed {field} did not rebuild {a}"
+    after = Manifest.read(out / "gfx950").entries
+    new, old = after[a]["source"], after[b]["source"]
+    assert {f for f in new if new[f] != old.get(f)} == {field}
+    assert after[b] == before[b]
+    assert after[a]["sha256"] == before[a]["sha256"], "same compile, same bytes"
+    s = build_json(a, b, out=out, **run)
+    assert (s["compiled"], s["up_to_date"], s["failed"]) == (1, 1, 0), f"{a} (new {field}) rebuilt, or {b} (old) kept"
+    assert Manifest.read(out / "gfx950").entries[b]["source"] == new
+    return new[field]
+
+
+@pytest.mark.slow
+def test_a_helper_change_rebuilds_only_keys_built_with_other_helpers(built_k1s, tmp_path):
+    out = copy_of(built_k1s, tmp_path / "pb")
+    compat = "dsv41_aot/build/compat"
+    plumbing = _project_copy(tmp_path / "plumbing", lambda root: _append(root / compat / "__init__.py", "\n# shim plumbing\n"))
+    s = build_json(*K1S[:2], out=out, cwd=plumbing)
+    assert (s["compiled"], s["up_to_date"]) == (0, 2), "the shim's plumbing is not the helpers: nothing rebuilds"
+    helper = _project_copy(tmp_path / "helper", lambda root: _append(root / compat / "dpp_utils.py", "\n# one line more\n"))
+    digest = _only_the_changed_key_rebuilds(out, "helpers", cwd=helper)
+    assert digest["impl"] == "dsv41_aot.compat"
+
+
+@pytest.mark.slow
+def test_a_linker_change_rebuilds_only_keys_linked_by_another(built_k1s, tmp_path):
+    """The linker FlyDSL runs is $ROCM_PATH/llvm/bin/ld.lld: the same ld.lld
+    found in another folder is the same identity; one that reports another
+    version is not."""
+    out = copy_of(built_k1s, tmp_path / "pb")
+    real = toolchain.llvm_tool("ld.lld")
+    bindir = tmp_path / "rocm" / "llvm" / "bin"
+    bindir.mkdir(parents=True)
+    env = dict(os.environ, ROCM_PATH=str(tmp_path / "rocm"))
+    (bindir / "ld.lld").symlink_to(real)
+    s = build_json(*K1S[:2], out=out, env=env)
+    assert (s["compiled"], s["up_to_date"]) == (0, 2), "the same linker elsewhere rebuilt keys"
+    (bindir / "ld.lld").unlink()
+    version = "LLD 19.1.8 (compatible with GNU linkers)"
+    # another build of lld: its own version line, lld-19's linking
+    (bindir / "ld.lld").write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "{version}"; exit 0; }}\nexec {real} "$@"\n')
+    (bindir / "ld.lld").chmod(0o755)
+    assert _only_the_changed_key_rebuilds(out, "linker", env=env) == version
+
+
+def _flydsl_release(root, version):
+    """FlyDSL as a ``version`` release would install (the installed FlyDSL's
+    modules, its distribution and ``flydsl.__version__`` saying ``version``):
+    FlyDSL is pinned, and no other release is at hand offline."""
+    import flydsl
+
+    real = os.path.realpath(flydsl.__file__)
+    (root / "flydsl").mkdir(parents=True)
+    (root / "flydsl" / "__init__.py").write_text(
+        f"__path__ = [{os.path.dirname(real)!r}]\n__file__ = {real!r}\n"
+        f"exec(compile(open(__file__).read(), __file__, 'exec'))\n__version__ = {version!r}\n"
+    )
+    (root / f"flydsl-{version}.dist-info").mkdir()
+    (root / f"flydsl-{version}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: flydsl\nVersion: {version}\n")
+    return root
+
+
+@pytest.mark.slow
+def test_a_flydsl_change_rebuilds_only_keys_built_by_another(built_k1s, tmp_path):
+    out = copy_of(built_k1s, tmp_path / "pb")
+    env = dict(os.environ, PYTHONPATH=str(_flydsl_release(tmp_path / "flydsl-next", "0.4.3")))
+    # the project as it is refuses another FlyDSL (its compile path is pinned) ...
+    code, _, err = run_cli("build", "--key", K1S[0], "--out", out, "--no-progress", env=env, check=False)
+    assert code == 2 and "FlyDSL 0.4.3 is installed" in err
+    # ... and a project pinned to it rebuilds what an older FlyDSL built
+    def pin(root):
+        tc = root / "dsv41_aot" / "build" / "toolchain.py"
+        text = tc.read_text()
+        was = f'FLYDSL_VERSION = "{toolchain.FLYDSL_VERSION}"'
+        assert was in text
+        tc.write_text(text.replace(was, 'FLYDSL_VERSION = "0.4.3"'))
+
+    pinned = _project_copy(tmp_path, pin)
+    assert _only_the_changed_key_rebuilds(out, "flydsl_version", env=env, cwd=pinned) == "0.4.3"
 
 
 def test_identity_change_makes_a_key_stale(tmp_path):

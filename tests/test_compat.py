@@ -6,9 +6,9 @@ edits ``sys.modules``). That the helpers give upstream's golden code objects
 byte for byte is proven through the builder itself (tests/test_build.py).
 """
 
-import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -175,15 +175,65 @@ def test_shim_keeps_an_aiter_without_flydsl_ops(tmp_path):
     assert json.loads(out) == ["dsv41_aot.compat", "real", "dsv41_aot.build.compat.dpp_utils"]
 
 
-def test_compat_digest_covers_the_helper_files():
+def test_compat_digest_of_known_helper_files(tmp_path, monkeypatch):
+    r"""The digest's definition, pinned: helpers whose contents are "a", "b",
+    "c" digest to a value derived outside Python, by
+    printf 'buffer_ops.py\0a\0dpp_utils.py\0b\0kernels_common.py\0c\0' | sha256sum
+    (name, NUL, contents, NUL, in name order; the first 16 hex digits)."""
     from dsv41_aot.build import compat
 
-    digest = compat.compat_digest()
-    assert len(digest) == 16 and int(digest, 16) >= 0
-    h = hashlib.sha256()
-    for name in ("buffer_ops.py", "dpp_utils.py", "kernels_common.py"):
-        h.update(name.encode() + b"\0" + (REPO / "dsv41_aot" / "build" / "compat" / name).read_bytes() + b"\0")
-    assert digest == h.hexdigest()[:16]
+    for name, text in (("buffer_ops.py", "a"), ("dpp_utils.py", "b"), ("kernels_common.py", "c")):
+        (tmp_path / name).write_text(text)
+    (tmp_path / "__init__.py").write_text("anything")  # not a helper: not digested
+    monkeypatch.setattr(compat, "_HERE", tmp_path)
+    assert compat.compat_digest() == "c0aa10ec7d0fa2c6"
+    # the names count, not only the contents: the same three texts in other files differ
+    (tmp_path / "buffer_ops.py").write_text("b")
+    (tmp_path / "dpp_utils.py").write_text("a")
+    assert compat.compat_digest() != "c0aa10ec7d0fa2c6"
+
+
+def _digest_of_copy(tmp_path, edit=None) -> str:
+    """compat_digest() as a copy of the package computes it, ``edit`` applied
+    to the copy's compat folder first (a fresh interpreter imports the copy)."""
+    root = tmp_path / "copy"
+    shutil.copytree(REPO / "dsv41_aot", root / "dsv41_aot", ignore=shutil.ignore_patterns("__pycache__"))
+    if edit:
+        edit(root / "dsv41_aot" / "build" / "compat")
+    proc = subprocess.run(
+        [sys.executable, "-c", "import dsv41_aot.build.compat as c; print(c.__file__); print(c.compat_digest())"],
+        capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    where, digest = proc.stdout.split()
+    assert Path(where).is_relative_to(root)
+    return digest
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("helper", ["buffer_ops.py", "dpp_utils.py", "kernels_common.py"])
+def test_compat_digest_changes_with_one_byte_of_any_helper(helper, tmp_path):
+    from dsv41_aot.build.compat import compat_digest
+
+    assert _digest_of_copy(tmp_path / "same") == compat_digest()
+    assert _digest_of_copy(tmp_path / "edited", lambda d: _flip_last_byte(d / helper)) != compat_digest()
+
+
+def test_compat_digest_ignores_the_shim_plumbing(tmp_path):
+    """Editing __init__.py (registration, no kernel code) or adding a file
+    beside the helpers rebuilds nothing."""
+    from dsv41_aot.build.compat import compat_digest
+
+    def edit(d):
+        (d / "__init__.py").write_text((d / "__init__.py").read_text() + "\n# plumbing\n")
+        (d / "NOTES.txt").write_text("not a helper\n")
+
+    assert _digest_of_copy(tmp_path, edit) == compat_digest()
 
 
 # ---------------------------------------------------------------- operand unwrapping
