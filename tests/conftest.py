@@ -13,3 +13,11 @@ import _smoke
 def smoke_dir(tmp_path_factory):
     """Built and linked; read it, copy it to change it."""
     return _smoke.smoke_dir(tmp_path_factory)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Name the shuffled order (pytest-randomly) even under -q, which hides the
+    header that says it: the line to replay a failing order with."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int):
+        terminalreporter.write_line(f"test order: shuffled by pytest-randomly; replay it with --randomly-seed={seed}")
