@@ -69,7 +69,8 @@ def cmd_build(args) -> int:
     from .build import builder
 
     summary = builder.build(
-        keys, Path(args.out), jobs=args.jobs, vllm_src=args.vllm_src, progress=not args.no_progress, link=not args.no_link
+        keys, Path(args.out), jobs=args.jobs, key_timeout=args.key_timeout, vllm_src=args.vllm_src,
+        progress=not args.no_progress, link=not args.no_link,
     )
     if args.json:
         print_json(summary.as_dict())
@@ -117,6 +118,8 @@ def _add_build(sub) -> None:
     p.add_argument("--key", action="extend", nargs="+", help="build these keys instead of a profile (--key A B, or --key A --key B)")
     p.add_argument("--any-key", action="store_true", help="with --key: allow keys the matrix does not list")
     p.add_argument("--jobs", "-j", type=int, default=None, help="worker processes (default: CPU count)")
+    p.add_argument("--key-timeout", type=float, default=None, metavar="SECONDS",
+                   help="fail a key whose compile takes longer; its worker is replaced (default 600)")
     p.add_argument("--out", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
     p.add_argument("--shard", help="build shard i of N (i/N, from 0), balanced by compile seconds")
     p.add_argument("--seconds", nargs="+", default=[], metavar="TIMINGS",

@@ -1,9 +1,8 @@
 """Parallel, incremental, resumable builds of a list of keys.
 
-- Parallel: ``jobs`` worker processes (``dsv41_aot.build.worker``), each bound to
-  one arch for its life (the mono package fixes its target at import); a slot
-  whose arch runs out of work is given to the arch with the most work left.
-  Keys go longest-first.
+- Parallel: ``jobs`` compile workers (``dsv41_aot.build.worker``) on the one
+  worker pool (``dsv41_aot.build.workers``: per-arch workers, slots to the arch
+  with the most work, keys longest first, a per-key timeout).
 - Incremental: a key is up to date when its manifest entry was built from the
   same source identity (vLLM mono SOURCES and version, aiter helpers, FlyDSL
   version, linker) and its stored object still hashes to the manifest's
@@ -18,12 +17,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import os
-import selectors
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +30,8 @@ from ..errors import AotError, IntegrityError, ManifestError, OutputDirError
 from ..keys import BuildKey
 from ..manifest import Manifest
 from .lock import arch_lock
-from .matrix import estimate_seconds
 from .residency import spill_notes
+from .workers import check_jobs, check_key_timeout
 
 FLUSH_SECONDS = 1.0
 # failures a rerun may not repeat: never remembered as the source's refusal
@@ -107,28 +102,6 @@ def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:
     return True
 
 
-class _Worker:
-    def __init__(self, arch: str, argv: list, env: dict, log):
-        self.arch = arch
-        self.key: BuildKey | None = None
-        self.ready = False
-        self.log = log  # the worker's stderr, a file: its tail explains a death
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, text=True, bufsize=1
-        )
-
-    def send(self, key: BuildKey) -> None:
-        self.key = key
-        self.proc.stdin.write(f"{key}\n")
-        self.proc.stdin.flush()
-
-    def stop(self) -> None:
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-
-
 class _ArchState:
     """One arch's manifest and pending keys during a build (its lock is held
     by ``build``). A corrupt manifest is set aside and rebuilt from the
@@ -149,7 +122,6 @@ class _ArchState:
                   file=log, flush=True)
         self.pending: collections.deque = collections.deque()
         self.dirty = self.manifest.migrated  # compile seconds still in the manifest: move them out
-        self.failed_start: str | None = None
 
 
 def build(
@@ -157,6 +129,7 @@ def build(
     out: Path,
     *,
     jobs: int | None = None,
+    key_timeout: float | None = None,
     vllm_src: str | None = None,
     progress: bool = True,
     link: bool = True,
@@ -168,7 +141,8 @@ def build(
     failed key does not stop the others)."""
     t_start = time.perf_counter()
     out = Path(out).resolve()
-    jobs = max(1, jobs or os.cpu_count() or 1)
+    jobs = check_jobs(jobs)
+    key_timeout = check_key_timeout(key_timeout)
     log = log or sys.stderr
     # every check before anything is written
     check_out_dir(out)
@@ -187,12 +161,15 @@ def build(
         for arch in sorted({k.arch for k in keys}):
             held.enter_context(arch_lock(out / arch, "build", log))
             states[arch] = _ArchState(out, arch, ident, summary, log)
-        _build_locked(keys, states, ident, tools, src, jobs, summary, progress, link, log)
+        _build_locked(keys, states, ident, tools, src, jobs, key_timeout, summary, progress, link, log)
     summary.wall_seconds = time.perf_counter() - t_start
+    if summary.compiled + summary.up_to_date + summary.failed != summary.keys:
+        raise RuntimeError(f"internal error: {summary.keys} keys but {summary.compiled} compiled + {summary.up_to_date} "
+                           f"up to date + {summary.failed} failed: the build lost track of some")
     return summary
 
 
-def _build_locked(keys, states, ident, tools, src, jobs, summary, progress, link, log) -> None:
+def _build_locked(keys, states, ident, tools, src, jobs, key_timeout, summary, progress, link, log) -> None:
     for key in keys:
         st = states[key.arch]
         known = st.manifest.refused.get(str(key))
@@ -204,8 +181,6 @@ def _build_locked(keys, states, ident, tools, src, jobs, summary, progress, link
         else:
             st.pending.append(key)
     todo = sum(len(s.pending) for s in states.values())
-    for st in states.values():
-        st.pending = collections.deque(sorted(st.pending, key=lambda k: (-estimate_seconds(k), str(k))))
 
     bar = None
     if progress and todo:
@@ -214,7 +189,7 @@ def _build_locked(keys, states, ident, tools, src, jobs, summary, progress, link
         bar = tqdm(total=todo, desc="dsv41-aot build", unit="sym", file=sys.stderr, dynamic_ncols=True)
     try:
         if todo:
-            _run(states, ident, tools, src, jobs, summary, bar)
+            _run(states, ident, tools, src, jobs, key_timeout, summary, bar)
     finally:
         for st in states.values():
             if st.dirty:
@@ -238,34 +213,25 @@ def _build_locked(keys, states, ident, tools, src, jobs, summary, progress, link
                 summary.libraries += link_arch(st.dir)["libraries"]
 
 
-def _run(states, ident, tools, src, jobs, summary, bar) -> None:
-    sel = selectors.DefaultSelector()
-    workers: list[_Worker] = []
-    logdir = tempfile.TemporaryDirectory(prefix="dsv41-aot-workers-")
-    last_flush = time.monotonic()
+def _run(states, ident, tools, src, jobs, key_timeout, summary, bar) -> None:
+    """Compile every pending key on the worker pool, recording each answer in
+    its arch's manifest (flushed at least once a second)."""
+    from .workers import Pool
 
-    def remaining(arch: str) -> float:
-        return sum(estimate_seconds(k) for k in states[arch].pending)
+    def spawn(arch: str, folder: Path):
+        env = worker_env(arch, str(tools.rocm_path), str(folder / "flydsl"))
+        argv = [sys.executable, "-m", "dsv41_aot.build.worker", arch, str(src.root), str(states[arch].dir),
+                str(tools.strip), tools.lld_version]
+        return argv, env
 
-    def start(arch: str) -> None:
-        st = states[arch]
-        env = worker_env(arch, str(tools.rocm_path), os.path.join(logdir.name, f"flydsl-{arch}"))
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
-        argv = [sys.executable, "-m", "dsv41_aot.build.worker", arch, str(src.root), str(st.dir), str(tools.strip), tools.lld_version]
-        logf = open(os.path.join(logdir.name, f"worker-{arch}-{len(workers)}.log"), "w+")
-        w = _Worker(arch, argv, env, logf)
-        workers.append(w)
-        sel.register(w.proc.stdout, selectors.EVENT_READ, w)
-
-    def retire(w: _Worker) -> None:
-        sel.unregister(w.proc.stdout)
-        w.stop()
-        w.proc.wait()
-        workers.remove(w)
+    def accept(arch: str, ready: dict) -> str | None:
+        if ready.get("identity") != ident:
+            return f"compile worker's source identity {ready.get('identity')} differs from {ident}"
+        return None
 
     def fail(key: BuildKey, error: str, deterministic: bool = False) -> None:
-        """Report a failed key; a refusal by the kernel source (not a crash
-        or a worker that could not start) is remembered for this source."""
+        """Report a failed key; a refusal by the kernel source (not a crash,
+        a timeout or a worker that could not start) is remembered for this source."""
         st = states[key.arch]
         summary.failed += 1
         summary.failures.append({"key": str(key), "error": error})
@@ -279,82 +245,28 @@ def _run(states, ident, tools, src, jobs, summary, bar) -> None:
         else:
             print(f"FAILED {key}: {error}", file=sys.stderr)
 
-    def log_tail(w: _Worker) -> str:
-        w.log.seek(0)
-        lines = w.log.read().strip().splitlines()
-        return " | ".join(lines[-3:])
+    def on_answer(key: BuildKey, msg: dict) -> None:
+        st = states[key.arch]
+        if msg["ok"]:
+            st.manifest.put(msg["entry"], msg["abi"], seconds=msg["seconds"])
+            st.manifest.refused.pop(str(key), None)
+            st.dirty = True
+            summary.compiled += 1
+            summary.compile_seconds += msg["seconds"]
+            if bar is not None:
+                bar.update(1)
+        else:
+            summary.compile_seconds += msg.get("seconds", 0.0)
+            fail(key, msg["error"], deterministic=not msg.get("pool") and msg.get("kind") not in _TRANSIENT)
 
-    try:
-        while any(s.pending for s in states.values()) or any(w.key for w in workers):
-            # give free slots to the arch with the most work per worker
-            while len(workers) < jobs:
-                busy = collections.Counter(w.arch for w in workers)
-                cand = [a for a, s in states.items() if len(s.pending) > busy[a] and s.failed_start is None]
-                if not cand:
-                    break
-                start(max(cand, key=lambda a: (remaining(a) / (busy[a] + 1), a)))
-            for w in list(workers):
-                if w.ready and w.key is None:
-                    st = states[w.arch]
-                    if st.pending:
-                        w.send(st.pending.popleft())
-                    else:
-                        retire(w)
-            if not workers:
-                break
-            for sk, _ in sel.select(timeout=1.0):
-                w: _Worker = sk.data
-                line = w.proc.stdout.readline()
-                if not line:  # the worker died
-                    if w.key is not None:
-                        code = w.proc.wait()
-                        fail(w.key, f"compile worker died (exit {code}): {log_tail(w)}")
-                        w.key = None
-                    elif not w.ready:
-                        states[w.arch].failed_start = f"compile worker for {w.arch} died at start: {log_tail(w)}"
-                    retire(w)
-                    continue
-                msg = json.loads(line)
-                if "ready" in msg:
-                    if not msg["ready"]:
-                        states[w.arch].failed_start = msg["error"]
-                        retire(w)
-                    elif msg["identity"] != ident:
-                        states[w.arch].failed_start = (
-                            f"worker source identity {msg['identity']} differs from {ident}"
-                        )
-                        retire(w)
-                    else:
-                        w.ready = True
-                    continue
-                key, w.key = w.key, None
-                if msg["ok"]:
-                    st = states[key.arch]
-                    st.manifest.put(msg["entry"], msg["abi"], seconds=msg["seconds"])
-                    st.manifest.refused.pop(str(key), None)
-                    st.dirty = True
-                    summary.compiled += 1
-                    summary.compile_seconds += msg["seconds"]
-                    if bar is not None:
-                        bar.update(1)
-                else:
-                    summary.compile_seconds += msg.get("seconds", 0.0)
-                    fail(key, msg["error"], deterministic=msg.get("kind") not in _TRANSIENT)
-            for st in states.values():
-                if st.failed_start is not None and st.pending:
-                    for key in list(st.pending):
-                        fail(key, st.failed_start)
-                    st.pending.clear()
-            if time.monotonic() - last_flush >= FLUSH_SECONDS:
-                for st in states.values():
-                    if st.dirty:
-                        st.manifest.write()
-                        st.dirty = False
-                last_flush = time.monotonic()
-    finally:
-        for w in list(workers):
-            w.proc.kill()
-            w.proc.wait()
-        sel.close()
-        logdir.cleanup()
+    def flush() -> None:
+        for st in states.values():
+            if st.dirty:
+                st.manifest.write()
+                st.dirty = False
 
+    keys = [k for st in states.values() for k in st.pending]
+    for st in states.values():
+        st.pending.clear()
+    Pool(spawn, jobs=jobs, key_timeout=key_timeout, accept=accept, what="compile").run(
+        keys, on_answer, on_tick=flush, tick_seconds=FLUSH_SECONDS)

@@ -73,6 +73,7 @@ class ArchCompiler:
 
         self.arch = arch
         self.arch_dir = Path(arch_dir)
+        self.before_write = lambda: None  # the worker's parent check (worker.ensure_parent)
         self.strip = strip
         self.helpers = compat.install_aiter_shim()
         self.src = source.MonoSource(root=Path(vllm_root))
@@ -120,6 +121,7 @@ class ArchCompiler:
         entry, abi = describe_object(key, data, self.identity)
         obj = self.arch_dir / entry["object"]
         if not (obj.is_file() and sha256_file(obj) == entry["sha256"]):  # absent, or corrupt in place
+            self.before_write()
             atomic_write(obj, data)
         entry["export_bytes"] = raw_bytes
         return entry, abi

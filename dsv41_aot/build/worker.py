@@ -7,16 +7,43 @@ reads key strings on stdin, one a line, and answers one JSON line a key on the
 stdout it was started with. Its first line says it is ready or why it cannot
 start. Everything FlyDSL or vLLM print goes to stderr, so the answer channel
 stays clean. ``serve`` is that protocol, shared by the compile worker here and
-``verify``'s JIT worker.
+``verify``'s JIT worker (``dsv41_aot.build.jit``); ``dsv41_aot.build.workers``
+is its parent side.
+
+A worker dies with its parent: the kernel sends it SIGKILL when the parent
+goes (``PR_SET_PDEATHSIG``), and it checks its parent before every write (an
+answer, a stored object), so nothing is written after a build was killed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import sys
 import time
 import traceback
+
+PARENT_ENV = "DSV41_AOT_PARENT_PID"  # set by dsv41_aot.build.workers
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def bind_to_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies, then
+    check the parent did not die before that took effect."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    ensure_parent()
+
+
+def ensure_parent() -> None:
+    """Exit at once unless the process that started this worker is still its
+    parent: called before every write."""
+    want = os.environ.get(PARENT_ENV)
+    if want is not None and os.getppid() != int(want):
+        os._exit(3)
 
 
 def describe(e: BaseException) -> str:
@@ -40,10 +67,12 @@ def serve(arch: str, start, answer, ready=lambda state: {}) -> int:
     ``{"ok": false, "key", "error", "kind", "seconds"}`` when it raises (one
     key's failure never stops the others). The ready line carries
     ``ready(state)``."""
+    bind_to_parent()
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints go to stderr
 
     def say(obj) -> None:
+        ensure_parent()
         answers.write(json.dumps(obj) + "\n")
         answers.flush()
 
@@ -63,6 +92,7 @@ def serve(arch: str, start, answer, ready=lambda state: {}) -> int:
         text = line.strip()
         if not text:
             continue
+        print(f"dsv41-aot worker {os.getpid()}: {text}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
             out = answer(state, BuildKey.parse(text))
@@ -80,7 +110,9 @@ def main(argv: list[str]) -> int:
     def start():
         from .compiler import ArchCompiler
 
-        return ArchCompiler(arch, vllm_root, arch_dir, strip, linker)
+        compiler = ArchCompiler(arch, vllm_root, arch_dir, strip, linker)
+        compiler.before_write = ensure_parent
+        return compiler
 
     def answer(compiler, key):
         entry, abi = compiler.compile(key)
