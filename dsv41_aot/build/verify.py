@@ -10,17 +10,13 @@ through the same kernel name and kernarg layout. Two levels:
   ``dsv41_aot.resources``); ``lib/libs.json`` parses, every library it names
   is inside ``lib/`` with its recorded sha256, and it links every manifest
   key from the manifest's object (what the loader checks before it loads);
-- ``--against-jit``: for each chosen key, vLLM's own runner
-  (``DSV41MonoLayer.kernels`` / ``ffn_kernel``, on a runner object made
-  without a GPU) picks the launcher exactly as at serving time (gfx942's K2
-  without the key-table build included), FlyDSL's JIT compiles it without
-  launching into a fresh FlyDSL disk cache, and the GPU code object is taken
-  from that cache's pickled artifact (its IR's ``gpu.binary``), not from
-  ``export_to_c``. Bytes, kernel name and kernarg layout are compared with
-  the prebuilt code object, and the launcher's parameters with the ABI.
-
-One JIT worker process per arch (``python -m dsv41_aot.build.verify ARCH``): the
-mono package fixes its target at import from ``ARCH``.
+- ``--against-jit``: each chosen key is built again by vLLM's own runner and
+  FlyDSL's JIT (``dsv41_aot.build.jit``), on the build's worker pool
+  (``--jobs``, ``--key-timeout``), and its GPU code object, kernel name,
+  kernarg layout and launcher parameters are compared with the prebuilt one.
+  ``--shard i/N`` checks the keys ``dsv41-aot build --shard i/N`` builds (same
+  partition, same ``--seconds`` files); ``--record`` writes the proof,
+  ``<arch>/verified.json`` (``jit.VERIFIED``), beside each manifest.
 """
 
 from __future__ import annotations
@@ -28,23 +24,19 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import subprocess
 import sys
-import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import elf
 from ..errors import AotError, IntegrityError
-from ..facts.kinds import kind_facts
 from ..keys import BuildKey
 from ..manifest import LIB, LIBS_JSON, Manifest, arch_dirs, sha256_file
 from .codeobject import code_object_resources, manifest_figures
+from .jit import compare_jit, read_verified, verified_record, write_verified
 from .output import tally
 from .residency import residency_problems
-
-# FlyDSL annotation class name -> the ABI ctype export_to_c records
-CTYPES = {"Int64": "int64", "Int32": "int32"}
 
 
 @dataclass
@@ -215,157 +207,82 @@ def choose_keys(man: Manifest, keys: list[str] | None, sample: int | None, seed:
     return have
 
 
-def start_jit_worker(arch: str, out_dir: Path, *, vllm_src: str | None = None, log=None) -> subprocess.Popen:
-    """Start the JIT worker for ``arch``: a fresh FlyDSL cache under
-    ``out_dir``, FlyDSL options a user set cleared (vLLM's JIT runs with
-    FlyDSL's defaults), ROCM_PATH pointing at a usable ld.lld."""
-    from . import toolchain
+def shard_keys(shard: str, *, profile: str | None = None, matrix_path: str | None = None,
+               arches: list[str] | None = None, seconds: list | None = None) -> list[str]:
+    """The keys ``dsv41-aot build --shard`` (and ci/build_shard.py) gives shard
+    ``i/N`` of the profile: the same selection, the same partition."""
+    from . import matrix
 
-    from .compiler import worker_env
-
-    env = worker_env(arch, str(toolchain.find().rocm_path), str(out_dir / f"flydsl-cache-{arch}"))
-    env["FLYDSL_RUNTIME_ENABLE_CACHE"] = "1"  # the artifact is read back from FlyDSL's disk cache
-    argv = [sys.executable, "-m", "dsv41_aot.build.verify", arch, str(out_dir)] + (["--vllm-src", vllm_src] if vllm_src else [])
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log or subprocess.DEVNULL,
-                            env=env, text=True, cwd=str(Path(__file__).resolve().parents[2]))
-    return proc
+    keys = matrix.load(matrix_path).select(profile)
+    if arches:
+        keys = [k for k in keys if k.arch in arches]
+    i, n = matrix.parse_shard(shard)
+    return [str(k) for k in matrix.shard(keys, i, n, matrix.recorded_seconds(seconds))]
 
 
-def _worker_main(argv: list[str]) -> int:
-    """JIT worker: keys on stdin, one JSON answer a key on stdout (worker.serve)."""
-    from .worker import serve
+def _against_jit(chosen: dict, reports: list, codes: dict, *, jobs: int, key_timeout: float,
+                 vllm_src: str | None, progress: bool, record: bool) -> None:
+    """Build ``chosen`` (arch -> keys) again through vLLM's JIT on the worker
+    pool and add what differs to each key's report; with ``record``, keep the
+    proof of each key that passed in its arch's verified.json."""
+    from . import jit
 
-    arch, out_dir = argv[0], Path(argv[1])
-    vllm_src = argv[3] if len(argv) > 3 and argv[2] == "--vllm-src" else None
+    by_key = {r.key: r for r in reports}
+    todo = [BuildKey.parse(k) for ks in chosen.values() for k in ks]
+    proofs = {arch: read_verified(codes[ks[0]][0].dir) for arch, ks in chosen.items() if ks} if record else {}
+    bar = None
+    if progress and todo:
+        from tqdm import tqdm
 
-    def answer(jit, key):
-        code, params = jit.code_object(key)
-        path = out_dir / f"{key.entry}.jit.co"
-        path.write_bytes(code)
-        return {"code": str(path), "params": params}
+        bar = tqdm(total=len(todo), desc="verify --against-jit", unit="key", file=sys.stderr, dynamic_ncols=True)
 
-    return serve(arch, lambda: _VllmJit(arch, vllm_src), answer)
+    def on_answer(key: BuildKey, msg: dict) -> None:
+        rep = by_key[str(key)]
+        man, code = codes[str(key)]
+        rep.checks.append("jit")
+        rep.jit_seconds = msg.get("seconds")
+        rep.problems += compare_jit(man, str(key), code, msg)
+        if record:
+            if rep.ok:
+                proofs[key.arch][str(key)] = verified_record(code, msg.get("identity"))
+            else:
+                proofs[key.arch].pop(str(key), None)
+        if bar is not None:
+            bar.update(1)
 
-
-class _VllmJit:
-    """vLLM's runner and FlyDSL's JIT, in a process bound to one arch."""
-
-    def __init__(self, arch: str, vllm_src: str | None):
-        from .. import source
-        from . import compat
-
-        compat.install_aiter_shim()
-        src = source.find(vllm_src)
-        self.runner_mod = source.import_mono(src, "runner")
-        self.arch = arch
-
-    def runner(self, key: BuildKey):
-        """A DSV41MonoLayer made without a GPU, holding only what its
-        ``kernels`` / ``ffn_kernel`` read."""
-        cls = self.runner_mod.DSV41MonoLayer
-        r = cls.__new__(cls)
-        r.tp, r.timeline = key.tp, key.timeline
-        r.experts, r.topk, r.ug_groups, r.swa_width = key.experts, key.topk, key.ug_groups, key.swa_width
-        r._kernels = {}
-        return r
-
-    def launcher(self, key: BuildKey):
-        """The launcher vLLM's runner uses for ``key``. A K2 key names the
-        layer's fields; on gfx942 the runner itself drops ``index``."""
-        kind = kind_facts(key.kind)
-        r = self.runner(key)
-        if kind.runner_method == "ffn_kernel":
-            return r.ffn_kernel(key.tokens, key.experts, key.topk)
-        if kind.runner_method == "kernels":
-            return r.kernels(key.tokens, key.ratio, key.fold, key.index)[kind.runner_index]
-        raise AotError(f"{key}: verify does not know how vLLM's runner asks for a {key.kind} launch "
-                       f"({kind.runner_method})", fix="teach build/verify.py _VllmJit.launcher that runner method")
-
-    def code_object(self, key: BuildKey) -> tuple[bytes, list]:
-        import inspect
-        import pickle
-
-        from .compiler import typed_args
-
-        launcher = self.launcher(key)
-        params = [[p.name, getattr(p.annotation, "__name__", str(p.annotation))]
-                  for p in inspect.signature(launcher.func).parameters.values()]
-        launcher._compile_or_execute(typed_args(launcher), {}, execute=False)
-        cache_key, _ = launcher._last_compiled
-        mgr = launcher.cache_manager
-        if mgr is None:
-            raise RuntimeError("FlyDSL's disk cache is off: FLYDSL_RUNTIME_CACHE_DIR / ENABLE_CACHE not honoured")
-        pkl = mgr._cache_file(launcher._cache_key_to_str(cache_key))
-        if not pkl.is_file():
-            raise RuntimeError(f"FlyDSL wrote no cache artifact at {pkl}")
-        with open(pkl, "rb") as f:
-            artifact = pickle.load(f)
-        return gpu_binary(artifact._ir_text), params
-
-
-def gpu_binary(ir_text: str) -> bytes:
-    """The one GPU code object in a FlyDSL artifact's compiled IR (its
-    ``gpu.binary`` op's object)."""
-    from flydsl._mlir import ir
-    from flydsl._mlir.dialects import gpu
-    from flydsl.compiler.jit_function import _create_mlir_context
-
-    with _create_mlir_context():
-        module = ir.Module.parse(ir_text)
-        objs = [
-            gpu.ObjectAttr(a).object
-            for op in module.body.operations
-            if op.operation.name == "gpu.binary"
-            for a in ir.ArrayAttr(op.operation.attributes["objects"])
-        ]
-    if len(objs) != 1:
-        raise RuntimeError(f"FlyDSL artifact holds {len(objs)} GPU objects, expected 1")
-    return bytes(objs[0])
-
-
-def compare_jit(man: Manifest, key: str, prebuilt: bytes, answer: dict) -> list[str]:
-    """Differences between the prebuilt code object and vLLM's JIT one."""
-    if "error" in answer:
-        return [f"JIT build failed: {answer['error']}"]
-    jit = Path(answer["code"]).read_bytes()
-    out = []
-    if jit != prebuilt:
-        out.append(
-            f"GPU code object differs: prebuilt sha256 {hashlib.sha256(prebuilt).hexdigest()[:16]} ({len(prebuilt)} bytes),"
-            f" JIT {hashlib.sha256(jit).hexdigest()[:16]} ({len(jit)} bytes)"
-        )
     try:
-        a, b = code_object_resources(prebuilt), code_object_resources(jit)
-    except (elf.ElfError, ValueError) as err:
-        return out + [f"code object metadata unreadable: {err}"]
-    if a["name"] != b["name"]:
-        out.append(f"kernel name differs: prebuilt {a['name']}, JIT {b['name']}")
-    if a["args"] != b["args"] or a["kernarg_bytes"] != b["kernarg_bytes"]:
-        out.append(f"kernarg layout differs: prebuilt {len(a['args'])} args / {a['kernarg_bytes']} bytes, JIT {len(b['args'])} / {b['kernarg_bytes']}")
-    abi = man.abi(key)
-    want = [[s["name"], s["ctype"]] for s in abi if s["name"] != "stream"]
-    got = [[n, CTYPES.get(t, t)] for n, t in answer["params"] if n != "stream"]
-    if want != got:
-        out.append(f"vLLM's launcher parameters {got} differ from the ABI {want}")
-    return out
+        jit.run(todo, on_answer, jobs=jobs, key_timeout=key_timeout, vllm_src=vllm_src)
+    finally:
+        if bar is not None:
+            bar.close()
+        for arch, recs in proofs.items():
+            man = codes[chosen[arch][0]][0]
+            write_verified(man.dir, arch, recs, man)
 
 
 # ---------------------------------------------------------------- command
 
 
 def verify(root: Path, *, against_jit: bool = False, keys: list[str] | None = None, sample: int | None = None,
-           seed: int = 0, vllm_src: str | None = None, progress: bool = False) -> dict:
-    """Verify the prebuilt directory ``root``; returns the JSON report."""
+           seed: int = 0, vllm_src: str | None = None, progress: bool = False, jobs: int | None = None,
+           key_timeout: float | None = None, record: bool = False) -> dict:
+    """Verify the prebuilt directory ``root``; returns the JSON report.
+    ``keys`` (named keys, or a shard's) must all be in ``root``."""
+    from .workers import check_jobs, check_key_timeout
+
+    t0 = time.perf_counter()
+    jobs, key_timeout = check_jobs(jobs), check_key_timeout(key_timeout)
     root = Path(root)
     dirs = arch_dirs(root)
     if not dirs:
         raise AotError(f"{root} holds no prebuilt architecture (no <arch>/manifest.json)", fix=f"dsv41-aot build --out {root}")
-    wanted = [str(BuildKey.parse(k)) for k in keys] if keys else None
+    wanted = [str(BuildKey.parse(k)) for k in keys] if keys is not None else None
     if wanted:
         known = {k for d in dirs for k in Manifest.read(d).entries}
         unknown = [k for k in wanted if k not in known]
         if unknown:
-            raise AotError(f"{root} does not hold {', '.join(unknown)}", fix=f"dsv41-aot list --dir {root}")
+            raise AotError(f"{root} does not hold {len(unknown)} of the keys asked for: {', '.join(unknown[:5])}",
+                           fix=f"build them: dsv41-aot build --out {root} --key {' '.join(repr(k) for k in unknown[:5])}")
     reports, warnings, codes, chosen, lib_failures = [], [], {}, {}, []
     for d in dirs:
         man = Manifest.read(d)
@@ -378,24 +295,16 @@ def verify(root: Path, *, against_jit: bool = False, keys: list[str] | None = No
             reports.append(rep)
             codes[k] = (man, code)
         if against_jit:
-            picked = choose_keys(man, names, None, seed) if wanted else choose_keys(man, None, sample, seed)
+            picked = choose_keys(man, names, None, seed) if wanted is not None else choose_keys(man, None, sample, seed)
             chosen[man.arch] = [k for k in picked if codes[k][1] is not None]
     if against_jit:
-        by_key = {r.key: r for r in reports}
-        with tempfile.TemporaryDirectory(prefix="dsv41-verify-") as tmp:
-            answers = _run_jit(chosen, Path(tmp), vllm_src, progress)
-            for arch, ks in chosen.items():
-                for k in ks:
-                    rep = by_key[k]
-                    rep.checks.append("jit")
-                    man, code = codes[k]
-                    ans = answers.get(k, {"error": "the JIT worker gave no answer"})
-                    rep.jit_seconds = ans.get("seconds")
-                    rep.problems += compare_jit(man, k, code, ans)
+        _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, vllm_src=vllm_src,
+                     progress=progress, record=record)
     failures = [{"key": r.key, "file": None, "error": "; ".join(r.problems),
                  "fix": _fix_for(r.key, r.problems, root)} for r in reports if not r.ok] + lib_failures
     return tally(len(reports), sum(r.ok for r in reports), failures, dir=str(root.resolve()),
-                 jit_checked=sum(len(v) for v in chosen.values()), warnings=warnings,
+                 jit_checked=sum(len(v) for v in chosen.values()), jobs=jobs,
+                 wall_seconds=round(time.perf_counter() - t0, 3), warnings=warnings,
                  reports=[r.as_dict() for r in reports])
 
 
@@ -403,67 +312,6 @@ def _fix_for(key: str, problems: list, root: Path) -> str:
     if all(p.startswith("cannot be resident") for p in problems):
         return f"{key} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from build_matrix.yaml"
     return f"rebuild it: dsv41-aot build --key '{key}' --out {root}"
-
-
-def _run_jit(chosen: dict, tmp: Path, vllm_src: str | None, progress: bool) -> dict:
-    """Run one JIT worker per arch, in parallel; key -> answer."""
-    import selectors
-
-    procs, answers, pending = [], {}, {}
-    total = sum(len(v) for v in chosen.values())
-    bar = None
-    if progress and total:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, desc="verify --against-jit", unit="key", file=sys.stderr)
-    sel = selectors.DefaultSelector()
-    logs = {}
-    for arch, ks in chosen.items():
-        if not ks:
-            continue
-        work = tmp / arch
-        work.mkdir()
-        logs[arch] = open(work / "worker.log", "w+")
-        p = start_jit_worker(arch, work, vllm_src=vllm_src, log=logs[arch])
-        p.stdin.write("".join(k + "\n" for k in ks))
-        p.stdin.close()
-        pending[arch] = set(ks)
-        sel.register(p.stdout, selectors.EVENT_READ, (arch, p))
-        procs.append(p)
-    try:
-        while sel.get_map():
-            for sk, _ in sel.select():
-                arch, p = sk.data
-                line = p.stdout.readline()
-                if not line:
-                    sel.unregister(p.stdout)
-                    p.wait()
-                    logs[arch].seek(0)
-                    tail = logs[arch].read()[-2000:]
-                    for k in pending[arch]:
-                        answers[k] = {"error": f"JIT worker for {arch} exited ({p.returncode}) before answering: {tail}"}
-                    continue
-                msg = json.loads(line)
-                if "ready" in msg:
-                    if not msg["ready"]:
-                        for k in pending[arch]:
-                            answers[k] = {"error": f"JIT worker for {arch} could not start: {msg['error']}"}
-                        pending[arch] = set()
-                    continue
-                answers[msg["key"]] = msg
-                pending[arch].discard(msg["key"])
-                if bar:
-                    bar.update(1)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for f in logs.values():
-            f.close()
-        if bar:
-            bar.close()
-    return answers
 
 
 def register(sub) -> None:
@@ -476,7 +324,19 @@ def register(sub) -> None:
     pick = p.add_mutually_exclusive_group()
     pick.add_argument("--sample", type=int, metavar="N", help="with --against-jit: N keys per arch, seeded")
     pick.add_argument("--key", action="extend", nargs="+", metavar="KEY", help="only these keys (--key A B, or --key A --key B)")
+    pick.add_argument("--shard", metavar="i/N",
+                      help="only the keys `dsv41-aot build --shard i/N` builds (with the same --profile/--arch/--seconds)")
+    p.add_argument("--profile", help="with --shard: matrix profile (default: the matrix's default_profile)")
+    p.add_argument("--matrix", help="with --shard: build matrix file (default: build_matrix.yaml)")
+    p.add_argument("--arch", action="append", help="with --shard: only keys of this arch (repeatable)")
+    p.add_argument("--seconds", nargs="+", default=[], metavar="MANIFEST",
+                   help="with --shard: the files whose recorded compile seconds balanced the build's shards")
     p.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
+    p.add_argument("--jobs", "-j", type=int, default=None, help="with --against-jit: JIT worker processes (default: CPU count)")
+    p.add_argument("--key-timeout", type=float, default=None, metavar="SECONDS",
+                   help="with --against-jit: fail a key whose JIT build takes longer (default 600)")
+    p.add_argument("--record", action="store_true",
+                   help="with --against-jit: write <arch>/verified.json, the proof of each key that passed")
     p.add_argument("--vllm-src", help="a vLLM checkout (folder holding vllm/) instead of the installed vllm")
     p.add_argument("--json", action="store_true", help="print one JSON report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -486,8 +346,16 @@ def register(sub) -> None:
 def run(args) -> int:
     if args.sample is not None and args.sample < 1:
         raise AotError(f"--sample {args.sample}: must be at least 1", fix="pass --sample N with N >= 1")
-    report = verify(Path(args.dir), against_jit=args.against_jit, keys=args.key, sample=args.sample, seed=args.seed,
-                    vllm_src=args.vllm_src, progress=args.against_jit and not args.no_progress and not args.json)
+    if args.record and not args.against_jit:
+        raise AotError("--record writes the proof of a JIT comparison", fix="pass --against-jit --record")
+    keys = args.key
+    if args.shard:
+        keys = shard_keys(args.shard, profile=args.profile, matrix_path=args.matrix, arches=args.arch, seconds=args.seconds)
+    elif args.profile or args.matrix or args.arch or args.seconds:
+        raise AotError("--profile, --matrix, --arch and --seconds choose a shard's keys", fix="pass them with --shard i/N")
+    report = verify(Path(args.dir), against_jit=args.against_jit, keys=keys, sample=args.sample, seed=args.seed,
+                    vllm_src=args.vllm_src, progress=args.against_jit and not args.no_progress,
+                    jobs=args.jobs, key_timeout=args.key_timeout, record=args.record)
     if args.json:
         from .output import print_json
 
@@ -520,6 +388,3 @@ def run(args) -> int:
             print(f"fix: {fix}", file=sys.stderr)
     return 1 if report["failed"] else 0
 
-
-if __name__ == "__main__":
-    sys.exit(_worker_main(sys.argv[1:]))

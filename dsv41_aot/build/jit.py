@@ -1,0 +1,238 @@
+"""vLLM's own JIT build of a key, for ``verify --against-jit``; and the
+``verified.json`` proof it leaves beside a manifest.
+
+A JIT worker (``python -m dsv41_aot.build.jit ARCH FOLDER [--vllm-src DIR]``,
+run on the one worker pool, ``dsv41_aot.build.workers``) asks vLLM's runner
+(``DSV41MonoLayer.kernels`` / ``ffn_kernel``, on a runner object made without a
+GPU) for the key's launcher exactly as at serving time (gfx942's K2 without the
+key-table build included), has FlyDSL's JIT compile it without launching into
+the worker's own fresh FlyDSL disk cache, and takes the GPU code object from
+that cache's pickled artifact (its IR's ``gpu.binary``), not from
+``export_to_c``. The parent compares bytes, kernel name and kernarg layout
+with the prebuilt code object, and the launcher's parameters with the ABI.
+
+FlyDSL internals are used here (compile without launch, the disk cache's
+file naming): FlyDSL is pinned exactly and tests/test_flydsl_pin.py fails
+loudly when they drift.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from . import elf
+from ..errors import AotError
+from ..facts.kinds import kind_facts
+from ..keys import BuildKey
+from ..manifest import Manifest, atomic_write
+from .codeobject import code_object_resources
+
+# FlyDSL annotation class name -> the ABI ctype export_to_c records
+CTYPES = {"Int64": "int64", "Int32": "int32"}
+# per arch folder, beside manifest.json: per key, the JIT code object it was
+# proven byte-identical to and the vLLM / FlyDSL it was compared under (the
+# loader never reads it)
+VERIFIED = "verified.json"
+
+
+# ---------------------------------------------------------------- worker side
+
+
+class VllmJit:
+    """vLLM's runner and FlyDSL's JIT, in a process bound to one arch."""
+
+    def __init__(self, arch: str, vllm_src: str | None):
+        from importlib import import_module
+
+        from flydsl import __version__ as flydsl_version
+
+        from .. import source
+        from . import compat
+
+        compat.install_aiter_shim()
+        src = source.find(vllm_src)
+        self.runner_mod = source.import_mono(src, "runner")
+        self.arch = arch
+        self.identity = {
+            "vllm_version": src.version,
+            "mono_sources": import_module(f"{source.MONO}.sources").SOURCES,
+            "flydsl_version": flydsl_version,
+        }
+
+    def runner(self, key: BuildKey):
+        """A DSV41MonoLayer made without a GPU, holding only what its
+        ``kernels`` / ``ffn_kernel`` read."""
+        cls = self.runner_mod.DSV41MonoLayer
+        r = cls.__new__(cls)
+        r.tp, r.timeline = key.tp, key.timeline
+        r.experts, r.topk, r.ug_groups, r.swa_width = key.experts, key.topk, key.ug_groups, key.swa_width
+        r._kernels = {}
+        return r
+
+    def launcher(self, key: BuildKey):
+        """The launcher vLLM's runner uses for ``key``. A K2 key names the
+        layer's fields; on gfx942 the runner itself drops ``index``."""
+        kind = kind_facts(key.kind)
+        r = self.runner(key)
+        if kind.runner_method == "ffn_kernel":
+            return r.ffn_kernel(key.tokens, key.experts, key.topk)
+        if kind.runner_method == "kernels":
+            return r.kernels(key.tokens, key.ratio, key.fold, key.index)[kind.runner_index]
+        raise AotError(f"{key}: verify does not know how vLLM's runner asks for a {key.kind} launch "
+                       f"({kind.runner_method})", fix="teach build/jit.py VllmJit.launcher that runner method")
+
+    def code_object(self, key: BuildKey) -> tuple[bytes, list]:
+        """The GPU code object FlyDSL's JIT builds for ``key``, and the
+        launcher's parameters as [name, annotation class name]."""
+        import inspect
+        import pickle
+
+        from .compiler import typed_args
+
+        launcher = self.launcher(key)
+        params = [[p.name, getattr(p.annotation, "__name__", str(p.annotation))]
+                  for p in inspect.signature(launcher.func).parameters.values()]
+        launcher._compile_or_execute(typed_args(launcher), {}, execute=False)
+        cache_key, _ = launcher._last_compiled
+        mgr = launcher.cache_manager
+        if mgr is None:
+            raise RuntimeError("FlyDSL's disk cache is off: FLYDSL_RUNTIME_CACHE_DIR / ENABLE_CACHE not honoured")
+        pkl = mgr._cache_file(launcher._cache_key_to_str(cache_key))
+        if not pkl.is_file():
+            raise RuntimeError(f"FlyDSL wrote no cache artifact at {pkl}")
+        with open(pkl, "rb") as f:
+            artifact = pickle.load(f)
+        return gpu_binary(artifact._ir_text), params
+
+
+def gpu_binary(ir_text: str) -> bytes:
+    """The one GPU code object in a FlyDSL artifact's compiled IR (its
+    ``gpu.binary`` op's object)."""
+    from flydsl._mlir import ir
+    from flydsl._mlir.dialects import gpu
+    from flydsl.compiler.jit_function import _create_mlir_context
+
+    with _create_mlir_context():
+        module = ir.Module.parse(ir_text)
+        objs = [
+            gpu.ObjectAttr(a).object
+            for op in module.body.operations
+            if op.operation.name == "gpu.binary"
+            for a in ir.ArrayAttr(op.operation.attributes["objects"])
+        ]
+    if len(objs) != 1:
+        raise RuntimeError(f"FlyDSL artifact holds {len(objs)} GPU objects, expected 1")
+    return bytes(objs[0])
+
+
+def _worker_main(argv: list[str]) -> int:
+    """JIT worker: keys on stdin, one JSON answer a key on stdout (worker.serve);
+    each code object is written to FOLDER/<entry>.jit.co for the parent."""
+    from .worker import ensure_parent, serve
+
+    arch, folder = argv[0], Path(argv[1])
+    vllm_src = argv[3] if len(argv) > 3 and argv[2] == "--vllm-src" else None
+
+    def answer(jit: VllmJit, key: BuildKey) -> dict:
+        code, params = jit.code_object(key)
+        path = folder / f"{key.entry}.jit.co"
+        ensure_parent()
+        path.write_bytes(code)
+        return {"code": str(path), "params": params}
+
+    return serve(arch, lambda: VllmJit(arch, vllm_src), answer, ready=lambda jit: {"identity": jit.identity})
+
+
+# ---------------------------------------------------------------- parent side
+
+
+def run(chosen: list[BuildKey], on_answer, *, jobs: int, key_timeout: float, vllm_src: str | None = None) -> None:
+    """JIT-build ``chosen`` on the worker pool; ``on_answer(key, message)``
+    once per key (message: worker.serve's, plus ``identity``, the ready
+    line's vLLM / FlyDSL; ``code`` is readable only during the call)."""
+    from . import toolchain
+    from .compiler import worker_env
+    from .workers import Pool
+
+    rocm = str(toolchain.find().rocm_path)
+    identity: dict = {}  # worker folder -> its ready line's identity
+
+    def spawn(arch: str, folder: Path):
+        env = worker_env(arch, rocm, str(folder / "flydsl-cache"))
+        env["FLYDSL_RUNTIME_ENABLE_CACHE"] = "1"  # the artifact is read back from FlyDSL's disk cache
+        argv = [sys.executable, "-m", "dsv41_aot.build.jit", arch, str(folder)]
+        return argv + (["--vllm-src", vllm_src] if vllm_src else []), env
+
+    def accept(arch: str, ready: dict) -> str | None:
+        identity[arch] = ready.get("identity")
+        return None
+
+    def answer(key: BuildKey, msg: dict) -> None:
+        on_answer(key, dict(msg, identity=identity.get(key.arch)))
+        if msg.get("code"):
+            Path(msg["code"]).unlink(missing_ok=True)
+
+    Pool(spawn, jobs=jobs, key_timeout=key_timeout, accept=accept, what="JIT build").run(chosen, answer)
+
+
+def compare_jit(man: Manifest, key: str, prebuilt: bytes, answer: dict) -> list[str]:
+    """Differences between the prebuilt code object and vLLM's JIT one."""
+    if "error" in answer:
+        return [f"JIT build failed: {answer.get('error')}"]
+    jit = Path(answer["code"]).read_bytes()
+    out = []
+    if jit != prebuilt:
+        out.append(
+            f"GPU code object differs: prebuilt sha256 {hashlib.sha256(prebuilt).hexdigest()[:16]} ({len(prebuilt)} bytes),"
+            f" JIT {hashlib.sha256(jit).hexdigest()[:16]} ({len(jit)} bytes)"
+        )
+    try:
+        a, b = code_object_resources(prebuilt), code_object_resources(jit)
+    except (elf.ElfError, ValueError) as err:
+        return out + [f"code object metadata unreadable: {err}"]
+    if a["name"] != b["name"]:
+        out.append(f"kernel name differs: prebuilt {a['name']}, JIT {b['name']}")
+    if a["args"] != b["args"] or a["kernarg_bytes"] != b["kernarg_bytes"]:
+        out.append(f"kernarg layout differs: prebuilt {len(a['args'])} args / {a['kernarg_bytes']} bytes, JIT {len(b['args'])} / {b['kernarg_bytes']}")
+    abi = man.abi(key)
+    want = [[s["name"], s["ctype"]] for s in abi if s["name"] != "stream"]
+    got = [[n, CTYPES.get(t, t)] for n, t in answer["params"] if n != "stream"]
+    if want != got:
+        out.append(f"vLLM's launcher parameters {got} differ from the ABI {want}")
+    return out
+
+
+# ---------------------------------------------------------------- verified.json
+
+
+def read_verified(arch_dir: Path) -> dict:
+    """key -> record from ``arch_dir/verified.json`` ({} when absent)."""
+    path = Path(arch_dir) / VERIFIED
+    try:
+        doc = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except ValueError as e:
+        raise AotError(f"{path}: malformed JSON ({e})",
+                       fix=f"delete it and rerun: dsv41-aot verify --against-jit --record --dir {Path(arch_dir).parent}")
+    return dict(doc.get("keys", {}))
+
+
+def write_verified(arch_dir: Path, arch: str, records: dict, man: Manifest) -> None:
+    """Write ``records`` (key -> record), keeping only keys whose manifest
+    entry still holds the code object the record proved."""
+    keep = {k: r for k, r in sorted(records.items())
+            if k in man.entries and man.entries[k]["code_object_sha256"] == r["code_object_sha256"]}
+    doc = {"version": 1, "arch": arch, "keys": keep}
+    atomic_write(Path(arch_dir) / VERIFIED, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+
+
+def verified_record(code: bytes, identity: dict | None) -> dict:
+    return {"code_object_sha256": hashlib.sha256(code).hexdigest(), "jit": dict(identity or {})}
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))
