@@ -1,7 +1,7 @@
-"""Build one shard of one arch's keys: a CI matrix cell.
+"""Build one shard of one arch's keys and prove them against vLLM's JIT: a CI matrix cell.
 
     python ci/build_shard.py --arch gfx950 --shard 2/8 --out shards/gfx950-2 \
-        [--profile full] [--seconds PREVIOUS/manifest.json ...] [--jobs N]
+        [--profile full] [--seconds PREVIOUS/manifest.json ...] [--jobs N] [--no-verify]
 
 Every cell must cut the same partition, whatever its own cache holds, or a key
 would land in two shards or none. So the partition is computed here from
@@ -9,9 +9,14 @@ inputs every cell shares: the profile's keys for the arch and, when given,
 compile seconds recorded in earlier manifests (``--seconds``; keys without a
 record get dsv41_aot.build.matrix's estimate), balanced longest-first
 (``dsv41_aot.build.matrix.shard``). The cell then builds exactly its keys with
-``dsv41-aot build --key ...`` and writes ``<out>/shard-<arch>-<i>of<N>.json``
-(the plan: every key of the arch, and this shard's), which ci/merge.py uses to
-prove that the shards together cover the profile.
+``dsv41-aot build --key ...``, then checks every one of them against vLLM's
+own JIT build with ``dsv41-aot verify --against-jit --record --shard i/N`` (the
+same partition, recomputed by verify from the same inputs: a key the plan and
+verify disagree on fails the cell), which writes the proof,
+``<out>/<arch>/verified.json``. Only then does it write
+``<out>/shard-<arch>-<i>of<N>.json`` (the plan: every key of the arch, and this
+shard's), which ci/merge.py uses to prove that the shards together cover the
+profile (and, with ``--require-verified``, that every key was proven).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--matrix", help="build matrix file")
     ap.add_argument("--seconds", nargs="*", default=[], help="manifests with recorded compile seconds")
     ap.add_argument("--jobs", "-j", type=int)
+    ap.add_argument("--no-verify", action="store_true", help="build only; skip the check against vLLM's JIT")
     ap.add_argument("--plan-only", action="store_true", help="print the plan, build nothing")
     args = ap.parse_args(argv)
     try:
@@ -76,15 +82,20 @@ def main(argv=None) -> int:
           f"~{p['estimated_seconds']:.0f} CPU-s", file=sys.stderr)
     out = Path(args.out)
     if p["keys"]:
-        cmd = [sys.executable, "-m", "dsv41_aot.cli", "build", "--out", str(out), "--no-progress", "--json",
-               "--key", *p["keys"]]
-        if args.matrix:
-            cmd[4:4] = ["--matrix", args.matrix]
-        if args.jobs:
-            cmd += ["--jobs", str(args.jobs)]
-        r = subprocess.run(cmd, cwd=ROOT)
+        common = (["--matrix", args.matrix] if args.matrix else []) + (["--jobs", str(args.jobs)] if args.jobs else [])
+        cli = [sys.executable, "-m", "dsv41_aot.cli"]
+        r = subprocess.run(cli + ["build", "--out", str(out), "--no-progress", "--json", *common, "--key", *p["keys"]],
+                           cwd=ROOT)
         if r.returncode:
             return r.returncode
+        if not args.no_verify:
+            cmd = cli + ["verify", "--dir", str(out), "--against-jit", "--record", "--no-progress", *common,
+                         "--shard", args.shard, "--arch", args.arch, "--profile", p["profile"]]
+            if args.seconds:
+                cmd += ["--seconds", *args.seconds]
+            r = subprocess.run(cmd, cwd=ROOT)
+            if r.returncode:
+                return r.returncode
     atomic_write(out / plan_name(args.arch, i, n), (json.dumps(p, indent=1) + "\n").encode())
     return 0
 

@@ -12,6 +12,10 @@ Refused (exit 1, nothing written), each with the key or folder named:
   that no shard holds, a missing shard of a planned count, a shard that
   holds a key its plan did not give it, or a shard with no plan.
 
+Each shard's ``<arch>/verified.json`` (proofs against vLLM's JIT, written by
+``dsv41-aot verify --against-jit --record``) is merged too, keeping the proofs
+of the merged objects; ``--require-verified`` refuses a key without one.
+
 The result is what one build of all the keys writes: the manifest through
 dsv41_aot.manifest (sorted, so same entries, same bytes), each object copied
 under its content address, the shards' timings.json (compile seconds, for the
@@ -35,6 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
+from dsv41_aot.build.jit import VERIFIED, read_verified, write_verified  # noqa: E402
 from dsv41_aot.build.link import link_arch  # noqa: E402
 from dsv41_aot.manifest import MANIFEST, Manifest, arch_dirs  # noqa: E402
 
@@ -90,7 +95,22 @@ def _check_plans(arch: str, plans: list, held: dict, held_by: dict) -> None:
             raise MergeError(f"{p['_file']}: key {stray[0]} planned but not built", fix="rerun that shard")
 
 
-def merge(shards: list[Path], out: Path, *, link: bool = True, log=print) -> dict:
+def _proofs(arch: str, adirs: list, entries: dict, require: bool) -> dict:
+    """The shards' verified.json records of the merged entries' code objects."""
+    proofs: dict = {}
+    for adir in adirs:
+        for key, rec in read_verified(adir).items():
+            if key in entries and rec["code_object_sha256"] == entries[key]["code_object_sha256"]:
+                proofs[key] = rec
+    missing = sorted(set(entries) - set(proofs))
+    if require and missing:
+        raise MergeError(f"{arch}: {len(missing)} key(s) carry no proof against vLLM's JIT ({VERIFIED}), e.g. {missing[0]}",
+                         fix="rerun its shard with ci/build_shard.py (it verifies), or: dsv41-aot verify --against-jit"
+                             " --record --dir SHARD")
+    return proofs
+
+
+def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, require_verified: bool = False) -> dict:
     """Merge ``shards`` into ``out`` (replaced as a whole); returns a summary."""
     shards = [Path(s).resolve() for s in shards]
     out = Path(out).resolve()
@@ -135,19 +155,22 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print) -> dic
                              fix="rebuild every shard from one vLLM / FlyDSL (ci/build_shard.py), then merge")
         if arch in plans:
             _check_plans(arch, plans[arch], origin, held_by)
-        merged[arch] = (entries, abis, origin, timings)
+        merged[arch] = (entries, abis, origin, timings, _proofs(arch, adirs, entries, require_verified))
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.merge-"))
     summary = {"out": str(out), "arches": {}}
     try:
-        for arch, (entries, abis, origin, timings) in merged.items():
+        for arch, (entries, abis, origin, timings, proofs) in merged.items():
             adir = tmp / arch
             (adir / "objects").mkdir(parents=True)
             for key, e in entries.items():
                 shutil.copyfile(origin[key] / e["object"], adir / e["object"])
-            Manifest(adir, arch, entries, abis, timings=timings).write()
-            summary["arches"][arch] = {"keys": len(entries), "shards": len(by_arch[arch])}
+            man = Manifest(adir, arch, entries, abis, timings=timings)
+            man.write()
+            if proofs:
+                write_verified(adir, arch, proofs, man)
+            summary["arches"][arch] = {"keys": len(entries), "shards": len(by_arch[arch]), "verified": len(proofs)}
             if link:
                 summary["arches"][arch]["link"] = link_arch(adir)
         _replace_dir(tmp, out)
@@ -177,11 +200,13 @@ def main(argv=None) -> int:
     ap.add_argument("shards", nargs="+", help="shard prebuilt dirs (ci/build_shard.py --out)")
     ap.add_argument("--out", required=True, help="merged prebuilt dir (replaced as a whole)")
     ap.add_argument("--no-link", action="store_true", help="merge only (the wheel build needs the link)")
+    ap.add_argument("--require-verified", action="store_true",
+                    help="refuse a key whose shard holds no proof against vLLM's JIT (verified.json)")
     ap.add_argument("--json", action="store_true", help="print one JSON summary")
     args = ap.parse_args(argv)
     try:
         s = merge([Path(p) for p in args.shards], Path(args.out), link=not args.no_link,
-                  log=None if args.json else print)
+                  log=None if args.json else print, require_verified=args.require_verified)
     except AotError as e:
         print(f"ci/merge.py: error: {e}", file=sys.stderr)
         return e.exit_code

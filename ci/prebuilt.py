@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
+from dsv41_aot.build.jit import VERIFIED  # noqa: E402
 from dsv41_aot.build.link import dynamic_info  # noqa: E402
 from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest, sha256_file  # noqa: E402
 
@@ -123,6 +124,8 @@ def check_arch(root: Path, arch: str) -> ArchContents:
         raise IntegrityError(f"{libs_path} links keys the manifest lacks, e.g. {extra[0]}", fix=relink)
 
     files += sorted({e["object"] for e in man.entries.values()})
+    if (adir / VERIFIED).is_file():
+        files.append(VERIFIED)  # the proof against vLLM's JIT ships beside the manifest; the loader ignores it
     source = json.loads(next(iter(sources)))
     return ArchContents(arch=arch, dir=adir, keys=sorted(man.entries), source=source, files=files)
 
