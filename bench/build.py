@@ -6,7 +6,10 @@
 Builds a sample of keys (K1, K2, FFN x step widths x both arches, TP 4,
 ratio 1) into a fresh prebuilt directory with ``jobs`` workers and prints,
 beside each target: compile seconds by kind / width / arch; parallel
-efficiency (sum of per-symbol seconds / (wall x jobs)); the no-op rebuild;
+efficiency (sum of per-symbol seconds / (wall x jobs)); the same for
+``verify --against-jit`` of the keys just built (same jobs, same run: vLLM's
+JIT rebuilds each one on the worker pool), and its wall beside the build's;
+the no-op rebuild;
 stored bytes per symbol beside FlyDSL's unstripped export; the key count of
 the ``full`` profile and its CPU time extrapolated from the sample; and the
 anchor: what vLLM's FlyDSL JIT pays for the same symbols at a cold start
@@ -61,6 +64,7 @@ def main() -> int:
     print(f"sample: {len(keys)} keys (K1, K2, FFN x widths {widths} x gfx950/gfx942, TP 4), jobs={args.jobs}, out={out}")
 
     cold = cli("build", "--key", *map(str, keys), "--any-key", "--out", out, "--jobs", args.jobs, "--json", "--no-progress")
+    check = cli("verify", "--dir", out, "--against-jit", "--jobs", args.jobs, "--json", "--no-progress")
     t = time.perf_counter()
     noop = cli("build", "--key", *map(str, keys), "--any-key", "--out", out, "--jobs", args.jobs, "--json", "--no-progress")
     noop_wall = time.perf_counter() - t
@@ -87,6 +91,11 @@ def main() -> int:
     print(f"{'':34} {'anchor / target':>18} {'dsv41-aot':>12}")
     print(f"{'cold start, these symbols (s)':34} {total:>18.1f} {cold['wall_seconds']:>12.1f}   (anchor: vLLM's JIT compiles them one by one)")
     print(f"{'parallel efficiency':34} {'>= 0.90':>18} {eff:>12.2f}   (sum of symbol s / (wall x {args.jobs} jobs))")
+    jit_total = sum(r["jit_seconds"] or 0.0 for r in check["reports"])
+    veff = jit_total / (check["wall_seconds"] * args.jobs)
+    print(f"{'verify --against-jit wall (s)':34} {cold['wall_seconds']:>18.1f} {check['wall_seconds']:>12.1f}   "
+          f"(anchor: the build's wall; {check['jit_checked']} keys, {len(check['failed'])} failed)")
+    print(f"{'verify parallel efficiency':34} {'>= 0.90':>18} {veff:>12.2f}   (sum of JIT s / (wall x {args.jobs} jobs))")
     print(f"{'no-op rebuild (s)':34} {'<= 5.0':>18} {noop_wall:>12.2f}   ({noop['compiled']} compiled, {noop['up_to_date']} up to date)")
 
     stored = [e["bytes"] for e in entries.values()]
