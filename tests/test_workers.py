@@ -1,0 +1,214 @@
+"""The one worker pool (dsv41_aot.build.workers) under ``build`` and ``verify
+--against-jit``: every key of every arch is built whatever ``--jobs``, workers
+die with their parent and leave nothing behind, a hung compile times out,
+and verify runs on the same pool with the build's shard partition.
+
+Real compiles throughout (K1 at s=1 is the cheap key); a hang is a real
+worker stopped with SIGSTOP, a killed build a real SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _smoke import REPO, SMOKE_KEYS, smoke_dir
+
+from dsv41_aot.build import jit, verify
+from dsv41_aot.build.workers import RUN_PREFIX
+from dsv41_aot.manifest import Manifest
+
+K1_950 = "k1@gfx950:s=1,tp=4,r=0"
+K1_942 = "k1@gfx942:s=1,tp=4,r=0"
+K2_950 = "k2@gfx950:s=4,tp=4,r=1"  # several seconds of compile: time to act while it runs
+WORKER_LINE = re.compile(r"dsv41-aot worker (\d+): (\S+)")
+
+
+def dsv(*args, tmp: Path, timeout: float = 1800, **kw) -> subprocess.CompletedProcess:
+    """``dsv41-aot ARGS`` with its temporary files under ``tmp``."""
+    return subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, env=dict(os.environ, TMPDIR=str(tmp)), timeout=timeout, **kw)
+
+
+def start(*args, tmp: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "dsv41_aot.cli", *map(str, args)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, TMPDIR=str(tmp)))
+
+
+def runs(tmp: Path) -> list[Path]:
+    return sorted(tmp.glob(RUN_PREFIX + "*"))
+
+
+def wait_for_worker_on(key: str, tmp: Path, proc: subprocess.Popen, timeout: float = 600) -> int:
+    """The pid of the worker that announced ``key`` in its log (the key is then in flight)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.communicate()
+        for log in tmp.glob(f"{RUN_PREFIX}*/*/worker.log"):
+            for pid, k in WORKER_LINE.findall(log.read_text(errors="replace")):
+                if k == key:
+                    return int(pid)
+        time.sleep(0.05)
+    raise AssertionError(f"no worker took {key} in {timeout} s")
+
+
+def alive(pid: int) -> bool:
+    """A live process (a zombie, killed and not yet reaped, is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Path:
+    return smoke_dir(tmp_path_factory)
+
+
+# ---------------------------------------------------------------- jobs and arches
+
+
+@pytest.mark.parametrize("command", ["build", "verify"])
+@pytest.mark.parametrize("jobs", ["0", "-1"])
+def test_jobs_below_one_is_bad_input(command, jobs, tmp_path):
+    extra = ["--key", K1_950, "--out", tmp_path / "out"] if command == "build" else ["--dir", tmp_path, "--against-jit"]
+    r = dsv(command, *extra, "--jobs", jobs, tmp=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"--jobs {jobs}: must be at least 1" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_job_builds_every_arch(tmp_path):
+    """--jobs 1 over two arches: the single slot serves one arch, then the other."""
+    out = tmp_path / "out"
+    r = dsv("build", "--key", K1_950, K1_942, "--jobs", 1, "--out", out, "--json", "--no-progress", "--no-link", tmp=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(r.stdout)
+    assert (s["keys"], s["compiled"], s["up_to_date"], s["failed"]) == (2, 2, 0, 0), s
+    assert set(Manifest.read(out / "gfx950").entries) == {K1_950}
+    assert set(Manifest.read(out / "gfx942").entries) == {K1_942}
+    assert runs(tmp_path) == []  # the run's folder goes with the run
+
+
+# ---------------------------------------------------------------- lifecycle
+
+
+def test_killed_build_leaves_no_live_worker_and_next_run_cleans(tmp_path):
+    out = tmp_path / "out"
+    build = start("build", "--key", K2_950, "--jobs", 1, "--out", out, "--no-progress", "--no-link", tmp=tmp_path)
+    worker = wait_for_worker_on(K2_950, tmp_path, build)
+    assert alive(worker)
+    (run,) = runs(tmp_path)  # this run's logs, kept while it runs
+    os.kill(build.pid, signal.SIGKILL)  # the build alone, mid-compile: not its process group
+    build.communicate()
+    end = time.monotonic() + 3
+    while alive(worker) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not alive(worker), "the compile worker outlived its killed parent"
+    time.sleep(10)  # longer than the compile had left: a surviving worker would have stored its object by now
+    assert not list((out / "gfx950" / "objects").glob("*.o")), "an object was written after the build was killed"
+    assert run.is_dir() and (run / "owner.lock").is_file()  # left behind by the kill
+
+    r = dsv("build", "--key", K1_950, "--out", tmp_path / "next", "--no-progress", "--no-link", tmp=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not run.exists(), "the next run did not remove the killed run's folder"
+    assert runs(tmp_path) == []
+
+
+def test_a_hung_compile_times_out_and_the_build_goes_on(tmp_path):
+    """A worker stopped mid-compile (SIGSTOP) never answers: after
+    --key-timeout its key fails with its log, the worker is killed, a new
+    one builds the next key."""
+    out = tmp_path / "out"
+    hung, fine = "k1@gfx950:s=4,tp=4,r=1", K1_950  # the wider key goes first (longest first)
+    build = start("build", "--key", hung, fine, "--any-key", "--jobs", 1, "--key-timeout", 60, "--out", out,
+                  "--json", "--no-progress", "--no-link", tmp=tmp_path)
+    worker = wait_for_worker_on(hung, tmp_path, build)
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        stdout, stderr = build.communicate(timeout=900)
+    finally:
+        if build.poll() is None:
+            build.kill()
+        if alive(worker):
+            os.kill(worker, signal.SIGKILL)
+    assert build.returncode == 1, stdout + stderr
+    s = json.loads(stdout)
+    assert (s["compiled"], s["failed"]) == (1, 1), s
+    (f,) = s["failures"]
+    assert f["key"] == hung and "did not finish in 60 s" in f["error"] and f"worker {worker} killed, log:" in f["error"]
+    assert set(Manifest.read(out / "gfx950").entries) == {fine}
+    assert not alive(worker)
+    m = Manifest.read(out / "gfx950")
+    assert hung not in m.refused  # a timeout is not the source's refusal: a rerun tries again
+
+
+# ---------------------------------------------------------------- verify on the pool
+
+
+@pytest.mark.slow
+def test_verify_on_two_jobs_proves_every_smoke_key(smoke, tmp_path):
+    d = Path(shutil.copytree(smoke, tmp_path / "prebuilt"))
+    r = dsv("verify", "--dir", d, "--against-jit", "--jobs", 2, "--record", "--json", tmp=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["jobs"] == 2 and report["jit_checked"] == len(SMOKE_KEYS) and report["failed"] == []
+    assert "verify --against-jit" in r.stderr  # the progress bar, on stderr
+    proven = {}
+    for arch in ("gfx950", "gfx942"):
+        man = Manifest.read(d / arch)
+        recs = jit.read_verified(d / arch)
+        assert set(recs) == set(man.entries)
+        for k, rec in recs.items():
+            assert rec["code_object_sha256"] == man.entries[k]["code_object_sha256"]
+            assert rec["jit"]["vllm_version"] == man.entries[k]["source"]["vllm_version"]
+        proven.update(recs)
+    assert set(proven) == set(SMOKE_KEYS)
+    assert runs(tmp_path) == []
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_verify_shard_is_the_build_shard(smoke, tmp_path, count):
+    """verify --shard i/N names the keys build --shard i/N builds: together
+    every smoke key once; integrity-checks exactly those."""
+    seen = []
+    for i in range(count):
+        r = dsv("build", "--list", "--json", "--profile", "smoke", "--shard", f"{i}/{count}", tmp=tmp_path)
+        assert r.returncode == 0, r.stderr
+        built = json.loads(r.stdout)
+        assert verify.shard_keys(f"{i}/{count}", profile="smoke") == built
+        r = dsv("verify", "--dir", smoke, "--json", "--shard", f"{i}/{count}", "--profile", "smoke", tmp=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert sorted(x["key"] for x in json.loads(r.stdout)["reports"]) == sorted(built)
+        seen += built
+    assert sorted(seen) == SMOKE_KEYS
+
+
+def test_verify_shard_with_recorded_seconds_and_arch(smoke, tmp_path):
+    """The --seconds files and --arch cut verify's shards as they cut the build's."""
+    seconds = tmp_path / "seconds.json"
+    # invert the estimate: the cheapest key now weighs most, so the partition changes
+    seconds.write_text(json.dumps({k: (100.0 if k.startswith("k1") else 1.0) for k in SMOKE_KEYS}))
+    for i in range(2):
+        args = ["--profile", "smoke", "--arch", "gfx950", "--shard", f"{i}/2", "--seconds", seconds]
+        r = dsv("build", "--list", "--json", *args, tmp=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert verify.shard_keys(f"{i}/2", profile="smoke", arches=["gfx950"], seconds=[seconds]) == json.loads(r.stdout)
+
+
+def test_verify_shard_refuses_a_dir_missing_its_keys(smoke, tmp_path):
+    d = Path(shutil.copytree(smoke, tmp_path / "prebuilt"))
+    shutil.rmtree(d / "gfx942")
+    r = dsv("verify", "--dir", d, "--shard", "0/1", "--profile", "smoke", tmp=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "does not hold" in r.stderr and "@gfx942" in r.stderr
