@@ -212,3 +212,37 @@ def test_verify_shard_refuses_a_dir_missing_its_keys(smoke, tmp_path):
     r = dsv("verify", "--dir", d, "--shard", "0/1", "--profile", "smoke", tmp=tmp_path)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "does not hold" in r.stderr and "@gfx942" in r.stderr
+
+
+# ---------------------------------------------------------------- the proof through merge and wheel
+
+
+def test_merge_carries_the_proofs_and_can_require_them(smoke, tmp_path):
+    """ci/merge.py keeps each shard's verified.json records of the merged
+    objects; --require-verified refuses a key without one; the wheel's file
+    list (ci/prebuilt.py) carries the file."""
+    sys.path.insert(0, str(REPO))
+    from ci import merge
+    from ci.prebuilt import check_arch
+
+    d = Path(shutil.copytree(smoke, tmp_path / "shard"))
+    recs = {}
+    for arch in ("gfx950", "gfx942"):
+        man = Manifest.read(d / arch)
+        recs[arch] = {k: {"code_object_sha256": e["code_object_sha256"], "jit": {"vllm_version": "0.33.0"}}
+                      for k, e in man.entries.items()}
+        jit.write_verified(d / arch, arch, recs[arch], man)
+    unproven = sorted(recs["gfx942"])[0]
+    del recs["gfx942"][unproven]
+    jit.write_verified(d / "gfx942", "gfx942", recs["gfx942"], Manifest.read(d / "gfx942"))
+
+    with pytest.raises(merge.MergeError, match="carry no proof") as e:
+        merge.merge([d], tmp_path / "refused", link=False, log=None, require_verified=True)
+    assert unproven in str(e.value) and not (tmp_path / "refused").exists()
+
+    out = tmp_path / "merged"
+    s = merge.merge([d], out, log=None)
+    assert s["arches"]["gfx942"]["verified"] == len(recs["gfx942"])
+    for arch in ("gfx950", "gfx942"):
+        assert jit.read_verified(out / arch) == recs[arch]
+    assert jit.VERIFIED in check_arch(out, "gfx950").files
