@@ -94,7 +94,7 @@ def main() -> int:
     jit_total = sum(r["jit_seconds"] or 0.0 for r in check["reports"])
     veff = jit_total / (check["wall_seconds"] * args.jobs)
     print(f"{'verify --against-jit wall (s)':34} {cold['wall_seconds']:>18.1f} {check['wall_seconds']:>12.1f}   "
-          f"(anchor: the build's wall; {check['jit_checked']} keys, {len(check['failed'])} failed)")
+          f"(anchor: the build's wall; {check['jit_checked']} keys, {check['failed']} failed)")
     print(f"{'verify parallel efficiency':34} {'>= 0.90':>18} {veff:>12.2f}   (sum of JIT s / (wall x {args.jobs} jobs))")
     print(f"{'no-op rebuild (s)':34} {'<= 5.0':>18} {noop_wall:>12.2f}   ({noop['compiled']} compiled, {noop['up_to_date']} up to date)")
 
