@@ -1,22 +1,27 @@
-"""Wheels of dsv41-aot: one per GPU arch, packed from an existing prebuilt dir.
+"""Wheels of dsv41-aot: ONE kernels wheel for every arch of a prebuilt dir.
 
-    DSV41_AOT_ARCH=gfx950 DSV41_AOT_PREBUILT=DIR pip wheel --no-deps -w dist .
-    DSV41_AOT_ARCH=gfx950 DSV41_AOT_PREBUILT=DIR python -m build --wheel
+    DSV41_AOT_PREBUILT=DIR pip wheel --no-deps -w dist .
+    DSV41_AOT_PREBUILT=DIR python -m build --wheel
 
-packs ``DIR/gfx950/`` (manifest.json and the linked lib/) into the package as
-``dsv41_aot/kernels_prebuilt/gfx950/``, where the loader looks by default.
-Nothing is compiled or linked here: a kernel build takes hours of CPU
-(``dsv41-aot build``, ``dsv41-aot link``, or the CI matrix in ci/).
+packs every arch folder of ``DIR`` (its manifest.json and lib/: libs.json and
+the xz-compressed library bands ``dsv41-aot link`` writes) into the package as
+``dsv41_aot/kernels_prebuilt/<arch>/``, where the loader looks by default.
+Nothing is compiled, linked or compressed here: the prebuilt dir already holds
+what the loader reads (one load path for a build dir and an installed wheel).
 
-- Name and version: the distribution stays ``dsv41-aot`` (PEP 621 keeps a
-  name static); the arch and the vLLM version the kernels were built from go
-  in the local version, ``0.1.0+gfx950.vllm0.33.0``. Install the one matching
-  the GPU by pinning it or from that arch's wheelhouse (README).
-- Tag: ``py3-none-manylinux_2_28_x86_64``: host shared libraries, no Python
-  extension module (no CPython ABI). The libraries need nothing from the build
-  machine (no DT_NEEDED; HIP comes from the host's ROCm, whose supported
-  distributions all have glibc >= 2.28). DSV41_AOT_PLAT overrides the tag.
-- Without DSV41_AOT_ARCH: a pure-Python ``py3-none-any`` wheel with no
+- Name and version: ``dsv41_aot-<version>-py3-none-manylinux_2_28_x86_64.whl``,
+  no local version label, so an index can serve it and pip cannot pick the
+  wrong arch: every arch is inside, the loader picks the device's at run time.
+  The vLLM release the kernels serve is pinned by the ``vllm`` extra
+  (``pip install dsv41-aot[vllm]``) and named in the README; the build refuses
+  a prebuilt dir built from any other vLLM (the loader also checks vLLM's mono
+  source digest at run time).
+- Tag: ``py3-none-manylinux_2_28_x86_64``: host shared libraries (stored
+  compressed), no Python extension module. The libraries need nothing from the
+  build machine (no DT_NEEDED; HIP is the host's ROCm, whose distributions all
+  have glibc >= 2.28); ci/check_wheel.py runs auditwheel on the raw libraries.
+  DSV41_AOT_PLAT overrides the tag.
+- Without DSV41_AOT_PREBUILT: a pure-Python ``py3-none-any`` wheel with no
   kernels (the runtime and the build commands: ``pip install .[build]``,
   editable installs). It never looks at a prebuilt dir.
 - The build refuses an empty, partial or mixed-source prebuilt dir
@@ -46,20 +51,9 @@ HERE = Path(__file__).resolve().parent
 PACKAGE_DIR = "dsv41_aot/kernels_prebuilt"
 DEFAULT_PLAT = "manylinux_2_28_x86_64"
 
-ARCH = os.environ.get("DSV41_AOT_ARCH", "").strip()
+PREBUILT = os.environ.get("DSV41_AOT_PREBUILT", "").strip()
 PLAT = os.environ.get("DSV41_AOT_PLAT", DEFAULT_PLAT).strip()
 WITH_OBJECTS = os.environ.get("DSV41_AOT_WHEEL_OBJECTS") == "1"
-
-
-def _base_version() -> str:
-    text = (HERE / "dsv41_aot" / "__init__.py").read_text()
-    return re.search(r'^__version__ = "([^"]+)"', text, re.M).group(1)
-
-
-def _prebuilt_root() -> Path:
-    """DSV41_AOT_PREBUILT (relative paths against this folder), default kernels_prebuilt/."""
-    root = Path(os.environ.get("DSV41_AOT_PREBUILT") or "kernels_prebuilt")
-    return root if root.is_absolute() else HERE / root
 
 
 def _fail(message: str, code: int = 2):
@@ -67,56 +61,68 @@ def _fail(message: str, code: int = 2):
     raise SystemExit(code)
 
 
-def _checked_contents():
-    """The arch folder's files after ci/prebuilt.py's checks (or exit nonzero)."""
-    if not re.fullmatch(r"gfx[0-9a-f]+", ARCH):
-        _fail(f"DSV41_AOT_ARCH={ARCH!r} is not a GPU arch\n  fix: DSV41_AOT_ARCH=gfx950 (or gfx942)")
+def _pinned_vllm() -> str:
+    """The vLLM release the ``vllm`` extra pins (pyproject.toml)."""
+    m = re.search(r'^vllm = \["vllm==([^"]+)"\]', (HERE / "pyproject.toml").read_text(), re.M)
+    if not m:
+        _fail("pyproject.toml has no `vllm = [\"vllm==X\"]` extra: a kernels wheel must say which vLLM it serves")
+    return m.group(1)
+
+
+def _checked_contents() -> list:
+    """Every arch folder of the prebuilt dir after ci/prebuilt.py's checks,
+    all built from the pinned vLLM (or exit nonzero)."""
     if not (HERE / "ci" / "prebuilt.py").is_file():
-        _fail("per-arch wheels are built from a source checkout (ci/prebuilt.py is missing here)\n"
-              "  fix: DSV41_AOT_ARCH=... DSV41_AOT_PREBUILT=... python -m build --wheel  (from the checkout)")
+        _fail("kernels wheels are built from a source checkout (ci/prebuilt.py is missing here)\n"
+              "  fix: DSV41_AOT_PREBUILT=... python -m build --wheel  (from the checkout)")
+    root = Path(PREBUILT)
+    root = root if root.is_absolute() else HERE / root
     sys.path.insert(0, str(HERE))
-    from ci.prebuilt import check_arch
+    from ci.prebuilt import check_arch, fix_for
     from dsv41_aot.errors import AotError
+    from dsv41_aot.manifest import MANIFEST
 
-    try:
-        return check_arch(_prebuilt_root(), ARCH)
-    except AotError as e:
-        _fail(str(e), e.exit_code)
+    arches = sorted(p.parent.name for p in root.glob(f"*/{MANIFEST}")) if root.is_dir() else []
+    if not arches:
+        _fail(f"no prebuilt kernels in {root} (no <arch>/{MANIFEST})\n  fix: {fix_for(root, 'gfx950')}")
+    pinned = _pinned_vllm()
+    contents = []
+    for arch in arches:
+        try:
+            c = check_arch(root, arch)
+        except AotError as e:
+            _fail(str(e), e.exit_code)
+        if c.vllm_version != pinned:
+            _fail(f"{root / arch} was built from vLLM {c.vllm_version}, but this wheel serves vLLM {pinned} "
+                  f"(pyproject.toml's vllm extra)\n  fix: rebuild against vllm=={pinned}: {fix_for(root, arch)}")
+        contents.append(c)
+    return contents
 
 
-CONTENTS = _checked_contents() if ARCH else None
-
-
-def _version() -> str:
-    base = _base_version()
-    if CONTENTS is None:
-        return base
-    vllm = re.sub(r"[^A-Za-z0-9.]+", ".", CONTENTS.vllm_version).strip(".").lower()
-    return f"{base}+{ARCH}.vllm{vllm}"
+CONTENTS = _checked_contents() if PREBUILT else None
 
 
 class build_py(_build_py):
-    """Copy the checked arch folder into the package (and drop any other
-    arch a previous build left in the reused build/ folder)."""
+    """Copy the checked arch folders into the package (and drop whatever a
+    previous build left in the reused build/ folder)."""
 
     def run(self):
         super().run()
         dest = Path(self.build_lib) / PACKAGE_DIR
         shutil.rmtree(dest, ignore_errors=True)
-        if CONTENTS is None:
-            return
-        for rel in CONTENTS.files:
-            if rel.startswith("objects/") and not WITH_OBJECTS:
-                continue
-            target = dest / ARCH / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(CONTENTS.dir / rel, target)
-            os.chmod(target, 0o755 if target.suffix == ".so" else 0o644)
+        for c in CONTENTS or ():
+            for rel in c.files:
+                if rel.startswith("objects/") and not WITH_OBJECTS:
+                    continue
+                target = dest / c.arch / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(c.dir / rel, target)
+                os.chmod(target, 0o644)  # data: bands are dlopened from memory, never from here
 
 
 class KernelsDistribution(Distribution):
-    """A kernels wheel holds host shared libraries: platlib, not purelib
-    (auditwheel inspects platlib only), though no extension module."""
+    """A kernels wheel holds host shared libraries (compressed): platlib, not
+    purelib, though no extension module."""
 
     def has_ext_modules(self):
         return CONTENTS is not None
@@ -131,4 +137,4 @@ class bdist_wheel(_bdist_wheel):
         return "py3", "none", PLAT
 
 
-setup(version=_version(), distclass=KernelsDistribution, cmdclass={"build_py": build_py, "bdist_wheel": bdist_wheel})
+setup(distclass=KernelsDistribution, cmdclass={"build_py": build_py, "bdist_wheel": bdist_wheel})

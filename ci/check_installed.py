@@ -1,14 +1,17 @@
 """Run inside an environment where a kernels wheel is installed (a fresh venv,
 cibuildwheel's test step): the runtime imports with no FlyDSL, torch or vLLM,
-and every packaged key resolves through the loader to a Launcher.
+and every packaged key of every packaged arch binds through the loader.
 
     python ci/check_installed.py [--arch A] [--json]
 
-Loading a key opens the host's libamdhip64 and dlopens the key's library, so
-that part needs one (ROCm, or Debian's libamdhip64-dev on a CPU machine);
-without it (a manylinux build container) the check stops at the manifest and
-link record and says so. Nothing is launched: there may be no GPU.
-Exit 0 ok, 1 a check failed.
+It checks the installed package's ``kernels_prebuilt/``, never what
+DSV41_AOT_PREBUILT names (that variable is dropped here, and reported).
+Binding a key verifies its band (compressed and raw sha256), dlopens it from
+a memfd, resolves the entry and checks its ABI against the library's export
+metadata; that needs the host's libamdhip64 (ROCm, or Debian's
+libamdhip64-dev on a CPU machine). Without one (a manylinux build container)
+each band is still verified and decompressed, and the check says so.
+Nothing is launched: there may be no GPU. Exit 0 ok, 1 a check failed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", help="only this packaged arch (default: every one)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    ignored = os.environ.pop("DSV41_AOT_PREBUILT", None)
 
     t0 = time.perf_counter()
     import dsv41_aot
@@ -36,12 +41,12 @@ def main(argv=None) -> int:
 
     import_ms = (time.perf_counter() - t0) * 1e3
     out = {"package": str(Path(dsv41_aot.__file__).parent), "import_ms": round(import_ms, 2), "arches": {},
-           "problems": []}
+           "ignored_DSV41_AOT_PREBUILT": ignored, "problems": []}
     heavy = [m for m in HEAVY if m in sys.modules]
     if heavy:
         out["problems"].append(f"importing dsv41_aot imported {', '.join(heavy)}")
     out["installed_heavy"] = [m for m in HEAVY if importlib.util.find_spec(m) is not None]
-    packaged = Path(dsv41_aot.__file__).parent / "kernels_prebuilt"
+    packaged = Path(dsv41_aot.__file__).resolve().parent / "kernels_prebuilt"
     if "site-packages" not in str(packaged) and "dist-packages" not in str(packaged):
         out["problems"].append(f"dsv41_aot imported from {packaged.parent}, not an installed wheel")
     arches = sorted(p.parent.name for p in packaged.glob("*/manifest.json"))
@@ -57,30 +62,34 @@ def main(argv=None) -> int:
     out["libamdhip64"] = hip._hip.path if have_hip else None
     for arch in arches:
         keys = loader.keys(arch, prebuilt=packaged)
-        launchers = {}
+        bound, bands = {}, set()
         for key in keys:
             try:
+                t = time.perf_counter()
+                launcher = loader.load_key(key, prebuilt=packaged)
                 if have_hip:
-                    t = time.perf_counter()
-                    launcher = loader.load_key(key)
-                    launchers[key] = {"kernel": launcher.kernel_name, "library": Path(launcher.library).name,
-                                      "slots": len(launcher.abi), "ms": round((time.perf_counter() - t) * 1e3, 3)}
-                else:
-                    idx = loader._index(packaged, arch)
-                    lib, obj_sha = idx.lib_of[key]
-                    if obj_sha != idx.entries[key]["sha256"]:
-                        raise AotError(f"{key}: link record names another object")
-                    launchers[key] = {"kernel": idx.entries[key]["symbol"], "library": lib["file"]}
+                    launcher.bind()  # sha256 x2, memfd, dlopen, entry, ABI vs export metadata
+                elif launcher.library not in bands:  # no HIP to dlopen against: verify the band's bytes
+                    loader.read_band(Path(launcher.library), launcher._librec)
+                bands.add(launcher.library)
+                bound[key] = {"kernel": launcher.kernel_name, "band": Path(launcher.library).name,
+                              "slots": len(launcher.abi), "ms": round((time.perf_counter() - t) * 1e3, 3)}
             except AotError as e:
                 out["problems"].append(f"{key}: {e}")
-        out["arches"][arch] = {"keys": len(keys), "resolved": launchers}
+        out["arches"][arch] = {"keys": len(keys), "bands": len(bands), "bound": bound}
+    out["mapped_from_memory"] = have_hip and not any(
+        str(packaged) in line for line in Path("/proc/self/maps").read_text().splitlines())
+    if have_hip and not out["mapped_from_memory"]:
+        out["problems"].append(f"a library was mapped from {packaged}: bands must be dlopened from memory")
     out["seconds"] = round(time.perf_counter() - t0, 3)
     if args.json:
         print(json.dumps(out, indent=1))
     else:
+        if ignored:
+            print(f"(DSV41_AOT_PREBUILT={ignored} ignored: checking the installed wheel)")
         for arch, a in out["arches"].items():
-            how = "Launchers" if have_hip else "manifest + link record (no libamdhip64 here: not dlopened)"
-            print(f"{arch}: {len(a['resolved'])}/{a['keys']} keys -> {how}")
+            how = "bound (memfd dlopen, entry, ABI)" if have_hip else "bands verified (no libamdhip64 here: not dlopened)"
+            print(f"{arch}: {len(a['bound'])}/{a['keys']} keys, {a['bands']} bands -> {how}")
         for p in out["problems"]:
             print(f"PROBLEM: {p}", file=sys.stderr)
     return 1 if out["problems"] else 0

@@ -1,18 +1,23 @@
 """Check a built dsv41-aot wheel before it is uploaded.
 
     python ci/check_wheel.py WHEEL [--prebuilt DIR] [--no-auditwheel] [--json]
+    python ci/check_wheel.py --audit-only WHEEL      (cibuildwheel's repair step)
 
-- tag: a kernels wheel is ``py3-none-manylinux_2_28_x86_64`` (host shared
-  libraries, no Python extension), a wheel without kernels ``py3-none-any``;
-- version: ``<version>+<arch>.vllm<vLLM version>`` matching what it holds;
-- metadata: no runtime requirement (FlyDSL, torch and vLLM only under the
-  ``build`` extra); LICENSE and NOTICE in the dist-info;
-- contents: exactly one arch under dsv41_aot/kernels_prebuilt/, every manifest
-  key linked into a packaged library whose sha256 is the link record's, no
-  library with a DT_NEEDED; with ``--prebuilt``, the manifest and libraries
-  are byte for byte the prebuilt dir's;
-- ``auditwheel show``: no external shared library but libamdhip64 (the host's
-  ROCm provides it; excluded on purpose, never grafted).
+- name, tag: a kernels wheel is ``dsv41_aot-<version>-py3-none-manylinux_2_28_x86_64``
+  (host shared libraries, no Python extension), with no local version label;
+  a wheel without kernels ``py3-none-any``;
+- metadata: no runtime requirement (FlyDSL and torch only under the ``build``
+  extra, vLLM under ``build`` or ``vllm``); the ``vllm`` extra pins the vLLM
+  release every packed arch was built from, and the README names it;
+  LICENSE and NOTICE in the dist-info;
+- contents: every arch under dsv41_aot/kernels_prebuilt/, every manifest key
+  linked into a packaged band whose compressed and raw sha256 are the link
+  record's, no raw ``.so`` anywhere, no library with a DT_NEEDED; with
+  ``--prebuilt``, the manifests, link records and bands are byte for byte the
+  prebuilt dir's, which holds exactly these arches;
+- ``auditwheel show`` on the raw libraries (the bands unpacked into a scratch
+  wheel: auditwheel cannot see inside xz): no external shared library but
+  libamdhip64 (the host's ROCm provides it; excluded on purpose, never grafted).
 
 Exit 0 ok, 1 a check failed, 2 bad input.
 """
@@ -27,6 +32,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -35,6 +41,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dsv41_aot.build.link import dynamic_info  # noqa: E402
+from dsv41_aot.runtime.loader import unpack_band  # noqa: E402
 
 PLAT = "manylinux_2_28_x86_64"
 PKG = "dsv41_aot/kernels_prebuilt/"
@@ -60,7 +67,48 @@ def auditwheel_externals(wheel: Path) -> tuple[list, str]:
     return libs, text
 
 
+def audit_raw(libraries: dict) -> list:
+    """``auditwheel show`` on raw libraries ({name: bytes}), packed as .so files
+    into a scratch platform wheel: the external libraries it reports."""
+    with tempfile.TemporaryDirectory(prefix="dsv41-audit-") as tmp:
+        wheel = Path(tmp) / "dsv41_aot_raw-0-py3-none-linux_x86_64.whl"
+        info = "dsv41_aot_raw-0.dist-info"
+        with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as z:
+            z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: dsv41-aot-raw\nVersion: 0\n")
+            z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: dsv41-aot\nRoot-Is-Purelib: false\n"
+                                        "Tag: py3-none-linux_x86_64\n")
+            record = []
+            for name, data in sorted(libraries.items()):
+                member = zipfile.ZipInfo(f"dsv41_aot_raw/{name}")
+                member.external_attr = 0o100755 << 16  # a regular file, as an unpacked library would be
+                z.writestr(member, data)
+                record.append(f"{member.filename},,")  # auditwheel walks the files RECORD lists
+            z.writestr(f"{info}/RECORD", "\n".join(record + [f"{info}/RECORD,,"]) + "\n")
+        return auditwheel_externals(wheel)[0]
+
+
+def wheel_bands(z: zipfile.ZipFile) -> dict:
+    """{arch: (manifest, libs.json, {band file: raw library})} of a wheel,
+    each band checked against its libs.json (IntegrityError otherwise)."""
+    names = z.namelist()
+    arches = sorted({n[len(PKG):].split("/")[0] for n in names if n.startswith(PKG) and n.count("/") > 2})
+    out = {}
+    for arch in arches:
+        base = f"{PKG}{arch}/"
+        man = json.loads(z.read(base + "manifest.json"))
+        libs = json.loads(z.read(base + "lib/libs.json"))
+        raw = {}
+        for lib in libs["libraries"]:
+            path = f"{base}lib/{lib['file']}"
+            if path in names:
+                raw[lib["file"]] = unpack_band(Path(path), z.read(path), lib, None)
+        out[arch] = (man, libs, raw)
+    return out
+
+
 def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) -> dict:
+    from dsv41_aot.errors import AotError
+
     problems: list = []
     out = {"wheel": wheel.name, "bytes": wheel.stat().st_size, "problems": problems}
     with zipfile.ZipFile(wheel) as z:
@@ -72,65 +120,81 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
         out.update(name=meta["Name"], version=meta["Version"], tags=tags)
         arches = sorted({n[len(PKG):].split("/")[0] for n in names if n.startswith(PKG) and n.count("/") > 2})
         out["arches"] = arches
-
+        pins = {}
         for req in meta.get_all("Requires-Dist") or []:
             name = re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0].lower()
-            if "extra ==" not in req:
+            extra = re.search(r'extra == "([^"]+)"', req)
+            if extra is None:
                 problems.append(f"runtime requirement {req!r}: the runtime needs only the standard library")
-            elif name in HEAVY and 'extra == "build"' not in req:
+            elif name in HEAVY and extra.group(1) not in ("build", "vllm" if name == "vllm" else "build"):
                 problems.append(f"{req!r} outside the build extra")
+            elif extra.group(1) == "vllm":
+                pins[name] = re.search(r"==\s*([^\s;]+)", req).group(1) if "==" in req else None
         for lic in ("LICENSE", "NOTICE"):
             if not any(n.startswith(dist_info) and n.rsplit("/", 1)[-1] == lic for n in names):
                 problems.append(f"{lic} missing from {dist_info}")
+        if "+" in meta["Version"]:
+            problems.append(f"local version label in {meta['Version']}: an index refuses it")
+        raw_so = [n for n in names if n.endswith(".so") or ".so." in n.rsplit("/", 1)[-1] and not n.endswith(".xz")]
+        if raw_so:
+            problems.append(f"raw shared libraries in the wheel: {', '.join(raw_so[:5])}")
 
         if not arches:
             if tags != ["py3-none-any"]:
                 problems.append(f"a wheel without kernels tagged {tags}, expected py3-none-any")
-            if "+" in meta["Version"]:
-                problems.append(f"a wheel without kernels has a local version {meta['Version']}")
             return out
-        if len(arches) > 1:
-            problems.append(f"holds {len(arches)} arches ({', '.join(arches)}): one wheel per arch")
-        arch = arches[0]
         if tags != [f"py3-none-{PLAT}"]:
             problems.append(f"kernels wheel tagged {tags}, expected py3-none-{PLAT}")
-        base = f"{PKG}{arch}/"
-        man = json.loads(z.read(base + "manifest.json"))
-        libs = json.loads(z.read(base + "lib/libs.json"))
-        vllm = {e["source"]["vllm_version"] for e in man["entries"].values()}
-        if len(vllm) != 1:
-            problems.append(f"manifest mixes vLLM versions {sorted(vllm)}")
-        local = f"{arch}.vllm{re.sub(r'[^A-Za-z0-9.]+', '.', next(iter(vllm))).strip('.').lower()}"
-        if meta["Version"].split("+", 1)[-1] != local:
-            problems.append(f"version {meta['Version']} does not say +{local}")
-        linked = {}
-        for lib in libs["libraries"]:
-            path = f"{base}lib/{lib['file']}"
-            if path not in names:
-                problems.append(f"{path} named by libs.json is not in the wheel")
-                continue
-            data = z.read(path)
-            if hashlib.sha256(data).hexdigest() != lib["sha256"]:
-                problems.append(f"{path}: sha256 differs from libs.json")
-            if dynamic_info(data)["needed"]:
-                problems.append(f"{path}: DT_NEEDED {dynamic_info(data)['needed']}")
-            linked.update(lib["entries"])
-        for key, e in man["entries"].items():
-            if linked.get(key) != e["sha256"]:
-                problems.append(f"{key}: not linked from its object in the packaged libs.json")
-        out["keys"] = len(man["entries"])
-        out["kernel_bytes"] = sum(z.getinfo(n).file_size for n in names if n.startswith(base))
-        out["kernel_compressed_bytes"] = sum(z.getinfo(n).compress_size for n in names if n.startswith(base))
+        if wheel.name != f"dsv41_aot-{meta['Version']}-py3-none-{PLAT}.whl":
+            problems.append(f"file name {wheel.name} is not dsv41_aot-{meta['Version']}-py3-none-{PLAT}.whl")
+        try:
+            contents = wheel_bands(z)
+        except AotError as e:
+            problems.append(str(e).splitlines()[0])
+            return out
+        out["keys"], out["keys_by_arch"], libraries = 0, {}, {}
+        served = set()
+        for arch, (man, libs, raw) in contents.items():
+            base = f"{PKG}{arch}/"
+            served |= {e["source"]["vllm_version"] for e in man["entries"].values()}
+            linked = {}
+            for lib in libs["libraries"]:
+                if lib["file"] not in raw:
+                    problems.append(f"{base}lib/{lib['file']} named by libs.json is not in the wheel")
+                    continue
+                needed = dynamic_info(raw[lib["file"]])["needed"]
+                if needed:
+                    problems.append(f"{base}lib/{lib['file']}: DT_NEEDED {needed}")
+                libraries[f"{arch}/{lib['file'][:-3]}"] = raw[lib["file"]]
+                linked.update(lib["entries"])
+            for key, e in man["entries"].items():
+                if linked.get(key) != e["sha256"]:
+                    problems.append(f"{key}: not linked from its object in the packaged libs.json")
+            out["keys_by_arch"][arch] = len(man["entries"])
+            out["keys"] += len(man["entries"])
+        out["vllm"] = sorted(served)
+        if len(served) != 1:
+            problems.append(f"the arches were built from vLLM {sorted(served)}: one wheel serves one vLLM")
+        elif pins.get("vllm") != next(iter(served)):
+            problems.append(f"the vllm extra pins {pins.get('vllm')!r}, the kernels serve vLLM {next(iter(served))}")
+        elif f"vLLM {next(iter(served))}" not in (meta.get_payload() or ""):
+            problems.append(f"the README (long description) does not name vLLM {next(iter(served))}")
+        out["kernel_bytes"] = sum(z.getinfo(n).file_size for n in names if n.startswith(PKG))
+        out["kernel_compressed_bytes"] = sum(z.getinfo(n).compress_size for n in names if n.startswith(PKG))
+        out["raw_library_bytes"] = sum(len(b) for b in libraries.values())
         if prebuilt is not None:
-            src = Path(prebuilt) / arch
+            have = sorted(p.parent.name for p in Path(prebuilt).glob("*/manifest.json"))
+            if have != arches:
+                problems.append(f"the wheel holds {arches}, the prebuilt dir {prebuilt} {have}")
             for n in names:
-                if n.startswith(base) and not n.endswith("/"):
-                    rel = n[len(base):]
-                    if not (src / rel).is_file() or (src / rel).read_bytes() != z.read(n):
-                        problems.append(f"{n} differs from {src / rel}")
+                if n.startswith(PKG) and not n.endswith("/"):
+                    rel = n[len(PKG):]
+                    src = Path(prebuilt) / rel
+                    if not src.is_file() or src.read_bytes() != z.read(n):
+                        problems.append(f"{n} differs from {src}")
     if auditwheel:
         try:
-            ext, _ = auditwheel_externals(wheel)
+            ext = audit_raw(libraries)
         except RuntimeError as e:
             problems.append(str(e))
         else:
@@ -139,6 +203,16 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
             if bad:
                 problems.append(f"auditwheel: external libraries besides libamdhip64: {', '.join(bad)}")
     return out
+
+
+def audit_only(wheel: Path) -> int:
+    """cibuildwheel's repair step: auditwheel on the wheel's raw libraries."""
+    with zipfile.ZipFile(wheel) as z:
+        libraries = {f"{arch}/{f[:-3]}": b for arch, (_, _, raw) in wheel_bands(z).items() for f, b in raw.items()}
+    bad = [x for x in audit_raw(libraries) if not x.startswith(ALLOWED_EXTERNAL)]
+    print(f"{wheel.name}: auditwheel on {len(libraries)} raw libraries: "
+          f"{'external ' + ', '.join(bad) if bad else 'no external library but the host HIP'}")
+    return 1 if bad else 0
 
 
 # the files a wheel build reads (setup.py, pyproject.toml and what they pack)
@@ -163,8 +237,11 @@ def main(argv=None) -> int:
     ap.add_argument("wheels", nargs="+")
     ap.add_argument("--prebuilt", help="the prebuilt dir the wheel was built from")
     ap.add_argument("--no-auditwheel", action="store_true")
+    ap.add_argument("--audit-only", action="store_true", help="only auditwheel on the raw libraries")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.audit_only:
+        return max(audit_only(Path(w)) for w in args.wheels)
     results, rc = [], 0
     for w in args.wheels:
         path = Path(w)
@@ -175,7 +252,8 @@ def main(argv=None) -> int:
         results.append(r)
         rc |= bool(r["problems"])
         if not args.json:
-            what = f"{r.get('keys', 0)} keys of {', '.join(r['arches'])}" if r["arches"] else "no kernels"
+            what = (", ".join(f"{n} keys of {a}" for a, n in r.get("keys_by_arch", {}).items())
+                    if r["arches"] else "no kernels")
             print(f"{r['wheel']}: {r['bytes']} bytes, {what}: {'FAILED' if r['problems'] else 'ok'}")
             for p in r["problems"]:
                 print(f"  {p}", file=sys.stderr)

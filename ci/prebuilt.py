@@ -1,9 +1,10 @@
 """Is one arch folder of a prebuilt directory complete enough to ship?
 
 A wheel carries exactly what the runtime loader opens: the arch's
-``manifest.json``, its linked ``lib/`` (``libs.json`` + the libraries) and the
-stored ``objects/`` they were linked from. ``check_arch`` refuses, with the
-folder or key named and the command that fixes it:
+``manifest.json`` and its linked ``lib/`` (``libs.json`` + the xz-compressed
+library bands); the stored ``objects/`` they were linked from are checked
+too. ``check_arch`` refuses, with the folder or key named and the command that
+fixes it:
 
 - an empty or missing folder (no manifest, or a manifest with no entries);
 - a partial one: entries whose object is missing or altered, objects no entry
@@ -32,7 +33,8 @@ if str(ROOT) not in sys.path:
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.build.jit import VERIFIED  # noqa: E402
 from dsv41_aot.build.link import dynamic_info  # noqa: E402
-from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest, sha256_file  # noqa: E402
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest  # noqa: E402
+from dsv41_aot.runtime.loader import LIBS_SCHEMA, _BAND_RE, read_band  # noqa: E402
 
 
 @dataclass
@@ -96,15 +98,20 @@ def check_arch(root: Path, arch: str) -> ArchContents:
     except ValueError as e:
         raise ManifestError(f"{libs_path}: malformed JSON ({e})", fix=f"dsv41-aot link --dir {root} --arch {arch}") from None
     relink = f"dsv41-aot link --dir {root} --arch {arch}"
+    if libs.get("schema") != LIBS_SCHEMA:
+        raise IntegrityError(f"{libs_path}: link record schema {libs.get('schema')!r}, not {LIBS_SCHEMA} "
+                             f"(compressed bands): linked by an older dsv41-aot", fix=relink)
     linked: dict = {}
     files = [MANIFEST, f"{LIB}/{LIBS_JSON}"]
     for lib in libs.get("libraries", []):
+        if not _BAND_RE.fullmatch(str(lib["file"])):
+            raise ManifestError(f"{libs_path}: library file {lib['file']!r} is not a band inside {adir / LIB}",
+                                fix=relink)
         path = adir / LIB / lib["file"]
-        if not path.is_file():
+        if path.is_symlink() or not path.is_file():
             raise IntegrityError(f"{path} is missing (named by {libs_path})", fix=relink)
-        if sha256_file(path) != lib["sha256"]:
-            raise IntegrityError(f"{path} does not match the sha256 in {libs_path} (corrupt or altered)", fix=relink)
-        info = dynamic_info(path.read_bytes())
+        raw = read_band(path, lib, fix=relink)  # compressed and raw sha256
+        info = dynamic_info(raw)
         if info["needed"]:
             raise IntegrityError(f"{path} records DT_NEEDED {info['needed']}: it would tie users to this build "
                                  f"machine's libraries", fix=relink)

@@ -91,6 +91,10 @@ class HipUnavailableError(LoadError):
     """libamdhip64 cannot be loaded."""
 
 
+class HipVersionError(HipUnavailableError):
+    """The host's HIP runtime is a version the kernels were not built for."""
+
+
 class CaptureError(LoadError):
     """A first load inside HIP/CUDA graph stream capture."""
 

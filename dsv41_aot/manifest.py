@@ -160,6 +160,10 @@ class Manifest:
                 raise ManifestError(f"{path}: entry {key} names key {e['key']!r} / arch {e['arch']!r}", fix=fix)
             if e["abi"] not in abis:
                 raise ManifestError(f"{path}: entry {key} names unknown ABI {e['abi']}", fix=fix)
+            obj = e["object"]  # joined to the arch folder by link and verify: never outside objects/
+            if not isinstance(obj, str) or obj.count("/") != 1 or obj.split("/")[0] != OBJECTS \
+                    or obj.split("/")[1] in ("", ".", "..") or "\\" in obj:
+                raise ManifestError(f"{path}: entry {key} names object {obj!r} outside {arch}/{OBJECTS}/", fix=fix)
         refused = doc.get("refused", {})
         if not isinstance(refused, dict):
             raise ManifestError(f"{path}: refused must be a mapping", fix=fix)

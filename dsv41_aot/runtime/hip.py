@@ -17,7 +17,7 @@ import os
 import re
 import threading
 
-from ..errors import HipUnavailableError
+from ..errors import HipUnavailableError, HipVersionError, LaunchError
 
 SONAMES = ("libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6")
 FIX_HIP = (
@@ -25,6 +25,12 @@ FIX_HIP = (
     "or name the library with DSV41_AOT_HIP_LIB=/path/to/libamdhip64.so"
 )
 HIP_SUCCESS = 0
+# HIP runtime versions the kernels are built for: ROCm 6.x and 7.x
+# (hipRuntimeGetVersion: major * 10,000,000 + minor * 100,000 + patch). FlyDSL
+# 0.4.2's AOT runtime targets ROCm 6+ (hipGetDevicePropertiesR0600's layout,
+# gfx950 code objects); ROCm 5's HIP predates both.
+ACCEPTED = ((6, 0), (8, 0))  # [from, to)
+ENV_ALLOW_VERSION = "DSV41_AOT_ALLOW_HIP_VERSION"  # "5.2": also accept exactly that major.minor
 _ARCH_RE = re.compile(rb"gfx[0-9a-f]+(?::[A-Za-z0-9+\-:]*)?\x00")
 # hipDeviceProp_t grew between ROCm 5 and 6 (hipGetDevicePropertiesR0600);
 # a buffer larger than either, scanned for the gcnArchName string, needs
@@ -113,19 +119,49 @@ class Hip:
         return m.group(0).rstrip(b"\0").split(b":")[0].decode() if m else None
 
     def stream_capturing(self, stream: int) -> bool:
-        """hipStreamIsCapturing on ``stream`` (0: the null stream). A failing
-        query (no device) is not a capture."""
-        fn = getattr(self.lib, "hipStreamIsCapturing", None)
-        if fn is None:
-            return False
+        """hipStreamIsCapturing on ``stream`` (0: the null stream). A query
+        that fails is not an answer: it raises LaunchError with its status
+        (a failed query must not read as "not capturing")."""
         state = ctypes.c_int(0)
-        if fn(ctypes.c_void_p(stream or None), ctypes.byref(state)) != HIP_SUCCESS:
-            return False
+        status = self.lib.hipStreamIsCapturing(ctypes.c_void_p(stream or None), ctypes.byref(state))
+        if status != HIP_SUCCESS:
+            err = LaunchError(
+                f"cannot tell whether stream {stream:#x} is being captured: hipStreamIsCapturing failed with "
+                f"{self.error_name(status)} ({status}); nothing was loaded",
+                fix="check the ROCm install and that a GPU is visible (rocm-smi; HIP_VISIBLE_DEVICES)",
+            )
+            err.status = status
+            raise err
         return state.value != 0  # hipStreamCaptureStatusNone == 0
+
+    def runtime_version(self) -> int:
+        """hipRuntimeGetVersion (e.g. 60443483 for ROCm 6.4.3)."""
+        v = ctypes.c_int(0)
+        status = self.lib.hipRuntimeGetVersion(ctypes.byref(v))
+        if status != HIP_SUCCESS:
+            raise HipUnavailableError(f"{self.path}: hipRuntimeGetVersion failed: {self.error_name(status)} ({status})",
+                                      fix=FIX_HIP)
+        return v.value
+
+    def check_version(self) -> tuple:
+        """(major, minor) of this HIP runtime, refused (HipVersionError) when
+        outside ACCEPTED unless DSV41_AOT_ALLOW_HIP_VERSION names it."""
+        v = self.runtime_version()
+        major, minor = v // 10_000_000, v // 100_000 % 100
+        if ACCEPTED[0] <= (major, minor) < ACCEPTED[1] or os.environ.get(ENV_ALLOW_VERSION) == f"{major}.{minor}":
+            return major, minor
+        lo, hi = ACCEPTED
+        raise HipVersionError(
+            f"{self.path} is HIP {major}.{minor} (hipRuntimeGetVersion {v}); the prebuilt kernels are built for "
+            f"ROCm {lo[0]}.{lo[1]} up to (not including) {hi[0]}.{hi[1]}",
+            fix=f"install ROCm 6 or 7 and point to its libamdhip64 (ROCM_PATH or DSV41_AOT_HIP_LIB), or accept "
+                f"this one at your own risk: {ENV_ALLOW_VERSION}={major}.{minor}",
+        )
 
 
 def load() -> Hip:
-    """libamdhip64, opened once per process with RTLD_GLOBAL."""
+    """libamdhip64, opened once per process with RTLD_GLOBAL (its version is
+    checked where a kernel library is bound: Hip.check_version)."""
     global _hip
     if _hip is not None:
         return _hip

@@ -2,9 +2,15 @@
 
 ``load_key("k2@gfx950:s=4,tp=4,r=1")`` looks the key up in the prebuilt
 directory's manifest (read once per arch and indexed), checks it (arch, vLLM
-source digest, library sha256), opens the key's linked library once and
-returns a :class:`Launcher`, a drop-in for what vLLM's ``build_mono_*``
-returns: ``launcher(*ints, stream=...)``.
+source digest, link record) and returns a :class:`Launcher`, a drop-in for
+what vLLM's ``build_mono_*`` returns: ``launcher(*ints, stream=...)``.
+
+``Launcher.bind()`` (its first call or preload does it too) binds the key's
+band: the compressed library file is read once, its sha256 checked, it is
+decompressed in memory, the raw sha256 checked, and exactly those bytes are
+dlopened from a sealed memfd (``/proc/self/fd/N``): nothing is written to
+disk and only the bands a process binds are decompressed. Then the entry is
+resolved and its ABI checked against the library's own export metadata.
 
 Nothing reaches the GPU until a Launcher is first called (or preloaded): each
 key's code object is loaded by its own ``<entry>__module_load``, once, under a
@@ -17,15 +23,17 @@ Runtime-side module: standard library only (plus hip.py's ctypes binding).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
+import re
 import struct
 import sys
 import threading
 from pathlib import Path
 
 from . import hip as _hip
-from ..manifest import ENV_PREBUILT, LIB, LIBS_JSON, MANIFEST, Manifest, prebuilt_dir, sha256_file
+from ..manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest, abi_id, prebuilt_dir, sha256_file
 from ..errors import (
     ArchMismatchError,
     CaptureError,
@@ -42,6 +50,13 @@ from ..errors import (
 
 ENV_ARCH = "DSV41_AOT_ARCH"
 ENV_ALLOW_SOURCE = "DSV41_AOT_ALLOW_SOURCE_MISMATCH"
+ENV_CACHE = "DSV41_AOT_CACHE"  # where bands are unpacked when the kernel has no memfd
+
+LIBS_SCHEMA = 2  # libs.json: compressed bands (build/link.py writes it)
+BAND_SUFFIX = ".so.xz"
+_ARCH_RE = re.compile(r"gfx[0-9a-f]+")
+_BAND_RE = re.compile(r"libdsv41_[A-Za-z0-9_.-]+\.so\.xz")  # a plain file name in lib/: no "/", no ".."
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
 
 # slot ctype -> struct code (the export metadata's C types; "pointer" is the stream)
 _CODES = {
@@ -59,11 +74,14 @@ class _State:
     def __init__(self):
         self.lock = threading.RLock()
         self.indexes: dict = {}  # arch folder -> _Index
-        self.libraries: dict = {}  # library path -> ctypes.CDLL
+        self.libraries: dict = {}  # band path -> ctypes.CDLL
+        self.fds: dict = {}  # band path -> the descriptor it was dlopened through (kept open: see _dlopen_fd)
         self.launchers: dict = {}  # (arch folder, key) -> Launcher
         self.device_arch: str | None = None
         self.device_arch_read = False
-        self.installed_digest: tuple | None = None  # (digest or None, source.MonoSource, mono dir)
+        self.hip_version: tuple | None = None  # (major, minor), checked once
+        self.installed_digest: tuple | None = None  # (digest or None, source.MonoSource, mono dir, error or None)
+        self.abi_checked: dict = {}  # export metadata (entry name removed) -> ABI id it was checked against
         self.warned: set = set()
 
 
@@ -90,24 +108,29 @@ if hasattr(os, "register_at_fork"):
 
 class _Abi:
     """One ABI (slot list) compiled once: a struct layout for packing the
-    integers straight into one buffer, and each slot's offset in it."""
+    integers straight into a buffer, and each slot's offset in it."""
 
-    def __init__(self, slots: list):
+    def __init__(self, slots: list, aid: str = "?"):
+        if not isinstance(slots, list) or not all(isinstance(s, dict) for s in slots):
+            raise ManifestError(f"ABI {aid}: not a list of slots")
         if not slots or slots[-1].get("name") != "stream" or slots[-1].get("ctype") != "pointer":
-            raise ManifestError(f"ABI {slots[-1:] if slots else '[]'} does not end with the stream slot")
+            raise ManifestError(f"ABI {aid} {slots[-1:] if slots else '[]'} does not end with the stream slot")
         fmt, offsets, pos = "<", [], 0
         for slot in slots:
             code, size = _CODES.get(slot.get("ctype")), slot.get("size")
             if code is None or struct.calcsize("<" + code) != size:
-                raise ManifestError(f"ABI slot {slot} has an unknown C type or size")
+                raise ManifestError(f"ABI {aid} slot {slot} has an unknown C type or size")
             pad = -pos % size
             fmt += "x" * pad
             pos += pad
             offsets.append(pos)
             fmt += code
             pos += size
+        self.id = aid
         self.slots = slots
         self.names = [s["name"] for s in slots[:-1]]
+        # what the library's export metadata must say, slot by slot
+        self.signature = [(s["name"], s["ctype"], s["size"]) for s in slots]
         self.struct = struct.Struct(fmt)
         self.offsets = offsets
         self.argv_type = ctypes.c_void_p * len(slots)
@@ -126,7 +149,8 @@ class _Index:
         self.dir = root / arch
         self.manifest = Manifest.read(self.dir, arch)
         self.entries = self.manifest.entries
-        fix = f"link it: dsv41-aot link --dir {root} --arch {arch}"
+        self.link_cmd = f"dsv41-aot link --dir {root} --arch {arch}"
+        fix = f"link it: {self.link_cmd}"
         path = self.dir / LIB / LIBS_JSON
         try:
             doc = json.loads(path.read_bytes())
@@ -134,11 +158,23 @@ class _Index:
             raise ManifestError(f"{path} is missing: the objects of {self.dir} were never linked", fix=fix) from None
         except ValueError as e:
             raise ManifestError(f"{path}: malformed JSON ({e})", fix=fix) from None
+        self.libdir = self.dir / LIB
         self.lib_of: dict = {}
         try:
             if doc.get("arch") != arch:
                 raise ManifestError(f"{path}: link record for {doc.get('arch')!r} in the {arch} folder", fix=fix)
+            if doc.get("schema") != LIBS_SCHEMA:
+                raise ManifestError(f"{path}: link record schema {doc.get('schema')!r}, this loader reads "
+                                    f"{LIBS_SCHEMA} (compressed bands)", fix=fix)
             for lib in doc["libraries"]:
+                name = lib["file"]
+                if not isinstance(name, str) or not _BAND_RE.fullmatch(name):
+                    raise ManifestError(f"{path}: library {lib.get('chunk')!r} names file {name!r}, not a band "
+                                        f"file inside {self.libdir}", fix=fix)
+                if not all(isinstance(lib[f], str) and _SHA_RE.fullmatch(lib[f]) for f in ("sha256", "raw_sha256")) \
+                        or not all(type(lib[f]) is int for f in ("bytes", "raw_bytes")):
+                    raise ManifestError(f"{path}: library {name}: sha256 / raw_sha256 / bytes / raw_bytes malformed",
+                                        fix=fix)
                 for key, obj_sha in lib["entries"].items():
                     self.lib_of[key] = (lib, obj_sha)
         except (KeyError, TypeError, AttributeError):
@@ -147,13 +183,29 @@ class _Index:
         self.abis: dict = {}
 
     def abi(self, aid: str) -> _Abi:
+        """The compiled ABI ``aid``, whose id must be the hash of its slots."""
         a = self.abis.get(aid)
         if a is None:
-            a = self.abis[aid] = _Abi(self.manifest.abis[aid])
+            slots = self.manifest.abis[aid]
+            if abi_id(slots) != aid:
+                raise ManifestError(f"{self.manifest.path}: ABI {aid} does not hash to its id ({abi_id(slots)}): "
+                                    f"its slots were altered", fix=self.fix_reinstall)
+            a = self.abis[aid] = _Abi(slots, aid)
         return a
+
+    @property
+    def fix_reinstall(self) -> str:
+        """How to get a good copy of this arch folder: rebuild where it was
+        built (objects/ present), else reinstall the wheel it came from."""
+        if (self.dir / OBJECTS).is_dir():
+            return f"rebuild and relink: dsv41-aot build --arch {self.arch} --out {self.root} && {self.link_cmd}"
+        return "reinstall the kernels: pip install --force-reinstall --no-deps dsv41-aot"
 
 
 def _index(root: Path, arch: str) -> _Index:
+    if not isinstance(arch, str) or not _ARCH_RE.fullmatch(arch):  # never a path: no "/", no ".."
+        raise ManifestError(f"arch {arch!r} is not a GPU arch name (gfx...): refusing to look for it under {root}",
+                            fix=f"name it like gfx950: {ENV_ARCH}=gfx950 (or arch=...)")
     folder = root / arch
     idx = _state.indexes.get(folder)
     if idx is None:
@@ -190,6 +242,9 @@ def resolve_arch(arch: str | None = None) -> str:
     """``arch``, else DSV41_AOT_ARCH, else the current HIP device's."""
     arch = arch or os.environ.get(ENV_ARCH)
     if arch:
+        if not _ARCH_RE.fullmatch(arch):
+            raise ManifestError(f"arch {arch!r} (argument or {ENV_ARCH}) is not a GPU arch name",
+                                fix=f"name it like gfx950: {ENV_ARCH}=gfx950 (or arch=...)")
         return arch
     found = _device_arch()
     if found is None:
@@ -201,17 +256,41 @@ def resolve_arch(arch: str | None = None) -> str:
 
 
 def _installed_vllm() -> tuple:
-    """(mono digest, version, mono dir) of the vLLM this process would import,
-    found without importing it; (None, None, None) when there is none."""
+    """(mono digest, source.MonoSource, mono dir) of the vLLM this process
+    would import, found without importing it; (None, None, None) when none is
+    installed (or it has no mono package). A digest that fails to compute is
+    not "no vLLM": it raises SourceMismatchError, at every load."""
     if _state.installed_digest is None:
         from .. import source
+        from ..errors import ToolchainError
 
         try:
             src = source.find(check_version=False)
-            _state.installed_digest = (source.mono_digest(src.mono_dir), src, str(src.mono_dir))
-        except Exception:  # no vLLM, or one without the mono package: nothing to compare
-            _state.installed_digest = (None, None, None)
-    return _state.installed_digest
+        except ToolchainError:  # no vLLM, or one without the mono package: nothing to compare
+            _state.installed_digest = (None, None, None, None)
+        except Exception as e:  # noqa: BLE001 - finding it failed: that is no answer
+            _state.installed_digest = (None, None, "vllm", e)
+        else:
+            try:
+                _state.installed_digest = (source.mono_digest(src.mono_dir), src, str(src.mono_dir), None)
+            except Exception as e:  # noqa: BLE001 - unreadable sources: no answer either
+                _state.installed_digest = (None, src, str(src.mono_dir), e)
+    digest, src, mono, error = _state.installed_digest
+    if error is not None:
+        msg = f"cannot compute the installed vLLM's mono source digest ({mono}): {type(error).__name__}: {error}"
+        if os.environ.get(ENV_ALLOW_SOURCE) != "1":
+            raise SourceMismatchError(msg, fix=f"repair the vLLM install (pip install --force-reinstall vllm), or "
+                                               f"run without the check: {ENV_ALLOW_SOURCE}=1")
+        _warn_once(("digest", mono), f"{msg}; running unchecked ({ENV_ALLOW_SOURCE}=1)")
+    return digest, src, mono
+
+
+def _warn_once(what, message: str) -> None:
+    if what not in _state.warned:
+        _state.warned.add(what)
+        import logging
+
+        logging.getLogger("dsv41_aot").warning("%s", message)
 
 
 def _check_source(key: str, entry: dict) -> None:
@@ -222,11 +301,7 @@ def _check_source(key: str, entry: dict) -> None:
     msg = (f"{key}: installed vLLM {src.version} mono sources ({mono}) digest {digest} differ from the "
            f"{built} the prebuilt kernels were built from (vLLM {entry['source'].get('vllm_version')})")
     if os.environ.get(ENV_ALLOW_SOURCE) == "1":
-        if (digest, built) not in _state.warned:
-            _state.warned.add((digest, built))
-            import logging
-
-            logging.getLogger("dsv41_aot").warning("%s; running them anyway (%s=1)", msg, ENV_ALLOW_SOURCE)
+        _warn_once((digest, built), f"{msg}; running them anyway ({ENV_ALLOW_SOURCE}=1)")
         return
     raise SourceMismatchError(
         msg,
@@ -235,34 +310,145 @@ def _check_source(key: str, entry: dict) -> None:
     )
 
 
+# ------------------------------------------------------------------ bands
+
+
+def read_band(path: Path, lib: dict, *, fix: str | None = None) -> bytes:
+    """The raw library a band decompresses to, read once through one
+    descriptor and checked twice: the compressed bytes against libs.json's
+    sha256, the raw ones against its raw_sha256. IntegrityError otherwise."""
+    data = _read_file(Path(path), fix)
+    return unpack_band(Path(path), data, lib, fix)
+
+
+def _read_file(path: Path, fix: str | None) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise IntegrityError(f"{path} is missing", fix=fix) from None
+    except OSError as e:  # ELOOP: a symlink where a band must be
+        raise ManifestError(f"{path}: cannot open it as a plain file inside its lib/ folder ({e})", fix=fix) from None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def unpack_band(path: Path, data: bytes, lib: dict, fix: str | None) -> bytes:
+    if hashlib.sha256(data).hexdigest() != lib["sha256"]:
+        raise IntegrityError(f"{path} does not match the sha256 in {LIBS_JSON} (corrupt or altered)", fix=fix)
+    import lzma  # first bind only: import dsv41_aot.runtime.loader stays small
+
+    try:
+        raw = lzma.decompress(data, format=lzma.FORMAT_XZ)
+    except lzma.LZMAError as e:  # only a libs.json whose sha256 was forged with the file gets here
+        raise IntegrityError(f"{path}: not an xz band ({e})", fix=fix) from None
+    if len(raw) != lib["raw_bytes"] or hashlib.sha256(raw).hexdigest() != lib["raw_sha256"]:
+        raise IntegrityError(f"{path} decompresses to a library whose sha256 is not the raw_sha256 in {LIBS_JSON} "
+                             f"(altered band or link record)", fix=fix)
+    return raw
+
+
+def _band_path(idx: _Index, lib: dict) -> Path:
+    """The band's path, which must resolve to a file directly inside the
+    arch's lib/ folder (libs.json's name was checked; a symlinked file or
+    folder is caught here)."""
+    path = idx.libdir / lib["file"]
+    real = Path(os.path.realpath(path))
+    if real.parent != Path(os.path.realpath(idx.libdir)) or real.name != lib["file"]:
+        raise ManifestError(f"{idx.libdir / LIBS_JSON}: library {lib['file']} resolves to {real}, outside "
+                            f"{idx.libdir}", fix=idx.fix_reinstall)
+    return path
+
+
 def _open_library(idx: _Index, lib: dict) -> ctypes.CDLL:
-    """dlopen one linked library, once, after verifying its sha256 and opening
-    libamdhip64 globally (its hip* references bind to that)."""
-    path = str(idx.dir / "lib" / lib["file"])
-    handle = _state.libraries.get(path)
+    """Bind one band, once per process: check the HIP runtime, read, verify
+    and decompress the band, dlopen exactly those bytes (libamdhip64 first,
+    RTLD_GLOBAL: the library's hip* references bind to it)."""
+    key = str(idx.libdir / lib["file"])
+    handle = _state.libraries.get(key)
     if handle is not None:
         return handle
     with _state.lock:
-        handle = _state.libraries.get(path)
+        handle = _state.libraries.get(key)
         if handle is None:
-
+            hip = _hip.load()
+            if _state.hip_version is None:
+                _state.hip_version = hip.check_version()
+            path = _band_path(idx, lib)
+            raw = read_band(path, lib, fix=idx.fix_reinstall)
+            fd = _library_fd(raw, lib)
             try:
-                ok = sha256_file(Path(path)) == lib["sha256"]
-            except FileNotFoundError:
-                raise IntegrityError(f"{path} is missing", fix=idx.fix_link) from None
-            if not ok:
-                raise IntegrityError(f"{path} does not match the sha256 in {LIBS_JSON} (corrupt or altered)",
-                                     fix=idx.fix_link)
-            _hip.load()
-            try:
-                handle = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+                handle = ctypes.CDLL(f"/proc/self/fd/{fd}", mode=os.RTLD_NOW | os.RTLD_LOCAL)
             except OSError as e:
+                os.close(fd)
                 if "undefined symbol: hip" in str(e):
                     raise HipUnavailableError(f"{path}: this host's libamdhip64 lacks a symbol ({e})",
                                               fix=_hip.FIX_HIP) from None
-                raise IntegrityError(f"cannot dlopen {path}: {e}", fix=idx.fix_link) from None
-            _state.libraries[path] = handle
+                raise IntegrityError(f"cannot dlopen {path}: {e}", fix=idx.fix_reinstall) from None
+            # kept open: glibc knows a library by the path it was opened by, and
+            # a closed descriptor's number (so its /proc/self/fd/N) is reused
+            _state.fds[key] = fd
+            _state.libraries[key] = handle
     return handle
+
+
+def _library_fd(raw: bytes, lib: dict) -> int:
+    """A descriptor holding exactly ``raw``: a sealed memfd, else (a kernel
+    without memfd) a file of the per-user cache verified through the
+    descriptor it is opened by."""
+    name = lib["file"][: -len(".xz")]
+    try:
+        fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except (AttributeError, OSError):
+        return _cached_fd(raw, lib)
+    try:
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view):]
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+                    | fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def cache_dir() -> Path:
+    """Where bands are unpacked when memfd is unavailable: DSV41_AOT_CACHE,
+    else $XDG_CACHE_HOME/dsv41-aot, else ~/.cache/dsv41-aot."""
+    explicit = os.environ.get(ENV_CACHE)
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dsv41-aot"
+
+
+def _cached_fd(raw: bytes, lib: dict) -> int:
+    """Open ``<cache>/<raw_sha256>.so``, read it through that descriptor and
+    check its sha256; (re)write it atomically first when absent or wrong."""
+    from ..manifest import atomic_write
+
+    path = cache_dir() / f"{lib['raw_sha256']}.so"
+    for attempt in (0, 1):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            fd = None
+        if fd is not None:
+            with open(fd, "rb", closefd=False) as f:
+                same = hashlib.sha256(f.read()).hexdigest() == lib["raw_sha256"]
+            if same:
+                return fd
+            os.close(fd)
+        if attempt == 0:
+            try:
+                atomic_write(path, raw)
+            except OSError as e:
+                raise IntegrityError(f"no memfd on this kernel, and the band cache {path} cannot be written ({e})",
+                                     fix=f"point {ENV_CACHE} at a writable folder") from None
+    raise IntegrityError(f"{path} does not hold the library just written to it (another writer?)",
+                         fix=f"remove it, or point {ENV_CACHE} at a folder only this user writes")
 
 
 def _capturing(stream: int) -> bool:
@@ -298,17 +484,19 @@ def _stream_handle(stream) -> int:
 class Launcher:
     """One prebuilt launch symbol, called like vLLM's FlyDSL launcher:
     ``launcher(*ints, stream=...)``. The integers are packed by the manifest's
-    ABI into a buffer made once; the C entry is called holding the GIL
-    (ctypes.PYFUNCTYPE), so packing and call are one step for other threads.
+    ABI into a buffer of the calling thread (one per thread, made at its
+    first call), then the C entry is called with pointers into it: threads
+    never share a buffer, so one Launcher serves any number of threads.
 
-    A Launcher is bound on its first call (or ``preload``): its library is
-    checked against its sha256 and opened (once per library), its entry
-    resolved, then its code object loaded on the device. Making one reads
-    only the manifest, so a whole deployment's Launchers are ready at once
-    and a corrupt library is refused before anything of it is loaded."""
+    ``bind()`` (done by the first call or ``preload`` too) verifies and opens
+    the key's band (once per band), resolves its entry and checks the ABI
+    against the library's own export metadata; then the first call loads the
+    code object on the device. Making a Launcher reads only the manifest, so a
+    whole deployment's Launchers are ready at once, and a corrupt band is
+    refused before any of it is mapped."""
 
     __slots__ = ("key", "kernel_name", "entry", "abi", "library", "arch", "_abi", "_idx", "_librec", "_lib",
-                 "_buf", "_argv", "_call", "_pack", "_ready", "_hip")
+                 "_tls", "_call", "_pack", "_ready", "_hip")
 
     def __init__(self, key: str, entry: dict, abi: _Abi, idx: _Index, lib: dict):
         self.key = key
@@ -316,7 +504,7 @@ class Launcher:
         self.entry = entry["entry"]
         self.arch = entry["arch"]
         self.abi = abi.slots
-        self.library = str(idx.dir / "lib" / lib["file"])
+        self.library = str(idx.libdir / lib["file"])
         self._abi = abi
         self._idx = idx
         self._librec = lib
@@ -325,8 +513,8 @@ class Launcher:
         self._hip = None
 
     def bind(self) -> None:
-        """Open this key's library (sha256 first) and resolve its C entry; no
-        GPU work. Idempotent and thread-safe."""
+        """Verify and open this key's band, resolve its C entry, check its ABI;
+        no GPU work. Idempotent and thread-safe; every failure is a LoadError."""
         if self._lib is not None:
             return
         with _state.lock:
@@ -337,14 +525,55 @@ class Launcher:
                 fn = getattr(lib, self.entry)
             except AttributeError:
                 raise IntegrityError(f"{self.key}: {self.library} does not export {self.entry}",
-                                     fix=f"relink: dsv41-aot link --arch {self.arch}") from None
+                                     fix=self._idx.fix_reinstall) from None
+            self._check_metadata(lib)
             abi = self._abi
             self._call = abi.proto(ctypes.cast(fn, ctypes.c_void_p).value)
-            self._buf = ctypes.create_string_buffer(abi.struct.size)
-            base = ctypes.addressof(self._buf)
-            self._argv = abi.argv_type(*[base + off for off in abi.offsets])
             self._pack = abi.struct.pack_into
+            self._tls = threading.local()
             self._lib = lib  # last: a bound Launcher has every field above
+
+    def _check_metadata(self, lib: ctypes.CDLL) -> None:
+        """The manifest's ABI must be the one the library says its entry takes
+        (``<entry>__metadata``, written by FlyDSL's export): a tampered
+        manifest must not make the entry read past the argument array."""
+        fix = self._idx.fix_reinstall
+        try:
+            text = ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(lib, self.entry + "__metadata")))
+        except ValueError:
+            raise IntegrityError(f"{self.key}: {self.library} has no {self.entry}__metadata", fix=fix) from None
+        # entries of one ABI differ only in their names: check each text once
+        same = text.replace(self.entry.encode(), b"")
+        if _state.abi_checked.get(same) == self._abi.id:
+            return
+        try:
+            meta = json.loads(text)
+            have = [(s.get("arg_name") or "stream", s["ctype"], s["size"]) for s in meta["abi"]]
+            symbol, arch = meta["symbol"], meta["arch"]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise IntegrityError(f"{self.key}: {self.entry}__metadata in {self.library} is unreadable ({e})",
+                                 fix=fix) from None
+        if symbol != self.entry or arch != self.arch:
+            raise IntegrityError(f"{self.key}: {self.library}'s {self.entry}__metadata describes {symbol} for "
+                                 f"{arch}", fix=fix)
+        want = self._abi.signature
+        if have != want:
+            i = next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))
+            raise ManifestError(
+                f"{self.key}: manifest ABI {self._abi.id} ({len(want)} slots) is not the entry's own "
+                f"({len(have)} slots, from {self.entry}__metadata); first difference at slot {i}: manifest "
+                f"{want[i] if i < len(want) else 'none'}, library {have[i] if i < len(have) else 'none'}",
+                fix=fix,
+            )
+        _state.abi_checked[same] = self._abi.id
+
+    def _thread_buffer(self) -> tuple:
+        """This thread's argument buffer and the ``void*`` array into it."""
+        abi = self._abi
+        buf = ctypes.create_string_buffer(abi.struct.size)
+        base = ctypes.addressof(buf)
+        pair = self._tls.args = (buf, abi.argv_type(*[base + off for off in abi.offsets]))
+        return pair
 
     def __repr__(self) -> str:
         return f"<Launcher {self.key} {self.kernel_name} ({len(self.abi) - 1} args + stream)>"
@@ -355,10 +584,14 @@ class Launcher:
         if stream.__class__ is not int:
             stream = _stream_handle(stream)
         try:
-            self._pack(self._buf, 0, *args, stream)
+            buf, argv = self._tls.args
+        except AttributeError:
+            buf, argv = self._thread_buffer()
+        try:
+            self._pack(buf, 0, *args, stream)
         except struct.error:
             raise self._bad_args(args, stream) from None
-        status = self._call(self._argv)
+        status = self._call(argv)
         if status:
             raise self._failed(status)
 
@@ -449,14 +682,39 @@ def load_key(key, *, prebuilt: str | os.PathLike | None = None) -> Launcher:
     _check_source(text, entry)
     lib, obj_sha = idx.lib_of.get(text, (None, None))
     if lib is None or obj_sha != entry["sha256"]:
-        raise ManifestError(f"{text}: {idx.dir / LIB / LIBS_JSON} is older than the manifest (key not linked from its "
-                            f"current object)", fix=idx.fix_link)
+        raise _link_mismatch(idx, text, entry, lib, obj_sha)
     with _state.lock:
         launcher = _state.launchers.get((root, text))
         if launcher is None:
             launcher = Launcher(text, entry, idx.abi(entry["abi"]), idx, lib)
             _state.launchers[(root, text)] = launcher
     return launcher
+
+
+def _link_mismatch(idx: _Index, key: str, entry: dict, lib: dict | None, obj_sha: str | None) -> ManifestError:
+    """Name what disagrees between the manifest and libs.json, and the fix
+    that works: relink (the object was rebuilt), rebuild (the manifest entry
+    no longer matches its object) or reinstall (no objects: a wheel)."""
+    libs = idx.libdir / LIBS_JSON
+    if lib is None:
+        what = f"{key} is in {idx.manifest.path} but in no library of {libs}"
+    else:
+        what = (f"{key}: {idx.manifest.path} records object sha256 {entry['sha256'][:16]}..., but {lib['file']} was "
+                f"linked from object {obj_sha[:16]}... ({libs})")
+    obj = idx.dir / entry["object"]
+    if not (idx.dir / OBJECTS).is_dir():
+        return ManifestError(f"{what}: the installed manifest and libraries disagree", fix=idx.fix_reinstall)
+    try:
+        actual = sha256_file(obj)
+    except OSError:
+        actual = None
+    if actual == entry["sha256"]:  # the object was rebuilt after the link
+        return ManifestError(f"{what}: the object was rebuilt after the last link", fix=f"relink: {idx.link_cmd}")
+    state = "is missing" if actual is None else f"has sha256 {actual[:16]}..., not the manifest's"
+    return ManifestError(
+        f"{what}; the stored object {obj.name} {state}: the manifest entry no longer describes its object",
+        fix=f"rebuild it: dsv41-aot build --key '{key}' --out {idx.root} && {idx.link_cmd}",
+    )
 
 
 def load(kind: str, *, tokens: int, tp: int, ratio: int, fold: bool = True, index: bool = False,
