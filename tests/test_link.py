@@ -6,7 +6,9 @@ Real parts throughout: the builder's objects, ld.lld, Debian's libamdhip64
 
 from __future__ import annotations
 
+import hashlib
 import json
+import lzma
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,7 @@ from dsv41_aot.build import link
 from dsv41_aot.errors import IntegrityError
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest, sha256_file
+from dsv41_aot.runtime.loader import read_band
 
 pytestmark = pytest.mark.slow
 READELF = "/usr/lib/llvm-19/bin/llvm-readelf"
@@ -41,12 +44,41 @@ def test_every_key_is_linked_into_a_library_with_the_recorded_sha(smoke):
         for lib in libs:
             path = smoke / arch / "lib" / lib["file"]
             assert sha256_file(path) == lib["sha256"] and path.stat().st_size == lib["bytes"]
-            assert lib["file"].startswith(lib["chunk"] + ".") and lib["sha256"][:16] in lib["file"]
+            assert lib["file"] == f"{lib['chunk']}.{lib['sha256'][:16]}.so.xz"
             assert all(link.chunk_name(BuildKey.parse(k)) == lib["chunk"] for k in lib["entries"])
+            raw = lzma.decompress(path.read_bytes())  # a plain xz file, independent of the loader
+            assert raw[:4] == b"\x7fELF" and len(raw) == lib["raw_bytes"]
+            assert hashlib.sha256(raw).hexdigest() == lib["raw_sha256"] and read_band(path, lib) == raw
+            assert lib["bytes"] < lib["raw_bytes"] // 2
+        # nothing but bands and the link record: no raw library left on disk
+        assert sorted(p.name for p in (smoke / arch / "lib").iterdir()) == sorted([*(l["file"] for l in libs),
+                                                                                   "libs.json"])
 
 
-def test_no_libamdhip64_soname_is_baked_in(smoke):
-    for lib in sorted(smoke.glob("*/lib/*.so")):
+def test_an_older_link_record_is_relinked_into_bands(smoke, tmp_path):
+    d = copy_of(smoke, tmp_path / "old")
+    lib_dir = d / "gfx942" / "lib"
+    doc = json.loads((lib_dir / "libs.json").read_text())
+    for lib in doc["libraries"]:  # what schema 1 left: raw .so files named in libs.json
+        raw = read_band(lib_dir / lib["file"], lib)
+        (lib_dir / lib["file"]).unlink()
+        lib["file"], lib["sha256"], lib["bytes"] = lib["file"][:-3], lib["raw_sha256"], len(raw)
+        (lib_dir / lib["file"]).write_bytes(raw)
+        del lib["raw_sha256"], lib["raw_bytes"]
+    doc["schema"] = 1
+    (lib_dir / "libs.json").write_text(json.dumps(doc))
+    r = cli("link", "--dir", d, "--arch", "gfx942", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)[0]["linked"] == len(doc["libraries"])
+    assert sorted(p.name for p in lib_dir.iterdir()) == sorted(p.name for p in (smoke / "gfx942" / "lib").iterdir())
+
+
+def test_no_libamdhip64_soname_is_baked_in(smoke, tmp_path):
+    bands = sorted(smoke.glob("*/lib/*.so.xz"))
+    assert len(bands) >= 2
+    for band in bands:
+        lib = tmp_path / band.name[: -len(".xz")]
+        lib.write_bytes(lzma.decompress(band.read_bytes()))
         dyn = subprocess.run([READELF, "-d", str(lib)], capture_output=True, text=True, check=True).stdout
         assert "NEEDED" not in dyn, dyn  # not libamdhip64.so.5 (the build host's), nor anything else
         info = link.dynamic_info(lib.read_bytes())
@@ -99,13 +131,15 @@ def test_link_of_a_folder_without_a_build_is_bad_input(tmp_path):
 # the library's own metadata (read back through dlopen/dlsym) against vLLM's
 # launcher parameters, each side in its own process
 _READ_METADATA = r"""
-import ctypes, json, os, sys
+import ctypes, json, lzma, os, sys, tempfile
 from pathlib import Path
 ctypes.CDLL("libamdhip64.so", mode=ctypes.RTLD_GLOBAL | os.RTLD_NOW)
-root = Path(sys.argv[1]); out = {}
+root = Path(sys.argv[1]); out = {}; tmp = Path(tempfile.mkdtemp())
 for arch in ("gfx950", "gfx942"):
     for lib in json.loads((root / arch / "lib" / "libs.json").read_text())["libraries"]:
-        h = ctypes.CDLL(str(root / arch / "lib" / lib["file"]), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        so = tmp / lib["file"][:-3]  # unpacked with plain xz, not through the loader
+        so.write_bytes(lzma.decompress((root / arch / "lib" / lib["file"]).read_bytes()))
+        h = ctypes.CDLL(str(so), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         man = json.loads((root / arch / "manifest.json").read_text())
         for key in lib["entries"]:
             meta = ctypes.c_char.in_dll(h, man["entries"][key]["entry"] + "__metadata")

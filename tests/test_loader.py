@@ -1,8 +1,10 @@
 """Runtime loader against the real smoke libraries and Debian's libamdhip64.
 
-No GPU anywhere here: the HIP runtime is real and answers "no device". The
-two places that need a device state (a graph capture in progress, a device of
-another arch) use a mock of the AMD GPU, marked MOCK-GPU where it is made.
+No GPU anywhere here: the HIP runtime is real and answers "no device". Every
+bind is real (band sha256, decompression, memfd dlopen, entry, ABI against
+the library's metadata). The places that need a device state (a graph
+capture in progress, a device of another arch, module loads that succeed)
+stand in for the AMD GPU only, marked MOCK-GPU where they are made.
 """
 
 from __future__ import annotations
@@ -126,14 +128,24 @@ from dsv41_aot.runtime import loader
 out = {{}}
 for arch in ("gfx950", "gfx942"):
     for key in loader.keys(arch, prebuilt={str(smoke)!r}):
-        out[key] = dsv41_aot.load_key(key, prebuilt={str(smoke)!r}).kernel_name
+        launcher = dsv41_aot.load_key(key, prebuilt={str(smoke)!r})
+        launcher.bind()  # band sha256 x2, memfd, dlopen, entry, ABI vs export metadata
+        out[key] = [launcher.kernel_name, launcher._call is not None]
 assert loader._installed_vllm()[0] is not None  # the source check ran on the installed vLLM
+maps = open("/proc/self/maps").read()
+bands = sorted({{l.split("/memfd:")[1].split(" ")[0] for l in maps.splitlines() if "/memfd:libdsv41_" in l}})
 print(json.dumps(out))
+print(json.dumps(bands))
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("flydsl", "torch", "vllm", "yaml", "tqdm")))
 """)
     assert r.returncode == 0, r.stderr
-    out, imported = r.stdout.splitlines()
+    out, bands, imported = r.stdout.splitlines()
     assert len(json.loads(out)) == smoke_count() and imported == "[]"
+    assert all(bound for _, bound in json.loads(out).values())
+    # every band of both arches bound from memory, none from the prebuilt dir
+    want = sorted(lib["file"][: -len(".xz")] for arch in ("gfx950", "gfx942")
+                  for lib in json.loads((smoke / arch / "lib" / "libs.json").read_text())["libraries"])
+    assert json.loads(bands) == want
 
 
 # ---------------------------------------------------------------- launches
@@ -152,6 +164,8 @@ except LaunchError as e:
     assert r.returncode == 0, r.stderr  # no crash, no hang
     status, message = r.stdout.strip().split(" ", 1)
     assert int(status) > 0 and "hipError" in message and K1 in message
+    # no device: the capture query itself fails, which is no "not capturing"
+    assert "cannot tell whether stream 0x0 is being captured" in message
 
 
 def test_wrong_arguments_are_refused_before_any_call(smoke, fresh):
@@ -193,7 +207,7 @@ def test_first_load_inside_a_capture_is_refused(smoke, fresh, monkeypatch):
     from dsv41_aot.runtime import hip
 
     # MOCK-GPU: the (absent) device reports a capture in progress on the stream
-    monkeypatch.setattr(hip.Hip, "stream_capturing", lambda self, stream: True)
+    monkeypatch.setattr(hip.Hip, "stream_capturing", lambda self, stream, what="": True)
     launcher = dsv41_aot.load_key(K1, prebuilt=smoke)
     with pytest.raises(CaptureError, match="preload"):
         dsv41_aot.preload([K1], prebuilt=smoke)
@@ -203,32 +217,38 @@ def test_first_load_inside_a_capture_is_refused(smoke, fresh, monkeypatch):
 
 
 def test_preload_loads_each_module_once_on_the_device(smoke, fresh, monkeypatch):
-    # MOCK-GPU: a gfx950 device whose module loads succeed (the library's
-    # __module_init / __module_load stand-ins count their calls)
-    monkeypatch.setattr(fresh._state, "device_arch", "gfx950")
-    monkeypatch.setattr(fresh._state, "device_arch_read", True)
+    from dsv41_aot.runtime import hip
+
     launcher = dsv41_aot.load_key(K1, prebuilt=smoke)
+    launcher.bind()  # for real: band sha256, memfd dlopen, entry, ABI against the export metadata
+    assert launcher._lib is fresh._state.libraries[launcher.library]
     calls = []
 
-    class Fake:
-        def __init__(self, step):
-            self.step, self.restype = step, None
-
-        def __call__(self, *a):
-            calls.append(self.step)
+    def device_call(step):
+        def call(*args):
+            calls.append((step, [a.value for a in args]))
             return 0
+        return call
 
-    class Lib:
-        def __getattr__(self, name):
-            return Fake(name.rsplit("__", 1)[1])
-
-    launcher._lib = Lib()
+    # MOCK-GPU: a gfx950 device, not capturing, on which the entry's own
+    # __module_init / __module_load (the two C calls that reach the device)
+    # succeed; everything else is the real bound library
+    monkeypatch.setattr(fresh._state, "device_arch", "gfx950")
+    monkeypatch.setattr(fresh._state, "device_arch_read", True)
+    monkeypatch.setattr(hip.Hip, "stream_capturing", lambda self, stream, what="": False)
+    for step in ("__module_init", "__module_load"):
+        monkeypatch.setattr(launcher._lib, launcher.entry + step, device_call(step))
     threads = [threading.Thread(target=dsv41_aot.preload, args=([K1],), kwargs={"prebuilt": smoke}) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert calls == ["module_init", "module_load"] and launcher._ready
+    assert calls == [("__module_init", []), ("__module_load", [-1])] and launcher._ready
+    # loaded: a call goes straight to the real C entry, which answers "not
+    # initialized" because the real __module_init never ran (no device)
+    with pytest.raises(LaunchError) as e:
+        launcher(*range(len(launcher.abi) - 1), stream=0)
+    assert e.value.status == -1 and calls == [("__module_init", []), ("__module_load", [-1])]
 
 
 def test_device_of_another_arch_is_refused_at_first_load(smoke, fresh, monkeypatch):
@@ -276,13 +296,50 @@ except HipUnavailableError as e:
     assert "refused: libamdhip64 cannot be loaded" in r.stdout and "ROCM_PATH" in r.stdout
 
 
-def test_a_flipped_byte_in_a_library(smoke, fresh, tmp_path):
+_BIND_AND_MAPS = """
+import json, sys
+import dsv41_aot
+from dsv41_aot.errors import IntegrityError
+launcher = dsv41_aot.load_key(sys.argv[1], prebuilt=sys.argv[2])
+try:
+    launcher.bind()
+    print("bound")
+except IntegrityError as e:
+    print("refused:", str(e).splitlines()[0])
+print(json.dumps(open("/proc/self/maps").read().splitlines()))
+"""
+
+
+def test_a_flipped_byte_in_the_launchers_own_band_is_never_mapped(smoke, tmp_path):
     d = copy_of(smoke, tmp_path / "p")
-    lib = next((d / "gfx950" / "lib").glob("*.so"))
-    data = bytearray(lib.read_bytes())
+    libs = json.loads((d / "gfx950" / "lib" / "libs.json").read_text())["libraries"]
+    own = next(lib for lib in libs if K1 in lib["entries"])  # K1's band, not whichever the folder lists first
+    band = d / "gfx950" / "lib" / own["file"]
+    data = bytearray(band.read_bytes())
     data[len(data) // 3] ^= 0x40
-    lib.write_bytes(bytes(data))
+    band.write_bytes(bytes(data))
+    r = subprocess.run([sys.executable, "-c", _BIND_AND_MAPS, K1, str(d)], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr
+    verdict, maps = r.stdout.splitlines()
+    assert verdict.startswith("refused:") and own["file"] in verdict and "does not match the sha256" in verdict
+    mapped = [line for line in json.loads(maps) if own["chunk"] in line or str(d) in line]
+    assert mapped == []  # neither the band file nor any memfd copy of it was mapped
+    # the same check sees a band that is bound: the intact copy maps as a memfd
+    r = subprocess.run([sys.executable, "-c", _BIND_AND_MAPS, K1, str(smoke)], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    verdict, maps = r.stdout.splitlines()
+    mapped = [line for line in json.loads(maps) if own["chunk"] in line]
+    assert verdict == "bound" and mapped and all("/memfd:" + own["file"][:-3] in line for line in mapped)
+
+
+def test_a_flipped_byte_in_a_band_refuses_bind_and_preload(smoke, fresh, tmp_path):
+    d = copy_of(smoke, tmp_path / "p")
     launcher = dsv41_aot.load_key(K1, prebuilt=d)  # the manifest is fine: a Launcher, unbound
+    band = tmp_path / "p" / "gfx950" / "lib" / launcher._librec["file"]
+    data = bytearray(band.read_bytes())
+    data[-100] ^= 0x01
+    band.write_bytes(bytes(data))
     with pytest.raises(IntegrityError, match="does not match the sha256"):
         launcher.bind()  # what its first call or preload does first
     with pytest.raises(IntegrityError, match="does not match the sha256"):
@@ -310,14 +367,47 @@ def test_manifest_problems(smoke, fresh, tmp_path):
         dsv41_aot.load_key(K1, prebuilt=d / "nowhere")
 
 
-def test_a_manifest_newer_than_its_link(smoke, fresh, tmp_path):
+def _fix_command(err) -> list:
+    """The dsv41-aot commands of an error's fix line, as argument lists."""
+    import shlex
+
+    fix = err.fix.split(": ", 1)[-1]
+    return [shlex.split(part)[1:] for part in fix.split(" && ")]
+
+
+def test_an_object_rebuilt_after_the_link_names_it_and_relink_fixes_it(smoke, fresh, tmp_path):
+    d = copy_of(smoke, tmp_path / "s")
+    path = d / "gfx950" / "lib" / "libs.json"
+    doc = json.loads(path.read_text())
+    lib = next(lib for lib in doc["libraries"] if K1 in lib["entries"])
+    lib["entries"][K1] = "1" * 64  # libs.json says the band was linked from another object
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="rebuilt after the last link") as e:
+        dsv41_aot.load_key(K1, prebuilt=d)
+    assert "linked from object 1111" in str(e.value)
+    (cmd,) = _fix_command(e.value)
+    r = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *cmd], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    fresh._state.indexes.clear()
+    dsv41_aot.load_key(K1, prebuilt=d).bind()
+
+
+def test_an_altered_manifest_entry_names_it_and_its_fix_rebuilds(smoke, fresh, tmp_path):
     d = copy_of(smoke, tmp_path / "s")
     path = d / "gfx950" / "manifest.json"
     doc = json.loads(path.read_text())
     doc["entries"][K1]["sha256"] = "0" * 64
     path.write_text(json.dumps(doc))
-    with pytest.raises(ManifestError, match="older than the manifest"):
+    with pytest.raises(ManifestError, match="no longer describes its object") as e:
         dsv41_aot.load_key(K1, prebuilt=d)
+    assert "records object sha256 0000" in str(e.value) and "dsv41-aot build --key" in e.value.fix
+    for cmd in _fix_command(e.value):  # what the old "relink" fix did: refused, so the fix is the build
+        r = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *cmd, "--no-progress"] if cmd[0] == "build"
+                           else [sys.executable, "-m", "dsv41_aot.cli", *cmd], capture_output=True, text=True,
+                           cwd=REPO, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+    fresh._state.indexes.clear()
+    dsv41_aot.load_key(K1, prebuilt=d).bind()
 
 
 _FAKE_VLLM = """

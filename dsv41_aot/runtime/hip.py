@@ -118,7 +118,7 @@ class Hip:
         m = _ARCH_RE.search(props.raw)
         return m.group(0).rstrip(b"\0").split(b":")[0].decode() if m else None
 
-    def stream_capturing(self, stream: int) -> bool:
+    def stream_capturing(self, stream: int, what: str = "") -> bool:
         """hipStreamIsCapturing on ``stream`` (0: the null stream). A query
         that fails is not an answer: it raises LaunchError with its status
         (a failed query must not read as "not capturing")."""
@@ -126,7 +126,7 @@ class Hip:
         status = self.lib.hipStreamIsCapturing(ctypes.c_void_p(stream or None), ctypes.byref(state))
         if status != HIP_SUCCESS:
             err = LaunchError(
-                f"cannot tell whether stream {stream:#x} is being captured: hipStreamIsCapturing failed with "
+                f"{what + ': ' if what else ''}cannot tell whether stream {stream:#x} is being captured: hipStreamIsCapturing failed with "
                 f"{self.error_name(status)} ({status}); nothing was loaded",
                 fix="check the ROCm install and that a GPU is visible (rocm-smi; HIP_VISIBLE_DEVICES)",
             )

@@ -451,7 +451,7 @@ def _cached_fd(raw: bytes, lib: dict) -> int:
                          fix=f"remove it, or point {ENV_CACHE} at a folder only this user writes")
 
 
-def _capturing(stream: int) -> bool:
+def _capturing(stream: int, key: str) -> bool:
     torch = sys.modules.get("torch")  # only if the process already imported it
     if torch is not None:
         try:
@@ -459,7 +459,7 @@ def _capturing(stream: int) -> bool:
                 return True
         except Exception:
             pass
-    return _hip.load().stream_capturing(stream)
+    return _hip.load().stream_capturing(stream, what=key)
 
 
 def _stream_handle(stream) -> int:
@@ -605,16 +605,16 @@ class Launcher:
             if self._ready:
                 return
             self.bind()
-            if _capturing(stream):
-                raise CaptureError(
-                    f"{self.key}: first load of its code object inside a HIP/CUDA graph capture",
-                    fix="call it once eagerly before capturing, or dsv41_aot.preload([...]) its keys at start-up",
-                )
             device = _device_arch()
             if device is not None and device != self.arch:
                 raise ArchMismatchError(
                     f"{self.key}: built for {self.arch}, but the current device is {device}",
                     fix=f"install the {device} kernels (or unset {ENV_ARCH})",
+                )
+            if _capturing(stream, self.key):
+                raise CaptureError(
+                    f"{self.key}: first load of its code object inside a HIP/CUDA graph capture",
+                    fix="call it once eagerly before capturing, or dsv41_aot.preload([...]) its keys at start-up",
                 )
             self._hip = _hip.load()
             for step, arg in (("__module_init", None), ("__module_load", -1)):
