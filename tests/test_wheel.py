@@ -1,18 +1,20 @@
-"""Kernels wheels: built per arch from a real smoke build, checked (tag,
-metadata, auditwheel), installed into a fresh venv with no FlyDSL, torch or
-vLLM, and every key loaded there through the loader; bad prebuilt dirs are
-refused by the wheel build itself.
+"""The kernels wheel: ONE wheel for both arches, built from a real smoke
+build (pip wheel and python -m build, in the project's own environment: no
+index is asked for setuptools), checked (name, tag, metadata, bands,
+auditwheel on the raw libraries), installed into a fresh venv with no FlyDSL,
+torch or vLLM, and every key of both arches bound there (band sha256,
+memfd dlopen, entry, ABI); bad prebuilt dirs are refused by the build itself.
 
-The GPU is the only thing absent: loading resolves each key's library against
-Debian's libamdhip64 (ROCm 5.2) and returns Launchers; a launch then fails
-with a HIP error, which the test expects.
+The GPU is the only thing absent: binding resolves each band against
+Debian's libamdhip64 (ROCm 5.2, accepted by DSV41_AOT_ALLOW_HIP_VERSION=5.2
+from conftest); a launch then fails with a HIP error, which the test expects.
 """
 
 from __future__ import annotations
 
 import json
+import lzma
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -44,16 +46,11 @@ def run(cmd, cwd=ROOT, env=None, **kw):
                           stderr=subprocess.PIPE, text=True, **kw)
 
 
-def pip_wheel(src: Path, out: Path, arch: str | None, prebuilt: Path | None, isolated: bool = True):
-    env = {}
-    if arch:
-        env["DSV41_AOT_ARCH"] = arch
-    if prebuilt:
-        env["DSV41_AOT_PREBUILT"] = str(prebuilt)
-    cmd = [PY, "-m", "pip", "wheel", "--no-deps", "-w", out, "."]
-    if not isolated:
-        cmd.insert(4, "--no-build-isolation")
-    return run(cmd, cwd=src, env=env)
+def pip_wheel(src: Path, out: Path, prebuilt: Path | None):
+    """`pip wheel` in this environment (--no-build-isolation: setuptools is
+    the project's own, nothing is fetched)."""
+    env = {"DSV41_AOT_PREBUILT": str(prebuilt)} if prebuilt else {}
+    return run([PY, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", out, "."], cwd=src, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -63,21 +60,25 @@ def smoke(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def wheels(smoke, tmp_path_factory):
-    """arch -> wheel: gfx950 through `pip wheel`, gfx942 through `python -m build --wheel`."""
+def wheel(smoke, tmp_path_factory):
+    """The one wheel of both arches, through `pip wheel`; `python -m build
+    --wheel` gives the same name and the same kernels."""
     tmp = tmp_path_factory.mktemp("wheels")
     src = source_tree(tmp / "src")
-    out = {}
-    r = pip_wheel(src, tmp / "dist", "gfx950", smoke)
+    r = pip_wheel(src, tmp / "dist", smoke)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    r = run([PY, "-m", "build", "--wheel", "--outdir", tmp / "dist", "."], cwd=src,
-            env={"DSV41_AOT_ARCH": "gfx942", "DSV41_AOT_PREBUILT": str(smoke)})
+    (w,) = (tmp / "dist").glob("*.whl")
+    src2 = source_tree(tmp / "src2")
+    r = run([PY, "-m", "build", "--wheel", "--no-isolation", "--outdir", tmp / "dist-build", "."], cwd=src2,
+            env={"DSV41_AOT_PREBUILT": str(smoke)})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    for w in (tmp / "dist").glob("*.whl"):
-        arch = re.search(r"\+(gfx[0-9a-f]+)\.", w.name).group(1)
-        out[arch] = w
-    assert sorted(out) == sorted(ARCHES)
-    return out
+    (w2,) = (tmp / "dist-build").glob("*.whl")
+    assert w2.name == w.name
+    with zipfile.ZipFile(w) as a, zipfile.ZipFile(w2) as b:
+        kernels = sorted(n for n in a.namelist() if "kernels_prebuilt/" in n)
+        assert kernels == sorted(n for n in b.namelist() if "kernels_prebuilt/" in n)
+        assert all(a.read(n) == b.read(n) for n in kernels)
+    return w
 
 
 @pytest.fixture(scope="module")
@@ -89,70 +90,102 @@ def venv(tmp_path_factory):
     return path
 
 
-def test_wheel_names_tags_and_metadata(wheels, smoke):
-    for arch, w in wheels.items():
-        assert w.name == f"dsv41_aot-0.1.0+{arch}.vllm0.33.0-py3-none-manylinux_2_28_x86_64.whl"
-        result = check_wheel.check(w, smoke)  # includes auditwheel show
-        assert result["problems"] == [], result["problems"]
-        assert result["arches"] == [arch] and result["keys"] == smoke_count(arch)
-        assert result["auditwheel_external"] == []  # no DT_NEEDED at all: HIP is the host's
-        with zipfile.ZipFile(w) as z:
-            names = z.namelist()
-            meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-        # only this arch, only the manifest and linked libraries (objects stay out)
-        kernels = [n for n in names if "kernels_prebuilt/" in n]
-        assert all(f"kernels_prebuilt/{arch}/" in n for n in kernels)
-        assert not [n for n in kernels if "/objects/" in n]
-        assert any(n.endswith(".so") for n in kernels)
-        assert all(n.startswith("dsv41_aot") for n in names)  # platlib root, not .data/purelib
-        runtime = [line for line in meta.splitlines() if line.startswith("Requires-Dist") and "extra ==" not in line]
-        assert runtime == []
-        assert 'Requires-Dist: flydsl==0.4.2; extra == "build"' in meta
+def test_one_wheel_name_tag_metadata_and_bands(wheel, smoke):
+    assert wheel.name == "dsv41_aot-0.1.0-py3-none-manylinux_2_28_x86_64.whl"  # no local version label
+    result = check_wheel.check(wheel, smoke)  # includes auditwheel on the unpacked raw libraries
+    assert result["problems"] == [], result["problems"]
+    assert result["arches"] == sorted(ARCHES) and result["keys"] == smoke_count()
+    assert result["keys_by_arch"] == {a: smoke_count(a) for a in ARCHES}
+    assert result["auditwheel_external"] == []  # no DT_NEEDED at all: HIP is the host's
+    assert result["raw_library_bytes"] > 2 * result["kernel_bytes"]  # the bands are xz, not raw
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    kernels = [n for n in names if "kernels_prebuilt/" in n]
+    assert {n.split("kernels_prebuilt/")[1].split("/")[0] for n in kernels} == set(ARCHES)
+    assert not [n for n in kernels if "/objects/" in n]
+    assert not [n for n in names if n.endswith(".so")]  # nothing raw
+    bands = [n for n in kernels if n.endswith(".so.xz")]
+    assert len(bands) == sum(len(json.loads((smoke / a / "lib" / "libs.json").read_text())["libraries"])
+                             for a in ARCHES)
+    assert all(n.startswith("dsv41_aot") for n in names)  # platlib root, not .data/purelib
+    runtime = [line for line in meta.splitlines() if line.startswith("Requires-Dist") and "extra ==" not in line]
+    assert runtime == []
+    assert 'Requires-Dist: flydsl==0.4.2; extra == "build"' in meta
+    assert 'Requires-Dist: vllm==0.33.0; extra == "vllm"' in meta  # the vLLM release it serves
+    assert "vLLM 0.33.0" in meta.split("\n\n", 1)[1]  # and the README says so
 
 
-def test_installed_wheel_loads_every_key_without_flydsl_torch_or_vllm(wheels, venv, smoke):
-    # one arch per environment (one distribution, the arch in its local
-    # version): installing the other arch's wheel replaces it
-    for arch in ("gfx942", "gfx950"):
-        r = run([venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--no-index", wheels[arch]])
-        assert r.returncode == 0, r.stderr
-        # ci/check_installed.py runs from outside the checkout: it imports the installed package
-        r = run([venv / "bin" / "python", ROOT / "ci" / "check_installed.py", "--json"], cwd=venv)
-        assert r.returncode == 0, r.stdout + r.stderr
-        doc = json.loads(r.stdout)
-        assert doc["installed_heavy"] == [] and doc["problems"] == []
-        assert doc["package"].startswith(str(venv))
-        assert list(doc["arches"]) == [arch]
+def test_check_wheel_catches_a_raw_library_and_an_external_one(wheel, tmp_path):
+    """The checker itself: a wheel with a raw .so beside its bands, and a band
+    whose library needs an external one, both fail."""
+    bad = tmp_path / wheel.name
+    with zipfile.ZipFile(wheel) as z, zipfile.ZipFile(bad, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in z.infolist():
+            out.writestr(info, z.read(info))
+        out.writestr("dsv41_aot/kernels_prebuilt/gfx950/lib/stray.so", b"\x7fELF")
+    assert any("raw shared libraries" in p for p in check_wheel.check(bad, auditwheel=False)["problems"])
+    libz = next(Path(p) for p in ("/usr/lib/x86_64-linux-gnu/libpng16.so.16", "/usr/lib/x86_64-linux-gnu/libxml2.so.2")
+                if Path(p).is_file())
+    assert check_wheel.audit_raw({"x/needs-external.so": libz.read_bytes()}) != []
+
+
+def test_installed_wheel_binds_every_key_of_both_arches_without_flydsl_torch_or_vllm(wheel, venv, smoke, tmp_path):
+    r = run([venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--no-index", wheel])
+    assert r.returncode == 0, r.stderr
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    before = sorted(str(p) for p in site.rglob("*"))
+    home = tmp_path / "home"
+    home.mkdir()
+    # ci/check_installed.py runs from outside the checkout: it imports the
+    # installed package, and ignores a DSV41_AOT_PREBUILT naming another dir
+    r = run([venv / "bin" / "python", ROOT / "ci" / "check_installed.py", "--json"], cwd=venv,
+            env={"DSV41_AOT_PREBUILT": str(tmp_path / "elsewhere"), "HOME": str(home)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["installed_heavy"] == [] and doc["problems"] == []
+    assert doc["package"].startswith(str(venv)) and doc["ignored_DSV41_AOT_PREBUILT"] == str(tmp_path / "elsewhere")
+    assert sorted(doc["arches"]) == sorted(ARCHES) and doc["mapped_from_memory"] is True
+    for arch in ARCHES:
         expect = json.loads((smoke / arch / "manifest.json").read_bytes())["entries"]
-        got = doc["arches"][arch]["resolved"]
+        got = doc["arches"][arch]["bound"]
         assert sorted(got) == sorted(expect)
         for key, launcher in got.items():
             assert launcher["kernel"] == expect[key]["symbol"]
 
-    # the public API, every key, then one launch: no GPU here, so a HIP error (not a crash)
+    # the public API, every key of both arches bound, then one launch: no GPU
+    # here, so a HIP error (not a crash); nothing mapped from site-packages
     probe = (
         "import json, sys, dsv41_aot\n"
         "from dsv41_aot.errors import LaunchError\n"
         "keys = json.loads(sys.argv[1])\n"
         "ls = [dsv41_aot.load_key(k) for k in keys]\n"
+        "[l.bind() for l in ls]\n"
         "assert [l.kernel_name for l in ls] == json.loads(sys.argv[2])\n"
         "assert not {'flydsl', 'torch', 'vllm'} & set(sys.modules)\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "assert 'kernels_prebuilt' not in maps and maps.count('/memfd:libdsv41_') > 0\n"
         "try:\n"
         "    ls[0](*[0] * (len(ls[0].abi) - 1), stream=0)\n"
         "except LaunchError as e:\n"
         "    print('LaunchError', e)\n"
     )
-    keys = sorted(json.loads((smoke / "gfx950" / "manifest.json").read_bytes())["entries"].items())
+    keys = sorted((k, e) for a in ARCHES for k, e in json.loads((smoke / a / "manifest.json").read_bytes())
+                  ["entries"].items())
     r = run([venv / "bin" / "python", "-c", probe, json.dumps([k for k, _ in keys]),
-             json.dumps([e["symbol"] for _, e in keys])], cwd=venv)
+             json.dumps([e["symbol"] for _, e in keys])], cwd=venv, env={"HOME": str(home)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("LaunchError") and "hip" in r.stdout.lower()
+    # nothing written to site-packages or the home directory
+    assert sorted(str(p) for p in site.rglob("*") if "__pycache__" not in str(p)) == \
+        [p for p in before if "__pycache__" not in p]
+    assert list(home.rglob("*")) == []
 
 
 def test_no_arch_gives_a_pure_wheel_without_kernels(tmp_path):
     src = source_tree(tmp_path / "src")
-    (src / "kernels_prebuilt").mkdir()  # never looked at without DSV41_AOT_ARCH
-    r = pip_wheel(src, tmp_path / "dist", None, None, isolated=False)
+    (src / "kernels_prebuilt" / "gfx950").mkdir(parents=True)  # never looked at without DSV41_AOT_PREBUILT
+    r = pip_wheel(src, tmp_path / "dist", None)
     assert r.returncode == 0, r.stderr
     (w,) = (tmp_path / "dist").glob("*.whl")
     assert w.name == "dsv41_aot-0.1.0-py3-none-any.whl"
@@ -177,7 +210,14 @@ def _broken(smoke: Path, dest: Path, how: str) -> Path:
     elif how == "orphan_object":
         (a / "objects" / ("0" * 64 + ".o")).write_bytes(b"\x7fELF stray")
     elif how == "missing_library":
-        next((a / "lib").glob("*.so")).unlink()
+        next((a / "lib").glob("*.so.xz")).unlink()
+    elif how == "raw_library":  # a band replaced by its raw library, libs.json unchanged
+        band = next((a / "lib").glob("*.so.xz"))
+        band.write_bytes(lzma.decompress(band.read_bytes()))
+    elif how == "other_vllm":  # every entry built from another vLLM: consistent, but not the pinned one
+        for e in man["entries"].values():
+            e["source"] = dict(e["source"], vllm_version="0.32.0")
+        (a / "manifest.json").write_text(json.dumps(man))
     elif how == "unlinked":
         shutil.rmtree(a / "lib")
     elif how == "mixed_source":
@@ -188,7 +228,9 @@ def _broken(smoke: Path, dest: Path, how: str) -> Path:
 
 
 REFUSALS = {
-    "empty": "no prebuilt kernels for gfx950",
+    "empty": "no prebuilt kernels in",
+    "raw_library": "does not match the sha256",
+    "other_vllm": "built from vLLM 0.32.0, but this wheel serves vLLM 0.33.0",
     "no_entries": "has no entries",
     "missing_object": "is missing",
     "orphan_object": "no manifest entry names",
@@ -202,7 +244,7 @@ REFUSALS = {
 def test_wheel_build_refuses_a_bad_prebuilt_dir(smoke, tmp_path, how):
     bad = _broken(smoke, tmp_path / "bad", how)
     src = source_tree(tmp_path / "src")
-    r = pip_wheel(src, tmp_path / "dist", "gfx950", bad, isolated=False)
+    r = pip_wheel(src, tmp_path / "dist", bad)
     text = r.stdout + r.stderr
     assert r.returncode != 0
     assert REFUSALS[how] in text, text[-2000:]
