@@ -349,11 +349,11 @@ def unpack_band(path: Path, data: bytes, lib: dict, fix: str | None) -> bytes:
 
 def _band_path(idx: _Index, lib: dict) -> Path:
     """The band's path, which must resolve to a file directly inside the
-    arch's lib/ folder (libs.json's name was checked; a symlinked file or
-    folder is caught here)."""
+    arch folder's own lib/ (libs.json's name was checked; a symlinked band or
+    lib/ folder pointing elsewhere is caught here)."""
     path = idx.libdir / lib["file"]
     real = Path(os.path.realpath(path))
-    if real.parent != Path(os.path.realpath(idx.libdir)) or real.name != lib["file"]:
+    if real.parent != Path(os.path.realpath(idx.dir)) / LIB or real.name != lib["file"]:
         raise ManifestError(f"{idx.libdir / LIBS_JSON}: library {lib['file']} resolves to {real}, outside "
                             f"{idx.libdir}", fix=idx.fix_reinstall)
     return path
