@@ -2,6 +2,7 @@
 
     python ci/check_wheel.py WHEEL [--prebuilt DIR] [--no-auditwheel] [--json]
     python ci/check_wheel.py --audit-only WHEEL      (cibuildwheel's repair step)
+    python ci/check_wheel.py --audit-prebuilt DIR    (before packing: the raw libraries of DIR's bands)
 
 - name, tag: a kernels wheel is ``dsv41_aot-<version>-py3-none-manylinux_2_28_x86_64``
   (host shared libraries, no Python extension), with no local version label;
@@ -205,6 +206,24 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
     return out
 
 
+def audit_prebuilt(root: Path) -> int:
+    """auditwheel on the raw libraries of a prebuilt dir's bands, before packing."""
+    from dsv41_aot.runtime.loader import read_band
+
+    libraries = {}
+    for libs_json in sorted(Path(root).glob("*/lib/libs.json")):
+        for lib in json.loads(libs_json.read_text())["libraries"]:
+            band = libs_json.parent / lib["file"]
+            libraries[f"{libs_json.parent.parent.name}/{lib['file'][:-3]}"] = read_band(band, lib)
+    if not libraries:
+        print(f"ci/check_wheel.py: error: no linked bands under {root}", file=sys.stderr)
+        return 2
+    bad = [x for x in audit_raw(libraries) if not x.startswith(ALLOWED_EXTERNAL)]
+    print(f"{root}: auditwheel on {len(libraries)} raw libraries: "
+          f"{'external ' + ', '.join(bad) if bad else 'no external library but the host HIP'}")
+    return 1 if bad else 0
+
+
 def audit_only(wheel: Path) -> int:
     """cibuildwheel's repair step: auditwheel on the wheel's raw libraries."""
     with zipfile.ZipFile(wheel) as z:
@@ -234,12 +253,17 @@ def source_tree(dest: Path, root: Path = Path(__file__).resolve().parents[1]) ->
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("wheels", nargs="+")
+    ap.add_argument("wheels", nargs="*")
     ap.add_argument("--prebuilt", help="the prebuilt dir the wheel was built from")
     ap.add_argument("--no-auditwheel", action="store_true")
     ap.add_argument("--audit-only", action="store_true", help="only auditwheel on the raw libraries")
+    ap.add_argument("--audit-prebuilt", metavar="DIR", help="auditwheel on the raw libraries of DIR's bands")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.audit_prebuilt:
+        return audit_prebuilt(Path(args.audit_prebuilt))
+    if not args.wheels:
+        ap.error("name a wheel (or --audit-prebuilt DIR)")
     if args.audit_only:
         return max(audit_only(Path(w)) for w in args.wheels)
     results, rc = [], 0

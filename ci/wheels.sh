@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Build and check one kernels wheel per arch of a merged, linked prebuilt dir.
+# Build and check THE kernels wheel of a merged, linked prebuilt dir.
 #
 #   ci/wheels.sh [PREBUILT_DIR] [OUT_DIR]        (defaults: kernels_prebuilt wheelhouse)
 #
-# Each arch's wheel lands in OUT_DIR/<arch>/ (a per-arch wheelhouse, so that
-# `pip install --find-links OUT_DIR/gfx942 dsv41-aot` cannot pick another
-# arch's wheel), then ci/check_wheel.py checks tag, version, metadata,
-# contents against the prebuilt dir, and auditwheel. Nothing is compiled:
-# setup.py refuses an empty, partial or mixed-source prebuilt dir.
+# One wheel holds every arch folder of PREBUILT_DIR (manifest.json + lib/:
+# libs.json and the xz bands `dsv41-aot link` wrote), named
+# dsv41_aot-<version>-py3-none-manylinux_2_28_x86_64.whl. Before packing,
+# every arch is checked (ci/prebuilt.py) and auditwheel runs on the raw
+# libraries the bands unpack to; after, ci/check_wheel.py checks name, tag,
+# metadata, bands against the prebuilt dir, and auditwheel again on what the
+# wheel holds. Nothing is compiled. Builds run in this environment
+# (--no-build-isolation): no index is asked for setuptools.
 # PYTHON (default: python3) runs pip; DSV41_AOT_WHEEL_FRONTEND=build uses
-# `python -m build --wheel` instead of `pip wheel`.
+# `python -m build --wheel --no-isolation` instead of `pip wheel`.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 prebuilt="$(realpath -m "${1:-$here/kernels_prebuilt}")"
@@ -17,15 +20,11 @@ out="$(realpath -m "${2:-$here/wheelhouse}")"
 py="${PYTHON:-python3}"
 
 "$py" "$here/ci/prebuilt.py" "$prebuilt"
-arches=$(cd "$prebuilt" && ls -d */manifest.json 2>/dev/null | cut -d/ -f1)
-[ -n "$arches" ] || { echo "ci/wheels.sh: $prebuilt holds no arch" >&2; exit 2; }
-for arch in $arches; do
-    dest="$out/$arch"
-    rm -rf "$dest" && mkdir -p "$dest"
-    if [ "${DSV41_AOT_WHEEL_FRONTEND:-pip}" = build ]; then
-        DSV41_AOT_ARCH="$arch" DSV41_AOT_PREBUILT="$prebuilt" "$py" -m build --wheel --outdir "$dest" "$here"
-    else
-        DSV41_AOT_ARCH="$arch" DSV41_AOT_PREBUILT="$prebuilt" "$py" -m pip wheel --no-deps -w "$dest" "$here"
-    fi
-    "$py" "$here/ci/check_wheel.py" --prebuilt "$prebuilt" "$dest"/*.whl
-done
+"$py" "$here/ci/check_wheel.py" --audit-prebuilt "$prebuilt"
+rm -rf "$out" && mkdir -p "$out"
+if [ "${DSV41_AOT_WHEEL_FRONTEND:-pip}" = build ]; then
+    DSV41_AOT_PREBUILT="$prebuilt" "$py" -m build --wheel --no-isolation --outdir "$out" "$here"
+else
+    DSV41_AOT_PREBUILT="$prebuilt" "$py" -m pip wheel --no-deps --no-build-isolation -w "$out" "$here"
+fi
+"$py" "$here/ci/check_wheel.py" --prebuilt "$prebuilt" "$out"/*.whl
