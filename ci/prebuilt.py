@@ -34,7 +34,7 @@ from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E4
 from dsv41_aot.build.jit import VERIFIED  # noqa: E402
 from dsv41_aot.build.link import dynamic_info  # noqa: E402
 from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest  # noqa: E402
-from dsv41_aot.runtime.loader import LIBS_SCHEMA, _BAND_RE, read_band  # noqa: E402
+from dsv41_aot.runtime.loader import LIBS_SCHEMA, BAND_RE, read_band  # noqa: E402
 
 
 @dataclass
@@ -104,7 +104,7 @@ def check_arch(root: Path, arch: str) -> ArchContents:
     linked: dict = {}
     files = [MANIFEST, f"{LIB}/{LIBS_JSON}"]
     for lib in libs.get("libraries", []):
-        if not _BAND_RE.fullmatch(str(lib["file"])):
+        if not BAND_RE.fullmatch(str(lib["file"])):
             raise ManifestError(f"{libs_path}: library file {lib['file']!r} is not a band inside {adir / LIB}",
                                 fix=relink)
         path = adir / LIB / lib["file"]

@@ -55,7 +55,7 @@ ENV_CACHE = "DSV41_AOT_CACHE"  # where bands are unpacked when the kernel has no
 LIBS_SCHEMA = 2  # libs.json: compressed bands (build/link.py writes it)
 BAND_SUFFIX = ".so.xz"
 _ARCH_RE = re.compile(r"gfx[0-9a-f]+")
-_BAND_RE = re.compile(r"libdsv41_[A-Za-z0-9_.-]+\.so\.xz")  # a plain file name in lib/: no "/", no ".."
+BAND_RE = re.compile(r"libdsv41_[A-Za-z0-9_.-]+\.so\.xz")  # a plain file name in lib/: no "/", no ".."
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 
 # slot ctype -> struct code (the export metadata's C types; "pointer" is the stream)
@@ -150,7 +150,7 @@ class _Index:
         self.manifest = Manifest.read(self.dir, arch)
         self.entries = self.manifest.entries
         self.link_cmd = f"dsv41-aot link --dir {root} --arch {arch}"
-        fix = f"link it: {self.link_cmd}"
+        fix = f"link it: {self.link_cmd}" if (self.dir / OBJECTS).is_dir() else self.fix_reinstall
         path = self.dir / LIB / LIBS_JSON
         try:
             doc = json.loads(path.read_bytes())
@@ -168,7 +168,7 @@ class _Index:
                                     f"{LIBS_SCHEMA} (compressed bands)", fix=fix)
             for lib in doc["libraries"]:
                 name = lib["file"]
-                if not isinstance(name, str) or not _BAND_RE.fullmatch(name):
+                if not isinstance(name, str) or not BAND_RE.fullmatch(name):
                     raise ManifestError(f"{path}: library {lib.get('chunk')!r} names file {name!r}, not a band "
                                         f"file inside {self.libdir}", fix=fix)
                 if not all(isinstance(lib[f], str) and _SHA_RE.fullmatch(lib[f]) for f in ("sha256", "raw_sha256")) \
