@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 
 from . import hip as _hip
-from ..manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest, abi_id, prebuilt_dir, sha256_file
+from ..manifest import ENV_PREBUILT, LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest, abi_id, prebuilt_dir, sha256_file  # noqa: F401 (ENV_PREBUILT: the plugin reads it here)
 from ..errors import (
     ArchMismatchError,
     CaptureError,
