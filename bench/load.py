@@ -47,7 +47,7 @@ def py(code: str, env: dict | None = None, timeout: int = 1800) -> str:
     full.setdefault("DSV41_AOT_ALLOW_HIP_VERSION", "5.2")  # this CPU machine's Debian HIP stand-in
     full.update(env or {})
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full,
-                       timeout=timeout, cwd=REPO)
+                       timeout=timeout, cwd=full["PYTHONPATH"])  # the cwd comes first on sys.path
     if r.returncode:
         raise SystemExit(f"bench subprocess failed:\n{r.stderr[-4000:]}")
     return r.stdout.strip().splitlines()[-1]
@@ -138,8 +138,8 @@ def runtime_side(root: Path, arch: str, tree: Path = REPO) -> dict:
                     l(*args, stream=0)
                 except LaunchError:
                     pass
-            n = 200000
-            best = lambda f: min(timeit.repeat(f, number=n, repeat=5)) / n * 1e6
+            n = 100000
+            best = lambda f: min(timeit.repeat(f, number=n, repeat=3)) / n * 1e6
             out[k] = dict(slots=len(l.abi), shared_us=best(old), thread_us=best(new), call_raise_us=best(full))
         print(json.dumps(out))
     """))
