@@ -120,10 +120,12 @@ class _WithoutMethod(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def mapped(prefix: str) -> list[str]:
-    """The files under ``prefix`` this process has mapped (dlopened)."""
+    """The files under ``prefix`` this process has mapped, and the kernel
+    library bands it dlopened from memory (``memfd:<band without .xz>``)."""
     with open("/proc/self/maps") as f:
         paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
-    return sorted(p for p in paths if p.startswith(prefix))
+    memfds = {p.split(" ")[0][1:] for p in paths if p.startswith("/memfd:libdsv41_")}
+    return sorted(p for p in paths if p.startswith(prefix)) + sorted(memfds)
 
 
 def main(prebuilt: str, mode: str, order: str, calls: list, options: dict) -> dict:
