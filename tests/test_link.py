@@ -69,7 +69,7 @@ def test_an_older_link_record_is_relinked_into_bands(smoke, tmp_path):
     (lib_dir / "libs.json").write_text(json.dumps(doc))
     r = cli("link", "--dir", d, "--arch", "gfx942", "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)[0]["linked"] == len(doc["libraries"])
+    assert json.loads(r.stdout)["arches"][0]["linked"] == len(doc["libraries"])
     assert sorted(p.name for p in lib_dir.iterdir()) == sorted(p.name for p in (smoke / "gfx942" / "lib").iterdir())
 
 
