@@ -4,4 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/bootstrap.sh
-exec .venv/bin/python -m pytest -q -ra "$@"
+# file order by default (reproducible); DSV41_AOT_TEST_ORDER=shuffle runs a
+# pytest-randomly order, whose seed the summary prints for a replay
+order=(-p no:randomly)
+[ "${DSV41_AOT_TEST_ORDER:-}" = shuffle ] && order=()
+exec .venv/bin/python -m pytest -q -ra "${order[@]}" "$@"
