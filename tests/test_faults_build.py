@@ -209,15 +209,37 @@ def test_kill_9_during_link(reference, tmp_path):
         time.sleep(0.05)
     time.sleep(0.5)
     kill9(proc)
+    assert list((out / "gfx942" / LIB).glob(".link-*")), "the kill landed outside the link"
     v = cli("verify", "--dir", out)
     assert v.returncode == 1 and f"gfx942/{LIB}/{LIBS_JSON} is missing" in v.stdout
     for fix in fixes_of(v.stderr):
         assert fix[0] == "link"
         assert cli(*fix).returncode == 0
     assert cli("verify", "--dir", out).returncode == 0
+    assert list((out / "gfx942" / LIB).glob(".link-*")) == []  # the dead link's temporaries are gone
     a, b = artifacts(ref), artifacts(out)
     assert [k for k in a if a[k] != b.get(k)] == []
     record("refused")
+
+
+def test_the_lock_holder_removes_what_killed_writers_left(tmp_path):
+    """Temporaries of a killed writer (an atomic_write temp file in the arch
+    folder, objects/ or lib/, a lib/.link-* folder) are removed by the next
+    holder of the arch lock; the folder's real files are not."""
+    arch_dir = tmp_path / "gfx950"
+    for rel in (".manifest.json.k3j2.tmp", "objects/.ab12.o.x9.tmp", "lib/.libs.json.q1.tmp"):
+        (arch_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (arch_dir / rel).write_bytes(b"half")
+    (arch_dir / "lib" / ".link-zz" ).mkdir()
+    (arch_dir / "lib" / ".link-zz" / "libdsv41_gfx950_tp4_s01-08.so").write_bytes(b"\x7fELF")
+    keep = ["manifest.json", "objects/ab12.o", "lib/libs.json", "lib/libdsv41_gfx950_tp4_s01-08.0123.so.xz"]
+    for rel in keep:
+        (arch_dir / rel).write_bytes(b"real")
+    with arch_lock(arch_dir, "build"):
+        left = sorted(str(p.relative_to(arch_dir)) for p in arch_dir.rglob("*") if p.is_file())
+    assert left == sorted(keep + [LOCK_FILE])
+    assert not (arch_dir / "lib" / ".link-zz").exists()
+    record("survived")
 
 
 # ------------------------------------------------------------------ two writers

@@ -7,6 +7,10 @@ and a link never deletes the library a concurrent build just linked. The lock
 is ``flock`` on ``<arch>/.build.lock``, so a killed holder releases it with
 its last file descriptor. The holder's pid is written into the file for the
 waiting message.
+
+Holding the lock makes this process the folder's only writer, so any
+temporary left in it (an ``atomic_write`` temp file, a ``lib/.link-*``
+folder) belongs to a writer that was killed: it is removed on acquiring.
 """
 
 from __future__ import annotations
@@ -14,8 +18,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import sys
 from pathlib import Path
+
+from ..manifest import LIB, OBJECTS
 
 LOCK_FILE = ".build.lock"
 
@@ -37,6 +44,26 @@ def arch_lock(arch_dir: Path, what: str = "build", log=None):
             fcntl.flock(fd, fcntl.LOCK_EX)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        remove_leftovers(arch_dir)
         yield
     finally:
         os.close(fd)  # releases the flock
+
+
+def remove_leftovers(arch_dir: Path) -> list[str]:
+    """Remove what killed writers of ``arch_dir`` left behind: atomic_write's
+    ``.<name>.*.tmp`` files (the folder, objects/, lib/) and link's
+    ``lib/.link-*`` folders. Call only holding the arch lock."""
+    removed = []
+    for folder in (arch_dir, arch_dir / OBJECTS, arch_dir / LIB):
+        if not folder.is_dir():
+            continue
+        for p in folder.iterdir():
+            if p.name.startswith(".") and p.name.endswith(".tmp") and p.is_file():
+                p.unlink(missing_ok=True)
+            elif folder.name == LIB and p.name.startswith(".link-") and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                continue
+            removed.append(str(p.relative_to(arch_dir)))
+    return removed
