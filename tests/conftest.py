@@ -24,6 +24,18 @@ def smoke_dir(tmp_path_factory):
     return _smoke.smoke_dir(tmp_path_factory)
 
 
+@pytest.fixture
+def fresh(monkeypatch):
+    """The runtime loader with no process state (each test opens what it
+    needs) and no arch or source override from the environment."""
+    from dsv41_aot.runtime import loader
+
+    monkeypatch.setattr(loader, "_state", loader._State())
+    monkeypatch.delenv(loader.ENV_ARCH, raising=False)
+    monkeypatch.delenv(loader.ENV_ALLOW_SOURCE, raising=False)
+    return loader
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """Name the shuffled order (pytest-randomly) even under -q, which hides the
     header that says it: the line to replay a failing order with."""

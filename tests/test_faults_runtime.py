@@ -51,13 +51,6 @@ def smoke(tmp_path_factory):
     return smoke_dir(tmp_path_factory)
 
 
-@pytest.fixture
-def fresh(monkeypatch):
-    monkeypatch.setattr(loader, "_state", loader._State())
-    monkeypatch.delenv(loader.ENV_ARCH, raising=False)
-    monkeypatch.delenv(loader.ENV_ALLOW_SOURCE, raising=False)
-    return loader
-
 
 @pytest.fixture
 def prebuilt(smoke, tmp_path):

@@ -43,14 +43,6 @@ def smoke(tmp_path_factory):
     return smoke_dir(tmp_path_factory)
 
 
-@pytest.fixture
-def fresh(monkeypatch):
-    """A loader with no process state (each test opens what it needs)."""
-    monkeypatch.setattr(loader, "_state", loader._State())
-    monkeypatch.delenv(loader.ENV_ARCH, raising=False)
-    monkeypatch.delenv(loader.ENV_ALLOW_SOURCE, raising=False)
-    return loader
-
 
 def _run(code: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
     full = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
