@@ -17,7 +17,7 @@ Prints, side by side:
   Real bands hold eight adjacent widths of one TP, which share more than the
   smoke keys do, so this over-estimates;
   old: each key's deflate share of its library in the old wheel, times keys;
-  and the measured anchor from FACTS (full, 32-core build): 44.3 + 19.7 MB
+  and the measured anchor (a full build on a 32-core machine): 44.3 + 19.7 MB
   old wheels, 3.9 MB of xz for gfx950's libraries;
 - pip install into a fresh venv, then a fresh process to the first bound
   Launcher (band or library verified, dlopened, entry resolved), old and new.
@@ -45,7 +45,7 @@ from ci.check_wheel import source_tree  # noqa: E402
 PY = sys.executable
 TARGET_MB = 8.0
 MB = 1e6
-ANCHOR_OLD_MB = {"gfx950": 44.3, "gfx942": 19.7}  # FACTS: today's per-arch wheels of the full build
+ANCHOR_OLD_MB = {"gfx950": 44.3, "gfx942": 19.7}  # the per-arch wheels of a full build, measured on a 32-core machine
 
 
 def sh(cmd, **kw) -> subprocess.CompletedProcess:
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
           f"{'ok' if new_full / MB <= TARGET_MB else 'MISSED'}")
     anchor = " + ".join(str(ANCHOR_OLD_MB[a]) for a in A if a in ANCHOR_OLD_MB)
     anchor += " = %.1f MB" % sum(ANCHOR_OLD_MB.get(a, 0) for a in A)
-    print(f"  {'full, measured (FACTS, 32-core build)':44} {anchor:>24}   (gfx950's libraries, xz -6: 3.9 MB)")
+    print(f"  {'full, measured (32-core build)':44} {anchor:>24}   (gfx950's libraries, xz -6: 3.9 MB)")
     for arch, a in A.items():
         m = a["model"]
         print(f"\n  {arch} band model: shared {m['shared'] / 1e3:.1f} kB a band, marginal xz per key "
