@@ -34,7 +34,8 @@ from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E4
 from dsv41_aot.build.jit import VERIFIED  # noqa: E402
 from dsv41_aot.build.link import dynamic_info  # noqa: E402
 from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest  # noqa: E402
-from dsv41_aot.runtime.loader import LIBS_SCHEMA, BAND_RE, read_band  # noqa: E402
+from dsv41_aot.manifest import BAND_RE, LIBS_SCHEMA  # noqa: E402
+from dsv41_aot.runtime.loader import read_band  # noqa: E402
 
 
 @dataclass

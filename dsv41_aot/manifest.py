@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from .errors import IntegrityError, ManifestError
@@ -43,7 +44,12 @@ SCHEMA = 1
 MANIFEST = "manifest.json"
 OBJECTS = "objects"
 LIB = "lib"  # <arch>/lib/: linked libraries (build/link.py)
-LIBS_JSON = "libs.json"  # <arch>/lib/libs.json: which library holds which key
+LIBS_JSON = "libs.json"  # <arch>/lib/libs.json: which library band holds which key
+# libs.json schema 2: compressed bands (per band: file, sha256 and bytes of the
+# .so.xz; raw_sha256 and raw_bytes of the library inside it)
+LIBS_SCHEMA = 2
+BAND_SUFFIX = ".so.xz"
+BAND_RE = re.compile(r"libdsv41_[A-Za-z0-9_.-]+\.so\.xz")  # a plain file name in lib/: no "/", no ".."
 TIMINGS = "timings.json"  # <arch>/timings.json: {key: compile seconds}, never shipped
 ENV_PREBUILT = "DSV41_AOT_PREBUILT"  # the one variable naming a prebuilt directory
 REQUIRED = (

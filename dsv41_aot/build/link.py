@@ -47,10 +47,8 @@ from pathlib import Path
 from .elf import Elf
 from ..errors import AotError, ToolchainError
 from ..keys import BuildKey
-from ..manifest import LIB, LIBS_JSON, Manifest, arch_dirs, atomic_write, prebuilt_dir, sha256_file
+from ..manifest import BAND_SUFFIX, LIB, LIBS_JSON, LIBS_SCHEMA, Manifest, arch_dirs, atomic_write, prebuilt_dir, sha256_file
 
-LIBS_SCHEMA = 2  # 2: compressed bands (file, sha256, bytes of the .so.xz; raw_sha256, raw_bytes)
-BAND_SUFFIX = ".so.xz"
 XZ_PRESET = 6  # measured: preset 9, extreme and an x86 BCJ filter gain under 1% on these libraries
 BAND = 8  # step widths per chunk
 FIX_LD = "install lld (Debian: apt-get install lld-19) or name it with DSV41_AOT_LD=/path/to/ld.lld"

@@ -33,7 +33,10 @@ import threading
 from pathlib import Path
 
 from . import hip as _hip
-from ..manifest import ENV_PREBUILT, LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest, abi_id, prebuilt_dir, sha256_file  # noqa: F401 (ENV_PREBUILT: the plugin reads it here)
+from ..manifest import (  # noqa: F401 (ENV_PREBUILT: the plugin reads it here)
+    BAND_RE, ENV_PREBUILT, LIB, LIBS_JSON, LIBS_SCHEMA, MANIFEST, OBJECTS, Manifest, abi_id, prebuilt_dir,
+    sha256_file,
+)
 from ..errors import (
     ArchMismatchError,
     CaptureError,
@@ -52,10 +55,7 @@ ENV_ARCH = "DSV41_AOT_ARCH"
 ENV_ALLOW_SOURCE = "DSV41_AOT_ALLOW_SOURCE_MISMATCH"
 ENV_CACHE = "DSV41_AOT_CACHE"  # where bands are unpacked when the kernel has no memfd
 
-LIBS_SCHEMA = 2  # libs.json: compressed bands (build/link.py writes it)
-BAND_SUFFIX = ".so.xz"
 _ARCH_RE = re.compile(r"gfx[0-9a-f]+")
-BAND_RE = re.compile(r"libdsv41_[A-Za-z0-9_.-]+\.so\.xz")  # a plain file name in lib/: no "/", no ".."
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 
 # slot ctype -> struct code (the export metadata's C types; "pointer" is the stream)
