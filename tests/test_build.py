@@ -16,7 +16,7 @@ import pytest
 from dsv41_aot import cli, source
 from dsv41_aot.build import builder, elf, toolchain
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, arch_dirs, sha256_file
+from dsv41_aot.manifest import BAND_SUFFIX, LIB, LIBS_JSON, Manifest, arch_dirs, sha256_file
 
 from _smoke import REPO, SMOKE_KEYS, copy_of, run_cli, smoke_count
 
@@ -121,7 +121,7 @@ def replace(src, dst, *a, **kw):
         flushes.append(dst)
         if len(flushes) == 2:  # the second flush: its temp file written, not yet renamed
             os.killpg(0, signal.SIGKILL)
-    if moment == "during-link" and name.endswith(".so"):  # a library linked, libs.json not written
+    if moment == "during-link" and name.endswith(".so.xz"):  # a library band linked, libs.json not written
         os.killpg(0, signal.SIGKILL)
     return real(src, dst, *a, **kw)
 
@@ -205,7 +205,7 @@ def test_a_build_killed_during_link_relinks_and_compiles_nothing(built_k1s, tmp_
     assert [sorted(lib["entries"]) for lib in libs] == [sorted(K1S)]
     assert libs[0]["entries"] == {k: e["sha256"] for k, e in recorded.items()}
     assert sha256_file(libdir / libs[0]["file"]) == libs[0]["sha256"]
-    assert sorted(p.name for p in libdir.glob("*.so")) == [libs[0]["file"]]
+    assert sorted(p.name for p in libdir.glob(f"*{BAND_SUFFIX}")) == [libs[0]["file"]]
 
 
 @pytest.mark.slow

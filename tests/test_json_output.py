@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from _smoke import REPO, copy_of, smoke_count, smoke_dir
+from dsv41_aot.manifest import BAND_SUFFIX
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_verify_ok_and_failing(smoke, tmp_path):
     doc = run_json("verify", "--dir", smoke, code=0)
     assert doc["keys"] == doc["ok"] == smoke_count() and len(doc["reports"]) == smoke_count()
     d = copy_of(smoke, tmp_path / "p")
-    lib = sorted((d / "gfx950" / "lib").glob("*.so"))[0]
+    lib = sorted((d / "gfx950" / "lib").glob(f"*{BAND_SUFFIX}"))[0]
     lib.unlink()
     obj = sorted((d / "gfx942" / "objects").glob("*.o"))[0]
     obj.write_bytes(obj.read_bytes()[:-1])
