@@ -131,6 +131,8 @@ def check_libraries(man: Manifest) -> list[dict]:
         return {"key": key, "file": str(file), "error": error, "fix": relink}
 
     if not path.is_file():
+        if not man.entries:  # nothing built for this arch (e.g. only refused keys): nothing to link or load
+            return []
         return [failure(f"{path} is missing: the loader cannot open any {man.arch} key")]
     try:
         libraries = read_libs(man.dir, strict=True)["libraries"]
