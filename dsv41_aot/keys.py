@@ -1,15 +1,19 @@
 """BuildKey: one launch symbol of vLLM's DeepSeek-V4.1 mono decode layer.
 
 A key is a launch kind (``k1``, ``k2``, ``ffn``), a GPU architecture and the
-fields of vLLM's ``MonoBuild`` that the launch's builder reads. Its string form
-is used everywhere (CLI, manifest, logs, errors)::
+fields of vLLM's ``MonoBuild`` that the launch's builder reads. A key belongs to one
+vLLM release (``release``, default the newest: ``facts/releases.py``); its
+string form names the launch within that release and is used everywhere (CLI,
+manifest, logs, errors; the release is said beside it)::
 
     k2@gfx950:s=4,tp=4,r=1
     k1@gfx950:s=6,tp=4,r=0,f=0,e=128,k=3,g=1,w=192
 
 ``s``, ``tp`` and ``r`` always appear; ``f``, ``i``, ``e``, ``k``, ``g``, ``w``
 and ``tl`` only where they differ from MonoBuild's defaults. Each kind keeps
-only the fields its builder reads (vLLM 0.33.0, ``mono/layer.py``):
+only the fields its builder reads, and only those its release's ``MonoBuild``
+has (vLLM 0.32.0's has tokens, tp, ratio and timeline alone). In 0.33.0
+(``mono/layer.py``):
 
 - k1 reads every field (``fold`` only K1's seam reads: ``stages/seam.py``);
 - k2 reads all but ``fold`` (its symbol omits ``f``, and no K2 stage reads
@@ -29,10 +33,11 @@ from dataclasses import asdict, dataclass, replace
 from .errors import KeyFormatError
 from .facts import arches as _arches
 from .facts import kinds as _kinds
+from .facts import releases as _releases
 
 KINDS = tuple(_kinds.KINDS)
 ARCHES = tuple(_arches.ARCHES)
-MAX_TOKENS = 48  # vLLM 0.33.0 mono/layer.py MAX_TOKENS
+NEWEST = _releases.NEWEST
 RATIOS = (0, 1, 2)  # models/deepseek_v41/attention.py refuses any other ratio
 
 # MonoBuild's defaults (mono/layer.py; EXPERTS, TOPK from stages/moe_shape.py,
@@ -59,8 +64,17 @@ _BOOLS = ("fold", "index", "timeline")
 _OPTIONAL_ORDER = ("fold", "index", "experts", "topk", "ug_groups", "swa_width", "timeline")
 _KEY_RE = re.compile(r"^(?P<kind>[a-z0-9]+)@(?P<arch>gfx[0-9a-f]+):(?P<fields>.*)$")
 
-# the fields each kind's builder does not read, pinned to what vLLM passes
-_PINNED = {name: k.pinned for name, k in _kinds.KINDS.items()}
+
+
+def pinned(kind: str, release: str = NEWEST) -> dict:
+    """The MonoBuild fields a ``kind`` launch of ``release`` does not take:
+    those its builder does not read (pinned to what vLLM passes) and those the
+    release's MonoBuild does not have (pinned to the value it behaves as)."""
+    rel = _releases.release_facts(release)
+    out = {name: DEFAULTS[name] for name in DEFAULTS if not rel.reads(name)}
+    out.update(_kinds.kind_facts(kind).pinned)
+    return out
+
 
 FIX_KEY = "write keys as KIND@ARCH:s=N,tp=N,r=N[,f=0|1,i=0|1,e=N,k=N,g=N,w=N,tl=0|1], e.g. k2@gfx950:s=4,tp=4,r=1"
 
@@ -79,17 +93,20 @@ class BuildKey:
     ug_groups: int = 2
     swa_width: int = 128
     timeline: bool = False
+    release: str = NEWEST  # the vLLM release whose MonoBuild this is (not in the string form)
 
     def __post_init__(self):
         _kinds.kind_facts(self.kind)
         _arches.arch_facts(self.arch)
-        if not 1 <= self.tokens <= MAX_TOKENS:
-            raise KeyFormatError(f"{self}: step width s={self.tokens} outside 1..{MAX_TOKENS}", fix=FIX_KEY)
+        rel = _releases.release_facts(self.release)
+        if not 1 <= self.tokens <= rel.max_tokens:
+            raise KeyFormatError(f"{self}: step width s={self.tokens} outside 1..{rel.max_tokens} "
+                                 f"(vLLM {self.release}'s MAX_TOKENS)", fix=FIX_KEY)
         if self.tp < 1:
             raise KeyFormatError(f"{self}: tp={self.tp} must be >= 1", fix=FIX_KEY)
         if self.ratio not in RATIOS:
             raise KeyFormatError(f"{self}: compress ratio r={self.ratio} not in {RATIOS}", fix=FIX_KEY)
-        for name, want in _PINNED[self.kind].items():
+        for name, want in pinned(self.kind, self.release).items():
             if getattr(self, name) != want:
                 # the launch does not read this field: pin it so one symbol has one key
                 object.__setattr__(self, name, want)
@@ -102,14 +119,24 @@ class BuildKey:
         parts = [f"s={self.tokens}", f"tp={self.tp}", f"r={self.ratio}"]
         for name in _OPTIONAL_ORDER:
             value = getattr(self, name)
-            if value != DEFAULTS[name] and name not in _PINNED[self.kind]:
+            if value != DEFAULTS[name] and name not in pinned(self.kind, self.release):
                 parts.append(f"{_LONG[name]}={int(value)}")
         return f"{self.kind}@{self.arch}:{','.join(parts)}"
 
+    @property
+    def room(self) -> str:
+        """Where the key's artifacts live: its arch and release
+        (``gfx950/vllm-0.33.0``, the folder under a prebuilt directory)."""
+        return f"{self.arch}/{_releases.release_facts(self.release).folder}"
+
+    def describe(self) -> str:
+        """The key with its release, for messages: ``k2@gfx950:s=4,tp=4,r=1 (vLLM 0.33.0)``."""
+        return f"{self} (vLLM {self.release})"
+
     @classmethod
-    def parse(cls, text: str) -> "BuildKey":
-        """The key named by ``text`` (its canonical string, or one with the
-        optional fields at their defaults written out)."""
+    def parse(cls, text: str, release: str = NEWEST) -> "BuildKey":
+        """The key named by ``text`` within vLLM ``release`` (its canonical
+        string, or one with the optional fields at their defaults written out)."""
         m = _KEY_RE.match(text.strip())
         if not m:
             raise KeyFormatError(f"malformed key {text!r}: expected KIND@ARCH:FIELDS", fix=FIX_KEY)
@@ -135,21 +162,25 @@ class BuildKey:
             raise KeyFormatError(f"malformed key {text!r}: missing {', '.join(missing)}", fix=FIX_KEY)
         kind = m["kind"]
         _kinds.kind_facts(kind)
-        for name, want in _PINNED.get(kind, {}).items():
+        rel = _releases.release_facts(release)
+        for name, want in pinned(kind, release).items():
             if name in fields and fields[name] != want:
+                why = (f"vLLM {release}'s MonoBuild has no {name} field" if not rel.reads(name)
+                       else f"vLLM builds it with {_LONG[name]}={int(want)}")
                 raise KeyFormatError(
-                    f"key {text!r}: a {kind} launch does not take {_LONG[name]}={int(fields[name])}"
-                    f" (vLLM builds it with {_LONG[name]}={int(want)})",
+                    f"key {text!r}: a vLLM {release} {kind} launch does not take {_LONG[name]}={int(fields[name])}"
+                    f" ({why})",
                     fix=FIX_KEY,
                 )
-        return cls(kind=kind, arch=m["arch"], **fields)
+        return cls(kind=kind, arch=m["arch"], release=release, **fields)
 
     # -------------------------------------------------------------- derived names
     def build_fields(self) -> dict:
-        """The MonoBuild keyword arguments this key stands for."""
+        """The MonoBuild keyword arguments this key stands for, in its
+        release (only the fields that release's MonoBuild has)."""
+        rel = _releases.release_facts(self.release)
         d = asdict(self)
-        del d["kind"], d["arch"]
-        return d
+        return {name: d[name] for name in rel.mono_fields}
 
     @property
     def entry(self) -> str:
@@ -163,7 +194,7 @@ class BuildKey:
         """The GPU kernel's symbol as vLLM's ``kernel_symbol`` names it
         (``_ZN5aiter{len}{stem}_{signature}E``), computed without vLLM."""
         params: dict = {}
-        for p in _kinds.KINDS[self.kind].symbol_params:
+        for p in _releases.release_facts(self.release).symbol_params[self.kind]:
             short = p.lstrip("?")
             value = getattr(self, _SHORT[short])
             if p.startswith("?") and value == DEFAULTS[_SHORT[short]]:
@@ -188,11 +219,11 @@ def neighbours(key: BuildKey, available, n: int = 5) -> list[str]:
     every field but the width) at the nearest widths, below and above; then
     the same kind, arch and width with the fewest other fields changed.
     Failing both, the fewest fields changed at the nearest width. Never a
-    key of another kind or arch."""
+    key of another kind, arch or release (strings are read in ``key``'s)."""
     same_arch = []
     for k in available:
-        k = k if isinstance(k, BuildKey) else BuildKey.parse(k)
-        if k.kind == key.kind and k.arch == key.arch and k != key:
+        k = k if isinstance(k, BuildKey) else BuildKey.parse(k, key.release)
+        if k.kind == key.kind and k.arch == key.arch and k.release == key.release and k != key:
             same_arch.append(k)
     launch = [k for k in same_arch if k.with_(tokens=key.tokens) == key]
     out = []

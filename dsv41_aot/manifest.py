@@ -1,15 +1,20 @@
 """The prebuilt directory's manifest: schema, atomic writes, verification.
 
-Layout of a prebuilt directory (``kernels_prebuilt/`` by default), one folder
-per architecture so that a wheel carries exactly one::
+Layout of a prebuilt directory (``kernels_prebuilt/`` by default): one folder
+per architecture, and in it one folder per vLLM release (a *room*: the keys of
+one release on one arch). Objects and library bands are named by their
+content and shared by the arch's releases, so a launch that two releases
+compile to the same bytes is stored once::
 
-    <dir>/<arch>/manifest.json        this module's schema
-    <dir>/<arch>/objects/<sha256>.o   stripped export objects, content-addressed
-    <dir>/<arch>/lib/...              linked libraries (dsv41_aot.build.link)
+    <dir>/<arch>/objects/<sha256>.o                 stripped export objects, content-addressed
+    <dir>/<arch>/lib/<chunk>.<sha>.so.xz            linked library bands (dsv41_aot.build.link)
+    <dir>/<arch>/vllm-<release>/manifest.json       this module's schema: the release's keys
+    <dir>/<arch>/vllm-<release>/libs.json           which band holds which of its keys
+    <dir>/<arch>/vllm-<release>/timings.json        compile seconds (never shipped)
 
 manifest.json::
 
-    {"schema": 1, "arch": "gfx950",
+    {"schema": 2, "arch": "gfx950", "release": "0.33.0", "mono_sources": "<digest>",
      "abis": {"<abi id>": [{"name": "res_in", "ctype": "int64", "size": 8}, ...]},
      "entries": {"<key string>": {
          "key", "kind", "arch", "fields": {MonoBuild fields},
@@ -20,9 +25,11 @@ manifest.json::
          "resources": {...} (GPU code object figures)}},
      "refused": {"<key string>": {"error", "source"}}}
 
+``mono_sources`` is the release's mono sources digest (every entry's
+``source.mono_sources``): the runtime picks the room of the vLLM it runs by it.
 Same inputs, same bytes: nothing measured goes in the manifest. What a build
 measured (compile seconds a key, which the CI shard balancer reads) goes to
-``<dir>/<arch>/timings.json`` ({key: seconds}), a side file no wheel carries.
+the room's ``timings.json`` ({key: seconds}), a side file no wheel carries.
 
 ABI lists are shared by id (every K1 has the same 41 slots), so the manifest
 of a whole arch stays small and parses fast at load time.
@@ -39,18 +46,19 @@ import re
 from pathlib import Path
 
 from .errors import IntegrityError, ManifestError
+from .facts.releases import NEWEST, RELEASES, release_facts, version_order
 
-SCHEMA = 1
+SCHEMA = 2  # 2: one manifest a (arch, release) room; 1 was one a arch
 MANIFEST = "manifest.json"
 OBJECTS = "objects"
-LIB = "lib"  # <arch>/lib/: linked libraries (build/link.py)
-LIBS_JSON = "libs.json"  # <arch>/lib/libs.json: which library band holds which key
+LIB = "lib"  # <arch>/lib/: linked library bands, shared by the arch's releases (build/link.py)
+LIBS_JSON = "libs.json"  # <arch>/vllm-<release>/libs.json: which library band holds which key
 # libs.json schema 2: compressed bands (per band: file, sha256 and bytes of the
 # .so.xz; raw_sha256 and raw_bytes of the library inside it)
 LIBS_SCHEMA = 2
 BAND_SUFFIX = ".so.xz"
 BAND_RE = re.compile(r"libdsv41_[A-Za-z0-9_.-]+\.so\.xz")  # a plain file name in lib/: no "/", no ".."
-TIMINGS = "timings.json"  # <arch>/timings.json: {key: compile seconds}, never shipped
+TIMINGS = "timings.json"  # <arch>/vllm-<release>/timings.json: {key: compile seconds}, never shipped
 ENV_PREBUILT = "DSV41_AOT_PREBUILT"  # the one variable naming a prebuilt directory
 REQUIRED = (
     "key", "kind", "arch", "fields", "symbol", "entry", "object", "sha256", "bytes",
@@ -104,13 +112,27 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def room_dir(arch_dir: Path, release: str) -> Path:
+    """The folder of ``release``'s keys in an arch folder."""
+    return Path(arch_dir) / release_facts(release).folder
+
+
+def releases_in(arch_dir: Path) -> list[str]:
+    """The releases an arch folder holds a manifest for, oldest first."""
+    return sorted((v for v in RELEASES if (room_dir(arch_dir, v) / MANIFEST).is_file()), key=version_order)
+
+
 class Manifest:
-    """One architecture's manifest (``<dir>/<arch>/manifest.json``)."""
+    """One room's manifest (``<dir>/<arch>/vllm-<release>/manifest.json``):
+    the keys of one vLLM release on one arch. ``dir`` is the arch folder
+    (objects and bands are the arch's), ``room`` the release's folder in it."""
 
     def __init__(self, arch_dir: Path, arch: str, entries: dict | None = None, abis: dict | None = None,
-                 refused: dict | None = None, timings: dict | None = None):
+                 refused: dict | None = None, timings: dict | None = None, release: str = NEWEST):
         self.dir = Path(arch_dir)
         self.arch = arch
+        self.release = release
+        self.room = room_dir(self.dir, release)
         self.entries: dict = entries or {}
         self.abis: dict = abis or {}
         # keys the kernel source refused, with the error and the source identity
@@ -127,20 +149,27 @@ class Manifest:
 
     @property
     def path(self) -> Path:
-        return self.dir / MANIFEST
+        return self.room / MANIFEST
+
+    @property
+    def mono_sources(self) -> str | None:
+        """The release's mono sources digest its entries were built from (None when empty)."""
+        digests = {e["source"].get("mono_sources") for e in self.entries.values()}
+        return next(iter(digests)) if len(digests) == 1 else None
 
     # ---------------------------------------------------------------- io
     @classmethod
-    def read(cls, arch_dir: Path, arch: str | None = None, *, missing_ok: bool = False) -> "Manifest":
+    def read(cls, arch_dir: Path, arch: str | None = None, *, release: str = NEWEST,
+             missing_ok: bool = False) -> "Manifest":
         arch_dir = Path(arch_dir)
-        path = arch_dir / MANIFEST
+        path = room_dir(arch_dir, release) / MANIFEST
         arch = arch or arch_dir.name
-        fix = f"rebuild it: dsv41-aot build --arch {arch} --out {arch_dir.parent}"
+        fix = f"rebuild it: dsv41-aot build --arch {arch} --release {release} --out {arch_dir.parent}"
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
             if missing_ok:
-                return cls(arch_dir, arch)
+                return cls(arch_dir, arch, release=release)
             raise ManifestError(f"no manifest at {path}", fix=fix) from None
         fix += " (it sets the corrupt manifest aside and recovers its entries from the stored objects)"
         try:
@@ -151,6 +180,9 @@ class Manifest:
             raise ManifestError(f"{path}: not a schema-{SCHEMA} dsv41-aot manifest", fix=fix)
         if doc.get("arch") != arch:
             raise ManifestError(f"{path}: manifest for {doc.get('arch')!r} in the {arch} folder", fix=fix)
+        if doc.get("release") != release:
+            raise ManifestError(f"{path}: manifest for vLLM {doc.get('release')!r} in the vLLM {release} folder",
+                                fix=fix)
         entries, abis = doc.get("entries"), doc.get("abis")
         if not isinstance(entries, dict) or not isinstance(abis, dict):
             raise ManifestError(f"{path}: entries / abis missing", fix=fix)
@@ -173,7 +205,11 @@ class Manifest:
         refused = doc.get("refused", {})
         if not isinstance(refused, dict):
             raise ManifestError(f"{path}: refused must be a mapping", fix=fix)
-        return cls(arch_dir, arch, entries, abis, refused, read_timings(arch_dir))
+        m = cls(arch_dir, arch, entries, abis, refused, read_timings(room_dir(arch_dir, release)), release=release)
+        if entries and doc.get("mono_sources") != m.mono_sources:
+            raise ManifestError(f"{path}: mono_sources {doc.get('mono_sources')!r} is not its entries' "
+                                f"({sorted({e['source'].get('mono_sources') for e in entries.values()})})", fix=fix)
+        return m
 
     def write(self) -> None:
         """Atomically replace manifest.json (entries sorted: same inputs, same bytes)."""
@@ -181,6 +217,8 @@ class Manifest:
         doc = {
             "schema": SCHEMA,
             "arch": self.arch,
+            "release": self.release,
+            "mono_sources": self.mono_sources,
             "abis": {k: self.abis[k] for k in sorted(used)},
             "entries": {k: self.entries[k] for k in sorted(self.entries)},
             "refused": {k: self.refused[k] for k in sorted(self.refused)},
@@ -188,7 +226,7 @@ class Manifest:
         atomic_write(self.path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
         timings = {k: self.timings[k] for k in sorted(self.timings) if k in self.entries}
         if timings:
-            atomic_write(self.dir / TIMINGS, (json.dumps(timings, indent=1) + "\n").encode())
+            atomic_write(self.room / TIMINGS, (json.dumps(timings, indent=1) + "\n").encode())
 
     # ---------------------------------------------------------------- entries
     def put(self, entry: dict, abi: list, seconds: float | None = None) -> None:
@@ -214,7 +252,7 @@ class Manifest:
         manifest's sha256 and size."""
         e = self.entries[key]
         path = self.dir / e["object"]
-        fix = f"rebuild it: dsv41-aot build --key '{key}' --out {self.dir.parent}"
+        fix = f"rebuild it: dsv41-aot build --release {self.release} --key '{key}' --out {self.dir.parent}"
         try:
             size = path.stat().st_size
         except FileNotFoundError:
@@ -223,17 +261,25 @@ class Manifest:
             raise IntegrityError(f"{key}: object {path} does not match its manifest sha256 (corrupt or altered)", fix=fix)
 
     def orphans(self) -> list[Path]:
-        """Stored objects no entry names (left by an interrupted or older build)."""
+        """Stored objects no entry of any release of the arch names (left by
+        an interrupted or older build); none while another release's
+        manifest cannot be read (its objects could not be told apart)."""
         named = {self.dir / e["object"] for e in self.entries.values()}
+        for other in releases_in(self.dir):
+            if other != self.release:
+                try:
+                    named |= {self.dir / e["object"] for e in Manifest.read(self.dir, self.arch, release=other).entries.values()}
+                except ManifestError:
+                    return []
         objdir = self.dir / OBJECTS
         return sorted(p for p in objdir.glob("*.o") if p not in named) if objdir.is_dir() else []
 
 
-def read_timings(arch_dir: Path) -> dict:
-    """key -> compile seconds from ``<arch>/timings.json`` ({} when absent or
+def read_timings(room: Path) -> dict:
+    """key -> compile seconds from a room's ``timings.json`` ({} when absent or
     unreadable: timings only balance shards, they never decide a build)."""
     try:
-        doc = json.loads((Path(arch_dir) / TIMINGS).read_bytes())
+        doc = json.loads((Path(room) / TIMINGS).read_bytes())
     except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict):
@@ -242,6 +288,12 @@ def read_timings(arch_dir: Path) -> dict:
 
 
 def arch_dirs(root: Path) -> list[Path]:
-    """The per-arch folders of a prebuilt directory that hold a manifest."""
+    """The per-arch folders of a prebuilt directory that hold a manifest of some release."""
     root = Path(root)
-    return sorted(p for p in root.iterdir() if (p / MANIFEST).is_file()) if root.is_dir() else []
+    return sorted(p for p in root.iterdir() if p.is_dir() and releases_in(p)) if root.is_dir() else []
+
+
+def rooms(root: Path, release: str | None = None) -> list[tuple[Path, str]]:
+    """(arch folder, release) of every room of a prebuilt directory that
+    holds a manifest (only ``release``'s when given)."""
+    return [(d, r) for d in arch_dirs(root) for r in releases_in(d) if release in (None, r)]

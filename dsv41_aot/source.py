@@ -10,6 +10,13 @@ sha256 over each ``.py`` file's path relative to the mono folder, then its
 bytes, files sorted, first 16 hex digits) without importing anything, so the
 runtime can compare an installed vLLM with the digest a build recorded.
 
+A build takes one vLLM tree per release (``find_release``): a ``--vllm-src``
+folder, the installed vLLM, or a release fetched into the tree cache
+(``dsv41-aot fetch-vllm 0.32.0``: the release's wheel from the package index,
+``pip download --no-deps``, of which only the model's folder and the
+dist-info are kept). Each is read for its version and checked against the
+release's mono sources digest.
+
 Shared core (build and runtime): standard library only.
 """
 
@@ -25,12 +32,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ToolchainError
+from .facts.releases import NEWEST
 
 MONO_REL = Path("vllm/models/deepseek_v41/amd/mono")
+MODEL_REL = "vllm/models/deepseek_v41/"  # what a fetched tree keeps of the wheel
 PARENTS = ("vllm", "vllm.models", "vllm.models.deepseek_v41", "vllm.models.deepseek_v41.amd")
 MONO = "vllm.models.deepseek_v41.amd.mono"
-VLLM_VERSION = "0.33.0"  # the version whose mono package this project targets
-FIX_VLLM = f"pip install --no-deps vllm=={VLLM_VERSION}  (or pass --vllm-src PATH to a vLLM checkout)"
+VLLM_VERSION = NEWEST  # the release a plain `pip install vllm` of this project's extra gives
+ENV_TREES = "DSV41_AOT_VLLM_TREES"  # the tree cache (default ~/.cache/dsv41-aot/vllm)
+
+
+def fix_vllm(release: str = VLLM_VERSION) -> str:
+    return (f"dsv41-aot fetch-vllm {release}  (or pip install --no-deps vllm=={release}, "
+            f"or pass --vllm-src PATH to a vLLM {release} tree)")
+
+
+FIX_VLLM = fix_vllm()
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,92 @@ def find(vllm_src: str | os.PathLike | None = None, *, check_version: bool = Tru
         where = f"vLLM at {root}" if vllm_src is not None else "installed vLLM"
         raise ToolchainError(f"{where} is vLLM {src.version}; dsv41-aot targets vLLM {VLLM_VERSION}", fix=FIX_VLLM)
     return src
+
+
+def trees_dir() -> Path:
+    """The tree cache ``fetch`` fills: ``$DSV41_AOT_VLLM_TREES``, else ~/.cache/dsv41-aot/vllm."""
+    env = os.environ.get(ENV_TREES)
+    if env:
+        return Path(env).resolve()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dsv41-aot" / "vllm"
+
+
+def find_release(release: str, digest: str | None, trees=()) -> MonoSource:
+    """The vLLM tree to build ``release`` from: the first of ``trees``
+    (--vllm-src folders), the installed vLLM and the tree cache whose version
+    is ``release`` (or, for a checkout without one, whose mono digest is
+    ``digest``). Its mono sources must have ``digest`` (the matrix's entry for
+    the release) when one is given: a tree that says 0.33.0 but holds other
+    kernels is refused, naming both digests."""
+    candidates: list[tuple[str, Path]] = [(f"--vllm-src {t}", Path(t)) for t in trees]
+    spec = importlib.util.find_spec("vllm")
+    if spec is not None and spec.submodule_search_locations:
+        candidates.append(("installed vLLM", Path(list(spec.submodule_search_locations)[0]).resolve().parent))
+    candidates.append((f"tree cache {trees_dir() / release}", trees_dir() / release))
+    seen = []
+    for where, root in candidates:
+        src = MonoSource(root=root.resolve())
+        if not src.mono_dir.is_dir():
+            if where.startswith("--vllm-src"):
+                raise ToolchainError(f"{where}: no vLLM mono package at {src.mono_dir}", fix=fix_vllm(release))
+            continue
+        version = src.version
+        if version == release or (version == "unknown" and digest and src.digest == digest):
+            if digest and src.digest != digest:
+                raise ToolchainError(
+                    f"{where} ({root}) is vLLM {release}, but its mono sources digest is {src.digest}, not the "
+                    f"{digest} build_matrix.yaml records for vLLM {release}: a patched or different tree",
+                    fix=f"{fix_vllm(release)}; or, if vLLM {release} really is this, update its mono_sources "
+                        f"in build_matrix.yaml")
+            return src
+        seen.append(f"{where}: {version}")
+    raise ToolchainError(f"no vLLM {release} tree to build its keys from ({'; '.join(seen) or 'none found'})",
+                         fix=fix_vllm(release))
+
+
+def fetch(release: str, dest: Path | None = None, *, log=None) -> MonoSource:
+    """Fetch vLLM ``release``'s kernel source into the tree cache (or
+    ``dest``): its wheel from the package index (``pip download --no-deps``),
+    of which only the model folder and the dist-info are unpacked. Build
+    side (runs pip); atomic: a tree is there whole or not at all."""
+    import shutil
+    import subprocess
+    import tempfile
+    import zipfile
+
+    dest = Path(dest) if dest else trees_dir() / release
+    if (dest / MONO_REL).is_dir() and MonoSource(dest).version == release:
+        return MonoSource(dest.resolve())
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "-d", tmp, f"vllm=={release}"]
+        if log:
+            log(f"fetching vLLM {release}'s wheel (pip download --no-deps)")
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wheels = sorted(Path(tmp).glob(f"vllm-{release}-*.whl"))
+        if r.returncode or not wheels:
+            raise ToolchainError(f"pip download vllm=={release} failed: {(r.stderr or r.stdout).strip()[-1500:]}",
+                                 fix=f"check the package index is reachable, or unpack vllm=={release} yourself "
+                                     f"and pass --vllm-src PATH")
+        tree = Path(tmp) / "tree"
+        info = f"vllm-{release}.dist-info/"
+        with zipfile.ZipFile(wheels[0]) as z:
+            for name in z.namelist():
+                if (name.startswith(MODEL_REL) and name.endswith(".py")) or name == info + "METADATA":
+                    target = (tree / name).resolve()
+                    if not target.is_relative_to(tree.resolve()):
+                        raise ToolchainError(f"{wheels[0].name}: member {name!r} escapes the tree", fix="report it")
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(z.read(name))
+        if not (tree / MONO_REL).is_dir():
+            raise ToolchainError(f"vLLM {release}'s wheel has no mono package at {MONO_REL}",
+                                 fix="pick a vLLM release that ships the DeepSeek-V4.1 mono decode layer")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tree, dest)
+    return MonoSource(dest.resolve())
 
 
 def import_mono(src: MonoSource, module: str = "layer") -> types.ModuleType:

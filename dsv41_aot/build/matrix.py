@@ -1,8 +1,8 @@
 """build_matrix.yaml -> the list of BuildKeys to build.
 
-Expansion: every arch x tp x launch group x layer kind x tokens x timeline gives
-one key per launch kind of the group; the rules (in order) drop or rewrite keys;
-a profile selects; a shard takes its part. Every error names the file and line
+Per vLLM release: every arch x tp x launch group x layer kind x tokens x
+timeline gives one key per launch kind of the group; the rules (in order) drop
+or rewrite keys. A profile selects across releases; a shard takes its part. Every error names the file and line
 of the offending entry and the command that checks a fix.
 """
 
@@ -19,19 +19,24 @@ import yaml
 from ..errors import KeyFormatError, MatrixError
 from ..facts.arches import ARCHES as ARCH_FACTS
 from ..facts.kinds import KINDS as KINDS_FACTS
-from ..keys import ARCHES, KINDS, MAX_TOKENS, RATIOS, BuildKey
+from ..facts.releases import RELEASES, version_order
+from ..keys import ARCHES, KINDS, RATIOS, BuildKey
 
 DEFAULT_MATRIX = Path(__file__).resolve().parents[2] / "build_matrix.yaml"
 
-_TOP = {"version", "default_profile", "axes", "layer_kinds", "routing", "groups", "rules", "profiles"}
+SCHEMA = 2
+_TOP = {"version", "default_profile", "releases", "profiles"}
+_SECTIONS = ("axes", "layer_kinds", "routing", "groups", "rules")
+_RELEASE = {"like", "mono_sources", *_SECTIONS}
 _AXES = {"arch", "tp", "tokens", "timeline"}
 _KIND_FIELDS = {"ratio", "fold", "index"}
 _ROUTING_FIELDS = {"experts", "topk", "ug_groups", "swa_width"}
 _MATCH_FIELDS = {
-    "arch", "kind", "group", "tokens", "tp", "ratio", "fold", "index",
+    "arch", "kind", "group", "release", "tokens", "tp", "ratio", "fold", "index",
     "experts", "topk", "ug_groups", "swa_width", "timeline",
 }
-_SET_FIELDS = _MATCH_FIELDS - {"arch", "kind", "group"}
+_SET_FIELDS = _MATCH_FIELDS - {"arch", "kind", "group", "release"}
+_DIGEST = re.compile(r"^[0-9a-f]{16}$")
 _CMP = re.compile(r"^\s*(<=|>=|!=|==|<|>)\s*(-?\d+)\s*$")
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
 
@@ -89,6 +94,18 @@ class Rule:
     set: dict
     source: str
     line: int
+    release: str = ""
+
+
+@dataclass
+class ReleaseEntry:
+    """One release's entry in the matrix, its sections resolved through ``like``."""
+
+    version: str
+    mono_sources: str
+    line: int
+    layer_kinds: dict = field(default_factory=dict)  # name -> [{"ratio"[, "fold", "index"]}]
+    routing: dict = field(default_factory=dict)  # preset -> the release's routing fields
 
 
 @dataclass
@@ -98,8 +115,7 @@ class Matrix:
     keys_by_group: list = field(default_factory=list)  # [(group, BuildKey)] after rules
     profiles: dict = field(default_factory=dict)  # name -> _Node
     profile_lines: dict = field(default_factory=dict)  # name -> line
-    layer_kinds: dict = field(default_factory=dict)  # name -> [{"ratio", "fold", "index"}]
-    routing: dict = field(default_factory=dict)  # preset -> {"experts", "topk", "ug_groups", "swa_width"}
+    releases: dict = field(default_factory=dict)  # version -> ReleaseEntry
     rules: list = field(default_factory=list)
 
     def _err(self, line: int, msg: str) -> MatrixError:
@@ -127,19 +143,28 @@ class Matrix:
         universe = self.all_keys()
         if "keys" in spec:
             listed = spec["keys"]
+            # a list: keys of the newest release; a mapping: release -> its keys
+            by_release = listed if isinstance(listed, dict) else {self.newest: listed}
             out = []
             known = set(universe)
-            for i, text in enumerate(listed):
-                line = _line(listed, i)
-                try:
-                    key = BuildKey.parse(str(text))
-                except KeyFormatError as e:
-                    raise self._err(line, f"profile {name!r}: {e}") from None
-                if key in out:
-                    raise self._err(line, f"profile {name!r}: duplicate key {key}")
-                if key not in known:
-                    raise self._err(line, f"profile {name!r}: {key} is not a key the matrix builds ({self._why_not(key)})")
-                out.append(key)
+            for release, texts in by_release.items():
+                if release not in self.releases:
+                    raise self._err(_line(listed, release), f"profile {name!r}: vLLM {release!r} is not a release "
+                                                            f"of the matrix ({', '.join(self.releases)})")
+                if not isinstance(texts, list) or not texts:
+                    raise self._err(_line(listed, release), f"profile {name!r}: expected a list of keys")
+                for i, text in enumerate(texts):
+                    line = _line(texts, i)
+                    try:
+                        key = BuildKey.parse(str(text), release)
+                    except KeyFormatError as e:
+                        raise self._err(line, f"profile {name!r}: {e}") from None
+                    if key in out:
+                        raise self._err(line, f"profile {name!r}: duplicate key {key.describe()}")
+                    if key not in known:
+                        raise self._err(line, f"profile {name!r}: {key.describe()} is not a key the matrix builds "
+                                              f"({self._why_not(key)})")
+                    out.append(key)
             selected = out
         else:
             where = spec.get("where", {})
@@ -149,11 +174,17 @@ class Matrix:
             raise self._err(self.profile_lines.get(name, 0), f"profile {name!r} selects no keys")
         return sorted(selected)
 
+    @property
+    def newest(self) -> str:
+        return max(self.releases, key=version_order)
+
     def _why_not(self, key: BuildKey) -> str:
+        if key.release not in self.releases:
+            return f"the matrix builds no vLLM {key.release} keys"
         for rule in self.rules:
-            if rule.drop and _matches(rule.when, key, None, ignore_group=True):
+            if rule.release == key.release and rule.drop and _matches(rule.when, key, None, ignore_group=True):
                 return f"dropped by the rule at line {rule.line}, {rule.source}"
-        return "no launch group, layer kind or routing preset produces it"
+        return f"no launch group, layer kind or routing preset of vLLM {key.release} produces it"
 
 
 def _matches(when: dict, key: BuildKey, group: str | None, ignore_group: bool = False) -> bool:
@@ -176,7 +207,7 @@ def _matches(when: dict, key: BuildKey, group: str | None, ignore_group: bool = 
     return True
 
 
-def _tokens(value, m: Matrix, line: int) -> list[int]:
+def _tokens(value, m: Matrix, line: int, max_tokens: int) -> list[int]:
     if isinstance(value, str):
         a, sep, b = value.partition("..")
         try:
@@ -191,8 +222,8 @@ def _tokens(value, m: Matrix, line: int) -> list[int]:
     else:
         out = list(value)
     for t in out:
-        if not isinstance(t, int) or isinstance(t, bool) or not 1 <= t <= MAX_TOKENS:
-            raise m._err(line, f"axis tokens: {t!r} outside 1..{MAX_TOKENS} (vLLM's MAX_TOKENS)")
+        if not isinstance(t, int) or isinstance(t, bool) or not 1 <= t <= max_tokens:
+            raise m._err(line, f"axis tokens: {t!r} outside 1..{max_tokens} (vLLM's MAX_TOKENS)")
     return out
 
 
@@ -215,17 +246,141 @@ def _check_match(m: Matrix, where: dict, line: int, what: str, allowed=_MATCH_FI
     for name, want in where.items():
         if name not in allowed:
             raise m._err(_line(where, name), f"{what}: unknown field {name!r} (known: {', '.join(sorted(allowed))})")
-        if isinstance(want, str) and name not in ("arch", "kind", "group") and not _CMP.match(want):
+        if isinstance(want, str) and name not in ("arch", "kind", "group", "release") and not _CMP.match(want):
             raise m._err(_line(where, name), f"{what}: {name}: {want!r} is not a comparison like '> 42'")
         if name == "arch":
             for v in want if isinstance(want, list) else [want]:
                 if v not in ARCHES:
                     raise m._err(_line(where, name), f"{what}: unknown arch {v!r} (known: {', '.join(ARCHES)})")
+        if name == "release":
+            for v in want if isinstance(want, list) else [want]:
+                if v not in RELEASES:
+                    raise m._err(_line(where, name), f"{what}: unknown vLLM release {v!r} (known: "
+                                                     f"{', '.join(RELEASES)}; write it quoted)")
         if name == "kind":
             for v in want if isinstance(want, list) else [want]:
                 if v not in KINDS:
                     raise m._err(_line(where, name), f"{what}: unknown kind {v!r} (known: {', '.join(KINDS)})")
     return where
+
+
+def _expand_release(m: Matrix, doc: dict, version: str, sec: dict, digest: str) -> list:
+    """The (group, key) pairs of one release, after its rules."""
+    rel = RELEASES[version]
+    axes = sec["axes"]
+    for name in axes:
+        if name not in _AXES:
+            raise m._err(_line(axes, name), f"unknown axis {name!r} (known: {', '.join(sorted(_AXES))})")
+    for name in _AXES:
+        if name not in axes:
+            raise m._err(_line(sec, "axes"), f"missing axis {name!r}")
+    arches = _check_values(m, "arch", axes["arch"], list(rel.arches), _line(axes, "arch"))
+    tps = _check_values(m, "tp", axes["tp"], None, _line(axes, "tp"))
+    for tp in tps:
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise m._err(_line(axes, "tp"), f"axis tp: {tp!r} is not a TP size")
+    tokens = _tokens(axes["tokens"], m, _line(axes, "tokens"), rel.max_tokens)
+    if len(set(tokens)) != len(tokens):
+        raise m._err(_line(axes, "tokens"), "axis tokens: duplicate value")
+    timelines = _check_values(m, "timeline", axes["timeline"], [False, True], _line(axes, "timeline"))
+
+    kind_fields = {f for f in _KIND_FIELDS if rel.reads(f)}
+    routing_fields = {f for f in _ROUTING_FIELDS if rel.reads(f)}
+    layer_kinds = sec.get("layer_kinds") or {}
+    kinds_by_name: dict = {}
+    for lname, entries in layer_kinds.items():
+        seen = set()
+        for i, entry in enumerate(entries or []):
+            line = _line(entries, i)
+            if not isinstance(entry, dict) or set(entry) != kind_fields:
+                raise m._err(line, f"layer_kinds.{lname}: each entry needs exactly {sorted(kind_fields)} "
+                                   f"(vLLM {version}'s MonoBuild layer fields)")
+            if entry["ratio"] not in RATIOS:
+                raise m._err(line, f"layer_kinds.{lname}: unknown ratio {entry['ratio']!r} (known: {RATIOS})")
+            for b in sorted(kind_fields - {"ratio"}):
+                if not isinstance(entry[b], bool):
+                    raise m._err(line, f"layer_kinds.{lname}: {b} must be true or false")
+            t = tuple(sorted(entry.items()))
+            if t in seen:
+                raise m._err(line, f"layer_kinds.{lname}: duplicate layer kind {dict(entry)}")
+            seen.add(t)
+            kinds_by_name.setdefault(lname, []).append(dict(entry))
+        if lname not in kinds_by_name:
+            raise m._err(_line(layer_kinds, lname), f"layer_kinds.{lname} is empty")
+
+    routing = sec.get("routing") or {}
+    for rname, preset in routing.items():
+        if not isinstance(preset, dict) or set(preset) != routing_fields:
+            raise m._err(_line(routing, rname), f"routing.{rname}: needs exactly {sorted(routing_fields)} "
+                                                f"(vLLM {version}'s MonoBuild routing fields)")
+        for f, v in preset.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise m._err(_line(preset, f), f"routing.{rname}.{f}: {v!r} is not a positive integer")
+
+    entry = ReleaseEntry(version, digest, line=_line(doc["releases"], version), layer_kinds=kinds_by_name,
+                         routing={name: dict(preset) for name, preset in routing.items()})
+    m.releases[version] = entry
+
+    groups = sec["groups"]
+    expanded: list = []
+    gnames = set()
+    for i, g in enumerate(groups or []):
+        line = _line(groups, i)
+        if not isinstance(g, dict) or not {"name", "kinds", "routing"} <= set(g) or set(g) - {"name", "kinds", "routing", "layers"}:
+            raise m._err(line, "groups: each group needs name, kinds, routing and (for k1/k2) layers")
+        if g["name"] in gnames:
+            raise m._err(line, f"groups: duplicate group {g['name']!r}")
+        gnames.add(g["name"])
+        for kind in g["kinds"]:
+            if kind not in KINDS:
+                raise m._err(line, f"group {g['name']}: unknown launch kind {kind!r} (known: {', '.join(KINDS)})")
+        if g["routing"] not in routing:
+            raise m._err(line, f"group {g['name']}: unknown routing {g['routing']!r} (known: {', '.join(routing)})")
+        whole = [k for k in g["kinds"] if k != "ffn"]
+        if whole and g.get("layers") not in kinds_by_name:
+            raise m._err(line, f"group {g['name']}: unknown layers {g.get('layers')!r} (known: {', '.join(kinds_by_name)})")
+        lkinds = kinds_by_name[g["layers"]] if whole else [{"ratio": 0}]
+        preset = routing[g["routing"]]
+        for arch, tp, lk, s, tl, kind in itertools.product(arches, tps, lkinds, tokens, timelines, g["kinds"]):
+            try:
+                key = BuildKey(kind=kind, arch=arch, tokens=s, tp=tp, timeline=tl, release=version, **lk, **preset)
+            except KeyFormatError as e:
+                raise m._err(line, f"group {g['name']}: {e}") from None
+            expanded.append((g["name"], key))
+
+    allowed = {f for f in _MATCH_FIELDS if f in ("arch", "kind", "group", "release") or rel.reads(f)}
+    rules = []
+    for i, r in enumerate(sec.get("rules") or []):
+        line = _line(sec["rules"], i)
+        if not isinstance(r, dict) or "when" not in r or ("drop" in r) == ("set" in r) or set(r) - {"when", "drop", "set", "source"}:
+            raise m._err(line, "rules: each rule needs `when` and exactly one of `drop: true` / `set: {...}` (and `source`)")
+        if "source" not in r:
+            raise m._err(line, "rules: name the upstream `source` the rule follows")
+        when = _check_match(m, r["when"], line, f"vLLM {version} rule `when`", allowed=allowed)
+        for name in when:
+            if name == "group" and any(v not in gnames for v in (when[name] if isinstance(when[name], list) else [when[name]])):
+                raise m._err(_line(when, name), f"rule `when`: unknown group {when[name]!r} (known: {', '.join(sorted(gnames))})")
+        sets = r.get("set") or {}
+        _check_match(m, sets, line, f"vLLM {version} rule `set`", allowed=allowed & _SET_FIELDS)
+        rules.append(Rule(when=dict(when), drop=bool(r.get("drop")), set=dict(sets), source=r["source"], line=line,
+                          release=version))
+    m.rules += rules
+
+    for rule in rules:
+        out = []
+        for g, key in expanded:
+            if _matches(rule.when, key, g):
+                if rule.drop:
+                    continue
+                try:
+                    key = key.with_(**rule.set)
+                except KeyFormatError as e:
+                    raise m._err(rule.line, f"rule `set` makes an invalid key: {e}") from None
+            out.append((g, key))
+        expanded = out
+    if not expanded:
+        raise m._err(entry.line, f"the rules of vLLM {version} drop every key")
+    return expanded
 
 
 def load(path: str | Path | None = None) -> Matrix:
@@ -249,111 +404,56 @@ def load(path: str | Path | None = None) -> Matrix:
     for name in doc:
         if name not in _TOP:
             raise m._err(_line(doc, name), f"unknown top-level entry {name!r} (known: {', '.join(sorted(_TOP))})")
-    for name in ("axes", "groups", "profiles"):
+    for name in ("releases", "profiles"):
         if name not in doc:
             raise m._err(1, f"missing top-level entry {name!r}")
+    if doc.get("version", SCHEMA) != SCHEMA:
+        raise m._err(_line(doc, "version"), f"matrix version {doc.get('version')!r}: this dsv41-aot reads version {SCHEMA} "
+                                             f"(a `releases:` mapping of vLLM release -> its sections)")
+    releases = doc["releases"]
+    if not isinstance(releases, dict) or not releases:
+        raise m._err(_line(doc, "releases"), "releases: expected a mapping of vLLM release -> its entry")
+    resolved: dict = {}
 
-    axes = doc["axes"]
-    for name in axes:
-        if name not in _AXES:
-            raise m._err(_line(axes, name), f"unknown axis {name!r} (known: {', '.join(sorted(_AXES))})")
-    for name in _AXES:
-        if name not in axes:
-            raise m._err(_line(doc, "axes"), f"missing axis {name!r}")
-    arches = _check_values(m, "arch", axes["arch"], ARCHES, _line(axes, "arch"))
-    tps = _check_values(m, "tp", axes["tp"], None, _line(axes, "tp"))
-    for tp in tps:
-        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-            raise m._err(_line(axes, "tp"), f"axis tp: {tp!r} is not a TP size")
-    tokens = _tokens(axes["tokens"], m, _line(axes, "tokens"))
-    if len(set(tokens)) != len(tokens):
-        raise m._err(_line(axes, "tokens"), "axis tokens: duplicate value")
-    timelines = _check_values(m, "timeline", axes["timeline"], [False, True], _line(axes, "timeline"))
+    def sections(version: str, chain=()) -> dict:
+        """The release's sections, ``like`` followed."""
+        if version in resolved:
+            return resolved[version]
+        spec = releases[version]
+        line = _line(releases, version)
+        if not isinstance(spec, dict):
+            raise m._err(line, f"release {version}: expected a mapping")
+        for name in spec:
+            if name not in _RELEASE:
+                raise m._err(_line(spec, name), f"release {version}: unknown entry {name!r} "
+                                                f"(known: {', '.join(sorted(_RELEASE))})")
+        out = {}
+        like = spec.get("like")
+        if like is not None:
+            if like not in releases or like == version or like in chain:
+                raise m._err(_line(spec, "like"), f"release {version}: like {like!r} is not another release "
+                                                  f"of the matrix ({', '.join(map(str, releases))})")
+            out.update(sections(like, chain + (version,)))
+        out.update({k: spec[k] for k in _SECTIONS if k in spec})
+        for name in ("axes", "groups"):
+            if name not in out:
+                raise m._err(line, f"release {version}: missing {name!r} (give it, or take it with like: RELEASE)")
+        resolved[version] = out
+        return out
 
-    layer_kinds = doc.get("layer_kinds") or {}
-    kinds_by_name: dict = {}
-    for lname, entries in layer_kinds.items():
-        seen = set()
-        for i, entry in enumerate(entries or []):
-            line = _line(entries, i)
-            if not isinstance(entry, dict) or set(entry) != _KIND_FIELDS:
-                raise m._err(line, f"layer_kinds.{lname}: each entry needs exactly {sorted(_KIND_FIELDS)}")
-            if entry["ratio"] not in RATIOS:
-                raise m._err(line, f"layer_kinds.{lname}: unknown ratio {entry['ratio']!r} (known: {RATIOS})")
-            for b in ("fold", "index"):
-                if not isinstance(entry[b], bool):
-                    raise m._err(line, f"layer_kinds.{lname}: {b} must be true or false")
-            t = (entry["ratio"], entry["fold"], entry["index"])
-            if t in seen:
-                raise m._err(line, f"layer_kinds.{lname}: duplicate layer kind {dict(entry)}")
-            seen.add(t)
-            kinds_by_name.setdefault(lname, []).append(dict(entry))
-        if lname not in kinds_by_name:
-            raise m._err(_line(layer_kinds, lname), f"layer_kinds.{lname} is empty")
-
-    routing = doc.get("routing") or {}
-    for rname, preset in routing.items():
-        if not isinstance(preset, dict) or set(preset) != _ROUTING_FIELDS:
-            raise m._err(_line(routing, rname), f"routing.{rname}: needs exactly {sorted(_ROUTING_FIELDS)}")
-        for f, v in preset.items():
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise m._err(_line(preset, f), f"routing.{rname}.{f}: {v!r} is not a positive integer")
-
-    m.layer_kinds = kinds_by_name
-    m.routing = {name: dict(preset) for name, preset in routing.items()}
-
-    groups = doc["groups"]
     expanded: list = []
-    gnames = set()
-    for i, g in enumerate(groups or []):
-        line = _line(groups, i)
-        if not isinstance(g, dict) or not {"name", "kinds", "routing"} <= set(g) or set(g) - {"name", "kinds", "routing", "layers"}:
-            raise m._err(line, "groups: each group needs name, kinds, routing and (for k1/k2) layers")
-        if g["name"] in gnames:
-            raise m._err(line, f"groups: duplicate group {g['name']!r}")
-        gnames.add(g["name"])
-        for kind in g["kinds"]:
-            if kind not in KINDS:
-                raise m._err(line, f"group {g['name']}: unknown launch kind {kind!r} (known: {', '.join(KINDS)})")
-        if g["routing"] not in routing:
-            raise m._err(line, f"group {g['name']}: unknown routing {g['routing']!r} (known: {', '.join(routing)})")
-        whole = [k for k in g["kinds"] if k != "ffn"]
-        if whole and g.get("layers") not in kinds_by_name:
-            raise m._err(line, f"group {g['name']}: unknown layers {g.get('layers')!r} (known: {', '.join(kinds_by_name)})")
-        lkinds = kinds_by_name[g["layers"]] if whole else [{"ratio": 0, "fold": True, "index": False}]
-        preset = routing[g["routing"]]
-        for arch, tp, lk, s, tl, kind in itertools.product(arches, tps, lkinds, tokens, timelines, g["kinds"]):
-            expanded.append((g["name"], BuildKey(kind=kind, arch=arch, tokens=s, tp=tp, timeline=tl, **lk, **preset)))
-
-    for i, r in enumerate(doc.get("rules") or []):
-        line = _line(doc["rules"], i)
-        if not isinstance(r, dict) or "when" not in r or ("drop" in r) == ("set" in r) or set(r) - {"when", "drop", "set", "source"}:
-            raise m._err(line, "rules: each rule needs `when` and exactly one of `drop: true` / `set: {...}` (and `source`)")
-        if "source" not in r:
-            raise m._err(line, "rules: name the upstream `source` the rule follows")
-        when = _check_match(m, r["when"], line, "rule `when`")
-        for name in when:
-            if name == "group" and any(v not in gnames for v in (when[name] if isinstance(when[name], list) else [when[name]])):
-                raise m._err(_line(when, name), f"rule `when`: unknown group {when[name]!r} (known: {', '.join(sorted(gnames))})")
-        sets = r.get("set") or {}
-        _check_match(m, sets, line, "rule `set`", allowed=_SET_FIELDS)
-        m.rules.append(Rule(when=dict(when), drop=bool(r.get("drop")), set=dict(sets), source=r["source"], line=line))
-
-    for rule in m.rules:
-        out = []
-        for g, key in expanded:
-            if _matches(rule.when, key, g):
-                if rule.drop:
-                    continue
-                try:
-                    key = key.with_(**rule.set)
-                except KeyFormatError as e:
-                    raise m._err(rule.line, f"rule `set` makes an invalid key: {e}") from None
-            out.append((g, key))
-        expanded = out
+    for version in releases:
+        line = _line(releases, version)
+        if not isinstance(version, str) or version not in RELEASES:
+            raise m._err(line, f"release {version!r}: dsv41-aot knows vLLM {', '.join(RELEASES)} "
+                               f"(write it quoted; a new release also needs its facts in dsv41_aot/facts/releases.py)")
+        spec = releases[version]
+        digest = spec.get("mono_sources") if isinstance(spec, dict) else None
+        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+            raise m._err(line, f"release {version}: mono_sources must be the release's 16-hex-digit mono sources "
+                               f"digest (dsv41-aot fetch-vllm {version} prints it)")
+        expanded += _expand_release(m, doc, version, sections(version), digest)
     m.keys_by_group = expanded
-    if not expanded:
-        raise m._err(1, "the rules drop every key")
 
     profiles = doc["profiles"]
     if not isinstance(profiles, dict) or not profiles:
@@ -364,8 +464,9 @@ def load(path: str | Path | None = None) -> Matrix:
             raise m._err(_line(profiles, pname), f"profile {pname!r}: expected {{}}, {{where: ...}} or {{keys: [...]}}")
         if "where" in spec:
             _check_match(m, spec["where"], _line(profiles, pname), f"profile {pname!r} `where`")
-        if "keys" in spec and (not isinstance(spec["keys"], list) or not spec["keys"]):
-            raise m._err(_line(profiles, pname), f"profile {pname!r}: empty keys list")
+        if "keys" in spec and (not isinstance(spec["keys"], (list, dict)) or not spec["keys"]):
+            raise m._err(_line(profiles, pname), f"profile {pname!r}: keys must be a non-empty list, or a "
+                                                 f"mapping of vLLM release -> its keys")
         m.profiles[pname] = spec
         m.profile_lines[pname] = _line(profiles, pname)
     m.default_profile = doc.get("default_profile") or next(iter(profiles))

@@ -3,7 +3,8 @@ knows, each in one table.
 
 Adding an architecture is one :data:`arches.ARCHES` entry plus its axis value
 in ``build_matrix.yaml``; adding a launch kind is one :data:`kinds.KINDS`
-entry plus a launch group there. Every other module reads these tables: an
+entry plus a launch group there; adding a vLLM release is one
+:data:`releases.RELEASES` entry plus its release entry there. Every other module reads these tables: an
 arch or kind not in them is an error wherever it appears, never a default.
 
 Standard library only (the runtime reads them too).
@@ -11,5 +12,7 @@ Standard library only (the runtime reads them too).
 
 from .arches import ARCHES, Arch, arch_facts
 from .kinds import KINDS, Kind, kind_facts
+from .releases import NEWEST, RELEASES, Deploy, Release, release_facts
 
-__all__ = ["ARCHES", "Arch", "arch_facts", "KINDS", "Kind", "kind_facts"]
+__all__ = ["ARCHES", "Arch", "arch_facts", "KINDS", "Kind", "kind_facts",
+           "NEWEST", "RELEASES", "Deploy", "Release", "release_facts"]

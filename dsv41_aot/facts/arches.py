@@ -1,6 +1,6 @@
 """The GPU architectures dsv41-aot builds for: hardware limits that decide
-whether a persistent mono CTA is resident, and what vLLM 0.33.0's mono path
-does on each (paths relative to ``vllm/models/deepseek_v41/``).
+whether a persistent mono CTA is resident. They do not depend on the vLLM release (what a release's mono path does on each
+arch is in :mod:`releases`).
 
 Hardware figures: LLVM's AMDGPUUsage (kernel descriptor, LDS and VGPR
 granules) and the CDNA3 / CDNA4 ISA guides. On gfx90a and later each SIMD has
@@ -32,12 +32,6 @@ class Arch:
     max_agprs: int = 256
     sgprs_per_simd: int = 800
     sgpr_granule: int = 16
-    # --- what vLLM 0.33.0's mono path does on this arch
-    tp_sizes: tuple = (2, 4)  # amd/mono_decode.py MonoDecodeLayer._create
-    max_rows: int = 48  # amd/mono_decode.py _max_rows()
-    k2_reads_index: bool = True  # amd/mono/runner.py kernels(): K2 built with index=False when not
-    draft_layers: str = "whole"  # "whole": K1 + K2 on the draft runner; "ffn": FFN launch on the target's
-    runner_flag: bool = False  # amd/mono/runner.py GFX942: the runner module's own flag for this arch
     # --- build
     compile_scale: float = 1.0  # compile seconds relative to gfx950 (matrix.estimate_seconds)
 
@@ -52,15 +46,9 @@ class Arch:
 ARCHES: dict[str, Arch] = {a.name: a for a in (
     Arch(
         "gfx950", "MI355X", 90500, cus=256, lds_bytes=160 * 1024, lds_granule=320 * 4,
-        # amd/mono_decode.py: TP 2 or 4, MAX_ROWS = 48; the draft runs whole layers
-        tp_sizes=(2, 4), max_rows=48,
     ),
     Arch(
         "gfx942", "MI300X / MI325X", 90402, cus=304, lds_bytes=64 * 1024, lds_granule=128 * 4,
-        # amd/mono_decode.py: "gfx942 builds for tensor parallel size 4 only",
-        # MAX_ROWS_GFX942 = 42, "On gfx942 the DSpark draft layers take the FFN
-        # launch"; amd/mono/runner.py: "k2 = replace(b, index=False) if GFX942"
-        tp_sizes=(4,), max_rows=42, k2_reads_index=False, draft_layers="ffn", runner_flag=True,
         compile_scale=1.6,  # measured: gfx942 compiles about 1.5x gfx950's time
     ),
 )}

@@ -1,4 +1,4 @@
-"""The launch kinds of vLLM 0.33.0's mono decode layer (``mono/layer.py``,
+"""The launch kinds of vLLM's mono decode layer (``mono/layer.py``,
 ``mono/runner.py``): which builder makes each, which MonoBuild fields it
 reads, how its GPU kernel is named, and how vLLM's runner asks for it.
 
@@ -17,11 +17,9 @@ class Kind:
     name: str  # the key's KIND
     builder: str  # mono/layer.py function: build_mono_<kind>(MonoBuild) -> launcher
     # MonoBuild fields the launch does not read, pinned to what vLLM passes
-    # (one symbol, one key); the key string omits them
+    # (one symbol, one key); the key string omits them. A field the release's
+    # MonoBuild lacks is pinned too (facts/releases.py)
     pinned: dict = field(default_factory=dict)
-    # kernel name parameters (attention/device.py kernel_symbol(stem, **params)),
-    # in order; "?name" only where the field differs from MonoBuild's default
-    symbol_params: tuple = ()
     # the runner method that asks for it (mono/runner.py DSV41MonoLayer) and,
     # for kernels(), which of its (K1, K2) results
     runner_method: str = "kernels"
@@ -34,16 +32,13 @@ class Kind:
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("k1", "build_mono_k1",
-         symbol_params=("s", "tp", "r", "tl", "f", "i", "?e", "?k", "?g", "?w"),
          runner_method="kernels", runner_index=0, compile_estimate=(1.7, 0.04),
          what="attention seam + attention front (fold is read only by K1's seam: stages/seam.py)"),
     Kind("k2", "build_mono_k2", pinned={"fold": True},
-         symbol_params=("s", "tp", "r", "tl", "i", "?e", "?k", "?g", "?w"),
          runner_method="kernels", runner_index=1, compile_estimate=(6.5, 0.12),
          what="attention back + FFN seam + MoE, both TP all-reduces inside"),
     Kind("ffn", "build_mono_ffn",
          pinned={"ratio": 0, "fold": True, "index": False, "ug_groups": 2, "swa_width": 128},
-         symbol_params=("s", "tp", "tl", "?e"),
          runner_method="ffn_kernel", compile_estimate=(4.0, 0.08),
          what="the FFN alone, for a layer whose attention vLLM runs: "
               "ffn_kernel builds MonoBuild(tokens, tp, 0, timeline, experts=, topk=)"),

@@ -1,0 +1,129 @@
+"""The vLLM releases whose mono decode layer dsv41-aot builds for, and what
+each one's mono path does (paths relative to ``vllm/models/deepseek_v41/``
+in that release).
+
+A release's kernels are named by its own keys: the fields of its
+``MonoBuild`` (``amd/mono/layer.py``), which its runner module builds every
+launch from. A field a release's ``MonoBuild`` does not have is pinned to the
+value the launch behaves as (``keys.DEFAULTS``): one launch, one key. The
+release a process runs is told apart by its mono sources digest
+(``source.mono_digest``), recorded per release in each manifest.
+
+Adding a release is one :data:`RELEASES` entry (what its sources say) plus
+its entry in ``build_matrix.yaml`` (what to build for it).
+
+Standard library only (the runtime reads it too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import KeyFormatError, UnknownArchError
+
+# every MonoBuild field any release has, in key order (keys.BuildKey)
+ALL_FIELDS = ("tokens", "tp", "ratio", "fold", "index", "experts", "topk", "ug_groups", "swa_width", "timeline")
+
+
+@dataclass(frozen=True)
+class Deploy:
+    """What one release's mono path does on one arch."""
+
+    tp_sizes: tuple  # amd/mono_decode.py MonoDecodeLayer._create: TP sizes it accepts
+    max_rows: int  # amd/mono_decode.py: a step takes the kernels at 1..max_rows rows
+    k2_reads_index: bool = True  # amd/mono/runner.py kernels(): K2 built with index=False when not
+    # how a DSpark draft layer runs: "whole" (K1 + K2 on the draft's runner),
+    # "ffn" (FFN launch on the target's runner), None (not on the mono path)
+    draft_layers: str | None = "whole"
+    runner_flag: bool = False  # amd/mono/runner.py GFX942: the runner module's own flag for this arch
+
+
+@dataclass(frozen=True)
+class Release:
+    version: str
+    mono_fields: tuple  # MonoBuild's dataclass fields (amd/mono/layer.py)
+    arches: dict  # arch -> Deploy: the arches the release's mono path runs on
+    # kernel name parameters per kind (attention/device.py kernel_symbol(stem,
+    # **params)), in order; "?name" only where the field differs from its default
+    symbol_params: dict
+    # compress ratios whose layers run whole (K1 + K2); any other layer takes
+    # the FFN launch (amd/mono_decode.py MonoDecodeLayer._create)
+    whole_ratios: tuple = (0, 1, 2)
+    max_tokens: int = 48  # amd/mono/layer.py MAX_TOKENS
+    source: str = ""
+    notes: tuple = field(default_factory=tuple)
+
+    def reads(self, name: str) -> bool:
+        """Whether this release's MonoBuild has field ``name``."""
+        return name in self.mono_fields
+
+    def deploy(self, arch: str) -> Deploy:
+        try:
+            return self.arches[arch]
+        except KeyError:
+            raise UnknownArchError(
+                f"vLLM {self.version}'s mono path does not run on {arch} (it runs on {', '.join(self.arches)})",
+                fix=f"pick one of those arches for vLLM {self.version}, or another vLLM release",
+            ) from None
+
+    @property
+    def folder(self) -> str:
+        """The release's folder in an arch folder of a prebuilt directory."""
+        return f"vllm-{self.version}"
+
+
+RELEASES: dict[str, Release] = {r.version: r for r in (
+    Release(
+        "0.33.0",
+        mono_fields=ALL_FIELDS,
+        arches={
+            # amd/mono_decode.py CDNA_VERSIONS = (3, 4): TP 2 or 4, MAX_ROWS = 48;
+            # the draft runs whole layers on its own runner
+            "gfx950": Deploy(tp_sizes=(2, 4), max_rows=48),
+            # amd/mono_decode.py: "gfx942 builds for tensor parallel size 4 only",
+            # MAX_ROWS_GFX942 = 42, "On gfx942 the DSpark draft layers take the FFN
+            # launch"; amd/mono/runner.py: "k2 = replace(b, index=False) if GFX942"
+            "gfx942": Deploy(tp_sizes=(4,), max_rows=42, k2_reads_index=False, draft_layers="ffn", runner_flag=True),
+        },
+        symbol_params={
+            "k1": ("s", "tp", "r", "tl", "f", "i", "?e", "?k", "?g", "?w"),
+            "k2": ("s", "tp", "r", "tl", "i", "?e", "?k", "?g", "?w"),
+            "ffn": ("s", "tp", "tl", "?e"),
+        },
+        source="amd/mono/layer.py, amd/mono/runner.py, amd/mono_decode.py",
+    ),
+    Release(
+        "0.32.0",
+        # amd/mono/layer.py: MonoBuild(tokens, tp, ratio, timeline=False)
+        mono_fields=("tokens", "tp", "ratio", "timeline"),
+        # amd/mono_decode.py CDNA_VERSIONS = (4,); "needs tensor parallel size
+        # 2 or 4"; MAX_ROWS = 48; a draft layer is refused ("draft layer")
+        arches={"gfx950": Deploy(tp_sizes=(2, 4), max_rows=48, draft_layers=None)},
+        # amd/mono/layer.py: kernel_symbol("dsv41_mono_k1", s=, tp=, r=, tl=),
+        # the same for k2, kernel_symbol("dsv41_mono_ffn", s=, tp=)
+        symbol_params={"k1": ("s", "tp", "r", "tl"), "k2": ("s", "tp", "r", "tl"), "ffn": ("s", "tp")},
+        # amd/mono_decode.py: a layer runs whole with compress ratio 1 or 2 and no
+        # compressor / indexer / Engram; any other mono layer takes ffn_kernel(tokens)
+        whole_ratios=(1, 2),
+        source="amd/mono/layer.py, amd/mono/runner.py, amd/mono_decode.py",
+    ),
+)}
+
+def version_order(version: str) -> tuple:
+    """Sort key of a release version string (newest last)."""
+    return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))
+
+
+NEWEST = max(RELEASES, key=version_order)  # a key named without its release is one of this release
+
+
+def release_facts(version: str) -> Release:
+    """The facts of vLLM ``version``; a KeyFormatError naming the known releases otherwise."""
+    try:
+        return RELEASES[version]
+    except (KeyError, TypeError):
+        raise KeyFormatError(
+            f"unknown vLLM release {version!r} (dsv41-aot knows {', '.join(RELEASES)})",
+            fix="pick one of those, or add the release to dsv41_aot/facts/releases.py and build_matrix.yaml",
+        ) from None
+
