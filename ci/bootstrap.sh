@@ -2,7 +2,9 @@
 # Set up everything dsv41-aot builds and tests with, idempotently:
 # Debian's LLVM linker and strip (FlyDSL links GPU code objects with ld.lld),
 # libamdhip64 to link and dlopen against, a venv with the pinned build
-# toolchain, and vLLM 0.33.0 (--no-deps: only its kernel source is used).
+# toolchain, vLLM 0.33.0 (--no-deps: only its kernel source is used), and
+# vLLM 0.32.0's kernel source in the tree cache (dsv41-aot fetch-vllm: its
+# wheel, of which only the model folder is unpacked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,5 +22,6 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[build,test]" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "vllm==0.33.0" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/dsv41-aot fetch-vllm 0.32.0 >/dev/null
 .venv/bin/python -c "import flydsl, yaml, tqdm, pytest, vllm" 
 echo "bootstrap: ok ($(.venv/bin/python -c 'import flydsl; print("flydsl", flydsl.__version__)'))"

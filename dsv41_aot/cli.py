@@ -30,17 +30,24 @@ def _selected_keys(args) -> list:
 
     m = matrix.load(args.matrix)
     if args.key:
-        keys = [BuildKey.parse(k) for k in args.key]
+        keys = [BuildKey.parse(k, args.release or m.newest) for k in args.key]
         universe = set(m.all_keys())
         for k in keys:
             if k not in universe and not args.any_key:
                 near = neighbours(k, universe)
                 raise AotError(
-                    f"{k} is not a key {m.path} builds ({m._why_not(k)}); nearest it builds: {', '.join(near) or 'none'}",
-                    fix="pick a key from: dsv41-aot build --list --profile full  (or pass --any-key to build it anyway)",
+                    f"{k.describe()} is not a key {m.path} builds ({m._why_not(k)}); nearest it builds: "
+                    f"{', '.join(near) or 'none'}",
+                    fix=f"pick a key from: dsv41-aot build --list --profile full --release {k.release}  "
+                        f"(or pass --any-key to build it anyway)",
                 )
     else:
         keys = m.select(args.profile)
+        if args.release:
+            keys = [k for k in keys if k.release == args.release]
+            if not keys:
+                raise AotError(f"profile {args.profile or m.default_profile!r} selects no vLLM {args.release} key",
+                               fix=f"drop --release, or pick another profile (releases: {', '.join(m.releases)})")
     if args.arch:
         from .build import toolchain
 
@@ -61,15 +68,15 @@ def cmd_build(args) -> int:
     keys = _selected_keys(args)
     if args.list:
         if args.json:
-            print_json(tally(len(keys), len(keys), [], entries=[str(k) for k in keys]))
+            print_json(tally(len(keys), len(keys), [], entries=[{"key": str(k), "release": k.release} for k in keys]))
         else:
             for k in keys:
-                print(k)
+                print(f"{k.release:8} {k}")
         return 0
     from .build import builder
 
     summary = builder.build(
-        keys, Path(args.out), jobs=args.jobs, key_timeout=args.key_timeout, vllm_src=args.vllm_src,
+        keys, Path(args.out), jobs=args.jobs, key_timeout=args.key_timeout, vllm_src=args.vllm_src or (),
         progress=not args.no_progress, link=not args.no_link,
     )
     if args.json:
@@ -85,28 +92,44 @@ def cmd_build(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from .manifest import Manifest, arch_dirs
+    from .manifest import Manifest, rooms
 
     root = Path(args.dir)
     entries = []
-    dirs = arch_dirs(root)
-    if not dirs:
-        raise AotError(f"{root} holds no prebuilt architecture (no <arch>/manifest.json)", fix=f"dsv41-aot build --out {root}")
+    found = rooms(root, args.release)
+    if not found:
+        what = f"vLLM {args.release} kernels" if args.release else "prebuilt kernels"
+        raise AotError(f"{root} holds no {what} (no <arch>/vllm-<release>/manifest.json)",
+                       fix=f"dsv41-aot build --out {root}")
     timings = {}
-    for d in dirs:
-        m = Manifest.read(d)
-        timings.update(m.timings)
+    for d, release in found:
+        m = Manifest.read(d, release=release)
         for key in sorted(m.entries):
-            entries.append(dict(m.entries[key], abi=m.abi(key)))
+            timings[(release, key)] = m.timings.get(key)
+            entries.append(dict(m.entries[key], release=release, abi=m.abi(key)))
     if args.json:
         print_json(tally(len(entries), len(entries), [], dir=str(root.resolve()), entries=entries))
         return 0
-    print(f"{'key':44} {'bytes':>8} {'code obj':>8} {'compile s':>9}  symbol")
+    print(f"{'release':8} {'key':44} {'bytes':>8} {'code obj':>8} {'compile s':>9}  symbol")
     for e in entries:
-        secs = timings.get(e["key"])
+        secs = timings.get((e["release"], e["key"]))
         secs = f"{secs:9.2f}" if secs is not None else f"{'-':>9}"
-        print(f"{e['key']:44} {e['bytes']:8d} {e['code_object_bytes']:8d} {secs}  {e['symbol']}")
+        print(f"{e['release']:8} {e['key']:44} {e['bytes']:8d} {e['code_object_bytes']:8d} {secs}  {e['symbol']}")
     print(f"{len(entries)} symbols in {root}")
+    return 0
+
+
+def cmd_fetch_vllm(args) -> int:
+    from . import source
+    from .facts.releases import release_facts
+
+    release_facts(args.release)
+    src = source.fetch(args.release, Path(args.dest) if args.dest else None,
+                       log=lambda m: print(m, file=sys.stderr))
+    if args.json:
+        print_json(tally(1, 1, [], release=args.release, tree=str(src.root), mono_sources=src.digest))
+    else:
+        print(f"vLLM {src.version} at {src.root}: mono sources {src.digest}")
     return 0
 
 
@@ -125,7 +148,11 @@ def _add_build(sub) -> None:
     p.add_argument("--seconds", nargs="+", default=[], metavar="TIMINGS",
                    help="with --shard: <arch>/timings.json files (or manifest.json / arch folders beside them) "
                         "whose recorded compile seconds balance the shards")
-    p.add_argument("--vllm-src", help="a vLLM checkout (folder holding vllm/) instead of the installed vllm")
+    p.add_argument("--release", help="only keys of this vLLM release; with --key: the release the keys name "
+                                     "launches of (default: the matrix's newest)")
+    p.add_argument("--vllm-src", action="append", metavar="PATH",
+                   help="a vLLM tree (folder holding vllm/) to build its release's keys from (repeatable: one "
+                        "a release); default: the installed vllm, then the tree cache (dsv41-aot fetch-vllm)")
     p.add_argument("--list", action="store_true", help="print the selected keys and exit")
     p.add_argument("--json", action="store_true", help="print one JSON summary at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -134,8 +161,17 @@ def _add_build(sub) -> None:
 
     p = sub.add_parser("list", help="what a prebuilt directory holds")
     p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
-    p.add_argument("--json", action="store_true", help="one JSON array of manifest entries")
+    p.add_argument("--release", help="only this vLLM release's keys")
+    p.add_argument("--json", action="store_true", help="one JSON document: its entries carry their release")
     p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("fetch-vllm", help="fetch a vLLM release's kernel source (its wheel, unpacked in part) "
+                                          "to build that release's keys")
+    p.add_argument("release", help="vLLM release, e.g. 0.32.0")
+    p.add_argument("--dest", help="folder to unpack into (default: the tree cache, $DSV41_AOT_VLLM_TREES "
+                                  "or ~/.cache/dsv41-aot/vllm/<release>)")
+    p.add_argument("--json", action="store_true", help="one JSON document")
+    p.set_defaults(func=cmd_fetch_vllm)
 
 
 def parser() -> argparse.ArgumentParser:

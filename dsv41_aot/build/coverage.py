@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..errors import AotError
 from ..facts.arches import ARCHES, arch_facts
+from ..facts.releases import RELEASES
 from ..keys import RATIOS, BuildKey
 from ..manifest import LIB, LIBS_JSON, MANIFEST, Manifest, prebuilt_dir
 
@@ -242,10 +243,11 @@ def _parse_draft(text: str | None, routing: dict) -> tuple | None:
 def register(sub) -> None:
     p = sub.add_parser("coverage", help="the keys vLLM can ask for on a deployment, checked against prebuilt kernels")
     p.add_argument("--arch", required=True, help=" or ".join(f"{a.name} ({a.products})" for a in ARCHES.values()))
-    p.add_argument("--tp", type=int, required=True, help="tensor parallel size (" + "; ".join(
-        f"{a.name}: {' or '.join(map(str, a.tp_sizes))}" for a in ARCHES.values()) + ")")
+    p.add_argument("--tp", type=int, required=True, help="tensor parallel size (vLLM's mono path: " + "; ".join(
+        f"{rel.version} {arch}: {' or '.join(map(str, d.tp_sizes))}"
+        for rel in RELEASES.values() for arch, d in rel.arches.items()) + ")")
     p.add_argument("--max-rows", type=int, help="largest decode step in rows (default and cap: " + ", ".join(
-        f"{a.name} {a.max_rows}" for a in ARCHES.values()) + ")")
+        f"{rel.version} {arch} {d.max_rows}" for rel in RELEASES.values() for arch, d in rel.arches.items()) + ")")
     p.add_argument("--draft", help="the DSpark draft's experts,topk,swa_width (e.g. 128,3,192) or a matrix "
                                    "routing preset name (dspark); omit without a draft")
     src = p.add_mutually_exclusive_group()
