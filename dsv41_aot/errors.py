@@ -83,6 +83,11 @@ class SourceMismatchError(LoadError):
     built from."""
 
 
+class ReleaseMismatchError(SourceMismatchError):
+    """No prebuilt room serves the running vLLM release (its mono sources
+    digest is none of the rooms')."""
+
+
 class IntegrityError(LoadError):
     """A stored object whose sha256 differs from the manifest's."""
 

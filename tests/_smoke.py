@@ -15,13 +15,31 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from dsv41_aot.build import matrix  # noqa: E402
+from dsv41_aot.facts.releases import NEWEST  # noqa: E402
+from dsv41_aot.manifest import LIB, room_dir  # noqa: E402
 
-# the smoke profile's keys, from build_matrix.yaml (what every smoke build holds)
-SMOKE_KEYS = sorted(str(k) for k in matrix.load().select("smoke"))
+# the smoke profile's keys, from build_matrix.yaml (what every smoke build
+# holds): SMOKE_KEYS are the newest release's (the key strings of its rooms),
+# SMOKE_RELEASE_KEYS every release's
+SMOKE_RELEASE_KEYS: dict = {}
+for _k in matrix.load().select("smoke"):
+    SMOKE_RELEASE_KEYS.setdefault(_k.release, []).append(str(_k))
+SMOKE_KEYS = sorted(SMOKE_RELEASE_KEYS[NEWEST])
+OLD = min(SMOKE_RELEASE_KEYS)  # the older release the smoke profile holds (0.32.0)
 
 
-def smoke_count(arch: str | None = None) -> int:
-    return sum(1 for k in SMOKE_KEYS if arch is None or f"@{arch}:" in k)
+def smoke_count(arch: str | None = None, release: str = NEWEST) -> int:
+    return sum(1 for k in SMOKE_RELEASE_KEYS[release] if arch is None or f"@{arch}:" in k)
+
+
+def room(root: Path, arch: str, release: str = NEWEST) -> Path:
+    """A room of a prebuilt dir: <root>/<arch>/vllm-<release> (manifest.json, libs.json)."""
+    return room_dir(Path(root) / arch, release)
+
+
+def libdir(root: Path, arch: str) -> Path:
+    """An arch's band folder (shared by its releases): <root>/<arch>/lib."""
+    return Path(root) / arch / LIB
 BIN = Path(sys.executable).parent / "dsv41-aot"
 
 

@@ -13,8 +13,11 @@ ug_groups, swa_width; vLLM's main-model runner at TP 4 by default, a DSpark
 draft runner is ``{"experts": .., "topk": .., "ug_groups": 1, "swa_width": ..}``).
 OPTIONS: ``install_arch`` passed to install() as arch=; ``entry: "register"`` enables through
 the vLLM entry point (DSV41_AOT_* environment) instead of install();
-``runner_without: NAME`` loads a vLLM runner whose DSV41MonoLayer lacks that
-method (a vLLM the plugin does not fit), so the plugin's patch fails.
+``runner_without: NAME`` loads a vLLM runner module that lacks that build
+function (a vLLM the plugin does not fit), so the plugin's patch fails;
+``vllm_src: DIR`` imports the runner of the vLLM tree at DIR (another
+release, e.g. 0.32.0's from the tree cache: its calls are that release's,
+["kernels", tokens, ratio] / ["ffn", tokens]).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import logging
 import os
 import sys
 import warnings
+from pathlib import Path
 
 warnings.simplefilter("ignore")
 
@@ -97,7 +101,7 @@ class _Records(logging.Handler):
 
 
 class _WithoutMethod(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Loads vLLM's real runner.py, then takes one method off DSV41MonoLayer:
+    """Loads vLLM's real runner.py, then takes one build function off it:
     the runner of a vLLM the plugin was not written for."""
 
     def __init__(self, fullname: str, method: str):
@@ -116,7 +120,7 @@ class _WithoutMethod(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         self.inner.exec_module(module)
-        delattr(module.DSV41MonoLayer, self.method)
+        delattr(module, self.method)
 
 
 def mapped(prefix: str) -> list[str]:
@@ -136,7 +140,7 @@ def main(prebuilt: str, mode: str, order: str, calls: list, options: dict) -> di
     from dsv41_aot.errors import AotError
 
     compat.install_aiter_shim()
-    src = source.find()
+    src = source.MonoSource(Path(options["vllm_src"]).resolve()) if options.get("vllm_src") else source.find()
     out: dict = {"order": order}
 
     def install():
@@ -170,7 +174,7 @@ def main(prebuilt: str, mode: str, order: str, calls: list, options: dict) -> di
         mod = import_runner()
     else:
         mod = import_runner()
-        out["before_install"] = {"patched": getattr(getattr(mod.DSV41MonoLayer, "kernels", None), "__dsv41_aot__", False)}
+        out["before_install"] = {"patched": getattr(getattr(mod, "build_mono_k1", None), "__dsv41_aot__", False)}
         try:
             install()
             if options.get("entry") != "register":
@@ -184,7 +188,7 @@ def main(prebuilt: str, mode: str, order: str, calls: list, options: dict) -> di
         out["installed"] = plugin.installed()
         return out
     out["gfx942"] = bool(getattr(mod, "GFX942", False))
-    out["patched"] = bool(getattr(getattr(mod.DSV41MonoLayer, "kernels", None), "__dsv41_aot__", False))
+    out["patched"] = bool(getattr(getattr(mod, "build_mono_k1", None), "__dsv41_aot__", False))
     runners = Runners(mod)
     results = []
     for call in calls:
@@ -214,7 +218,7 @@ def main(prebuilt: str, mode: str, order: str, calls: list, options: dict) -> di
     out["installed"] = plugin.installed()
     # vLLM's own launchers for the same calls: the original methods on fresh runners
     plugin.uninstall()
-    out["uninstalled"] = not getattr(getattr(mod.DSV41MonoLayer, "kernels", None), "__dsv41_aot__", False)
+    out["uninstalled"] = not getattr(getattr(mod, "build_mono_k1", None), "__dsv41_aot__", False)
     fresh = Runners(mod)
     jit = []
     for call in calls:

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import REPO, cli, copy_of, smoke_count, smoke_dir
+from _smoke import OLD, REPO, cli, copy_of, libdir, room, smoke_count, smoke_dir
 from dsv41_aot.build import elf
 from dsv41_aot import vllm as plugin
 from dsv41_aot.keys import BuildKey
+from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.manifest import Manifest
 
 PROBE = REPO / "tests" / "_vllm_probe.py"
@@ -44,10 +45,10 @@ def probe(arch: str, prebuilt: Path, mode: str, order: str, calls: list, **optio
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def code_object_symbols(prebuilt: Path, key: str) -> set:
+def code_object_symbols(prebuilt: Path, key: str, release: str = NEWEST) -> set:
     """The symbols of the GPU code object inside a key's stored export object."""
-    bk = BuildKey.parse(key)
-    man = Manifest.read(prebuilt / bk.arch, bk.arch)
+    bk = BuildKey.parse(key, release)
+    man = Manifest.read(prebuilt / bk.arch, bk.arch, release=release)
     _, code = elf.exported_parts(man.object_path(key).read_bytes(), bk.entry)
     return {s.name for s in elf.Elf(code).symbols()}
 
@@ -79,9 +80,68 @@ def test_gfx950_runner_gets_the_prebuilt_launchers_vllm_would_compile(smoke):
     assert out["memo_keys"] == ["(4, 'ffn', 384, 6)", "(4, 1, True, False)"]
     # strict: a key that is not prebuilt raises, naming it and the build command
     assert missing["error"] == "KeyNotPrebuiltError"
-    assert "k1@gfx950:s=5,tp=4,r=1" in missing["message"] and "dsv41-aot build --key" in missing["message"]
+    assert "k1@gfx950:s=5,tp=4,r=1" in missing["message"] and "dsv41-aot build --release 0.33.0 --key" in missing["message"]
     assert out["installed"]["served_jit"] == 0
     assert out["uninstalled"]
+
+
+def old_tree() -> str:
+    """vLLM 0.32.0's kernel source: the tree cache ci/bootstrap.sh fills
+    (``dsv41-aot fetch-vllm 0.32.0``: the release's own wheel, unpacked in part)."""
+    from dsv41_aot import source
+    from dsv41_aot.build import matrix
+
+    return str(source.find_release(OLD, matrix.load().releases[OLD].mono_sources).root)
+
+
+def bands_of(prebuilt: Path, arch: str, release: str) -> set:
+    return {lib["file"] for lib in json.loads((room(prebuilt, arch, release) / "libs.json").read_text())["libraries"]}
+
+
+@pytest.mark.slow
+def test_vllm_0_32_runner_is_served_its_own_release_and_never_0_33s(smoke):
+    """vLLM 0.32.0's own runner module (kernels(tokens, ratio), ffn_kernel(tokens),
+    MonoBuild(tokens, tp, ratio, timeline)), patched: its release is told by its
+    mono sources digest, and each launcher comes from the 0.32.0 room."""
+    calls = [["kernels", 4, 1], ["ffn", 4], ["kernels", 4, 2]]
+    out = probe("gfx950", smoke, "strict", "hook", calls, vllm_src=old_tree(), install_arch="gfx950")
+    assert out["patched"] and not out["gfx942"]
+    layer, ffn, missing = out["results"]
+    vllm_layer, vllm_ffn, _ = out["vllm"]
+    old, new = bands_of(smoke, "gfx950", OLD), bands_of(smoke, "gfx950", NEWEST)
+    for kind, got, jit in (("k1", layer["k1"], vllm_layer["k1"]), ("k2", layer["k2"], vllm_layer["k2"]),
+                           ("ffn", ffn["ffn"], vllm_ffn["ffn"])):
+        key = f"{kind}@gfx950:s=4,tp=4,r={0 if kind == 'ffn' else 1}"
+        assert got["origin"] == "aot" and got["key"] == key
+        # 0.32.0 names its kernels without fold / index / experts: the name its JIT gives, in 0.32.0's code object
+        assert got["kernel_name"] == jit == BuildKey.parse(key, OLD).kernel_symbol
+        assert got["kernel_name"] != BuildKey.parse(key).kernel_symbol
+        assert got["kernel_name"] in code_object_symbols(smoke, key, OLD)
+        # a band of the 0.32.0 room that the 0.33.0 room does not name: 0.33.0's objects differ
+        band = Path(got["library"]).name
+        assert band in old and band not in new
+    assert layer["memo"] and ffn["memo"] and out["memo_keys"] == ["(4, 'ffn')", "(4, 1)"]
+    # strict: a 0.32.0 key not prebuilt is named with its release and the command that builds it
+    assert missing["error"] == "KeyNotPrebuiltError"
+    assert f"k1@gfx950:s=4,tp=4,r=2 is not prebuilt for vLLM {OLD}" in missing["message"]
+    assert f"--release {OLD}" in missing["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_a_release_the_install_does_not_hold_is_jit_with_one_line_or_an_error(smoke, tmp_path):
+    d = copy_of(smoke, tmp_path / "pb")
+    shutil.rmtree(room(d, "gfx950", OLD))
+    calls = [["kernels", 4, 1], ["ffn", 4]]
+    out = probe("gfx950", d, "fallback", "hook", calls, vllm_src=old_tree(), install_arch="gfx950")
+    layer, ffn = out["results"]
+    # the 0.33.0 room holds the same key strings: none of them serves the 0.32.0 runner
+    assert layer["k1"]["origin"] == layer["k2"]["origin"] == ffn["ffn"]["origin"] == "jit"
+    assert layer["k1"]["kernel_name"] == out["vllm"][0]["k1"] == BuildKey.parse("k1@gfx950:s=4,tp=4,r=1", OLD).kernel_symbol
+    (line,) = out["warnings"]
+    assert "ReleaseMismatchError" in line and "matches no prebuilt release" in line and f"vLLM {NEWEST}" in line
+    out = probe("gfx950", d, "strict", "hook", calls[:1], vllm_src=old_tree(), install_arch="gfx950")
+    assert out["results"][0]["error"] == "ReleaseMismatchError"
 
 
 @pytest.mark.slow
@@ -102,7 +162,7 @@ def test_gfx942_k2_is_the_one_built_without_index_and_fallback_jits_the_rest(smo
     assert ffn["ffn"]["origin"] == "aot" and ffn["ffn"]["key"] == "ffn@gfx942:s=4,tp=4,r=0"
     # one warning a missing key, though a second runner asked again
     warned = sorted(w.split(" not served")[0].removeprefix("dsv41-aot: ") for w in out["warnings"])
-    assert warned == ["ffn@gfx942:s=4,tp=4,r=0,e=128,k=3", "k1@gfx942:s=4,tp=4,r=1,i=1"]
+    assert warned == ["ffn@gfx942:s=4,tp=4,r=0,e=128,k=3 (vLLM 0.33.0)", "k1@gfx942:s=4,tp=4,r=1,i=1 (vLLM 0.33.0)"]
 
 
 @pytest.mark.slow
@@ -196,9 +256,9 @@ def test_the_variant_k1_objects_are_what_vllms_jit_compiles(variants):
 
 def library_of(prebuilt: Path, key: str) -> Path:
     arch = BuildKey.parse(key).arch
-    libs = json.loads((prebuilt / arch / "lib" / "libs.json").read_text())["libraries"]
+    libs = json.loads((room(prebuilt, arch) / "libs.json").read_text())["libraries"]
     (lib,) = [lib for lib in libs if key in lib["entries"]]
-    return prebuilt / arch / "lib" / lib["file"]
+    return libdir(prebuilt, arch) / lib["file"]
 
 
 @pytest.fixture
@@ -233,7 +293,8 @@ def test_fallback_jits_the_keys_of_a_corrupt_library_and_serves_the_rest(corrupt
     # the corrupt band was never mapped into the process; the intact one was, at hand-out (from memory)
     assert out["mapped"] == [f"memfd:{good.name[:-len('.xz')]}"]
     # one warning line a key, naming the loader's refusal, though a second runner asked again
-    warned = {w.split(" not served")[0].removeprefix("dsv41-aot: "): w for w in out["warnings"]}
+    warned = {w.split(" not served")[0].removeprefix("dsv41-aot: ").removesuffix(" (vLLM 0.33.0)"): w
+              for w in out["warnings"]}
     assert sorted(warned) == ["ffn@gfx950:s=4,tp=4,r=0", "k1@gfx950:s=4,tp=4,r=1", "k1@gfx950:s=44,tp=4,r=1,i=1",
                               "k2@gfx950:s=4,tp=4,r=1"]
     assert len(out["warnings"]) == 4
@@ -272,9 +333,10 @@ def test_fallback_jits_a_key_it_cannot_derive_an_unknown_arch_and_one_that_disag
     assert bad["k1"]["kernel_name"] == out["vllm"][0]["k1"] and "_r4_" in bad["k1"]["kernel_name"]
     assert bad["k2"]["kernel_name"] == out["vllm"][0]["k2"] and "_r4_" in bad["k2"]["kernel_name"]
     assert good["k1"]["origin"] == good["k2"]["origin"] == "aot"
-    assert sorted(w.split(" not served")[0] for w in out["warnings"]) == [
-        f"dsv41-aot: K{i} of kernels(tokens=4, ratio=4, fold=True, index=False)" for i in (1, 2)]
-    assert all("KeyFormatError" in w and "r=4" in w for w in out["warnings"])
+    # (named by the build call vLLM made: the MonoBuild it passed)
+    assert sorted(w.split("(MonoBuild(")[0] for w in out["warnings"]) == [
+        f"dsv41-aot: build_mono_k{i}" for i in (1, 2)]
+    assert all("ratio=4" in w and "KeyFormatError" in w and "r=4" in w for w in out["warnings"])
     # a runner compiling for gfx950 told it serves gfx942: every key JIT, strict refuses
     calls = [["kernels", 4, 1, True, False], ["ffn", 4, 384, 6]]
     out = probe("gfx950", smoke, "fallback", "hook", calls, install_arch="gfx942")
@@ -298,28 +360,28 @@ def test_fallback_jits_a_key_it_cannot_derive_an_unknown_arch_and_one_that_disag
 @pytest.mark.faults
 @pytest.mark.parametrize("entry", ["install", "register"])
 def test_a_runner_the_plugin_cannot_patch_still_imports_and_nothing_is_left_installed(smoke, entry):
-    """vLLM's runner.py, loaded with its DSV41MonoLayer lacking ffn_kernel (a
+    """vLLM's runner.py, loaded without its build_mono_ffn (a
     vLLM the plugin does not fit): through the meta_path hook the import
     succeeds, vLLM keeps its own methods, the plugin is off, one log line."""
     out = probe("gfx950", smoke, "strict", "hook", [["kernels", 4, 1, True, False]],
-                entry=entry, runner_without="ffn_kernel")
+                entry=entry, runner_without="build_mono_ffn")
     assert out["before_import"]["hooked"]
     assert "import_error" not in out and out["runner_imported"] and not out["patched"]
     assert out["installed"] == {"mode": None, "prebuilt": None, "patched": False, "hooked": False,
                                 "served_aot": 0, "served_jit": 0}  # as in a process never installed
     assert out["results"][0]["k1"]["origin"] == "jit"
     (line,) = out["warnings"]
-    assert "could not patch" in line and "has no ffn_kernel" in line
+    assert "could not patch" in line and "has no build_mono_ffn" in line
     # already imported: install() raises the plugin's error and leaves nothing; register() logs it, no raise
-    out = probe("gfx950", smoke, "strict", "now", [], entry=entry, runner_without="ffn_kernel")
+    out = probe("gfx950", smoke, "strict", "now", [], entry=entry, runner_without="build_mono_ffn")
     assert out["installed"]["mode"] is None and not out["installed"]["hooked"] and not out["patched"]
     if entry == "install":
-        assert out["install_error"].startswith("AotError") and "has no ffn_kernel" in out["install_error"]
+        assert out["install_error"].startswith("AotError") and "has no build_mono_ffn" in out["install_error"]
         assert out["warnings"] == []
     else:
         assert "install_error" not in out
         (line,) = out["warnings"]
-        assert "plugin off: AotError" in line and "has no ffn_kernel" in line
+        assert "plugin off: AotError" in line and "has no build_mono_ffn" in line
 
 
 @pytest.mark.faults
@@ -428,15 +490,20 @@ def test_enabled_names_arch_key_count_and_vllm_digest(smoke, monkeypatch):
 
 @pytest.mark.slow
 def test_digest_mismatch_keeps_vllm_on_jit(smoke, tmp_path, monkeypatch):
+    """The installed vLLM (0.33.0) is told apart by its mono sources digest:
+    a 0.33.0 room built from other sources serves it only when allowed, and
+    the 0.32.0 room never does."""
     d = copy_of(smoke, tmp_path / "pb")
-    path = d / "gfx950" / "manifest.json"
+    path = room(d, "gfx950") / "manifest.json"
     doc = json.loads(path.read_text())
+    doc["mono_sources"] = "0123456789abcdef"
     for e in doc["entries"].values():
         e["source"]["mono_sources"] = "0123456789abcdef"
     path.write_text(json.dumps(doc))
     monkeypatch.setenv("DSV41_AOT_PREBUILT", str(d))
     (ok, why, level), mode = _enable({"DSV41_AOT_ARCH": "gfx950"})
-    assert not ok and "0123456789abcdef" in why and "differs" in why and level == logging.WARNING and mode is None
+    assert not ok and level == logging.WARNING and mode is None
+    assert "matches no prebuilt release" in why and "vLLM 0.33.0 (0123456789abcdef)" in why and f"vLLM {OLD}" in why
     (ok, _, _), mode = _enable({"DSV41_AOT_ARCH": "gfx950", "DSV41_AOT_ALLOW_SOURCE_MISMATCH": "1"})
     assert ok and mode == "strict"
 

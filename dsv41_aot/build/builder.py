@@ -102,19 +102,23 @@ def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:
     return True
 
 
-class _ArchState:
-    """One arch's manifest and pending keys during a build (its lock is held
-    by ``build``). A corrupt manifest is set aside and rebuilt from the
-    stored objects (build/recover.py)."""
+class _RoomState:
+    """One room's manifest and pending keys during a build (its arch's lock
+    is held by ``build``): the keys of one vLLM release on one arch, built
+    from that release's tree (``src``) under its source identity (``ident``).
+    A corrupt manifest is set aside and rebuilt from the stored objects
+    (build/recover.py)."""
 
-    def __init__(self, out: Path, arch: str, ident: dict, summary: Summary, log):
+    def __init__(self, out: Path, arch: str, release: str, src: source.MonoSource, ident: dict,
+                 summary: Summary, log):
         self.dir = out / arch
+        self.arch, self.release, self.src, self.ident = arch, release, src, ident
         try:
-            self.manifest = Manifest.read(self.dir, arch, missing_ok=True)
+            self.manifest = Manifest.read(self.dir, arch, release=release, missing_ok=True)
         except ManifestError as e:
             from .recover import recover
 
-            self.manifest, report = recover(self.dir, arch, ident)
+            self.manifest, report = recover(self.dir, arch, ident, release=release)
             summary.recovered.append(report)
             print(f"dsv41-aot build: {str(e).splitlines()[0]}\n  set aside as {report['set_aside']}; "
                   f"{report['recovered']} entries recovered from {self.dir / 'objects'}"
@@ -130,15 +134,19 @@ def build(
     *,
     jobs: int | None = None,
     key_timeout: float | None = None,
-    vllm_src: str | None = None,
+    vllm_src=(),
+    digests: dict | None = None,
     progress: bool = True,
     link: bool = True,
     log=None,
 ) -> Summary:
     """Build ``keys`` into the prebuilt directory ``out``, then link each
-    arch's objects into its loadable libraries (``link.link_arch``, which
+    room's objects into its loadable libraries (``link.link_room``, which
     keeps up-to-date libraries); returns a summary (failures included: a
-    failed key does not stop the others)."""
+    failed key does not stop the others). Each release's keys are built from
+    that release's vLLM tree (``source.find_release``: one of ``vllm_src``,
+    the installed vLLM or the tree cache), whose mono sources must have the
+    release's digest (``digests``, default build_matrix.yaml's)."""
     t_start = time.perf_counter()
     out = Path(out).resolve()
     jobs = check_jobs(jobs)
@@ -147,21 +155,31 @@ def build(
     # every check before anything is written
     check_out_dir(out)
     tools = toolchain.find()
-    src = source.find(vllm_src)
-    ident = identity(src, tools)
+    if isinstance(vllm_src, (str, os.PathLike)):
+        vllm_src = (vllm_src,)
+    if digests is None:
+        from . import matrix
+
+        digests = {v: e.mono_sources for v, e in matrix.load().releases.items()}
+    trees: dict = {}
+    for release in sorted({k.release for k in keys}):
+        src = source.find_release(release, digests.get(release), vllm_src)
+        trees[release] = (src, identity(src, tools))
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
-        raise AotError(f"key {dup} asked for twice", fix="list each key once")
+        raise AotError(f"key {dup.describe()} asked for twice", fix="list each key once")
 
     summary = Summary(keys=len(keys), jobs=jobs)
     with contextlib.ExitStack() as held:
-        # each arch's lock from its manifest read through its link, taken in
-        # one order so that two builders never wait on each other crosswise
-        states: dict[str, _ArchState] = {}
+        # each arch's lock (its releases share objects and bands) from its
+        # manifests' read through their link, taken in one order so that two
+        # builders never wait on each other crosswise
+        states: dict[str, _RoomState] = {}
         for arch in sorted({k.arch for k in keys}):
             held.enter_context(arch_lock(out / arch, "build", log))
-            states[arch] = _ArchState(out, arch, ident, summary, log)
-        _build_locked(keys, states, ident, tools, src, jobs, key_timeout, summary, progress, link, log)
+        for room, arch, release in sorted({(k.room, k.arch, k.release) for k in keys}):
+            states[room] = _RoomState(out, arch, release, *trees[release], summary, log)
+        _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, log)
     summary.wall_seconds = time.perf_counter() - t_start
     if summary.compiled + summary.up_to_date + summary.failed != summary.keys:
         raise RuntimeError(f"internal error: {summary.keys} keys but {summary.compiled} compiled + {summary.up_to_date} "
@@ -169,15 +187,15 @@ def build(
     return summary
 
 
-def _build_locked(keys, states, ident, tools, src, jobs, key_timeout, summary, progress, link, log) -> None:
+def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, log) -> None:
     for key in keys:
-        st = states[key.arch]
+        st = states[key.room]
         known = st.manifest.refused.get(str(key))
-        if up_to_date(st.manifest, key, ident):
+        if up_to_date(st.manifest, key, st.ident):
             summary.up_to_date += 1
-        elif known is not None and known.get("source") == ident:
+        elif known is not None and known.get("source") == st.ident:
             summary.failed += 1  # refused by this very source: compiling again would refuse again
-            summary.failures.append({"key": str(key), "error": known["error"], "known": True})
+            summary.failures.append({"key": str(key), "release": key.release, "error": known["error"], "known": True})
         else:
             st.pending.append(key)
     todo = sum(len(s.pending) for s in states.values())
@@ -189,7 +207,7 @@ def _build_locked(keys, states, ident, tools, src, jobs, key_timeout, summary, p
         bar = tqdm(total=todo, desc="dsv41-aot build", unit="sym", file=sys.stderr, dynamic_ncols=True)
     try:
         if todo:
-            _run(states, ident, tools, src, jobs, key_timeout, summary, bar)
+            _run(states, tools, jobs, key_timeout, summary, bar)
     finally:
         for st in states.values():
             if st.dirty:
@@ -200,31 +218,34 @@ def _build_locked(keys, states, ident, tools, src, jobs, key_timeout, summary, p
         if bar is not None:
             bar.close()
     for key in keys:  # compiled or up to date: a failed key's entry is gone
-        e = states[key.arch].manifest.entries.get(str(key))
+        e = states[key.room].manifest.entries.get(str(key))
         notes = spill_notes(e["resources"]) if e and e.get("resources") else []
         if notes:
             summary.spills.append(str(key))
-            print(f"warning: {key} {'; '.join(notes)}", file=log)
+            print(f"warning: {key.describe()} {'; '.join(notes)}", file=log)
     if link:
-        from .link import link_arch
+        from .link import link_room
 
         for st in states.values():
             if st.manifest.entries:
-                summary.libraries += link_arch(st.dir)["libraries"]
+                summary.libraries += link_room(st.dir, st.release)["libraries"]
 
 
-def _run(states, ident, tools, src, jobs, key_timeout, summary, bar) -> None:
-    """Compile every pending key on the worker pool, recording each answer in
-    its arch's manifest (flushed at least once a second)."""
+def _run(states, tools, jobs, key_timeout, summary, bar) -> None:
+    """Compile every pending key on the worker pool (a worker a room: one
+    ARCH, one vLLM tree), recording each answer in its room's manifest
+    (flushed at least once a second)."""
     from .workers import Pool
 
-    def spawn(arch: str, folder: Path):
-        env = worker_env(arch, str(tools.rocm_path), str(folder / "flydsl"))
-        argv = [sys.executable, "-m", "dsv41_aot.build.worker", arch, str(src.root), str(states[arch].dir),
+    def spawn(room: str, folder: Path):
+        st = states[room]
+        env = worker_env(st.arch, str(tools.rocm_path), str(folder / "flydsl"))
+        argv = [sys.executable, "-m", "dsv41_aot.build.worker", st.arch, st.release, str(st.src.root), str(st.dir),
                 str(tools.strip), tools.lld_version]
         return argv, env
 
-    def accept(arch: str, ready: dict) -> str | None:
+    def accept(room: str, ready: dict) -> str | None:
+        ident = states[room].ident
         if ready.get("identity") != ident:
             return f"compile worker's source identity {ready.get('identity')} differs from {ident}"
         return None
@@ -232,21 +253,21 @@ def _run(states, ident, tools, src, jobs, key_timeout, summary, bar) -> None:
     def fail(key: BuildKey, error: str, deterministic: bool = False) -> None:
         """Report a failed key; a refusal by the kernel source (not a crash,
         a timeout or a worker that could not start) is remembered for this source."""
-        st = states[key.arch]
+        st = states[key.room]
         summary.failed += 1
-        summary.failures.append({"key": str(key), "error": error})
+        summary.failures.append({"key": str(key), "release": key.release, "error": error})
         st.manifest.entries.pop(str(key), None)  # its entry no longer says what this source builds
         if deterministic:
-            st.manifest.refused[str(key)] = {"error": error, "source": ident}
+            st.manifest.refused[str(key)] = {"error": error, "source": st.ident}
         st.dirty = True
         if bar is not None:
-            bar.write(f"FAILED {key}: {error}", file=sys.stderr)  # stdout is --json's
+            bar.write(f"FAILED {key.describe()}: {error}", file=sys.stderr)  # stdout is --json's
             bar.update(1)
         else:
-            print(f"FAILED {key}: {error}", file=sys.stderr)
+            print(f"FAILED {key.describe()}: {error}", file=sys.stderr)
 
     def on_answer(key: BuildKey, msg: dict) -> None:
-        st = states[key.arch]
+        st = states[key.room]
         if msg["ok"]:
             st.manifest.put(msg["entry"], msg["abi"], seconds=msg["seconds"])
             st.manifest.refused.pop(str(key), None)

@@ -65,7 +65,7 @@ def abi_of(meta: dict) -> list:
 class ArchCompiler:
     """Compiles keys of one architecture; lives for a worker's lifetime."""
 
-    def __init__(self, arch: str, vllm_root: str, arch_dir: str, strip: str, linker: str):
+    def __init__(self, arch: str, vllm_root: str, arch_dir: str, strip: str, linker: str, release: str | None = None):
         if os.environ.get("ARCH") != arch:
             raise RuntimeError(f"worker for {arch} started with ARCH={os.environ.get('ARCH')!r}")
         from .. import source
@@ -73,10 +73,11 @@ class ArchCompiler:
 
         self.arch = arch
         self.arch_dir = Path(arch_dir)
+        self.src = source.MonoSource(root=Path(vllm_root))
+        self.release = release or self.src.version
         self.before_write = lambda: None  # the worker's parent check (worker.ensure_parent)
         self.strip = strip
         self.helpers = compat.install_aiter_shim()
-        self.src = source.MonoSource(root=Path(vllm_root))
         self.layer = source.import_mono(self.src, "layer")
         from importlib import import_module
 
@@ -100,8 +101,8 @@ class ArchCompiler:
         """Compile ``key``, store its stripped export object, and return its
         manifest entry and ABI. The entry holds nothing measured (same inputs,
         same bytes): the worker protocol reports the seconds beside it."""
-        if key.arch != self.arch:
-            raise CompileError(f"{key}: sent to the {self.arch} worker")
+        if key.arch != self.arch or key.release != self.release:
+            raise CompileError(f"{key.describe()}: sent to the {self.arch} worker of vLLM {self.release}")
         launcher = self.launcher(key)
         args = typed_args(launcher)
         launcher._compile_or_execute(args, {}, execute=False)

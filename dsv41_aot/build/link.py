@@ -1,11 +1,18 @@
-"""Link one architecture's stored export objects into loadable libraries.
+"""Link one room's stored export objects (the keys of one vLLM release on one
+arch) into loadable libraries.
 
-What the runtime opens is a handful of shared libraries per arch, not one per
+What the runtime opens is a handful of shared libraries per room, not one per
 key (hundreds of dlopens) and not one per arch (a deployment would map and
 verify every width of every TP). A library holds one *chunk*: the keys of one
 TP and one band of eight step widths (``libdsv41_gfx950_tp4_s09-16``), so a
 deployment opens only its TP's chunks, a chunk's members do not move when a
 key is added elsewhere, and only changed chunks are relinked.
+
+Bands live in the arch's ``lib/``, shared by its releases: a library's SONAME
+and its band's file name are derived from its content (the keys and the
+objects linked in), so a chunk two releases compile to the same objects is one
+band, stored once, and two different libraries never share a SONAME (glibc
+would hand out the first for the second).
 
 Each library:
 
@@ -22,7 +29,7 @@ Each library:
   xz makes the libraries about 30x smaller. Every prebuilt dir, a build's or
   an installed wheel's, holds only bands, so the loader has one load path.
 
-``<arch>/lib/libs.json`` records each band's file, sha256 and bytes (of the
+The room's ``libs.json`` (``<arch>/vllm-<release>/libs.json``) records each band's file, sha256 and bytes (of the
 compressed file), raw_sha256 and raw_bytes (of the library it decompresses
 to) and the keys it holds with the sha256 of the object each was linked from,
 so the loader verifies both and notices a manifest newer than its link.
@@ -47,7 +54,10 @@ from pathlib import Path
 from .elf import Elf
 from ..errors import AotError, ToolchainError
 from ..keys import BuildKey
-from ..manifest import BAND_SUFFIX, LIB, LIBS_JSON, LIBS_SCHEMA, Manifest, arch_dirs, atomic_write, prebuilt_dir, sha256_file
+from ..manifest import (
+    BAND_SUFFIX, LIB, LIBS_JSON, LIBS_SCHEMA, Manifest, atomic_write, prebuilt_dir, releases_in, room_dir, rooms,
+    sha256_file,
+)
 
 XZ_PRESET = 6  # measured: preset 9, extreme and an x86 BCJ filter gain under 1% on these libraries
 BAND = 8  # step widths per chunk
@@ -120,10 +130,10 @@ def _check_library(data: bytes, path: str, entries: list[str]) -> None:
         raise AotError(f"{path}: entries not exported: {', '.join(lost[:5])}")
 
 
-def read_libs(arch_dir: Path, *, strict: bool = False) -> dict:
-    """libs.json of one arch folder ({} when it was never linked; also when
-    it is malformed, unless ``strict``: a relink then links every chunk)."""
-    path = Path(arch_dir) / LIB / LIBS_JSON
+def read_libs(arch_dir: Path, release: str, *, strict: bool = False) -> dict:
+    """libs.json of one room ({} when it was never linked; also when it is
+    malformed, unless ``strict``: a relink then links every chunk)."""
+    path = room_dir(arch_dir, release) / LIBS_JSON
     try:
         doc = json.loads(path.read_bytes())
     except FileNotFoundError:
@@ -135,18 +145,18 @@ def read_libs(arch_dir: Path, *, strict: bool = False) -> dict:
     return doc if isinstance(doc, dict) or strict else {}
 
 
-def link_arch(arch_dir: Path, *, linker: str | None = None, log=None) -> dict:
-    """Link (or keep, when up to date) every chunk of one arch folder.
-    Returns {"arch", "keys", "libraries", "linked", "up_to_date", "removed", "seconds"}."""
+def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=None) -> dict:
+    """Link (or keep, when up to date) every chunk of one room. Returns
+    {"arch", "release", "keys", "libraries", "linked", "up_to_date", "removed", "seconds"}."""
     t0 = time.perf_counter()
     arch_dir = Path(arch_dir)
-    man = Manifest.read(arch_dir)
+    man = Manifest.read(arch_dir, release=release)
     for key in man.entries:  # refuse a corrupt object before linking it in
         man.check_object(key)
     chunks: dict[str, list[str]] = {}
     for key in sorted(man.entries):
         chunks.setdefault(chunk_name(BuildKey.parse(key)), []).append(key)
-    old = {lib["chunk"]: lib for lib in read_libs(arch_dir).get("libraries", [])}
+    old = {lib["chunk"]: lib for lib in read_libs(arch_dir, release).get("libraries", [])}
     libdir = arch_dir / LIB
     libdir.mkdir(parents=True, exist_ok=True)
     libraries, linked, kept = [], 0, 0
@@ -166,32 +176,51 @@ def link_arch(arch_dir: Path, *, linker: str | None = None, log=None) -> dict:
     doc = {
         "schema": LIBS_SCHEMA,
         "arch": man.arch,
+        "release": release,
         "hip": "undefined in every library; the loader opens the host's libamdhip64 first",
         "libraries": libraries,
     }
-    atomic_write(libdir / LIBS_JSON, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
-    os.chmod(libdir / LIBS_JSON, 0o644)  # installed read-only for every user, like the libraries
-    keep = {lib["file"] for lib in libraries} | {LIBS_JSON}
+    path = man.room / LIBS_JSON
+    atomic_write(path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+    os.chmod(path, 0o644)  # installed read-only for every user, like the libraries
+    removed = _remove_unnamed_bands(arch_dir)
+    return {"arch": man.arch, "release": release, "keys": len(man.entries), "libraries": len(libraries),
+            "linked": linked, "up_to_date": kept, "removed": removed, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _remove_unnamed_bands(arch_dir: Path) -> list[str]:
+    """Remove the bands of ``arch_dir/lib`` no room's libs.json names (none
+    while some room's libs.json cannot be read: its bands are unknown)."""
+    keep = set()
+    for release in releases_in(arch_dir):
+        path = room_dir(arch_dir, release) / LIBS_JSON
+        if not path.is_file():
+            continue
+        try:
+            keep |= {lib["file"] for lib in read_libs(arch_dir, release, strict=True)["libraries"]}
+        except (ValueError, KeyError, TypeError):
+            return []
     removed = []
-    for p in sorted(libdir.iterdir()):
+    for p in sorted((arch_dir / LIB).iterdir()):
         if p.name not in keep and p.name.startswith("libdsv41_") and p.name.endswith((".so", BAND_SUFFIX)):
             p.unlink()
             removed.append(p.name)
-    return {"arch": man.arch, "keys": len(man.entries), "libraries": len(libraries), "linked": linked, "up_to_date": kept,
-            "removed": removed, "seconds": round(time.perf_counter() - t0, 3)}
+    return removed
 
 
 def _link_chunk(arch_dir: Path, chunk: str, keys: list[str], man: Manifest, members: dict, linker: str) -> dict:
     libdir = arch_dir / LIB
     objects = sorted(dict.fromkeys(man.entries[k]["object"] for k in keys))
+    # named by what is linked in: same members, same library (across releases)
+    soname = f"{chunk}.{hashlib.sha256(json.dumps(members, sort_keys=True).encode()).hexdigest()[:12]}.so"
     with tempfile.TemporaryDirectory(dir=libdir, prefix=".link-") as tmp:
         out = Path(tmp) / f"{chunk}.so"
-        cmd = [linker, *LINK_FLAGS, f"-soname={chunk}.so", "-o", str(out), *objects]
+        cmd = [linker, *LINK_FLAGS, f"-soname={soname}", "-o", str(out), *objects]
         r = subprocess.run(cmd, cwd=arch_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if r.returncode:
             raise AotError(
                 f"linking {chunk} ({len(keys)} keys) failed: {(r.stderr or r.stdout).strip()[:2000]}",
-                fix=f"rebuild the objects: dsv41-aot build --arch {man.arch} --out {arch_dir.parent}",
+                fix=f"rebuild the objects: dsv41-aot build --arch {man.arch} --release {man.release} --out {arch_dir.parent}",
             )
         raw = out.read_bytes()
         _check_library(raw, chunk, [man.entries[k]["entry"] for k in keys])
@@ -213,21 +242,21 @@ def compress_band(raw: bytes) -> bytes:
     return lzma.compress(raw, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=XZ_PRESET)
 
 
-def link_dir(root: Path, arches=None, *, log=None) -> list[dict]:
-    """Link every arch folder of a prebuilt directory (or the named arches),
-    each under its arch lock (build/lock.py: waits for a build writing it)."""
+def link_dir(root: Path, arches=None, *, release: str | None = None, log=None) -> list[dict]:
+    """Link every room of a prebuilt directory (or the named arches' / the
+    release's), each under its arch lock (build/lock.py: waits for a build
+    writing it)."""
     from .lock import arch_lock
 
-    dirs = arch_dirs(Path(root))
-    if arches:
-        dirs = [d for d in dirs if d.name in arches]
-    if not dirs:
-        raise AotError(f"no built arch folder (with a manifest.json) under {root}",
+    found = [(d, r) for d, r in rooms(Path(root), release) if not arches or d.name in arches]
+    if not found:
+        raise AotError(f"no built room (<arch>/vllm-<release>/manifest.json) under {root}"
+                       + (f" for vLLM {release}" if release else ""),
                        fix=f"build first: dsv41-aot build --profile smoke --out {root}")
     out = []
-    for d in dirs:
+    for d, r in found:
         with arch_lock(d, "link"):
-            out.append(link_arch(d, log=log))
+            out.append(link_room(d, r, log=log))
     return out
 
 
@@ -239,18 +268,21 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "link",
-        help="link stored objects into per-arch loadable libraries (<dir>/<arch>/lib/)",
-        description="Link each arch's stored export objects into shared libraries, one per TP and band of "
-                    "eight step widths, stored xz-compressed (<arch>/lib/*.so.xz + libs.json); up-to-date bands are kept. No libamdhip64 SONAME is recorded.",
+        help="link stored objects into loadable libraries (<dir>/<arch>/lib/, one libs.json a release)",
+        description="Link each room's (arch and vLLM release) stored export objects into shared libraries, one per "
+                    "TP and band of eight step widths, stored xz-compressed (<arch>/lib/*.so.xz, shared by the "
+                    "arch's releases; <arch>/vllm-<release>/libs.json); up-to-date bands are kept. No "
+                    "libamdhip64 SONAME is recorded.",
     )
     p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
     p.add_argument("--arch", action="append", help="link only this arch (repeatable)")
-    p.add_argument("--json", action="store_true", help="print one JSON array of per-arch summaries")
+    p.add_argument("--release", help="link only this vLLM release's rooms")
+    p.add_argument("--json", action="store_true", help="print one JSON document with per-room summaries")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    out = link_dir(Path(args.dir), args.arch, log=None if args.json else print)
+    out = link_dir(Path(args.dir), args.arch, release=args.release, log=None if args.json else print)
     if args.json:
         from .output import print_json, tally
 
@@ -260,6 +292,6 @@ def run(args) -> int:
                          up_to_date=sum(s["up_to_date"] for s in out)))
     else:
         for s in out:
-            print(f"{s['arch']}: {s['libraries']} libraries ({s['linked']} linked, {s['up_to_date']} up to date) "
+            print(f"{s['arch']} vLLM {s['release']}: {s['libraries']} libraries ({s['linked']} linked, {s['up_to_date']} up to date) "
                   f"in {s['seconds']} s")
     return 0

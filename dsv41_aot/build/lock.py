@@ -52,10 +52,11 @@ def arch_lock(arch_dir: Path, what: str = "build", log=None):
 
 def remove_leftovers(arch_dir: Path) -> list[str]:
     """Remove what killed writers of ``arch_dir`` left behind: atomic_write's
-    ``.<name>.*.tmp`` files (the folder, objects/, lib/) and link's
-    ``lib/.link-*`` folders. Call only holding the arch lock."""
+    ``.<name>.*.tmp`` files (the folder, objects/, lib/, each release's
+    room) and link's ``lib/.link-*`` folders. Call only holding the arch lock."""
     removed = []
-    for folder in (arch_dir, arch_dir / OBJECTS, arch_dir / LIB):
+    rooms = sorted(p for p in arch_dir.glob("vllm-*") if p.is_dir())
+    for folder in (arch_dir, arch_dir / OBJECTS, arch_dir / LIB, *rooms):
         if not folder.is_dir():
             continue
         for p in folder.iterdir():

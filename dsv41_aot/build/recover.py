@@ -1,6 +1,6 @@
-"""Recover an arch folder whose manifest.json is corrupt (truncated, ``{}``,
-another schema): set the file aside, and rebuild the manifest from the
-content-addressed objects it named.
+"""Recover a room whose manifest.json is corrupt (truncated, ``{}``, another
+schema): set the file aside, and rebuild the manifest from the
+content-addressed objects of its arch folder.
 
 Each stored object carries what its entry says: its C entry point names the
 key (``dsv41_<kind>_<arch>_s4_tp4_r1`` is ``<kind>@<arch>:s=4,tp=4,r=1``),
@@ -8,7 +8,11 @@ its export metadata the ABI and arch, its GPU code object the kernel and
 resource figures; the sha256 is its file name. An object is recovered only
 when all of that checks out (``compiler.describe_object``, the same checks a
 fresh compile passes) and it is the only object for its key; anything else
-stays out of the manifest, and the build compiles that key again.
+stays out of the manifest, and the build compiles that key again. The arch's
+objects are shared by its releases: an object another release's manifest
+names is that release's, and an object is the room's release's only when it
+holds the GPU kernel that release names the key's (``kernel_symbol``: the
+releases name their kernels differently).
 
 What an object cannot carry is the source identity it was built from (vLLM
 mono digest, helpers, linker): recovered entries take the identity of the
@@ -25,26 +29,28 @@ import re
 from pathlib import Path
 
 from . import elf
-from ..errors import AotError
+from ..errors import AotError, ManifestError
 from ..keys import BuildKey
-from ..manifest import MANIFEST, OBJECTS, Manifest, read_timings
+from ..manifest import MANIFEST, OBJECTS, Manifest, read_timings, releases_in, room_dir
 
 _ENTRY_RE = re.compile(r"dsv41_([a-z0-9]+)_(gfx[0-9a-f]+)_([a-z]+[0-9]+(?:_[a-z]+[0-9]+)*)")
 
 
-def key_of_entry(entry: str) -> BuildKey:
-    """The key whose C entry point is ``entry`` (the inverse of ``BuildKey.entry``)."""
+def key_of_entry(entry: str, release: str | None = None) -> BuildKey:
+    """The key (of vLLM ``release``, default the newest) whose C entry point
+    is ``entry`` (the inverse of ``BuildKey.entry``)."""
     m = _ENTRY_RE.fullmatch(entry)
     if not m:
         raise AotError(f"{entry!r} is not a dsv41-aot entry point name")
     fields = ",".join(re.sub(r"^([a-z]+)([0-9]+)$", r"\1=\2", part) for part in m[3].split("_"))
-    key = BuildKey.parse(f"{m[1]}@{m[2]}:{fields}")
+    text = f"{m[1]}@{m[2]}:{fields}"
+    key = BuildKey.parse(text, release) if release else BuildKey.parse(text)
     if key.entry != entry:
         raise AotError(f"{entry!r} names {key}, whose entry point is {key.entry}")
     return key
 
 
-def entry_of_object(path: Path, arch: str, identity: dict) -> tuple[dict, list]:
+def entry_of_object(path: Path, arch: str, identity: dict, release: str | None = None) -> tuple[dict, list]:
     """(manifest entry, ABI) re-derived from one stored object, or AotError /
     ElfError / ValueError saying why it cannot be."""
     data = path.read_bytes()
@@ -54,7 +60,7 @@ def entry_of_object(path: Path, arch: str, identity: dict) -> tuple[dict, list]:
     entries = sorted(n[: -len("__metadata")] for n in names if n.startswith("dsv41_") and n.endswith("__metadata"))
     if len(entries) != 1:
         raise AotError(f"{path.name}: exports {len(entries)} dsv41 entry points, expected 1")
-    key = key_of_entry(entries[0])
+    key = key_of_entry(entries[0], release)
     if key.arch != arch:
         raise AotError(f"{path.name}: holds {key}, not a {arch} key")
     meta = json.loads(elf.exported_parts(data, key.entry)[0])
@@ -77,27 +83,39 @@ def set_aside(path: Path) -> Path:
         n += 1
 
 
-def recover(arch_dir: Path, arch: str, identity: dict) -> tuple[Manifest, dict]:
-    """Set ``arch_dir``'s corrupt manifest aside and write one rebuilt from
-    its objects. Returns the manifest and {"arch", "set_aside", "recovered",
-    "skipped": [why, ...]}."""
+def recover(arch_dir: Path, arch: str, identity: dict, release: str | None = None) -> tuple[Manifest, dict]:
+    """Set the corrupt manifest of ``release``'s room in ``arch_dir`` aside
+    and write one rebuilt from the arch's objects. Returns the manifest and
+    {"arch", "release", "set_aside", "recovered", "skipped": [why, ...]}."""
     arch_dir = Path(arch_dir)
-    aside = set_aside(arch_dir / MANIFEST)
+    release = release or identity.get("vllm_version")
+    room = room_dir(arch_dir, release)
+    aside = set_aside(room / MANIFEST)
+    others: set = set()  # objects another release's (readable) manifest names
+    for other in releases_in(arch_dir):
+        if other != release:
+            try:
+                others |= {e["object"] for e in Manifest.read(arch_dir, arch, release=other).entries.values()}
+            except ManifestError:
+                pass
     found: dict = {}
     skipped = []
     objdir = arch_dir / OBJECTS
     for path in sorted(objdir.glob("*.o")) if objdir.is_dir() else []:
+        if f"{OBJECTS}/{path.name}" in others:
+            continue
         try:
-            entry, abi = entry_of_object(path, arch, identity)
+            entry, abi = entry_of_object(path, arch, identity, release)
         except (AotError, elf.ElfError, ValueError, KeyError, OSError) as e:
             skipped.append(f"{path.name}: {str(e).splitlines()[0]}")
             continue
         found.setdefault(entry["key"], []).append((entry, abi))
-    man = Manifest(arch_dir, arch, timings=read_timings(arch_dir))
+    man = Manifest(arch_dir, arch, timings=read_timings(room), release=release)
     for key, cands in sorted(found.items()):
         if len(cands) > 1:
             skipped.append(f"{key}: {len(cands)} objects hold it and none is known to be current")
             continue
         man.put(*cands[0])
     man.write()
-    return man, {"arch": arch, "set_aside": str(aside), "recovered": len(man.entries), "skipped": skipped}
+    return man, {"arch": arch, "release": release, "set_aside": str(aside), "recovered": len(man.entries),
+                 "skipped": skipped}

@@ -1,5 +1,5 @@
 """Per-arch worker processes, and the compile worker:
-``python -m dsv41_aot.build.worker ARCH VLLM_ROOT ARCH_DIR STRIP LINKER``.
+``python -m dsv41_aot.build.worker ARCH RELEASE VLLM_ROOT ARCH_DIR STRIP LINKER``.
 
 A worker is bound to one architecture for its life (the mono package fixes its
 target at import; ``ARCH`` is in its environment before Python starts). It
@@ -61,12 +61,13 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}{where}"
 
 
-def serve(arch: str, start, answer, ready=lambda state: {}) -> int:
+def serve(arch: str, start, answer, ready=lambda state: {}, release: str | None = None) -> int:
     """Run the key protocol. ``start()`` makes the per-arch state; each key
     then gets ``{"ok": true, "key", "seconds", **answer(state, key)}``, or
     ``{"ok": false, "key", "error", "kind", "seconds"}`` when it raises (one
     key's failure never stops the others). The ready line carries
-    ``ready(state)``."""
+    ``ready(state)``. Keys are read as launches of vLLM ``release`` (the
+    release of the tree the worker imports; default the newest)."""
     bind_to_parent()
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints go to stderr
@@ -95,7 +96,7 @@ def serve(arch: str, start, answer, ready=lambda state: {}) -> int:
         print(f"dsv41-aot worker {os.getpid()}: {text}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
-            out = answer(state, BuildKey.parse(text))
+            out = answer(state, BuildKey.parse(text, release) if release else BuildKey.parse(text))
             say({"ok": True, "key": text, "seconds": time.perf_counter() - t0, **out})
         except Exception as e:  # noqa: BLE001 - one key's failure must not stop the others
             traceback.print_exc()
@@ -105,12 +106,12 @@ def serve(arch: str, start, answer, ready=lambda state: {}) -> int:
 
 
 def main(argv: list[str]) -> int:
-    arch, vllm_root, arch_dir, strip, linker = argv
+    arch, release, vllm_root, arch_dir, strip, linker = argv
 
     def start():
         from .compiler import ArchCompiler
 
-        compiler = ArchCompiler(arch, vllm_root, arch_dir, strip, linker)
+        compiler = ArchCompiler(arch, vllm_root, arch_dir, strip, linker, release=release)
         compiler.before_write = ensure_parent
         return compiler
 
@@ -118,7 +119,7 @@ def main(argv: list[str]) -> int:
         entry, abi = compiler.compile(key)
         return {"entry": entry, "abi": abi}
 
-    return serve(arch, start, answer, ready=lambda compiler: {"identity": compiler.identity})
+    return serve(arch, start, answer, ready=lambda compiler: {"identity": compiler.identity}, release=release)
 
 
 if __name__ == "__main__":

@@ -148,7 +148,10 @@ class _Worker:
 
 
 class Pool:
-    """Runs keys on per-arch workers started by ``spawn``.
+    """Runs keys on per-room workers started by ``spawn``: a worker serves
+    one ``BuildKey.room`` (an arch and a vLLM release: the ``ARCH`` it was
+    started with and the vLLM tree it imported), named so to ``spawn`` and
+    ``accept`` (``"gfx950/vllm-0.33.0"``; ``arch`` below).
 
     ``accept(arch, ready_message)`` may refuse a worker that started (e.g. a
     source identity that differs from the parent's): its text fails the arch's
@@ -168,7 +171,7 @@ class Pool:
         least every ``tick_seconds`` while the pool runs."""
         pending: dict[str, collections.deque] = {}
         for k in sorted(keys, key=lambda k: (-self.cost(k), str(k))):
-            pending.setdefault(k.arch, collections.deque()).append(k)
+            pending.setdefault(k.room, collections.deque()).append(k)  # one vLLM tree and ARCH a worker
         left = {a: sum(self.cost(k) for k in q) for a, q in pending.items()}
         refused: dict[str, str] = {}  # arch -> why its workers cannot run
         workers: list[_Worker] = []
@@ -183,7 +186,7 @@ class Pool:
             on_answer(key, {"ok": False, "key": str(key), "error": error, "kind": kind, "pool": True})
 
         def start(arch: str) -> None:
-            folder = run.path / f"{arch}-{self.started}"
+            folder = run.path / f"{arch.replace('/', '-')}-{self.started}"
             (folder / "tmp").mkdir(parents=True)
             self.started += 1
             argv, env = self.spawn(arch, folder)

@@ -35,8 +35,9 @@ from pathlib import Path
 from . import hip as _hip
 from ..manifest import (  # noqa: F401 (ENV_PREBUILT: the plugin reads it here)
     BAND_RE, ENV_PREBUILT, LIB, LIBS_JSON, LIBS_SCHEMA, MANIFEST, OBJECTS, Manifest, abi_id, prebuilt_dir,
-    sha256_file,
+    releases_in, sha256_file,
 )
+from ..facts.releases import NEWEST
 from ..errors import (
     ArchMismatchError,
     CaptureError,
@@ -45,6 +46,7 @@ from ..errors import (
     KeyNotPrebuiltError,
     LaunchError,
     ManifestError,
+    ReleaseMismatchError,
     SourceMismatchError,
 )
 
@@ -73,10 +75,11 @@ class _State:
 
     def __init__(self):
         self.lock = threading.RLock()
-        self.indexes: dict = {}  # arch folder -> _Index
+        self.indexes: dict = {}  # (arch folder, release) -> _Index
+        self.picked: dict = {}  # arch folder -> the release the running vLLM is (its room)
         self.libraries: dict = {}  # band path -> ctypes.CDLL
         self.fds: dict = {}  # band path -> the descriptor it was dlopened through (kept open: see _dlopen_fd)
-        self.launchers: dict = {}  # (arch folder, key) -> Launcher
+        self.launchers: dict = {}  # (prebuilt dir, release, key) -> Launcher
         self.device_arch: str | None = None
         self.device_arch_read = False
         self.hip_version: tuple | None = None  # (major, minor), checked once
@@ -141,17 +144,20 @@ class _Abi:
 
 
 class _Index:
-    """One arch folder's manifest and link record, read once."""
+    """One room's manifest and link record (the keys of one vLLM release on
+    one arch), read once. Its bands are in the arch's lib/."""
 
-    def __init__(self, root: Path, arch: str):
+    def __init__(self, root: Path, arch: str, release: str):
         self.root = root
         self.arch = arch
+        self.release = release
         self.dir = root / arch
-        self.manifest = Manifest.read(self.dir, arch)
+        self.manifest = Manifest.read(self.dir, arch, release=release)
         self.entries = self.manifest.entries
-        self.link_cmd = f"dsv41-aot link --dir {root} --arch {arch}"
+        self.link_cmd = f"dsv41-aot link --dir {root} --arch {arch} --release {release}"
         fix = f"link it: {self.link_cmd}" if (self.dir / OBJECTS).is_dir() else self.fix_reinstall
-        path = self.dir / LIB / LIBS_JSON
+        path = self.manifest.room / LIBS_JSON
+        self.libs_path = path
         try:
             doc = json.loads(path.read_bytes())
         except FileNotFoundError:
@@ -161,8 +167,9 @@ class _Index:
         self.libdir = self.dir / LIB
         self.lib_of: dict = {}
         try:
-            if doc.get("arch") != arch:
-                raise ManifestError(f"{path}: link record for {doc.get('arch')!r} in the {arch} folder", fix=fix)
+            if doc.get("arch") != arch or doc.get("release") != release:
+                raise ManifestError(f"{path}: link record for {doc.get('arch')!r} vLLM {doc.get('release')!r} in "
+                                    f"the {arch} vLLM {release} folder", fix=fix)
             if doc.get("schema") != LIBS_SCHEMA:
                 raise ManifestError(f"{path}: link record schema {doc.get('schema')!r}, this loader reads "
                                     f"{LIBS_SCHEMA} (compressed bands)", fix=fix)
@@ -198,33 +205,89 @@ class _Index:
         """How to get a good copy of this arch folder: rebuild where it was
         built (objects/ present), else reinstall the wheel it came from."""
         if (self.dir / OBJECTS).is_dir():
-            return f"rebuild and relink: dsv41-aot build --arch {self.arch} --out {self.root} && {self.link_cmd}"
+            return (f"rebuild and relink: dsv41-aot build --arch {self.arch} --release {self.release} "
+                    f"--out {self.root} && {self.link_cmd}")
         return "reinstall the kernels: pip install --force-reinstall --no-deps dsv41-aot"
 
 
-def _index(root: Path, arch: str) -> _Index:
+def _index(root: Path, arch: str, release: str | None = None) -> _Index:
+    """The room of ``release`` (default: the running vLLM's, :func:`release_of`) on ``arch``."""
     if not isinstance(arch, str) or not _ARCH_RE.fullmatch(arch):  # never a path: no "/", no ".."
         raise ManifestError(f"arch {arch!r} is not a GPU arch name (gfx...): refusing to look for it under {root}",
                             fix=f"name it like gfx950: {ENV_ARCH}=gfx950 (or arch=...)")
     folder = root / arch
-    idx = _state.indexes.get(folder)
+    if release is None:
+        release = release_of(root, arch)
+    idx = _state.indexes.get((folder, release))
     if idx is None:
         with _state.lock:
-            idx = _state.indexes.get(folder)
+            idx = _state.indexes.get((folder, release))
             if idx is None:
-                if not (folder / MANIFEST).is_file():
-                    others = sorted(p.parent.name for p in root.glob(f"*/{MANIFEST}"))
-                    if others:
-                        raise ArchMismatchError(
-                            f"{root} holds prebuilt kernels for {', '.join(others)}, not {arch}",
-                            fix=f"install the {arch} wheel, or build: dsv41-aot build --arch {arch} --out {root}",
-                        )
-                    raise ManifestError(
-                        f"no prebuilt kernels for {arch} at {folder} (no manifest.json)",
-                        fix=f"build them: dsv41-aot build --arch {arch} --out {root} && dsv41-aot link --dir {root}",
-                    )
-                idx = _state.indexes[folder] = _Index(root, arch)
+                held = releases_in(folder)
+                if release not in held:
+                    _no_room(root, arch, release, held)
+                idx = _state.indexes[(folder, release)] = _Index(root, arch, release)
     return idx
+
+
+def _no_room(root: Path, arch: str, release: str, held: list) -> None:
+    folder = root / arch
+    build = f"dsv41-aot build --arch {arch} --release {release} --out {root} && dsv41-aot link --dir {root}"
+    if held:
+        raise ReleaseMismatchError(
+            f"{folder} holds prebuilt kernels for vLLM {', '.join(held)}, not vLLM {release}",
+            fix=f"install the dsv41-aot wheel that serves vLLM {release}, or build: {build}")
+    others = sorted({p.parent.parent.name for p in root.glob(f"*/vllm-*/{MANIFEST}")})
+    if others:
+        raise ArchMismatchError(
+            f"{root} holds prebuilt kernels for {', '.join(others)}, not {arch}",
+            fix=f"install the {arch} wheel, or build: dsv41-aot build --arch {arch} --out {root}",
+        )
+    raise ManifestError(f"no prebuilt kernels for {arch} at {folder} (no vllm-<release>/manifest.json)",
+                        fix=f"build them: {build}")
+
+
+def release_of(root: Path, arch: str) -> str:
+    """The release whose room serves this process on ``arch``: the room whose
+    manifest records the installed vLLM's mono sources digest, computed once
+    (without importing vLLM); without vLLM installed, the newest room. A
+    vLLM whose digest no room has is a ReleaseMismatchError, or with
+    DSV41_AOT_ALLOW_SOURCE_MISMATCH=1 the room of its version (else the newest),
+    with a warning."""
+    folder = root / arch
+    picked = _state.picked.get(folder)
+    if picked is not None:
+        return picked
+    held = releases_in(folder)
+    if not held:
+        _no_room(root, arch, NEWEST, held)
+    digest, src, mono = _installed_vllm()
+    if digest is None:
+        pick = held[-1]
+    else:
+        digests = {}
+        for release in held:
+            try:
+                digests[release] = Manifest.read(folder, arch, release=release).mono_sources
+            except ManifestError:
+                continue  # a corrupt room is reported when it is the one asked for
+        match = [r for r, d in digests.items() if d == digest]
+        if match:
+            pick = match[-1]
+        else:
+            have = ", ".join(f"vLLM {r} ({d})" for r, d in digests.items()) or "none readable"
+            msg = (f"installed vLLM {src.version} mono sources ({mono}) digest {digest} matches no prebuilt "
+                   f"release in {folder}: {have}")
+            fallback = src.version if src.version in held else held[-1]
+            if os.environ.get(ENV_ALLOW_SOURCE) != "1":
+                raise ReleaseMismatchError(
+                    msg, fix=f"install one of those vLLM releases, or build this one's kernels "
+                             f"(dsv41-aot build --release {src.version} ...), or run vLLM {fallback}'s kernels "
+                             f"anyway with {ENV_ALLOW_SOURCE}=1")
+            _warn_once(("release", digest), f"{msg}; using vLLM {fallback}'s ({ENV_ALLOW_SOURCE}=1)")
+            pick = fallback
+    _state.picked[folder] = pick
+    return pick
 
 
 # ------------------------------------------------------------------ checks
@@ -253,6 +316,23 @@ def resolve_arch(arch: str | None = None) -> str:
             fix=f"run on a ROCm GPU host, or name the arch: {ENV_ARCH}=gfx950 (or arch=...)",
         )
     return found
+
+
+def running_vllm(mono_dir: Path | None) -> None:
+    """Say which vLLM mono package this process runs (the plugin does, from
+    the runner module it patched): its digest, not the installed vLLM's
+    (they differ only when a tree is imported from elsewhere), picks the
+    release's room and is checked against every key loaded. None: back to
+    the installed vLLM."""
+    from .. import source
+
+    with _state.lock:
+        _state.picked.clear()
+        if mono_dir is None:
+            _state.installed_digest = None
+            return
+        src = source.MonoSource(root=Path(mono_dir).parents[len(source.MONO_REL.parts) - 1])
+        _state.installed_digest = (source.mono_digest(Path(mono_dir)), src, str(mono_dir), None)
 
 
 def _installed_vllm() -> tuple:
@@ -354,7 +434,7 @@ def _band_path(idx: _Index, lib: dict) -> Path:
     path = idx.libdir / lib["file"]
     real = Path(os.path.realpath(path))
     if real.parent != Path(os.path.realpath(idx.dir)) / LIB or real.name != lib["file"]:
-        raise ManifestError(f"{idx.libdir / LIBS_JSON}: library {lib['file']} resolves to {real}, outside "
+        raise ManifestError(f"{idx.libs_path}: library {lib['file']} resolves to {real}, outside "
                             f"{idx.libdir}", fix=idx.fix_reinstall)
     return path
 
@@ -654,40 +734,48 @@ class Launcher:
 # ------------------------------------------------------------------ public API
 
 
-def load_key(key, *, prebuilt: str | os.PathLike | None = None) -> Launcher:
-    """The Launcher of one key (its canonical string or a BuildKey)."""
+def load_key(key, *, release: str | None = None, prebuilt: str | os.PathLike | None = None) -> Launcher:
+    """The Launcher of one key: a BuildKey (of its release), or its string
+    naming a launch of ``release`` (default: the running vLLM's, :func:`release_of`)."""
     text = key if isinstance(key, str) else str(key)
+    if not isinstance(key, str):
+        release = key.release
     root = Path(prebuilt).resolve() if prebuilt is not None else prebuilt_dir()
-    launcher = _state.launchers.get((root, text))
+    arch = text.partition("@")[2].partition(":")[0]
+    if release is None and _ARCH_RE.fullmatch(arch):
+        release = release_of(root, arch)
+    launcher = _state.launchers.get((root, release, text))
     if launcher is not None:
         return launcher
-    # a canonical key of an arch already indexed needs no parsing
-    idx = _state.indexes.get(root / text.partition("@")[2].partition(":")[0])
+    # a canonical key of a room already indexed needs no parsing
+    idx = _state.indexes.get((root / arch, release))
     entry = idx.entries.get(text) if idx is not None else None
     if entry is None:
         from ..keys import BuildKey
 
-        bk = BuildKey.parse(text) if isinstance(key, str) else key
+        bk = BuildKey.parse(text, release or NEWEST) if isinstance(key, str) else key
         text = str(bk)
-        idx = _index(root, bk.arch)
+        idx = _index(root, bk.arch, release)
+        release = idx.release
         entry = idx.entries.get(text)
     if entry is None:
         from ..keys import neighbours
 
         close = neighbours(bk, idx.entries)
         raise KeyNotPrebuiltError(
-            f"{text} is not prebuilt in {idx.dir} ({len(idx.entries)} keys); closest: {', '.join(close) or 'none'}",
-            fix=f"dsv41-aot build --key '{text}' --out {root} && dsv41-aot link --dir {root}",
+            f"{text} is not prebuilt for vLLM {release} in {idx.manifest.room} ({len(idx.entries)} keys); "
+            f"closest: {', '.join(close) or 'none'}",
+            fix=f"dsv41-aot build --release {release} --key '{text}' --out {root} && dsv41-aot link --dir {root}",
         )
     _check_source(text, entry)
     lib, obj_sha = idx.lib_of.get(text, (None, None))
     if lib is None or obj_sha != entry["sha256"]:
         raise _link_mismatch(idx, text, entry, lib, obj_sha)
     with _state.lock:
-        launcher = _state.launchers.get((root, text))
+        launcher = _state.launchers.get((root, release, text))
         if launcher is None:
             launcher = Launcher(text, entry, idx.abi(entry["abi"]), idx, lib)
-            _state.launchers[(root, text)] = launcher
+            _state.launchers[(root, release, text)] = launcher
     return launcher
 
 
@@ -695,7 +783,7 @@ def _link_mismatch(idx: _Index, key: str, entry: dict, lib: dict | None, obj_sha
     """Name what disagrees between the manifest and libs.json, and the fix
     that works: relink (the object was rebuilt), rebuild (the manifest entry
     no longer matches its object) or reinstall (no objects: a wheel)."""
-    libs = idx.libdir / LIBS_JSON
+    libs = idx.libs_path
     if lib is None:
         what = f"{key} is in {idx.manifest.path} but in no library of {libs}"
     else:
@@ -713,34 +801,46 @@ def _link_mismatch(idx: _Index, key: str, entry: dict, lib: dict | None, obj_sha
     state = "is missing" if actual is None else f"has sha256 {actual[:16]}..., not the manifest's"
     return ManifestError(
         f"{what}; the stored object {obj.name} {state}: the manifest entry no longer describes its object",
-        fix=f"rebuild it: dsv41-aot build --key '{key}' --out {idx.root} && {idx.link_cmd}",
+        fix=f"rebuild it: dsv41-aot build --release {idx.release} --key '{key}' --out {idx.root} && {idx.link_cmd}",
     )
 
 
 def load(kind: str, *, tokens: int, tp: int, ratio: int, fold: bool = True, index: bool = False,
          experts: int = 384, topk: int = 6, ug_groups: int = 2, swa_width: int = 128, timeline: bool = False,
-         arch: str | None = None, prebuilt: str | os.PathLike | None = None) -> Launcher:
+         arch: str | None = None, release: str | None = None, prebuilt: str | os.PathLike | None = None) -> Launcher:
     """The Launcher for the launch vLLM's ``build_mono_<kind>(MonoBuild(...))``
-    would build, on ``arch`` (default: DSV41_AOT_ARCH, else the current device)."""
+    would build, on ``arch`` (default: DSV41_AOT_ARCH, else the current
+    device), in vLLM ``release`` (default: the running vLLM's)."""
     from ..keys import BuildKey
 
-    key = BuildKey(kind=kind, arch=resolve_arch(arch), tokens=tokens, tp=tp, ratio=ratio, fold=fold, index=index,
-                   experts=experts, topk=topk, ug_groups=ug_groups, swa_width=swa_width, timeline=timeline)
-    return load_key(key, prebuilt=prebuilt)
+    arch = resolve_arch(arch)
+    root = Path(prebuilt).resolve() if prebuilt is not None else prebuilt_dir()
+    key = BuildKey(kind=kind, arch=arch, tokens=tokens, tp=tp, ratio=ratio, fold=fold, index=index,
+                   experts=experts, topk=topk, ug_groups=ug_groups, swa_width=swa_width, timeline=timeline,
+                   release=release or release_of(root, arch))
+    return load_key(key, prebuilt=root)
 
 
-def preload(keys, *, prebuilt: str | os.PathLike | None = None, stream=None) -> list:
+def preload(keys, *, release: str | None = None, prebuilt: str | os.PathLike | None = None, stream=None) -> list:
     """Load the code objects of ``keys`` (strings, BuildKeys or Launchers) on
     the current device now, so no first call pays for it (or meets a capture)."""
     out = []
     for k in keys:
-        launcher = k if isinstance(k, Launcher) else load_key(k, prebuilt=prebuilt)
+        launcher = k if isinstance(k, Launcher) else load_key(k, release=release, prebuilt=prebuilt)
         launcher.load_module(stream)
         out.append(launcher)
     return out
 
 
-def keys(arch: str | None = None, *, prebuilt: str | os.PathLike | None = None) -> list[str]:
-    """Every prebuilt key of ``arch`` (default: as :func:`load`)."""
+def keys(arch: str | None = None, *, release: str | None = None,
+         prebuilt: str | os.PathLike | None = None) -> list[str]:
+    """Every prebuilt key of ``arch`` (default: as :func:`load`) in vLLM
+    ``release`` (default: the running vLLM's)."""
     root = Path(prebuilt).resolve() if prebuilt is not None else prebuilt_dir()
-    return sorted(_index(root, resolve_arch(arch)).entries)
+    return sorted(_index(root, resolve_arch(arch), release).entries)
+
+
+def releases(arch: str | None = None, *, prebuilt: str | os.PathLike | None = None) -> list[str]:
+    """The vLLM releases with prebuilt kernels for ``arch``, oldest first."""
+    root = Path(prebuilt).resolve() if prebuilt is not None else prebuilt_dir()
+    return releases_in(root / resolve_arch(arch))

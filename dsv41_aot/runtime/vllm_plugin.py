@@ -49,10 +49,11 @@ import sys
 import threading
 from pathlib import Path
 
-from ..errors import AotError
+from ..errors import AotError, ReleaseMismatchError
 from ..facts.arches import ARCHES, arch_facts
+from ..facts.kinds import KINDS
+from ..facts.releases import RELEASES, release_facts
 from ..keys import BuildKey
-from ..manifest import MANIFEST
 
 RUNNER = "vllm.models.deepseek_v41.amd.mono.runner"
 ENV_DISABLE = "DSV41_AOT_DISABLE"
@@ -76,8 +77,9 @@ class _Install:
         self.prebuilt: str | None = None
         self.arch: str | None = None  # None: the runner package's target arch
         self.hook: _RunnerHook | None = None
-        self.patched = None  # the runner class we wrapped
-        self.originals: dict = {}  # method name -> vLLM's function
+        self.patched = None  # the runner module whose build functions we wrapped
+        self.originals: dict = {}  # build function name -> vLLM's function
+        self.running: tuple | None = None  # (arch, release) of the patched runner, found at its first build
         self.warned: set = set()  # fallback keys already warned about
         self.served: dict = {"aot": 0, "jit": 0}  # launchers handed out, by origin
 
@@ -87,40 +89,51 @@ _state = _Install()
 
 # ------------------------------------------------------------------ the keys vLLM builds
 
+BUILDERS = {name: k.builder for name, k in KINDS.items()}  # kind -> build_mono_<kind>
 
-def _runner_arch(module) -> str:
-    """The arch vLLM's mono package compiles for in this process
-    (``common/arch.py target_arch()``: ARCH, else FlyDSL's device probe)."""
+
+def _running(module) -> tuple[str, str]:
+    """(arch, release) of the vLLM mono package ``module`` belongs to, found
+    once: its mono sources digest picks the release's room
+    (``loader.release_of``); the arch is install()'s, else the package's
+    target (``common/arch.py``, which releases before 0.33.0 lack)."""
+    from . import loader
+
+    if _state.running is not None:
+        return _state.running
+    pkg = module.__name__.rsplit(".", 1)[0]
     arch = _state.arch
     if not arch:
-        pkg = module.__name__.rsplit(".", 1)[0]
-        arch = importlib.import_module(f"{pkg}.common.arch").target_arch()
-    facts = arch_facts(arch)
+        try:
+            arch = importlib.import_module(f"{pkg}.common.arch").target_arch()
+        except ImportError:
+            arch = loader.resolve_arch(None)  # DSV41_AOT_ARCH, else the device's
+    arch_facts(arch)
+    loader.running_vllm(Path(module.__file__).resolve().parent)
+    root = Path(_state.prebuilt) if _state.prebuilt else loader.prebuilt_dir()
+    release = loader.release_of(root, arch)
+    deploy = release_facts(release).deploy(arch)
     gfx942 = bool(getattr(module, "GFX942", False))
-    if gfx942 != facts.runner_flag:  # the runner's flag and the arch must agree
-        raise AotError(f"vLLM's mono runner has GFX942={gfx942} but compiles for {arch}",
+    if gfx942 != deploy.runner_flag:  # the runner's flag and the arch must agree
+        raise AotError(f"vLLM {release}'s mono runner has GFX942={gfx942} but compiles for {arch}",
                        fix="set ARCH to the GPU's arch (or unset it) before vLLM starts")
-    return arch
+    _state.running = (arch, release)
+    return _state.running
 
 
-def layer_keys(runner, module, tokens: int, ratio: int, fold: bool, index: bool) -> tuple[BuildKey, BuildKey]:
-    """(K1, K2) keys of ``runner.kernels(tokens, ratio, fold, index)``: one
-    MonoBuild from the runner's fields, and on gfx942 K2 built with
-    ``index=False`` (runner.py: ``k2 = replace(b, index=False) if GFX942``)."""
-    arch = _runner_arch(module)
-    b = dict(tokens=tokens, tp=runner.tp, ratio=ratio, timeline=bool(runner.timeline), fold=bool(fold),
-             index=bool(index), experts=runner.experts, topk=runner.topk, ug_groups=runner.ug_groups,
-             swa_width=runner.swa_width)
-    k2 = b if arch_facts(arch).k2_reads_index else dict(b, index=False)
-    return BuildKey(kind="k1", arch=arch, **b), BuildKey(kind="k2", arch=arch, **k2)
+def key_of(kind: str, build, module) -> BuildKey:
+    """The key of ``build_mono_<kind>(build)``: the fields of the MonoBuild
+    instance vLLM passes are the key's, in the running release."""
+    import dataclasses
 
-
-def ffn_key(runner, module, tokens: int, experts: int, topk: int) -> BuildKey:
-    """The key of ``runner.ffn_kernel(tokens, experts, topk)``:
-    ``MonoBuild(tokens, tp, 0, timeline, experts=, topk=)`` -- the runner's
-    ug_groups / swa_width are not passed, MonoBuild's defaults hold."""
-    return BuildKey(kind="ffn", arch=_runner_arch(module), tokens=tokens, tp=runner.tp, ratio=0,
-                    timeline=bool(runner.timeline), experts=experts, topk=topk)
+    arch, release = _running(module)
+    rel = release_facts(release)
+    fields = {f.name: getattr(build, f.name) for f in dataclasses.fields(build)}
+    unknown = sorted(set(fields) - set(rel.mono_fields))
+    if unknown:
+        raise AotError(f"vLLM {release}'s MonoBuild has fields dsv41-aot does not know for it: {', '.join(unknown)}",
+                       fix=f"upgrade dsv41-aot, or run without the prebuilt kernels: {ENV_DISABLE}=1")
+    return BuildKey(kind=kind, arch=arch, release=release, **fields)
 
 
 def _launcher(what: str, derive):
@@ -138,7 +151,9 @@ def _launcher(what: str, derive):
     except (AotError, OSError) as e:
         if _state.mode != "fallback":
             raise
-        text = what if key is None else str(key)
+        text = what if key is None else key.describe()
+        if isinstance(e, ReleaseMismatchError):  # no room for this vLLM at all: one line, not one a key
+            text = "the running vLLM release"
         with _state.lock:
             _state.served["jit"] += 1
             if text in _state.warned:
@@ -156,66 +171,43 @@ def _launcher(what: str, derive):
 
 
 def _patch(module) -> None:
-    """Wrap ``DSV41MonoLayer.kernels`` / ``ffn_kernel`` of vLLM's runner
-    module. All or nothing: on any failure vLLM's methods are put back and
-    the error raised."""
+    """Wrap the build functions vLLM's runner module calls
+    (``build_mono_k1/k2/ffn``: every runner method of every release builds
+    its launchers through them) so each hands out the prebuilt Launcher of
+    the MonoBuild it is given. vLLM's runner memoizes what they return, as
+    it memoizes its JIT launchers. All or nothing: on any failure vLLM's
+    functions are put back and the error raised."""
     with _state.lock:
-        cls = getattr(module, "DSV41MonoLayer", None)
-        if cls is not None and _state.patched is cls:
+        if _state.patched is module:
             return
-        missing = [n for n in ("kernels", "ffn_kernel") if cls is None or not callable(getattr(cls, n, None))]
+        missing = [fn for fn in BUILDERS.values() if not callable(getattr(module, fn, None))]
         if missing:
-            raise AotError(f"{module.__name__}.DSV41MonoLayer has no {' / '.join(missing)}: not the vLLM "
-                           f"runner dsv41-aot serves (vLLM 0.33.0)",
-                           fix=f"install vllm==0.33.0, or run without the prebuilt kernels: {ENV_DISABLE}=1")
-        originals = {name: getattr(cls, name) for name in ("kernels", "ffn_kernel")}
-        orig_kernels, orig_ffn = originals["kernels"], originals["ffn_kernel"]
+            raise AotError(f"{module.__name__} has no {' / '.join(missing)}: not a vLLM mono runner dsv41-aot "
+                           f"serves (vLLM {', '.join(RELEASES)})",
+                           fix=f"install a vLLM release dsv41-aot serves, or run without the prebuilt kernels: "
+                               f"{ENV_DISABLE}=1")
+        originals = {fn: getattr(module, fn) for fn in BUILDERS.values()}
 
-        def kernels(self, tokens: int, ratio: int, fold: bool = True, index: bool = False):
-            memo = (tokens, ratio, fold, index)  # vLLM's own memo key
-            pair = self._kernels.get(memo)
-            if pair is None:
-                derived: list = []  # (K1, K2) keys, derived once for both
+        def wrap(kind: str, original):
+            def build(b):
+                launcher = _launcher(f"{original.__name__}({b!r})", lambda: key_of(kind, b, module))
+                return launcher if launcher is not None else original(b)  # fallback: vLLM's JIT
 
-                def key_of(i):
-                    if not derived:
-                        derived.extend(layer_keys(self, module, tokens, ratio, fold, index))
-                    return derived[i]
-
-                call = f"kernels(tokens={tokens}, ratio={ratio}, fold={fold}, index={index})"
-                k1 = _launcher(f"K1 of {call}", lambda: key_of(0))
-                k2 = _launcher(f"K2 of {call}", lambda: key_of(1))
-                if k1 is None or k2 is None:  # fallback: vLLM builds the missing one
-                    jit = orig_kernels(self, tokens, ratio, fold, index)
-                    k1, k2 = k1 or jit[0], k2 or jit[1]
-                pair = self._kernels[memo] = (k1, k2)
-            return pair
-
-        def ffn_kernel(self, tokens: int, experts: int, topk: int):
-            memo = (tokens, "ffn", experts, topk)
-            launcher = self._kernels.get(memo)
-            if launcher is None:
-                launcher = _launcher(f"ffn_kernel(tokens={tokens}, experts={experts}, topk={topk})",
-                                     lambda: ffn_key(self, module, tokens, experts, topk))
-                if launcher is None:
-                    launcher = orig_ffn(self, tokens, experts, topk)
-                self._kernels[memo] = launcher
-            return launcher
+            build.__name__, build.__qualname__, build.__doc__ = original.__name__, original.__qualname__, original.__doc__
+            build.__wrapped__ = original
+            build.__dsv41_aot__ = True
+            return build
 
         try:
-            for new, name in ((kernels, "kernels"), (ffn_kernel, "ffn_kernel")):
-                old = originals[name]
-                new.__name__, new.__qualname__, new.__doc__ = old.__name__, old.__qualname__, old.__doc__
-                new.__wrapped__ = old
-                new.__dsv41_aot__ = True
-                setattr(cls, name, new)
+            for kind, fn in BUILDERS.items():
+                setattr(module, fn, wrap(kind, originals[fn]))
         except BaseException:
-            for name, fn in originals.items():
-                setattr(cls, name, fn)
+            for fn, original in originals.items():
+                setattr(module, fn, original)
             raise
         _state.originals = originals
-        _state.patched = cls
-        log.debug("dsv41-aot: patched %s.DSV41MonoLayer (%s)", module.__name__, _state.mode)
+        _state.patched = module
+        log.debug("dsv41-aot: patched %s build functions (%s)", module.__name__, _state.mode)
 
 
 def _give_up(why: BaseException) -> None:
@@ -288,6 +280,7 @@ def install(mode: str = "strict", *, prebuilt: str | os.PathLike | None = None, 
         _state.arch = arch
         module = sys.modules.get(RUNNER)
         if module is not None and hasattr(module, "DSV41MonoLayer"):
+            _state.running = None  # the settings may name another arch or directory
             try:
                 _patch(module)
             except BaseException:
@@ -308,6 +301,9 @@ def uninstall() -> None:
         if _state.patched is not None:
             for name, fn in _state.originals.items():
                 setattr(_state.patched, name, fn)
+            from . import loader
+
+            loader.running_vllm(None)
         if _state.hook is not None:
             try:
                 sys.meta_path.remove(_state.hook)
@@ -379,7 +375,7 @@ def enable(*, environ=None) -> tuple[bool, str, int]:
     try:
         from .. import source
         from . import loader
-        from ..manifest import Manifest
+        from ..manifest import Manifest, releases_in
 
         mode = env.get(ENV_MODE) or "strict"
         if mode not in MODES:
@@ -395,23 +391,22 @@ def enable(*, environ=None) -> tuple[bool, str, int]:
         if arch not in ARCHES:
             return False, f"{arch} is not an arch dsv41-aot builds ({', '.join(ARCHES)}); vLLM keeps FlyDSL JIT", logging.WARNING
         root = loader.prebuilt_dir()
-        if not (root / arch / MANIFEST).is_file():
-            return False, (f"no prebuilt kernels for {arch} at {root} (install the {arch} wheel or set "
+        held = releases_in(root / arch)
+        if not held:
+            return False, (f"no prebuilt kernels for {arch} at {root} (install the dsv41-aot wheel or set "
                            f"{loader.ENV_PREBUILT}); vLLM keeps FlyDSL JIT"), logging.WARNING
-        man = Manifest.read(root / arch, arch)
-        built = sorted({e["source"].get("mono_sources") for e in man.entries.values()})
         try:
             src = source.find(check_version=False)
-            digest, version = source.mono_digest(src.mono_dir), src.version
         except AotError as e:
             return False, f"vLLM's mono package not found ({str(e).splitlines()[0]})", logging.WARNING
-        if built != [digest] and env.get(loader.ENV_ALLOW_SOURCE) != "1":
-            return False, (f"vLLM {version} mono source digest {digest} differs from the prebuilt kernels' "
-                           f"{', '.join(map(str, built)) or 'none'} ({root / arch}); vLLM keeps FlyDSL JIT "
-                           f"(rebuild, or {loader.ENV_ALLOW_SOURCE}=1)"), logging.WARNING
+        try:
+            release = loader.release_of(root, arch)  # by the installed vLLM's mono sources digest
+        except AotError as e:
+            return False, f"{str(e).splitlines()[0]}; vLLM keeps FlyDSL JIT", logging.WARNING
+        man = Manifest.read(root / arch, arch, release=release)
         install(mode)  # keys take the arch vLLM's mono package compiles for
-        return True, (f"enabled ({mode}) for {arch}: {len(man.entries)} prebuilt keys in {root / arch}, "
-                      f"vLLM {version} mono sources {digest}"), logging.INFO
+        return True, (f"enabled ({mode}) for {arch}: vLLM {src.version} (mono sources {man.mono_sources}), "
+                      f"{len(man.entries)} prebuilt keys in {man.room}"), logging.INFO
     except Exception as e:  # noqa: BLE001 - a plugin must never stop vLLM
         return False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", logging.WARNING
 
