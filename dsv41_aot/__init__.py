@@ -1,7 +1,7 @@
 """dsv41-aot: vLLM's DeepSeek-V4.1 mono decode launches, compiled ahead of time.
 
 The public runtime API (``load``, ``load_key``, ``preload``, ``keys``,
-``Launcher``) lives in :mod:`dsv41_aot.runtime.loader`, imported on first
+``releases``, ``release_of``, ``Launcher``) lives in :mod:`dsv41_aot.runtime.loader`, imported on first
 use: ``import dsv41_aot`` costs nothing and never imports the build half
 (:mod:`dsv41_aot.build`: FlyDSL, torch, vLLM). The vLLM plugin is
 :mod:`dsv41_aot.vllm`. ``docs/architecture.md`` draws the two halves.
@@ -10,7 +10,7 @@ use: ``import dsv41_aot`` costs nothing and never imports the build half
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["load", "load_key", "preload", "keys", "Launcher", "prebuilt_dir"]
+__all__ = ["load", "load_key", "preload", "keys", "releases", "release_of", "Launcher", "prebuilt_dir"]
 
 
 def __getattr__(name: str):

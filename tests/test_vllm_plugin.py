@@ -170,7 +170,7 @@ def test_gfx942_strict_refuses_the_missing_k1(smoke):
     out = probe("gfx942", smoke, "strict", "hook", [["kernels", 4, 1, True, True]])
     (res,) = out["results"]
     assert res["error"] == "KeyNotPrebuiltError" and "k1@gfx942:s=4,tp=4,r=1,i=1" in res["message"]
-    assert "dsv41-aot build --key 'k1@gfx942:s=4,tp=4,r=1,i=1'" in res["message"]
+    assert "dsv41-aot build --release 0.33.0 --key 'k1@gfx942:s=4,tp=4,r=1,i=1'" in res["message"]
 
 
 def check_served(got: dict, key: str, vllm_name: str, prebuilt: Path) -> None:
@@ -235,7 +235,7 @@ def test_tp2_dspark_and_timeline_runners_get_the_keys_vllm_builds(variants):
     check_jit(timeline["k2"], vllm_timeline["k2"], "k2@gfx950:s=4,tp=4,r=1,tl=1")
     check_jit(dspark["k2"], vllm_dspark["k2"], "k2@gfx950:s=4,tp=4,r=1,e=128,k=3,g=1,w=192")
     warned = sorted(w.split(" not served")[0].removeprefix("dsv41-aot: ") for w in out["warnings"])
-    assert warned == ["k2@gfx950:s=4,tp=4,r=1,e=128,k=3,g=1,w=192", "k2@gfx950:s=4,tp=4,r=1,tl=1"]
+    assert warned == ["k2@gfx950:s=4,tp=4,r=1,e=128,k=3,g=1,w=192 (vLLM 0.33.0)", "k2@gfx950:s=4,tp=4,r=1,tl=1 (vLLM 0.33.0)"]
 
 
 @pytest.mark.slow
@@ -485,7 +485,7 @@ def test_enabled_names_arch_key_count_and_vllm_digest(smoke, monkeypatch):
     (ok, why, level), mode = _enable({"DSV41_AOT_ARCH": "gfx950", "DSV41_AOT_MODE": "fallback"})
     digest = source.mono_digest(source.find().mono_dir)
     assert ok and level == logging.INFO and mode == "fallback"
-    assert "gfx950" in why and f"{smoke_count('gfx950')} prebuilt keys" in why and digest in why
+    assert "gfx950" in why and f"{smoke_count('gfx950')} prebuilt keys of vLLM {NEWEST}" in why and digest in why
 
 
 @pytest.mark.slow
@@ -564,4 +564,5 @@ def test_entry_point_found_after_pip_install_and_called_by_vllm(tmp_path, smoke)
     assert r.returncode == 0, r.stderr
     where, state = json.loads(r.stdout.strip().splitlines()[-1])
     assert where.startswith(site) and state["mode"] == "strict" and state["hooked"]
-    assert f"dsv41-aot vLLM plugin on: enabled (strict) for gfx950: {smoke_count('gfx950')} prebuilt keys" in r.stderr
+    assert (f"dsv41-aot vLLM plugin on: enabled (strict) for gfx950: {smoke_count('gfx950')} prebuilt keys of "
+            f"vLLM {NEWEST}") in r.stderr

@@ -401,12 +401,19 @@ def enable(*, environ=None) -> tuple[bool, str, int]:
             return False, f"vLLM's mono package not found ({str(e).splitlines()[0]})", logging.WARNING
         try:
             release = loader.release_of(root, arch)  # by the installed vLLM's mono sources digest
+        except ReleaseMismatchError as e:
+            if env.get(loader.ENV_ALLOW_SOURCE) != "1":
+                return False, f"{str(e).splitlines()[0]}; vLLM keeps FlyDSL JIT (or {loader.ENV_ALLOW_SOURCE}=1)", \
+                    logging.WARNING
+            install(mode)  # the loader serves the room of vLLM's version anyway, warning once
+            return True, (f"enabled ({mode}) for {arch} with {loader.ENV_ALLOW_SOURCE}=1: "
+                          f"{str(e).splitlines()[0]}"), logging.WARNING
         except AotError as e:
             return False, f"{str(e).splitlines()[0]}; vLLM keeps FlyDSL JIT", logging.WARNING
         man = Manifest.read(root / arch, arch, release=release)
         install(mode)  # keys take the arch vLLM's mono package compiles for
-        return True, (f"enabled ({mode}) for {arch}: vLLM {src.version} (mono sources {man.mono_sources}), "
-                      f"{len(man.entries)} prebuilt keys in {man.room}"), logging.INFO
+        return True, (f"enabled ({mode}) for {arch}: {len(man.entries)} prebuilt keys of vLLM {release} in "
+                      f"{man.room}, vLLM {src.version} mono sources {man.mono_sources}"), logging.INFO
     except Exception as e:  # noqa: BLE001 - a plugin must never stop vLLM
         return False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", logging.WARNING
 
