@@ -1,11 +1,18 @@
 """vLLM integration: prebuilt Launchers inside vLLM's mono decode runner.
 
-vLLM 0.33.0's ``DSV41MonoLayer.kernels()`` and ``ffn_kernel()``
-(``vllm/models/deepseek_v41/amd/mono/runner.py``) build their launchers with
-``build_mono_k1/k2/ffn``, which FlyDSL compiles just in time. :func:`install`
-wraps those two methods -- vLLM's files stay untouched -- so they hand out the
-loader's Launchers for exactly the keys vLLM builds, memoized in the runner's
-own ``_kernels`` dict as vLLM memoizes its launchers.
+vLLM's ``DSV41MonoLayer`` (``vllm/models/deepseek_v41/amd/mono/runner.py``)
+builds its launchers by calling ``build_mono_k1/k2/ffn(MonoBuild(...))``,
+which FlyDSL compiles just in time. :func:`install` wraps those three build
+functions in the runner module -- vLLM's files stay untouched, and every
+runner method of every vLLM release dsv41-aot serves (0.33.0's
+``kernels(tokens, ratio, fold, index)``, 0.32.0's ``kernels(tokens, ratio)``,
+gfx942's ``replace(b, index=False)``) goes through them -- so they hand out
+the loader's Launcher of exactly the ``MonoBuild`` vLLM passes: its dataclass
+fields are the key's. vLLM memoizes what they return, as it memoizes its own
+launchers. The running release is told by the runner package's mono sources
+digest (computed once), which picks the room of that release
+(``loader.release_of``); a release the install does not hold is one log line
+and vLLM's JIT (fallback) or a ``ReleaseMismatchError`` (strict).
 
 Each Launcher is bound when it is handed out (``Launcher.bind()``: sha256
 check, dlopen, entry lookup; no GPU work), in the eager step where vLLM asks
