@@ -1,5 +1,6 @@
-"""dsv41-aot coverage: the keys vLLM 0.33.0 can ask for, from vLLM's rules,
-checked against prebuilt directories and matrix profiles."""
+"""dsv41-aot coverage: the keys each vLLM release can ask for, from that
+release's rules, checked against prebuilt directories (one room a release)
+and matrix profiles."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from _smoke import cli, copy_of, smoke_dir
 from dsv41_aot.build import coverage
 from dsv41_aot.keys import BuildKey
+from dsv41_aot.manifest import LIBS_JSON, Manifest, room_dir
 
 DRAFT = (128, 3, 192)  # V4.1-Flash's DSpark draft (build_matrix.yaml routing.dspark)
 
@@ -20,8 +22,14 @@ def sched():
     return coverage.schedule()
 
 
-def keys_of(arch, tp, sched, max_rows=None, draft=None) -> list[BuildKey]:
-    return coverage.required(coverage.deployment(arch, tp, max_rows, draft), sched)
+def keys_of(arch, tp, sched, max_rows=None, draft=None, release="0.33.0") -> list[BuildKey]:
+    return coverage.required(coverage.deployment(arch, tp, max_rows, draft, release), sched)
+
+
+def only(doc: dict, release: str) -> dict:
+    """The one report of ``release`` in a coverage --json document."""
+    (rep,) = [r for r in doc["reports"] if r["release"] == release]
+    return rep
 
 
 # ---------------------------------------------------------------- vLLM's rules
@@ -82,7 +90,7 @@ def test_schedule_that_breaks_vllm_invariants_is_refused(tmp_path):
     from dsv41_aot.build.matrix import DEFAULT_MATRIX
 
     # a compressed draft layer: the matrix accepts it, vLLM never runs one
-    text = DEFAULT_MATRIX.read_text().replace("\n  draft:\n", "\n  draft:\n    - {ratio: 1, fold: true, index: false}\n", 1)
+    text = DEFAULT_MATRIX.read_text().replace("\n      draft:\n", "\n      draft:\n        - {ratio: 1, fold: true, index: false}\n", 1)
     assert text != DEFAULT_MATRIX.read_text()
     bad = tmp_path / "m.yaml"
     bad.write_text(text)
@@ -101,7 +109,7 @@ def test_required_layer_kinds_come_from_vllms_rules_not_the_matrix(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text(narrow)
     r = cli("coverage", "--arch", "gfx942", "--tp", 4, "--profile", "full", "--matrix", path, "--json")
-    rep = json.loads(r.stdout)
+    rep = only(json.loads(r.stdout), "0.33.0")
     assert r.returncode == 1 and len(rep["missing"]) == 42
     assert all(BuildKey.parse(k).with_(tokens=1) == BuildKey.parse("k1@gfx942:s=1,tp=4,r=1,f=0") for k in rep["missing"])
 
@@ -114,21 +122,125 @@ def test_required_layer_kinds_come_from_vllms_rules_not_the_matrix(tmp_path):
 def test_full_profile_covers_every_supported_deployment(arch, tp, draft):
     args = ["coverage", "--arch", arch, "--tp", tp, "--profile", "full", "--json"] + (["--draft", draft] if draft else [])
     r = cli(*args)
-    rep = json.loads(r.stdout)
-    assert r.returncode == 0 and rep["missing"] == [] and rep["required"], r.stdout[-2000:] + r.stderr
+    doc = json.loads(r.stdout)
+    # every release that runs the deployment is reported; gfx942 is 0.33.0's only
+    want = {"0.33.0"} if arch == "gfx942" else {"0.33.0", "0.32.0"}
+    assert {rep["release"] for rep in doc["reports"]} == want
+    assert [s["release"] for s in doc["skipped"]] == sorted({"0.33.0", "0.32.0"} - want)
+    for rep in doc["reports"]:
+        assert rep["missing"] == [] and rep["required"], r.stdout[-2000:] + r.stderr
+    assert r.returncode == 0 and doc["failed"] == 0 and doc["keys"] == sum(len(rep["required"]) for rep in doc["reports"])
 
 
 def test_full_profile_is_exactly_the_union_of_the_deployments(sched):
     union = set()
     for arch, tp in (("gfx950", 2), ("gfx950", 4), ("gfx942", 4)):
         union |= set(keys_of(arch, tp, sched, draft=DRAFT))
+    for tp in (2, 4):
+        union |= set(keys_of("gfx950", tp, sched, draft=DRAFT, release="0.32.0"))
     assert set(sched["matrix"].select("full")) == union
 
 
 def test_a_profile_for_another_deployment_misses_keys():
     r = cli("coverage", "--arch", "gfx950", "--tp", 2, "--profile", "gfx950-tp4", "--json")
-    rep = json.loads(r.stdout)
-    assert r.returncode == 1 and len(rep["missing"]) == len(rep["required"])
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and len(doc["reports"]) == 2
+    for rep in doc["reports"]:
+        assert len(rep["missing"]) == len(rep["required"]) > 0
+    assert {(f["release"], f["key"]) for f in doc["failures"]} == {
+        (rep["release"], k) for rep in doc["reports"] for k in rep["missing"]}
+
+
+# ---------------------------------------------------------------- vLLM 0.32.0
+
+
+def test_vllm_0_32_0_gfx950_tp4_counts(sched):
+    keys = keys_of("gfx950", 4, sched, release="0.32.0")
+    by_kind = {kind: [k for k in keys if k.kind == kind] for kind in ("k1", "k2", "ffn")}
+    # whole layers (K1 + K2) for ratio 1 and 2 only, at 1..48 rows; the FFN launch
+    # ffn_kernel(tokens) = MonoBuild(tokens, tp, 0) for every other mono layer
+    assert (len(by_kind["k1"]), len(by_kind["k2"]), len(by_kind["ffn"])) == (48 * 2, 48 * 2, 48)
+    assert len(keys) == 240
+    assert {k.ratio for k in by_kind["k1"] + by_kind["k2"]} == {1, 2}
+    assert all(k.release == "0.32.0" for k in keys)
+    # MonoBuild(tokens, tp, ratio, timeline): fold, index and routing are pinned
+    assert all(set(k.build_fields()) == {"tokens", "tp", "ratio", "timeline"} for k in keys)
+    assert all((k.fold, k.index, k.experts, k.topk) == (True, False, 384, 6) for k in keys)
+    assert BuildKey.parse("ffn@gfx950:s=48,tp=4,r=0", "0.32.0") in keys
+
+
+def test_vllm_0_32_0_runs_no_draft_and_no_gfx942(sched):
+    # mono_decode.py: a "draft layer" leaves the mono path: a draft adds no key
+    assert keys_of("gfx950", 2, sched, draft=DRAFT, release="0.32.0") == keys_of("gfx950", 2, sched, release="0.32.0")
+    with pytest.raises(coverage.NotDeployed, match="does not run on gfx942"):
+        coverage.deployment("gfx942", 4, release="0.32.0")
+    r = cli("coverage", "--arch", "gfx942", "--tp", 4, "--release", "0.32.0", "--profile", "full")
+    assert r.returncode == 2 and "0.32.0" in r.stderr and "gfx942" in r.stderr
+    r = cli("coverage", "--arch", "gfx942", "--tp", 4, "--max-rows", 2, "--profile", "full")
+    assert r.returncode == 0 and "skipped  vLLM 0.32.0" in r.stdout and "ok       0.33.0 k2@gfx942:s=2,tp=4,r=1" in r.stdout
+    assert " 0.32.0 " not in r.stdout.replace("skipped  vLLM 0.32.0", "")
+
+
+def test_release_flag_reports_only_that_release():
+    r = cli("coverage", "--arch", "gfx950", "--tp", 4, "--release", "0.32.0", "--profile", "vllm-0.32.0", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and [rep["release"] for rep in doc["reports"]] == ["0.32.0"]
+    assert doc["keys"] == doc["ok"] == 240
+    r = cli("coverage", "--arch", "gfx950", "--tp", 4, "--release", "0.31.0", "--profile", "full")
+    assert r.returncode == 2 and "0.31.0" in r.stderr
+
+
+def test_a_newer_release_key_never_satisfies_an_older_ones_requirement(sched):
+    # vLLM 0.33.0's profile holds key strings that read exactly like 0.32.0's...
+    need = [str(k) for k in keys_of("gfx950", 4, sched, release="0.32.0")]
+    newer = {str(k) for k in sched["matrix"].select("vllm-0.33.0")}
+    assert set(need) & newer
+    # ...but none of them is a 0.32.0 key
+    r = cli("coverage", "--arch", "gfx950", "--tp", 4, "--release", "0.32.0", "--profile", "vllm-0.33.0", "--json")
+    rep = only(json.loads(r.stdout), "0.32.0")
+    assert r.returncode == 1 and rep["missing"] == rep["required"] == need
+
+
+def _room(root, arch: str, release: str, keys: list, linked: list | None = None) -> None:
+    """A room's manifest (and libs.json) naming ``keys``: what coverage reads
+    (no objects: coverage checks presence, verify checks bytes)."""
+    man = Manifest(root / arch, arch, release=release)
+    for text in keys:
+        k = BuildKey.parse(text, release)
+        man.put({"key": text, "kind": k.kind, "arch": arch, "fields": k.build_fields(), "symbol": k.kernel_symbol,
+                 "entry": k.entry, "object": f"objects/{k.entry}.o", "sha256": "0" * 64, "bytes": 1,
+                 "code_object_sha256": "0" * 64, "code_object_bytes": 1,
+                 "source": {"mono_sources": release.replace(".", "") * 3}}, [])
+    man.write()
+    if linked is not None:
+        doc = {"libraries": [{"file": "libdsv41_x.so.xz", "entries": {k: "0" * 64 for k in linked}}]}
+        (room_dir(root / arch, release) / LIBS_JSON).write_text(json.dumps(doc))
+
+
+def test_rooms_are_read_per_release(sched, tmp_path):
+    dep32 = coverage.deployment("gfx950", 4, 2, release="0.32.0")
+    need32 = [str(k) for k in coverage.required(dep32, sched)]
+    need33 = [str(k) for k in coverage.required(coverage.deployment("gfx950", 4, 2), sched)]
+    assert len(need32) == 2 * (2 + 2 + 1)
+    # the 0.33.0 room holds every 0.32.0 string (and its own keys), linked; the
+    # 0.32.0 room one key, not linked
+    _room(tmp_path, "gfx950", "0.33.0", sorted(set(need33) | set(need32)), linked=sorted(set(need33) | set(need32)))
+    _room(tmp_path, "gfx950", "0.32.0", [need32[0]], linked=[])
+    r = cli("coverage", "--arch", "gfx950", "--tp", 4, "--max-rows", 2, "--dir", tmp_path, "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1
+    assert only(doc, "0.33.0")["missing"] == only(doc, "0.33.0")["unlinked"] == []
+    assert only(doc, "0.32.0")["missing"] == need32[1:] and only(doc, "0.32.0")["unlinked"] == need32[:1]
+    assert only(doc, "0.32.0")["against"].endswith("gfx950/vllm-0.32.0")
+    text = cli("coverage", "--arch", "gfx950", "--tp", 4, "--max-rows", 2, "--dir", tmp_path)
+    assert f"MISSING  0.32.0 {need32[1]}" in text.stdout and f"ok       0.33.0 {need32[1]}" in text.stdout
+    assert f"dsv41-aot build --release 0.32.0 --key '{need32[1]}'" in text.stdout
+    # a release without a room misses all its keys; asked for by name, it is bad input
+    (room_dir(tmp_path / "gfx950", "0.32.0") / "manifest.json").unlink()
+    doc = json.loads(cli("coverage", "--arch", "gfx950", "--tp", 4, "--max-rows", 2, "--dir", tmp_path, "--json").stdout)
+    assert only(doc, "0.32.0")["missing"] == need32 and only(doc, "0.32.0")["against"].endswith("(absent)")
+    r = cli("coverage", "--arch", "gfx950", "--tp", 4, "--release", "0.32.0", "--dir", tmp_path)
+    assert r.returncode == 2 and "no prebuilt kernels for gfx950 of vLLM 0.32.0" in r.stderr
 
 
 # ---------------------------------------------------------------- prebuilt directories
@@ -139,18 +251,23 @@ def test_a_key_removed_on_purpose_is_caught(tmp_path_factory, tmp_path):
     smoke = smoke_dir(tmp_path_factory)
     args = ["coverage", "--arch", "gfx950", "--tp", 4, "--max-rows", 4, "--json"]
     full = json.loads(cli(*args, "--dir", smoke).stdout)
-    assert "k2@gfx950:s=4,tp=4,r=1" in full["required"] and "k2@gfx950:s=4,tp=4,r=1" not in full["missing"]
+    for release in ("0.33.0", "0.32.0"):
+        rep = only(full, release)
+        assert "k2@gfx950:s=4,tp=4,r=1" in rep["required"] and "k2@gfx950:s=4,tp=4,r=1" not in rep["missing"]
     d = copy_of(smoke, tmp_path / "pb")
-    path = d / "gfx950" / "manifest.json"
+    path = room_dir(d / "gfx950", "0.32.0") / "manifest.json"
     doc = json.loads(path.read_text())
     del doc["entries"]["k2@gfx950:s=4,tp=4,r=1"]
     path.write_text(json.dumps(doc))
     r = cli(*args, "--dir", d)
     rep = json.loads(r.stdout)
     assert r.returncode == 1
-    assert set(rep["missing"]) - set(full["missing"]) == {"k2@gfx950:s=4,tp=4,r=1"}
+    # only the 0.32.0 room lost it: the 0.33.0 key of the same string does not stand in
+    assert set(only(rep, "0.32.0")["missing"]) - set(only(full, "0.32.0")["missing"]) == {"k2@gfx950:s=4,tp=4,r=1"}
+    assert only(rep, "0.33.0")["missing"] == only(full, "0.33.0")["missing"]
     text = cli(*args[:-1], "--dir", d)
-    assert text.returncode == 1 and "MISSING  k2@gfx950:s=4,tp=4,r=1" in text.stdout and "dsv41-aot build --key" in text.stdout
+    assert text.returncode == 1 and "MISSING  0.32.0 k2@gfx950:s=4,tp=4,r=1" in text.stdout
+    assert "dsv41-aot build --release 0.32.0 --key" in text.stdout
 
 
 @pytest.mark.slow
@@ -159,12 +276,19 @@ def test_unlinked_keys_fail_and_a_complete_dir_passes(tmp_path_factory, tmp_path
     d = copy_of(smoke, tmp_path / "pb")
     # of gfx942 TP4 at widths 1..4, the smoke set holds exactly its three s=4 keys
     r = cli("coverage", "--arch", "gfx942", "--tp", 4, "--max-rows", 4, "--dir", d, "--json")
-    rep = json.loads(r.stdout)
+    rep = only(json.loads(r.stdout), "0.33.0")
     held = [k for k in rep["required"] if k not in rep["missing"]]
     assert sorted(held) == ["ffn@gfx942:s=4,tp=4,r=0", "k1@gfx942:s=4,tp=4,r=1", "k2@gfx942:s=4,tp=4,r=1"]
     assert rep["unlinked"] == []
-    shutil.rmtree(d / "gfx942" / "lib")
-    rep = json.loads(cli("coverage", "--arch", "gfx942", "--tp", 4, "--max-rows", 4, "--dir", d, "--json").stdout)
+    # the 0.32.0 room of gfx950 holds its three smoke keys
+    r = cli("coverage", "--arch", "gfx950", "--tp", 4, "--max-rows", 4, "--release", "0.32.0", "--dir", d, "--json")
+    rep32 = only(json.loads(r.stdout), "0.32.0")
+    assert sorted(k for k in rep32["required"] if k not in rep32["missing"]) == [
+        "ffn@gfx950:s=4,tp=4,r=0", "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1"]
+    assert rep32["unlinked"] == []
+    (room_dir(d / "gfx942", "0.33.0") / LIBS_JSON).unlink()
+    rep = only(json.loads(cli("coverage", "--arch", "gfx942", "--tp", 4, "--max-rows", 4, "--dir", d, "--json").stdout),
+               "0.33.0")
     assert sorted(rep["unlinked"]) == sorted(held)
 
 

@@ -365,7 +365,7 @@ def run(args) -> int:
         missing, unlinked = set(rep["missing"]), set(rep["unlinked"])
         for k in rep["required"]:
             mark = "MISSING " if k in missing else "UNLINKED" if k in unlinked else "ok      "
-            print(f"{mark} {rel:8} {k}")
+            print(f"{mark} {rel} {k}")
         c = rep["counts"]
         print(f"{rep['deployment']}: {len(rep['required'])} keys (K1 {c['k1']}, K2 {c['k2']}, FFN {c['ffn']}) "
               f"checked against {rep['against']}: {len(rep['missing'])} missing, {len(rep['unlinked'])} not linked")
