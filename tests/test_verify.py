@@ -1,8 +1,9 @@
 """``dsv41-aot verify``: integrity of a prebuilt directory, and AOT = JIT.
 
-The slow tests build the ``smoke`` profile with the real builder, then
-rebuild its keys through vLLM's own runner and FlyDSL's JIT (compile only,
-no GPU) and compare the GPU code objects byte for byte.
+The slow tests build the ``smoke`` profile with the real builder (both vLLM
+releases' keys, one room a release), then rebuild its keys through each
+release's own vLLM runner and FlyDSL's JIT (compile only, no GPU) and compare
+the GPU code objects byte for byte.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from dsv41_aot.build import verify
+from dsv41_aot.build import jit, matrix, verify
 from dsv41_aot.build.elf import exported_parts
-from dsv41_aot.manifest import Manifest
+from dsv41_aot.errors import ToolchainError
+from dsv41_aot.keys import BuildKey
+from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, room_dir, sha256_file
 
-from _smoke import SMOKE_KEYS, smoke_count, smoke_dir
+from _smoke import smoke_count, smoke_dir
 
+SMOKE = matrix.load().select("smoke")  # BuildKeys: each with its release
 
 
 @pytest.fixture(scope="module")
@@ -39,19 +43,28 @@ def copy(smoke, tmp_path) -> Path:
 
 
 @pytest.mark.slow
-def test_against_jit_passes_on_smoke(smoke):
-    proc = cli("verify", "--dir", smoke, "--against-jit", "--json")
+def test_against_jit_passes_on_smoke(copy):
+    proc = cli("verify", "--dir", copy, "--against-jit", "--record", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert (report["failed"], report["failures"], report["ok"]) == (0, [], smoke_count())
     assert report["jit_checked"] == smoke_count()
-    assert {r["key"] for r in report["reports"]} == set(SMOKE_KEYS)
+    assert {(r["release"], r["key"]) for r in report["reports"]} == {(k.release, str(k)) for k in SMOKE}
     assert all("jit" in r["checks"] and r["ok"] for r in report["reports"])
+    # each room's proof is in the room, and its keys were JIT-built by that
+    # release's own mono package (the matrix's digest of the release)
+    m = matrix.load()
+    for arch, release in {(k.arch, k.release) for k in SMOKE}:
+        recs = jit.read_verified(room_dir(copy / arch, release))
+        assert set(recs) == {str(k) for k in SMOKE if (k.arch, k.release) == (arch, release)}
+        assert {r["jit"]["mono_sources"] for r in recs.values()} == {m.releases[release].mono_sources}
+        assert {r["jit"]["release"] for r in recs.values()} == {release}
+    assert not (copy / "gfx950" / jit.VERIFIED).exists()
 
 
 @pytest.mark.slow
 def test_flipped_byte_fails_with_its_key(copy):
-    man = Manifest.read(copy / "gfx942")
+    man = Manifest.read(copy / "gfx942", release="0.33.0")
     key = "k2@gfx942:s=4,tp=4,r=1"
     path = man.object_path(key)
     data = bytearray(path.read_bytes())
@@ -61,7 +74,7 @@ def test_flipped_byte_fails_with_its_key(copy):
     assert proc.returncode == 1
     assert f"FAILED {key}" in proc.stdout and "does not match its manifest sha256" in proc.stdout
     assert proc.stdout.count("FAILED") == 1
-    assert "dsv41-aot build --key" in proc.stderr and key in proc.stderr
+    assert "dsv41-aot build --release 0.33.0 --key" in proc.stderr and key in proc.stderr
 
 
 @pytest.mark.slow
@@ -70,7 +83,7 @@ def test_swapped_object_with_updated_sha_is_caught(copy):
     the checksum passes, the export and code object checks do not."""
     from dsv41_aot.manifest import sha256_file
 
-    man = Manifest.read(copy / "gfx950")
+    man = Manifest.read(copy / "gfx950", release="0.32.0")
     victim, donor = "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1"
     e = man.entries[victim]
     shutil.copyfile(man.object_path(donor), man.object_path(victim))
@@ -80,11 +93,13 @@ def test_swapped_object_with_updated_sha_is_caught(copy):
     assert proc.returncode == 1
     report = json.loads(proc.stdout)
     (own,) = [f for f in report["failures"] if f["file"] is None]  # the entry's own check
-    assert own["key"] == victim and own["fix"] == f"rebuild it: dsv41-aot build --key '{victim}' --out {copy}"
-    # and libs.json still links the key from the object it was linked from
+    assert (own["key"], own["release"]) == (victim, "0.32.0")
+    assert own["fix"] == f"rebuild it: dsv41-aot build --release 0.32.0 --key '{victim}' --out {copy}"
+    # and the room's libs.json still links the key from the object it was linked from
     (linked,) = [f for f in report["failures"] if f["file"] is not None]
-    assert linked["key"] == victim and linked["fix"] == f"dsv41-aot link --dir {copy} --arch gfx950"
-    (bad,) = [r for r in report["reports"] if r["key"] == victim]
+    assert (linked["key"], linked["release"]) == (victim, "0.32.0")
+    assert linked["fix"] == f"dsv41-aot link --dir {copy} --arch gfx950"
+    (bad,) = [r for r in report["reports"] if r["key"] == victim and r["release"] == "0.32.0"]
     assert any("is not an export of entry" in p for p in bad["problems"]), bad
 
 
@@ -110,24 +125,35 @@ def test_compare_jit_names_every_difference(smoke, tmp_path):
     assert verify.compare_jit(man, k1, code[k1], {"error": "boom"}) == ["JIT build failed: boom"]
 
 
-def test_sample_is_seeded_per_arch(tmp_path):
+def test_sample_is_seeded_per_room(tmp_path):
     man = Manifest(tmp_path / "gfx950", "gfx950", entries={f"k1@gfx950:s={s},tp=4,r=1": {} for s in range(1, 21)})
     a = verify.choose_keys(man, None, 3, seed=0)
     assert len(a) == 3 and a == verify.choose_keys(man, None, 3, seed=0)
     assert verify.choose_keys(man, None, 3, seed=1) != a or verify.choose_keys(man, None, 3, seed=2) != a
     assert verify.choose_keys(man, None, 50, seed=0) == sorted(man.entries)
     assert verify.choose_keys(man, ["k1@gfx950:s=2,tp=4,r=1", "k2@gfx942:s=4,tp=4,r=1"], None, 0) == ["k1@gfx950:s=2,tp=4,r=1"]
+    old = Manifest(tmp_path / "gfx950", "gfx950", entries=dict(man.entries), release="0.32.0")
+    draws = {tuple(verify.choose_keys(m, None, 3, seed=s)) for m in (man, old) for s in range(4)}
+    assert len(draws) > 4  # the rooms of one arch draw apart
 
 
 def test_bad_input_exits_2(tmp_path):
     proc = cli("verify", "--dir", tmp_path)
     assert proc.returncode == 2 and "holds no prebuilt architecture" in proc.stderr
+    # an arch folder of the old layout (manifest.json beside objects/) holds no room
+    (tmp_path / "gfx950").mkdir()
+    (tmp_path / "gfx950" / "manifest.json").write_text("{}")
+    proc = cli("verify", "--dir", tmp_path)
+    assert proc.returncode == 2 and "vllm-<release>/manifest.json" in proc.stderr
 
 
 @pytest.mark.slow
 def test_unknown_key_and_bad_sample_exit_2(smoke):
     proc = cli("verify", "--dir", smoke, "--key", "k1@gfx950:s=7,tp=4,r=1")
-    assert proc.returncode == 2 and "does not hold" in proc.stderr and "k1@gfx950:s=7,tp=4,r=1" in proc.stderr
+    assert proc.returncode == 2 and "does not hold" in proc.stderr and "k1@gfx950:s=7,tp=4,r=1 (vLLM 0.33.0)" in proc.stderr
+    # a smoke key string of 0.33.0 that 0.32.0's room does not hold
+    proc = cli("verify", "--dir", smoke, "--release", "0.32.0", "--key", "k2@gfx950:s=44,tp=4,r=1")
+    assert proc.returncode == 2 and "k2@gfx950:s=44,tp=4,r=1 (vLLM 0.32.0)" in proc.stderr
     proc = cli("verify", "--dir", smoke, "--key", "k1@gfx950:bogus")
     assert proc.returncode == 2 and "malformed key" in proc.stderr
     proc = cli("verify", "--dir", smoke, "--against-jit", "--sample", "0")
@@ -140,7 +166,8 @@ def test_sample_checks_n_keys_per_arch_against_jit(smoke):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     jit = [r for r in report["reports"] if "jit" in r["checks"]]
-    assert report["jit_checked"] == 2 and sorted(r["arch"] for r in jit) == ["gfx942", "gfx950"]
+    rooms = sorted({(k.arch, k.release) for k in SMOKE})
+    assert report["jit_checked"] == len(rooms) == 3 and sorted((r["arch"], r["release"]) for r in jit) == rooms
     assert report["keys"] == smoke_count()  # integrity still covers every key
 
 
@@ -159,7 +186,7 @@ def test_libraries_and_libs_json_are_checked(copy, damage):
     """What the loader refuses, verify refuses: exit 1, the file named, and
     the fix (relink) printed; running it makes verify pass again."""
     libdir = copy / "gfx950" / "lib"
-    path = libdir / "libs.json"
+    path = room_dir(copy / "gfx950", "0.32.0") / "libs.json"
     doc = json.loads(path.read_text())
     lib = libdir / doc["libraries"][0]["file"]
     named = {"flip-library": lib, "delete-library": lib}.get(damage, path)
@@ -177,7 +204,7 @@ def test_libraries_and_libs_json_are_checked(copy, damage):
         path.write_text(json.dumps(doc))
     proc = cli("verify", "--dir", copy)
     assert proc.returncode == 1, proc.stdout
-    assert f"FAILED {named}" in proc.stdout, proc.stdout
+    assert f"FAILED {named} (vLLM 0.32.0)" in proc.stdout, proc.stdout
     fix = f"fix: dsv41-aot link --dir {copy} --arch gfx950"
     assert fix in proc.stderr
     assert "0 failed" in proc.stdout  # every key's own object is fine: the link is what is wrong
@@ -186,12 +213,120 @@ def test_libraries_and_libs_json_are_checked(copy, damage):
 
 
 def test_mixed_source_identities_fail(copy):
-    man = Manifest.read(copy / "gfx942")
+    man = Manifest.read(copy / "gfx942", release="0.33.0")
     key = sorted(man.entries)[0]
     man.entries[key]["source"] = dict(man.entries[key]["source"], mono_sources="0" * 16)
     man.write()
     proc = cli("verify", "--dir", copy, "--json")
     assert proc.returncode == 1
     (f,) = json.loads(proc.stdout)["failures"]
-    assert f["file"] == str(copy / "gfx942" / "manifest.json") and key in f["error"] and "2 source identities" in f["error"]
-    assert f["fix"] == f"rebuild: dsv41-aot build --arch gfx942 --out {copy}"
+    assert f["file"] == str(copy / "gfx942" / "vllm-0.33.0" / "manifest.json") and key in f["error"]
+    assert "2 source identities" in f["error"] and f["release"] == "0.33.0"
+    assert f["fix"] == f"rebuild: dsv41-aot build --arch gfx942 --release 0.33.0 --out {copy}"
+
+
+# ---------------------------------------------------------------- rooms (no build)
+
+
+def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = b"band") -> Manifest:
+    """A room whose manifest names ``keys`` (objects absent) and, with
+    ``band``, a libs.json linking them all from one band in the arch's lib/."""
+    man = Manifest(root / arch, arch, release=release)
+    for text in keys:
+        k = BuildKey.parse(text, release)
+        man.put({"key": text, "kind": k.kind, "arch": arch, "fields": k.build_fields(), "symbol": k.kernel_symbol,
+                 "entry": k.entry, "object": f"objects/{k.entry}.o", "sha256": f"{len(text):064x}", "bytes": 1,
+                 "code_object_sha256": "0" * 64, "code_object_bytes": 1,
+                 "source": {"mono_sources": release.replace(".", "") * 3}}, [])
+    man.write()
+    if band is not None:
+        (root / arch / LIB).mkdir(parents=True, exist_ok=True)
+        name = f"libdsv41_{arch}_{release.replace('.', '_')}.so.xz"
+        (root / arch / LIB / name).write_bytes(band)
+        doc = {"schema": 2, "arch": arch, "release": release, "libraries": [
+            {"file": name, "sha256": sha256_file(root / arch / LIB / name),
+             "entries": {k: man.entries[k]["sha256"] for k in keys}}]}
+        (man.room / LIBS_JSON).write_text(json.dumps(doc))
+    return man
+
+
+KEYS = ["k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1"]
+
+
+def test_libs_json_is_checked_per_room(tmp_path):
+    new = _room(tmp_path, "gfx950", "0.33.0", KEYS + ["k1@gfx950:s=4,tp=4,r=1,f=0"])
+    old = _room(tmp_path, "gfx950", "0.32.0", KEYS, band=b"another band")
+    assert verify.check_libraries(new) == verify.check_libraries(old) == []
+    path = old.room / LIBS_JSON
+    good = json.loads(path.read_text())
+
+    def failures(doc) -> list:
+        path.write_text(json.dumps(doc))
+        return verify.check_libraries(Manifest.read(tmp_path / "gfx950", release="0.32.0"))
+
+    # a 0.32.0 key linked from another object than its room's manifest names
+    doc = json.loads(json.dumps(good))
+    doc["libraries"][0]["entries"][KEYS[1]] = "f" * 64
+    (f,) = failures(doc)
+    assert (f["key"], f["release"]) == (KEYS[1], "0.32.0") and "links it from object ffffffffffffffff" in f["error"]
+    # the 0.33.0 room's libs.json copied into the 0.32.0 room
+    (f,) = failures(json.loads((new.room / LIBS_JSON).read_text()))
+    assert f["release"] == "0.32.0" and "release '0.33.0'" in f["error"] and f["file"] == str(path)
+    # a band named outside the arch's lib/
+    doc = json.loads(json.dumps(good))
+    doc["libraries"][0]["file"] = "../objects/libdsv41_x.so.xz"
+    assert any("not a band in" in f["error"] for f in failures(doc))
+    # a band altered after linking; a key linked that the room does not hold
+    doc = json.loads(json.dumps(good))
+    (tmp_path / "gfx950" / LIB / doc["libraries"][0]["file"]).write_bytes(b"altered")
+    doc["libraries"][0]["entries"]["ffn@gfx950:s=4,tp=4,r=0"] = "0" * 64
+    errors = [f["error"] for f in failures(doc)]
+    assert any("does not match its sha256" in e for e in errors)
+    assert any("ffn@gfx950:s=4,tp=4,r=0 is linked" in e for e in errors)
+    # the other room is untouched by all of it
+    assert verify.check_libraries(new) == []
+    path.unlink()
+    (f,) = verify.check_libraries(old)
+    assert "missing" in f["error"] and f["release"] == "0.32.0"
+
+
+def test_reports_and_failures_carry_the_release(tmp_path):
+    _room(tmp_path, "gfx950", "0.33.0", KEYS)
+    _room(tmp_path, "gfx950", "0.32.0", KEYS[:1])
+    proc = cli("verify", "--dir", tmp_path, "--json")
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and doc["keys"] == 3
+    assert sorted((r["release"], r["key"]) for r in doc["reports"]) == sorted(
+        [("0.33.0", k) for k in KEYS] + [("0.32.0", KEYS[0])])
+    own = [f for f in doc["failures"] if f["file"] is None]  # objects absent: every key fails its own check
+    assert {(f["release"], f["key"]) for f in own} == {(r["release"], r["key"]) for r in doc["reports"]}
+    assert f"rebuild it: dsv41-aot build --release 0.32.0 --key '{KEYS[0]}' --out {tmp_path}" in [f["fix"] for f in own]
+    # --release keeps one release's rooms and names the release of --key
+    doc = json.loads(cli("verify", "--dir", tmp_path, "--release", "0.32.0", "--json").stdout)
+    assert {r["release"] for r in doc["reports"]} == {"0.32.0"} and doc["keys"] == 1
+    proc = cli("verify", "--dir", tmp_path, "--release", "0.32.0", "--key", KEYS[1])
+    assert proc.returncode == 2 and f"{KEYS[1]} (vLLM 0.32.0)" in proc.stderr and "--release 0.32.0" in proc.stderr
+    proc = cli("verify", "--dir", tmp_path, "--key", KEYS[1], "--json")
+    assert [r["release"] for r in json.loads(proc.stdout)["reports"]] == ["0.33.0"]
+
+
+def test_shard_keys_are_builds_shards_across_releases():
+    m = matrix.load()
+    keys = [k for i in range(3) for k in verify.shard_keys(f"{i}/3", profile="smoke")]
+    assert sorted(keys) == sorted(m.select("smoke")) and {k.release for k in keys} == {"0.33.0", "0.32.0"}
+    only = verify.shard_keys("0/1", profile="smoke", release="0.32.0")
+    assert only and {k.release for k in only} == {"0.32.0"}
+
+
+def test_a_release_tree_with_other_kernels_is_refused(tmp_path):
+    """--against-jit takes each release's tree by its matrix digest: a tree
+    that says 0.32.0 but holds other mono sources is bad input, naming both."""
+    m = matrix.load()
+    good = verify.release_trees({"0.32.0"}, {}, ())["0.32.0"]
+    assert good.digest == m.releases["0.32.0"].mono_sources and good.version == "0.32.0"
+    tree = Path(shutil.copytree(good.root, tmp_path / "tree"))
+    layer = tree / "vllm/models/deepseek_v41/amd/mono/layer.py"
+    layer.write_text(layer.read_text() + "\n# patched\n")
+    with pytest.raises(ToolchainError) as e:
+        verify.release_trees({"0.32.0"}, {}, (tree,))
+    assert e.value.exit_code == 2 and m.releases["0.32.0"].mono_sources in str(e.value)

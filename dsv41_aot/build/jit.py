@@ -1,11 +1,13 @@
 """vLLM's own JIT build of a key, for ``verify --against-jit``; and the
-``verified.json`` proof it leaves beside a manifest.
+``verified.json`` proof it leaves beside a room's manifest.
 
-A JIT worker (``python -m dsv41_aot.build.jit ARCH FOLDER [--vllm-src DIR]``,
-run on the one worker pool, ``dsv41_aot.build.workers``) asks vLLM's runner
+A JIT worker (``python -m dsv41_aot.build.jit ARCH RELEASE FOLDER VLLM_ROOT``,
+run on the one worker pool, ``dsv41_aot.build.workers``, one a room) imports
+the mono package of its release's vLLM tree and asks that release's runner
 (``DSV41MonoLayer.kernels`` / ``ffn_kernel``, on a runner object made without a
-GPU) for the key's launcher exactly as at serving time (gfx942's K2 without the
-key-table build included), has FlyDSL's JIT compile it without launching into
+GPU, with the arguments that release's methods take) for the key's launcher
+exactly as at serving time (0.33.0 gfx942's K2 without the key-table build
+included), has FlyDSL's JIT compile it without launching into
 the worker's own fresh FlyDSL disk cache, and takes the GPU code object from
 that cache's pickled artifact (its IR's ``gpu.binary``), not from
 ``export_to_c``. The parent compares bytes, kernel name and kernarg layout
@@ -32,19 +34,22 @@ from .codeobject import code_object_resources
 
 # FlyDSL annotation class name -> the ABI ctype export_to_c records
 CTYPES = {"Int64": "int64", "Int32": "int32"}
-# per arch folder, beside manifest.json: per key, the JIT code object it was
-# proven byte-identical to and the vLLM / FlyDSL it was compared under (the
-# loader never reads it)
+# per room (<arch>/vllm-<release>/), beside manifest.json: per key, the JIT
+# code object it was proven byte-identical to and the vLLM / FlyDSL it was
+# compared under (the loader never reads it)
 VERIFIED = "verified.json"
+# a runner method's parameter -> the key field it is given (mono/runner.py)
+RUNNER_ARGS = ("tokens", "ratio", "fold", "index", "experts", "topk")
 
 
 # ---------------------------------------------------------------- worker side
 
 
 class VllmJit:
-    """vLLM's runner and FlyDSL's JIT, in a process bound to one arch."""
+    """One release's vLLM runner and FlyDSL's JIT, in a process bound to one
+    arch and that release's tree (``vllm_root``, the folder holding vllm/)."""
 
-    def __init__(self, arch: str, vllm_src: str | None):
+    def __init__(self, arch: str, release: str, vllm_root: str):
         from importlib import import_module
 
         from flydsl import __version__ as flydsl_version
@@ -53,12 +58,14 @@ class VllmJit:
         from . import compat
 
         compat.install_aiter_shim()
-        src = source.find(vllm_src)
+        src = source.MonoSource(Path(vllm_root).resolve())
         self.runner_mod = source.import_mono(src, "runner")
-        self.arch = arch
+        self.arch, self.release = arch, release
         self.identity = {
+            "release": release,
             "vllm_version": src.version,
             "mono_sources": import_module(f"{source.MONO}.sources").SOURCES,
+            "mono_dir": str(Path(self.runner_mod.__file__).resolve().parent),
             "flydsl_version": flydsl_version,
         }
 
@@ -73,16 +80,28 @@ class VllmJit:
         return r
 
     def launcher(self, key: BuildKey):
-        """The launcher vLLM's runner uses for ``key``. A K2 key names the
-        layer's fields; on gfx942 the runner itself drops ``index``."""
+        """The launcher vLLM's runner uses for ``key``, asked for with the
+        arguments the release's method takes (0.33.0: ``kernels(tokens,
+        ratio, fold, index)``, ``ffn_kernel(tokens, experts, topk)``; 0.32.0:
+        ``kernels(tokens, ratio)``, ``ffn_kernel(tokens)``). A K2 key names
+        the layer's fields; on 0.33.0 gfx942 the runner itself drops ``index``."""
+        import inspect
+
+        if key.release != self.release or key.arch != self.arch:
+            raise AotError(f"{key.describe()}: sent to the {self.arch} JIT worker of vLLM {self.release}",
+                           fix="report it: the worker pool keeps one worker a room")
         kind = kind_facts(key.kind)
-        r = self.runner(key)
-        if kind.runner_method == "ffn_kernel":
-            return r.ffn_kernel(key.tokens, key.experts, key.topk)
-        if kind.runner_method == "kernels":
-            return r.kernels(key.tokens, key.ratio, key.fold, key.index)[kind.runner_index]
-        raise AotError(f"{key}: verify does not know how vLLM's runner asks for a {key.kind} launch "
-                       f"({kind.runner_method})", fix="teach build/jit.py VllmJit.launcher that runner method")
+        if kind.runner_method not in ("kernels", "ffn_kernel"):
+            raise AotError(f"{key.describe()}: verify does not know how vLLM's runner asks for a {key.kind} launch "
+                           f"({kind.runner_method})", fix="teach build/jit.py VllmJit.launcher that runner method")
+        method = getattr(self.runner(key), kind.runner_method)
+        params = list(inspect.signature(method).parameters)
+        unknown = [p for p in params if p not in RUNNER_ARGS]
+        if unknown:
+            raise AotError(f"{key.describe()}: vLLM {self.release}'s {kind.runner_method} takes {', '.join(unknown)}, "
+                           f"which verify cannot give from a key", fix="teach build/jit.py RUNNER_ARGS that parameter")
+        got = method(*(getattr(key, p) for p in params))
+        return got[kind.runner_index] if kind.runner_index is not None else got
 
     def code_object(self, key: BuildKey) -> tuple[bytes, list]:
         """The GPU code object FlyDSL's JIT builds for ``key``, and the
@@ -133,8 +152,7 @@ def _worker_main(argv: list[str]) -> int:
     each code object is written to FOLDER/<entry>.jit.co for the parent."""
     from .worker import ensure_parent, serve
 
-    arch, folder = argv[0], Path(argv[1])
-    vllm_src = argv[3] if len(argv) > 3 and argv[2] == "--vllm-src" else None
+    arch, release, folder, vllm_root = argv[0], argv[1], Path(argv[2]), argv[3]
 
     def answer(jit: VllmJit, key: BuildKey) -> dict:
         code, params = jit.code_object(key)
@@ -143,35 +161,46 @@ def _worker_main(argv: list[str]) -> int:
         path.write_bytes(code)
         return {"code": str(path), "params": params}
 
-    return serve(arch, lambda: VllmJit(arch, vllm_src), answer, ready=lambda jit: {"identity": jit.identity})
+    return serve(arch, lambda: VllmJit(arch, release, vllm_root), answer, ready=lambda jit: {"identity": jit.identity},
+                 release=release)
 
 
 # ---------------------------------------------------------------- parent side
 
 
-def run(chosen: list[BuildKey], on_answer, *, jobs: int, key_timeout: float, vllm_src: str | None = None) -> None:
-    """JIT-build ``chosen`` on the worker pool; ``on_answer(key, message)``
-    once per key (message: worker.serve's, plus ``identity``, the ready
-    line's vLLM / FlyDSL; ``code`` is readable only during the call)."""
+def run(chosen: list[BuildKey], on_answer, *, jobs: int, key_timeout: float, sources: dict) -> None:
+    """JIT-build ``chosen`` on the worker pool, one worker a room (arch and
+    release), each importing the mono package of ``sources[key.release]``
+    (a ``source.MonoSource``); ``on_answer(key, message)`` once per key
+    (message: worker.serve's, plus ``identity``, the ready line's release,
+    vLLM and FlyDSL; ``code`` is readable only during the call). A worker
+    whose imported mono sources are not its tree's is refused: its keys fail."""
     from . import toolchain
     from .compiler import worker_env
     from .workers import Pool
 
     rocm = str(toolchain.find().rocm_path)
-    identity: dict = {}  # worker folder -> its ready line's identity
+    rooms = {k.room: k for k in chosen}  # the pool names a worker by its keys' room
+    identity: dict = {}  # room -> its worker's ready line's identity
 
-    def spawn(arch: str, folder: Path):
-        env = worker_env(arch, rocm, str(folder / "flydsl-cache"))
+    def spawn(room: str, folder: Path):
+        key = rooms[room]
+        env = worker_env(key.arch, rocm, str(folder / "flydsl-cache"))
         env["FLYDSL_RUNTIME_ENABLE_CACHE"] = "1"  # the artifact is read back from FlyDSL's disk cache
-        argv = [sys.executable, "-m", "dsv41_aot.build.jit", arch, str(folder)]
-        return argv + (["--vllm-src", vllm_src] if vllm_src else []), env
+        root = str(sources[key.release].root)
+        return [sys.executable, "-m", "dsv41_aot.build.jit", key.arch, key.release, str(folder), root], env
 
-    def accept(arch: str, ready: dict) -> str | None:
-        identity[arch] = ready.get("identity")
+    def accept(room: str, ready: dict) -> str | None:
+        got = ready.get("identity") or {}
+        identity[room] = got
+        src = sources[rooms[room].release]
+        if got.get("mono_sources") != src.digest:
+            return (f"the JIT worker of {room} imported mono sources {got.get('mono_sources')} "
+                    f"({got.get('mono_dir')}), not vLLM {rooms[room].release}'s {src.digest} ({src.mono_dir})")
         return None
 
     def answer(key: BuildKey, msg: dict) -> None:
-        on_answer(key, dict(msg, identity=identity.get(key.arch)))
+        on_answer(key, dict(msg, identity=identity.get(key.room)))
         if msg.get("code"):
             Path(msg["code"]).unlink(missing_ok=True)
 
@@ -208,26 +237,26 @@ def compare_jit(man: Manifest, key: str, prebuilt: bytes, answer: dict) -> list[
 # ---------------------------------------------------------------- verified.json
 
 
-def read_verified(arch_dir: Path) -> dict:
-    """key -> record from ``arch_dir/verified.json`` ({} when absent)."""
-    path = Path(arch_dir) / VERIFIED
+def read_verified(room: Path) -> dict:
+    """key -> record from a room's ``verified.json`` ({} when absent)."""
+    path = Path(room) / VERIFIED
     try:
         doc = json.loads(path.read_bytes())
     except FileNotFoundError:
         return {}
     except ValueError as e:
         raise AotError(f"{path}: malformed JSON ({e})",
-                       fix=f"delete it and rerun: dsv41-aot verify --against-jit --record --dir {Path(arch_dir).parent}")
+                       fix=f"delete it and rerun: dsv41-aot verify --against-jit --record --dir {Path(room).parents[1]}")
     return dict(doc.get("keys", {}))
 
 
-def write_verified(arch_dir: Path, arch: str, records: dict, man: Manifest) -> None:
-    """Write ``records`` (key -> record), keeping only keys whose manifest
-    entry still holds the code object the record proved."""
+def write_verified(man: Manifest, records: dict) -> None:
+    """Write ``records`` (key -> record) to ``man``'s room, keeping only keys
+    whose manifest entry still holds the code object the record proved."""
     keep = {k: r for k, r in sorted(records.items())
             if k in man.entries and man.entries[k]["code_object_sha256"] == r["code_object_sha256"]}
-    doc = {"version": 1, "arch": arch, "keys": keep}
-    atomic_write(Path(arch_dir) / VERIFIED, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+    doc = {"version": 1, "arch": man.arch, "release": man.release, "keys": keep}
+    atomic_write(man.room / VERIFIED, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
 
 def verified_record(code: bytes, identity: dict | None) -> dict:

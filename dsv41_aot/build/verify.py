@@ -4,19 +4,25 @@ No AMD GPU runs here, so the strongest evidence that a prebuilt launch
 behaves as vLLM's JIT launch is that it is the same GPU code object, reached
 through the same kernel name and kernarg layout. Two levels:
 
+Per room (``<arch>/vllm-<release>/``: one vLLM release's keys on one arch):
+
 - integrity (always): the manifest parses; every object exists with its
   recorded sha256; the code object inside it, its kernel name, export ABI and
   resource figures match the manifest; the symbol can be resident (see
-  ``dsv41_aot.resources``); ``lib/libs.json`` parses, every library it names
-  is inside ``lib/`` with its recorded sha256, and it links every manifest
-  key from the manifest's object (what the loader checks before it loads);
-- ``--against-jit``: each chosen key is built again by vLLM's own runner and
-  FlyDSL's JIT (``dsv41_aot.build.jit``), on the build's worker pool
+  ``residency``); the room's ``libs.json`` parses, every band it names is in
+  the arch's ``lib/`` with its recorded sha256, and it links every key of the
+  room's manifest from the manifest's object (what the loader checks before
+  it loads);
+- ``--against-jit``: each chosen key is built again by its release's vLLM
+  runner (the mono package of that release's tree, ``source.find_release``)
+  and FlyDSL's JIT (``dsv41_aot.build.jit``), on the build's worker pool
   (``--jobs``, ``--key-timeout``), and its GPU code object, kernel name,
   kernarg layout and launcher parameters are compared with the prebuilt one.
   ``--shard i/N`` checks the keys ``dsv41-aot build --shard i/N`` builds (same
-  partition, same ``--seconds`` files); ``--record`` writes the proof,
-  ``<arch>/verified.json`` (``jit.VERIFIED``), beside each manifest.
+  selection across releases, same partition, same ``--seconds`` files);
+  ``--record`` writes the proof, the room's ``verified.json`` (``jit.VERIFIED``).
+
+Every report and failure carries its key's release.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ from pathlib import Path
 
 from . import elf
 from ..errors import AotError, IntegrityError
+from ..facts.releases import NEWEST, release_facts
 from ..keys import BuildKey
-from ..manifest import LIB, LIBS_JSON, Manifest, arch_dirs, sha256_file
+from ..manifest import BAND_RE, LIB, LIBS_JSON, Manifest, rooms, sha256_file
 from .codeobject import code_object_resources, manifest_figures
 from .jit import compare_jit, read_verified, verified_record, write_verified
 from .output import tally
@@ -45,6 +52,7 @@ class KeyReport:
 
     key: str
     arch: str
+    release: str = NEWEST
     checks: list = field(default_factory=list)  # names of the checks that ran
     problems: list = field(default_factory=list)
     jit_seconds: float | None = None
@@ -53,8 +61,11 @@ class KeyReport:
     def ok(self) -> bool:
         return not self.problems
 
+    def describe(self) -> str:
+        return f"{self.key} (vLLM {self.release})"
+
     def as_dict(self) -> dict:
-        return {"key": self.key, "arch": self.arch, "ok": self.ok, "checks": self.checks,
+        return {"key": self.key, "arch": self.arch, "release": self.release, "ok": self.ok, "checks": self.checks,
                 "problems": self.problems, "jit_seconds": self.jit_seconds}
 
 
@@ -65,7 +76,7 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
     """Integrity of one manifest entry; returns the report and the stored
     GPU code object (None when it could not be read)."""
     e = man.entries[key]
-    rep = KeyReport(key, man.arch)
+    rep = KeyReport(key, man.arch, man.release)
     rep.checks.append("sha256")
     try:
         man.check_object(key)
@@ -73,7 +84,7 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
         rep.problems.append(str(err).split("\n")[0])
         return rep, None
     try:
-        parsed = BuildKey.parse(key)
+        parsed = BuildKey.parse(key, man.release)
     except AotError as err:
         rep.problems.append(f"manifest key does not parse: {err}")
         return rep, None
@@ -118,36 +129,41 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
 
 
 def check_libraries(man: Manifest) -> list[dict]:
-    """The linked libraries of one arch folder against its manifest: a
-    failure {"key", "file", "error", "fix"} per problem (key None when the
-    problem is the file's), [] when the loader would accept them."""
-    from .link import read_libs
-
+    """The room's ``libs.json`` against its manifest: a failure {"key",
+    "release", "file", "error", "fix"} per problem (key None when the problem
+    is a file's), [] when the loader would accept them. The bands it names
+    live in the arch's ``lib/``, shared by its releases."""
     libdir = man.dir / LIB
-    path = libdir / LIBS_JSON
+    path = man.room / LIBS_JSON
     relink = f"dsv41-aot link --dir {man.dir.parent} --arch {man.arch}"
 
     def failure(error: str, file: Path = path, key: str | None = None) -> dict:
-        return {"key": key, "file": str(file), "error": error, "fix": relink}
+        return {"key": key, "release": man.release, "file": str(file), "error": error, "fix": relink}
 
     if not path.is_file():
-        if not man.entries:  # nothing built for this arch (e.g. only refused keys): nothing to link or load
+        if not man.entries:  # nothing built for this room (e.g. only refused keys): nothing to link or load
             return []
-        return [failure(f"{path} is missing: the loader cannot open any {man.arch} key")]
+        return [failure(f"{path} is missing: the loader cannot open any vLLM {man.release} key on {man.arch}")]
     try:
-        libraries = read_libs(man.dir, strict=True)["libraries"]
+        doc = json.loads(path.read_bytes())
+        libraries = doc["libraries"]
+        for name in ("arch", "release"):
+            want = man.arch if name == "arch" else man.release
+            if name in doc and doc[name] != want:
+                raise ValueError(f"it says {name} {doc[name]!r}, its room is {want!r}")
         linked = {}
         for lib in libraries:
             if not isinstance(lib.get("file"), str) or not isinstance(lib.get("sha256"), str):
                 raise ValueError(f"a library record lacks file / sha256: {str(lib)[:200]}")
             linked.update({k: (lib["file"], sha) for k, sha in lib["entries"].items()})
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        return [failure(f"{path} is not a dsv41-aot link record ({type(e).__name__}: {e})")]
+        return [failure(f"{path} is not a dsv41-aot link record of vLLM {man.release} on {man.arch} "
+                        f"({type(e).__name__}: {e})")]
     out = []
     for lib in libraries:
         file = (libdir / lib["file"]).resolve()
-        if file.parent != libdir.resolve():
-            out.append(failure(f"{path} names {lib['file']!r}, outside {libdir}"))
+        if not BAND_RE.fullmatch(lib["file"]) or file.parent != libdir.resolve():
+            out.append(failure(f"{path} names {lib['file']!r}, not a band in {libdir}"))
         elif not file.is_file():
             out.append(failure(f"{file} is missing (named by {path})", file))
         elif sha256_file(file) != lib["sha256"]:
@@ -164,19 +180,19 @@ def check_libraries(man: Manifest) -> list[dict]:
 
 
 def check_sources(man: Manifest) -> list[dict]:
-    """One arch folder's entries must come from one source identity (vLLM
-    mono digest and version, helpers, FlyDSL, linker): no installed vLLM
-    matches a mix, and a single altered entry shows up as one."""
+    """One room's entries must come from one source identity (vLLM mono
+    digest and version, helpers, FlyDSL, linker): no installed vLLM matches
+    a mix, and a single altered entry shows up as one."""
     sources: dict = {}
     for key, e in sorted(man.entries.items()):
         sources.setdefault(json.dumps(e["source"], sort_keys=True), []).append(key)
     if len(sources) < 2:
         return []
     fewest = min(sources.values(), key=len)
-    return [{"key": None, "file": str(man.path),
+    return [{"key": None, "release": man.release, "file": str(man.path),
              "error": f"{man.path} mixes {len(sources)} source identities ({len(fewest)} key(s) differ from the rest, "
                       f"e.g. {fewest[0]})",
-             "fix": f"rebuild: dsv41-aot build --arch {man.arch} --out {man.dir.parent}"}]
+             "fix": f"rebuild: dsv41-aot build --arch {man.arch} --release {man.release} --out {man.dir.parent}"}]
 
 
 def kernarg_problems(abi: list, res: dict) -> list[str]:
@@ -200,38 +216,60 @@ def kernarg_problems(abi: list, res: dict) -> list[str]:
 
 
 def choose_keys(man: Manifest, keys: list[str] | None, sample: int | None, seed: int) -> list[str]:
-    """The keys of this arch to rebuild: named ones, a seeded sample, or all."""
+    """The keys of this room to rebuild: named ones, a seeded sample, or all."""
     have = sorted(man.entries)
     if keys:
         return [k for k in keys if k in man.entries]
     if sample is not None and sample < len(have):
-        return sorted(random.Random(f"dsv41-aot verify {man.arch} {seed}").sample(have, sample))
+        return sorted(random.Random(f"dsv41-aot verify {man.arch} {man.release} {seed}").sample(have, sample))
     return have
 
 
 def shard_keys(shard: str, *, profile: str | None = None, matrix_path: str | None = None,
-               arches: list[str] | None = None, seconds: list | None = None) -> list[str]:
+               arches: list[str] | None = None, seconds: list | None = None,
+               release: str | None = None) -> list[BuildKey]:
     """The keys ``dsv41-aot build --shard`` (and ci/build_shard.py) gives shard
-    ``i/N`` of the profile: the same selection, the same partition."""
+    ``i/N`` of the profile: the same selection (every release's keys, or
+    ``release``'s), the same partition."""
     from . import matrix
 
     keys = matrix.load(matrix_path).select(profile)
+    if release:
+        keys = [k for k in keys if k.release == release]
     if arches:
         keys = [k for k in keys if k.arch in arches]
     i, n = matrix.parse_shard(shard)
-    return [str(k) for k in matrix.shard(keys, i, n, matrix.recorded_seconds(seconds))]
+    return matrix.shard(keys, i, n, matrix.recorded_seconds(seconds))
 
 
-def _against_jit(chosen: dict, reports: list, codes: dict, *, jobs: int, key_timeout: float,
-                 vllm_src: str | None, progress: bool, record: bool) -> None:
-    """Build ``chosen`` (arch -> keys) again through vLLM's JIT on the worker
-    pool and add what differs to each key's report; with ``record``, keep the
-    proof of each key that passed in its arch's verified.json."""
+def release_trees(releases, mans: dict, trees=(), matrix_path=None) -> dict:
+    """release -> the vLLM tree its keys are JIT-built from
+    (``source.find_release``: a ``--vllm-src`` tree, the installed vLLM, the
+    tree cache), checked against the matrix's mono sources digest of the
+    release (the manifest's when the matrix has no entry for it)."""
+    from .. import source
+    from . import matrix
+
+    entries = matrix.load(matrix_path).releases
+    out = {}
+    for release in sorted(set(releases)):
+        digest = entries[release].mono_sources if release in entries else mans[release].mono_sources
+        out[release] = source.find_release(release, digest, tuple(trees or ()))
+    return out
+
+
+def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_timeout: float,
+                 trees, matrix_path, progress: bool, record: bool) -> None:
+    """Build ``chosen`` (room -> BuildKeys) again through its release's vLLM
+    JIT on the worker pool and add what differs to each key's report; with
+    ``record``, keep the proof of each key that passed in its room's
+    verified.json."""
     from . import jit
 
-    by_key = {r.key: r for r in reports}
-    todo = [BuildKey.parse(k) for ks in chosen.values() for k in ks]
-    proofs = {arch: read_verified(codes[ks[0]][0].dir) for arch, ks in chosen.items() if ks} if record else {}
+    todo = [k for ks in chosen.values() for k in ks]
+    mans = {room: codes[ks[0]][0] for room, ks in chosen.items() if ks}
+    sources = release_trees({k.release for k in todo}, {m.release: m for m in mans.values()}, trees, matrix_path)
+    proofs = {room: read_verified(man.room) for room, man in mans.items()} if record else {}
     bar = None
     if progress and todo:
         from tqdm import tqdm
@@ -239,81 +277,98 @@ def _against_jit(chosen: dict, reports: list, codes: dict, *, jobs: int, key_tim
         bar = tqdm(total=len(todo), desc="verify --against-jit", unit="key", file=sys.stderr, dynamic_ncols=True)
 
     def on_answer(key: BuildKey, msg: dict) -> None:
-        rep = by_key[str(key)]
-        man, code = codes[str(key)]
+        rep = reports[key]
+        man, code = codes[key]
         rep.checks.append("jit")
         rep.jit_seconds = msg.get("seconds")
         rep.problems += compare_jit(man, str(key), code, msg)
         if record:
             if rep.ok:
-                proofs[key.arch][str(key)] = verified_record(code, msg.get("identity"))
+                proofs[key.room][str(key)] = verified_record(code, msg.get("identity"))
             else:
-                proofs[key.arch].pop(str(key), None)
+                proofs[key.room].pop(str(key), None)
         if bar is not None:
             bar.update(1)
 
     try:
-        jit.run(todo, on_answer, jobs=jobs, key_timeout=key_timeout, vllm_src=vllm_src)
+        jit.run(todo, on_answer, jobs=jobs, key_timeout=key_timeout, sources=sources)
     finally:
         if bar is not None:
             bar.close()
-        for arch, recs in proofs.items():
-            man = codes[chosen[arch][0]][0]
-            write_verified(man.dir, arch, recs, man)
+        for room, recs in proofs.items():
+            write_verified(mans[room], recs)
 
 
 # ---------------------------------------------------------------- command
 
 
-def verify(root: Path, *, against_jit: bool = False, keys: list[str] | None = None, sample: int | None = None,
-           seed: int = 0, vllm_src: str | None = None, progress: bool = False, jobs: int | None = None,
-           key_timeout: float | None = None, record: bool = False) -> dict:
-    """Verify the prebuilt directory ``root``; returns the JSON report.
-    ``keys`` (named keys, or a shard's) must all be in ``root``."""
+def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, sample: int | None = None,
+           seed: int = 0, vllm_src=(), progress: bool = False, jobs: int | None = None,
+           key_timeout: float | None = None, record: bool = False, release: str | None = None,
+           matrix_path=None) -> dict:
+    """Verify the prebuilt directory ``root`` (its rooms of ``release``, or
+    every room); returns the JSON report. ``keys`` (BuildKeys, or key
+    strings of ``release`` -- default the newest --, named or a shard's) must
+    all be in ``root``. ``vllm_src``: vLLM trees to JIT-build from, one a
+    release (``--vllm-src``, repeatable)."""
     from .workers import check_jobs, check_key_timeout
 
     t0 = time.perf_counter()
     jobs, key_timeout = check_jobs(jobs), check_key_timeout(key_timeout)
+    if isinstance(vllm_src, (str, Path)):
+        vllm_src = (vllm_src,)
     root = Path(root)
-    dirs = arch_dirs(root)
-    if not dirs:
-        raise AotError(f"{root} holds no prebuilt architecture (no <arch>/manifest.json)", fix=f"dsv41-aot build --out {root}")
-    wanted = [str(BuildKey.parse(k)) for k in keys] if keys is not None else None
-    if wanted:
-        known = {k for d in dirs for k in Manifest.read(d).entries}
-        unknown = [k for k in wanted if k not in known]
+    if release is not None:
+        release_facts(release)
+    found = rooms(root, release)
+    if not found:
+        what = f"vLLM {release} kernels" if release else "prebuilt architecture"
+        raise AotError(f"{root} holds no {what} (no <arch>/vllm-<release>/manifest.json)",
+                       fix=f"dsv41-aot build --out {root}" + (f" --release {release}" if release else ""))
+    mans = [Manifest.read(d, release=r) for d, r in found]
+    wanted = None
+    if keys is not None:
+        wanted = {k if isinstance(k, BuildKey) else BuildKey.parse(k, release or NEWEST) for k in keys}
+        known = {BuildKey.parse(k, m.release) for m in mans for k in m.entries}
+        unknown = sorted(wanted - known)
         if unknown:
-            raise AotError(f"{root} does not hold {len(unknown)} of the keys asked for: {', '.join(unknown[:5])}",
-                           fix=f"build them: dsv41-aot build --out {root} --key {' '.join(repr(k) for k in unknown[:5])}")
-    reports, warnings, codes, chosen, lib_failures = [], [], {}, {}, []
-    for d in dirs:
-        man = Manifest.read(d)
+            shown = [k.describe() for k in unknown[:5]]
+            first = unknown[0].release
+            raise AotError(f"{root} does not hold {len(unknown)} of the keys asked for: {', '.join(shown)}",
+                           fix=f"build them: dsv41-aot build --out {root} --release {first} --key "
+                               f"{' '.join(repr(str(k)) for k in unknown[:5] if k.release == first)}")
+    reports, codes, chosen, lib_failures, warnings = {}, {}, {}, [], {}
+    for man in mans:
         lib_failures += check_libraries(man) + check_sources(man)
-        for orphan in man.orphans():
-            warnings.append(f"{man.arch}: stored object {orphan.name} is named by no entry (left by an older or interrupted build)")
-        names = [k for k in sorted(man.entries) if wanted is None or k in wanted]
+        for orphan in man.orphans():  # an arch's objects are its releases' (once per arch)
+            warnings[orphan] = f"{man.arch}: stored object {orphan.name} is named by no entry (left by an older or interrupted build)"
+        names = [k for k in sorted(man.entries) if wanted is None or BuildKey.parse(k, man.release) in wanted]
         for k in names:
             rep, code = check_entry(man, k)
-            reports.append(rep)
-            codes[k] = (man, code)
+            bk = BuildKey.parse(k, man.release)
+            reports[bk] = rep
+            codes[bk] = (man, code)
         if against_jit:
             picked = choose_keys(man, names, None, seed) if wanted is not None else choose_keys(man, None, sample, seed)
-            chosen[man.arch] = [k for k in picked if codes[k][1] is not None]
+            keys_ = [BuildKey.parse(k, man.release) for k in picked]
+            chosen[f"{man.arch}/{man.room.name}"] = [k for k in keys_ if codes[k][1] is not None]
     if against_jit:
-        _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, vllm_src=vllm_src,
-                     progress=progress, record=record)
-    failures = [{"key": r.key, "file": None, "error": "; ".join(r.problems),
-                 "fix": _fix_for(r.key, r.problems, root)} for r in reports if not r.ok] + lib_failures
-    return tally(len(reports), sum(r.ok for r in reports), failures, dir=str(root.resolve()),
+        _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, trees=vllm_src,
+                     matrix_path=matrix_path, progress=progress, record=record)
+    order = list(reports.values())
+    failures = [{"key": r.key, "release": r.release, "file": None, "error": "; ".join(r.problems),
+                 "fix": _fix_for(r, root)} for r in order if not r.ok] + lib_failures
+    return tally(len(order), sum(r.ok for r in order), failures, dir=str(root.resolve()),
                  jit_checked=sum(len(v) for v in chosen.values()), jobs=jobs,
-                 wall_seconds=round(time.perf_counter() - t0, 3), warnings=warnings,
-                 reports=[r.as_dict() for r in reports])
+                 wall_seconds=round(time.perf_counter() - t0, 3), warnings=list(warnings.values()),
+                 reports=[r.as_dict() for r in order])
 
 
-def _fix_for(key: str, problems: list, root: Path) -> str:
-    if all(p.startswith("cannot be resident") for p in problems):
-        return f"{key} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from build_matrix.yaml"
-    return f"rebuild it: dsv41-aot build --key '{key}' --out {root}"
+def _fix_for(rep: KeyReport, root: Path) -> str:
+    if all(p.startswith("cannot be resident") for p in rep.problems):
+        return (f"{rep.describe()} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from "
+                f"build_matrix.yaml")
+    return f"rebuild it: dsv41-aot build --release {rep.release} --key '{rep.key}' --out {root}"
 
 
 def register(sub) -> None:
@@ -324,12 +379,15 @@ def register(sub) -> None:
     p.add_argument("--against-jit", action="store_true",
                    help="rebuild keys through vLLM's runner and FlyDSL's JIT (compile only) and compare code objects")
     pick = p.add_mutually_exclusive_group()
-    pick.add_argument("--sample", type=int, metavar="N", help="with --against-jit: N keys per arch, seeded")
+    pick.add_argument("--sample", type=int, metavar="N", help="with --against-jit: N keys per (arch, release), seeded")
     pick.add_argument("--key", action="extend", nargs="+", metavar="KEY", help="only these keys (--key A B, or --key A --key B)")
     pick.add_argument("--shard", metavar="i/N",
                       help="only the keys `dsv41-aot build --shard i/N` builds (with the same --profile/--arch/--seconds)")
+    p.add_argument("--release", help="only this vLLM release's rooms; with --key: the release the keys name "
+                                     "(default: every room; keys of the newest release)")
     p.add_argument("--profile", help="with --shard: matrix profile (default: the matrix's default_profile)")
-    p.add_argument("--matrix", help="with --shard: build matrix file (default: build_matrix.yaml)")
+    p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml): --shard's keys, and each "
+                                    "release's mono sources digest --against-jit checks its vLLM tree against")
     p.add_argument("--arch", action="append", help="with --shard: only keys of this arch (repeatable)")
     p.add_argument("--seconds", nargs="+", default=[], metavar="MANIFEST",
                    help="with --shard: the files whose recorded compile seconds balanced the build's shards")
@@ -338,8 +396,11 @@ def register(sub) -> None:
     p.add_argument("--key-timeout", type=float, default=None, metavar="SECONDS",
                    help="with --against-jit: fail a key whose JIT build takes longer (default 600)")
     p.add_argument("--record", action="store_true",
-                   help="with --against-jit: write <arch>/verified.json, the proof of each key that passed")
-    p.add_argument("--vllm-src", help="a vLLM checkout (folder holding vllm/) instead of the installed vllm")
+                   help="with --against-jit: write <arch>/vllm-<release>/verified.json, the proof of each key that passed")
+    p.add_argument("--vllm-src", action="append", metavar="PATH",
+                   help="with --against-jit: a vLLM tree (folder holding vllm/) to JIT-build its release's keys from "
+                        "(repeatable: one a release); default: the installed vllm, then the tree cache "
+                        "(dsv41-aot fetch-vllm)")
     p.add_argument("--json", action="store_true", help="print one JSON report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -352,12 +413,14 @@ def run(args) -> int:
         raise AotError("--record writes the proof of a JIT comparison", fix="pass --against-jit --record")
     keys = args.key
     if args.shard:
-        keys = shard_keys(args.shard, profile=args.profile, matrix_path=args.matrix, arches=args.arch, seconds=args.seconds)
-    elif args.profile or args.matrix or args.arch or args.seconds:
-        raise AotError("--profile, --matrix, --arch and --seconds choose a shard's keys", fix="pass them with --shard i/N")
+        keys = shard_keys(args.shard, profile=args.profile, matrix_path=args.matrix, arches=args.arch,
+                          seconds=args.seconds, release=args.release)
+    elif args.profile or args.arch or args.seconds:
+        raise AotError("--profile, --arch and --seconds choose a shard's keys", fix="pass them with --shard i/N")
     report = verify(Path(args.dir), against_jit=args.against_jit, keys=keys, sample=args.sample, seed=args.seed,
-                    vllm_src=args.vllm_src, progress=args.against_jit and not args.no_progress,
-                    jobs=args.jobs, key_timeout=args.key_timeout, record=args.record)
+                    vllm_src=args.vllm_src or (), progress=args.against_jit and not args.no_progress,
+                    jobs=args.jobs, key_timeout=args.key_timeout, record=args.record, release=args.release,
+                    matrix_path=args.matrix)
     if args.json:
         from .output import print_json
 
@@ -368,23 +431,27 @@ def run(args) -> int:
         for r in report["reports"]:
             status = "ok" if r["ok"] else "FAILED"
             jit = f"  jit {r['jit_seconds']:.1f} s" if r["jit_seconds"] is not None else ""
-            print(f"{status:6} {r['key']:44} {'+'.join(r['checks'])}{jit}")
+            print(f"{status:6} {r['release']:7} {r['key']:44} {'+'.join(r['checks'])}{jit}")
             for prob in r["problems"]:
                 print(f"         {prob}")
         libs = [f for f in report["failures"] if f["file"] is not None]
         for f in libs:
-            print(f"FAILED {f['file']}: {f['error']}")
+            print(f"FAILED {f['file']} (vLLM {f['release']}): {f['error']}")
         for w in report["warnings"]:
             print(f"warning: {w}", file=sys.stderr)
         print(f"{report['keys']} keys checked ({report['jit_checked']} against vLLM's JIT): "
               f"{report['keys'] - report['ok']} failed; {len(libs)} library problems")
-        resident = {r["key"] for r in report["reports"] if any(p.startswith("cannot be resident") for p in r["problems"])}
-        rebuild = [r["key"] for r in report["reports"] if any(not p.startswith("cannot be resident") for p in r["problems"])]
-        if rebuild:
-            print(f"fix: rebuild them: dsv41-aot build --key {' '.join(repr(k) for k in rebuild)} --out {args.dir}",
-                  file=sys.stderr)
+        resident = sorted(f"{r['key']} (vLLM {r['release']})" for r in report["reports"]
+                          if any(p.startswith("cannot be resident") for p in r["problems"]))
+        rebuild: dict = {}
+        for r in report["reports"]:
+            if any(not p.startswith("cannot be resident") for p in r["problems"]):
+                rebuild.setdefault(r["release"], []).append(r["key"])
+        for rel, ks in rebuild.items():
+            print(f"fix: rebuild them: dsv41-aot build --release {rel} --key {' '.join(repr(k) for k in ks)} "
+                  f"--out {args.dir}", file=sys.stderr)
         if resident:
-            print(f"fix: {', '.join(sorted(resident))} cannot launch as a persistent kernel (see dsv41-aot inspect):"
+            print(f"fix: {', '.join(resident)} cannot launch as a persistent kernel (see dsv41-aot inspect):"
                   " remove it from build_matrix.yaml", file=sys.stderr)
         for fix in dict.fromkeys(f["fix"] for f in libs):
             print(f"fix: {fix}", file=sys.stderr)
