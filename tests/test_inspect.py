@@ -23,7 +23,7 @@ from dsv41_aot.build.residency import residency_problems, spill_notes, usage
 from dsv41_aot.errors import UnknownArchError
 from dsv41_aot.facts.arches import arch_facts
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import Manifest, arch_dirs
+from dsv41_aot.manifest import Manifest, rooms
 
 from _smoke import smoke_count, smoke_dir
 
@@ -36,8 +36,8 @@ def smoke(tmp_path_factory) -> Path:
 
 
 def code_objects(root: Path):
-    for d in arch_dirs(root):
-        man = Manifest.read(d)
+    for d, release in rooms(root):
+        man = Manifest.read(d, release=release)
         for key, e in sorted(man.entries.items()):
             meta, code = exported_parts(man.object_path(key).read_bytes(), e["entry"])
             yield man, key, json.loads(meta), code
@@ -109,24 +109,30 @@ def test_usage_is_judged_against_the_arch_table():
     assert usage(figures(), "gfx942")["lds"][1] == arch_facts("gfx942").lds_bytes
 
 
-def row(key: str, lds: int, vgprs: int, scratch: int = 0) -> dict:
-    k = BuildKey.parse(key)
+def row(key: str, lds: int, vgprs: int, scratch: int = 0, release: str = "0.33.0") -> dict:
+    k = BuildKey.parse(key, release)
     res = figures(lds_bytes=lds, vgpr_count=vgprs, vgpr_alloc=-(-vgprs // 8) * 8, scratch_bytes=scratch)
-    return {"key": key, "kind": k.kind, "arch": k.arch, "tokens": k.tokens, "series": inspection.series(k),
+    return {"key": key, "kind": k.kind, "arch": k.arch, "release": release, "tokens": k.tokens,
+            "series": inspection.series(k),
             "usage": usage(res, k.arch), "spills": spill_notes(res), "resident": not residency_problems(res, k.arch)}
 
 
 def test_summary_names_the_tightest_key_per_resource_and_the_spills():
     rows = [row("k2@gfx950:s=9,tp=4,r=1", 90000, 256, scratch=8), row("k2@gfx950:s=48,tp=2,r=2", 158752, 240),
-            row("k2@gfx950:s=4,tp=4,r=1", 60000, 200), row("k1@gfx950:s=4,tp=4,r=1", 30000, 120)]
-    summ = {(s["arch"], s["kind"]): s for s in inspection.summary(rows)}
-    k2 = summ[("gfx950", "k2")]
+            row("k2@gfx950:s=4,tp=4,r=1", 60000, 200), row("k1@gfx950:s=4,tp=4,r=1", 30000, 120),
+            # the same key string in vLLM 0.32.0, tighter: its own summary, never 0.33.0's
+            row("k2@gfx950:s=4,tp=4,r=1", 160000, 120, release="0.32.0")]
+    summ = {(s["arch"], s["release"], s["kind"]): s for s in inspection.summary(rows)}
+    k2 = summ[("gfx950", "0.33.0", "k2")]
     assert k2["keys"] == 3 and k2["spills"] == ["k2@gfx950:s=9,tp=4,r=1"] and k2["not_resident"] == []
     assert k2["resources"]["lds"] == {"key": "k2@gfx950:s=48,tp=2,r=2", "use": 158752, "limit": 163840}
     assert k2["resources"]["vgprs"] == {"key": "k2@gfx950:s=9,tp=4,r=1", "use": 256, "limit": 256}
-    assert summ[("gfx950", "k1")]["spills"] == []
+    assert summ[("gfx950", "0.33.0", "k1")]["spills"] == []
+    old = summ[("gfx950", "0.32.0", "k2")]
+    assert old["keys"] == 1 and old["resources"]["lds"] == {"key": "k2@gfx950:s=4,tp=4,r=1", "use": 160000, "limit": 163840}
     text = "\n".join(inspection.summary_lines(inspection.summary(rows)))
     assert "158,752 of  163,840" in text and "3.1% left" in text and "spills (1): k2@gfx950:s=9,tp=4,r=1" in text
+    assert "gfx950 0.32.0 k2 (1 key)" in text and "gfx950 0.33.0 k2 (3 keys)" in text
 
 
 def test_series_tell_variants_apart():
@@ -166,8 +172,8 @@ def test_figures_agree_with_export_metadata_and_manifest(smoke):
     kinds = set()
     for man, key, meta, code in code_objects(smoke):
         res = codeobject.code_object_resources(code)
-        k = BuildKey.parse(key)
-        kinds.add((k.kind, k.arch))
+        k = BuildKey.parse(key, man.release)
+        kinds.add((k.kind, k.arch, k.release))
         assert res["name"] == k.kernel_symbol == man.entries[key]["symbol"]
         assert res["symbol"] == res["name"] + ".kd"
         assert res["target"].endswith(man.arch) and meta["arch"] == man.arch
@@ -185,7 +191,8 @@ def test_figures_agree_with_export_metadata_and_manifest(smoke):
         assert residency_problems(res, man.arch) == [] and spill_notes(res) == [], key
         # what the builder stored is what the code object says
         assert man.entries[key]["resources"] == manifest_figures(res)
-    assert kinds == {(k, a) for k in ("k1", "k2", "ffn") for a in ("gfx950", "gfx942")}
+    assert kinds == {(k, a, "0.33.0") for k in ("k1", "k2", "ffn") for a in ("gfx950", "gfx942")} | {
+        (k, "gfx950", "0.32.0") for k in ("k1", "k2", "ffn")}
 
 
 @pytest.mark.slow
@@ -215,22 +222,34 @@ def test_inspect_command_json_summary_and_plot(smoke, tmp_path):
         lim = doc["limits"][r["arch"]]
         assert r["usage"]["lds"] == [r["resources"]["lds_bytes"], lim["lds_bytes"]]
         assert r["usage"]["vgprs"][1] == lim["vgprs_per_simd"] // 2
-    assert {(s["arch"], s["kind"]) for s in doc["summary"]} == {(a, k) for a in ("gfx942", "gfx950") for k in ("k1", "k2", "ffn")}
-    k2 = next(s for s in doc["summary"] if (s["arch"], s["kind"]) == ("gfx950", "k2"))
-    widest = max((r for r in rows if r["kind"] == "k2" and r["arch"] == "gfx950"), key=lambda r: r["usage"]["lds"][0])
+    rooms_ = {("gfx942", "0.33.0"), ("gfx950", "0.33.0"), ("gfx950", "0.32.0")}
+    assert {(r["arch"], r["release"]) for r in rows} == rooms_
+    assert {(s["arch"], s["release"], s["kind"]) for s in doc["summary"]} == {
+        (a, rel, k) for a, rel in rooms_ for k in ("k1", "k2", "ffn")}
+    k2 = next(s for s in doc["summary"] if (s["arch"], s["release"], s["kind"]) == ("gfx950", "0.33.0", "k2"))
+    widest = max((r for r in rows if (r["kind"], r["arch"], r["release"]) == ("k2", "gfx950", "0.33.0")),
+                 key=lambda r: r["usage"]["lds"][0])
     assert k2["resources"]["lds"]["key"] == widest["key"] == "k2@gfx950:s=44,tp=4,r=1,i=1"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     table = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "inspect", "--dir", str(smoke)],
                            capture_output=True, text=True)
     assert table.returncode == 0
-    assert "k2@gfx950:s=4,tp=4,r=1" in table.stdout and f"{smoke_count()} symbols, 0 cannot be resident" in table.stdout
-    # the text ends with the headroom summary: per (arch, kind) four resources and the spills
+    assert "0.32.0  k2@gfx950:s=4,tp=4,r=1" in table.stdout and "0.33.0  k2@gfx950:s=4,tp=4,r=1" in table.stdout
+    assert f"{smoke_count()} symbols, 0 cannot be resident" in table.stdout
+    # the text ends with the headroom summary: per (arch, release, kind) four resources and the spills
     tail = table.stdout.split("headroom of one 512-thread CTA a CU")[1].strip().splitlines()
-    assert len(tail) == 1 + 6 * 5 and tail[-1].strip() == "spills (0): none"
-    assert any(line.strip().startswith("gfx950 k2") and " LDS " in line and widest["key"] in line for line in tail)
+    assert len(tail) == 1 + 9 * 5 and tail[-1].strip() == "spills (0): none"
+    assert any(line.strip().startswith("gfx950 0.33.0 k2") and " LDS " in line and widest["key"] in line for line in tail)
+    # --release keeps one release's rooms
+    only = json.loads(subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "inspect", "--dir", str(smoke), "--release",
+                                      "0.32.0", "--json"], capture_output=True, text=True).stdout)
+    assert {(r["arch"], r["release"]) for r in only["rows"]} == {("gfx950", "0.32.0")} and len(only["rows"]) == 3
 
 
 def test_inspect_command_refuses_an_empty_dir(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "inspect", "--dir", str(tmp_path)],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "holds no prebuilt architecture" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "inspect", "--dir", str(tmp_path), "--release", "0.32.0"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "holds no vLLM 0.32.0 kernels" in proc.stderr

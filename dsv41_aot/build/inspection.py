@@ -1,11 +1,13 @@
 """``dsv41-aot inspect``: how close each prebuilt launch is to not fitting.
 
-One row per stored symbol: its figures read again from the stored GPU code
-object (``codeobject``), its residency verdict and spills (``residency``),
-its use of each resource against the arch's limit. The text ends with the
-headroom summary per (arch, kind); ``--json`` prints one document with the
-limits judged against (``facts/arches.py Arch.limits()``), the rows and the
-summary; ``--plot`` draws the use against step width per arch.
+One row per stored symbol of each room (an arch and a vLLM release): its
+figures read again from the stored GPU code object (``codeobject``), its
+residency verdict and spills (``residency``), its use of each resource
+against the arch's limit. The text ends with the headroom summary per (arch,
+release, kind); ``--json`` prints one document with the limits judged against
+(``facts/arches.py Arch.limits()``), the rows (each with its release) and the
+summary; ``--plot`` draws the use against step width, one row of panels per
+(arch, release). ``--release`` keeps one release's rooms.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 from ..errors import AotError
 from ..facts.arches import arch_facts
 from ..keys import DEFAULTS, BuildKey
-from ..manifest import Manifest, arch_dirs, atomic_write, prebuilt_dir
+from ..facts.releases import release_facts
+from ..manifest import Manifest, atomic_write, prebuilt_dir, rooms
 from .codeobject import code_object_resources
 from .elf import exported_parts
 from .residency import MONO_THREADS, RESOURCES, UNITS, residency_problems, spill_notes, usage, waves_per_simd
@@ -27,15 +30,20 @@ LABELS = {"lds": "LDS", "vgprs": "VGPRs", "agprs": "AGPRs", "sgprs": "SGPRs"}
 BINDS = 0.5
 
 
-def inspect_dir(root) -> list[dict]:
-    """One row per stored symbol of prebuilt directory ``root``."""
+def inspect_dir(root, release: str | None = None) -> list[dict]:
+    """One row per stored symbol of prebuilt directory ``root`` (of its
+    ``release`` rooms only, when given)."""
     root = Path(root)
-    dirs = arch_dirs(root)
-    if not dirs:
-        raise AotError(f"{root} holds no prebuilt architecture (no <arch>/manifest.json)", fix=f"dsv41-aot build --out {root}")
+    if release is not None:
+        release_facts(release)
+    found = rooms(root, release)
+    if not found:
+        what = f"vLLM {release} kernels" if release else "prebuilt architecture"
+        raise AotError(f"{root} holds no {what} (no <arch>/vllm-<release>/manifest.json)",
+                       fix=f"dsv41-aot build --out {root}" + (f" --release {release}" if release else ""))
     rows = []
-    for d in dirs:
-        man = Manifest.read(d)
+    for d, rel in found:
+        man = Manifest.read(d, release=rel)
         for key in sorted(man.entries):
             e = man.entries[key]
             man.check_object(key)
@@ -43,8 +51,8 @@ def inspect_dir(root) -> list[dict]:
             res = code_object_resources(code)
             problems = residency_problems(res, man.arch)
             rows.append({
-                "key": key, "kind": e["kind"], "arch": man.arch, "tokens": e["fields"]["tokens"],
-                "tp": e["fields"]["tp"], "series": series(BuildKey.parse(key)),
+                "key": key, "kind": e["kind"], "arch": man.arch, "release": man.release, "tokens": e["fields"]["tokens"],
+                "tp": e["fields"]["tp"], "series": series(BuildKey.parse(key, man.release)),
                 "compile_seconds": man.timings.get(key), "bytes": e["bytes"],
                 "code_object_bytes": e["code_object_bytes"], "resources": res,
                 "usage": {r: list(v) for r, v in usage(res, man.arch).items()},
@@ -66,11 +74,13 @@ def series(key: BuildKey) -> str:
 
 
 def summary(rows: list[dict]) -> list[dict]:
-    """Per (arch, kind): the tightest key of each resource (least left to its
-    limit), its use and the limit, and the keys that spill."""
+    """Per (arch, release, kind): the tightest key of each resource (least
+    left to its limit), its use and the limit, and the keys that spill."""
     out: dict = {}
     for r in rows:
-        s = out.setdefault((r["arch"], r["kind"]), {"arch": r["arch"], "kind": r["kind"], "keys": 0, "resources": {}, "spills": [], "not_resident": []})
+        s = out.setdefault((r["arch"], r["release"], r["kind"]),
+                           {"arch": r["arch"], "release": r["release"], "kind": r["kind"], "keys": 0, "resources": {},
+                            "spills": [], "not_resident": []})
         s["keys"] += 1
         for name, (use, limit) in r["usage"].items():
             best = s["resources"].get(name)
@@ -83,27 +93,27 @@ def summary(rows: list[dict]) -> list[dict]:
     return [out[k] for k in sorted(out)]
 
 
-def report(root) -> dict:
+def report(root, release: str | None = None) -> dict:
     """The ``--json`` document: limits per arch, rows, summary."""
-    rows = inspect_dir(root)
+    rows = inspect_dir(root, release)
     arches = sorted({r["arch"] for r in rows})
     return {"threads": MONO_THREADS, "limits": {a: arch_facts(a).limits() for a in arches},
             "rows": rows, "summary": summary(rows)}
 
 
 def summary_lines(summ: list[dict]) -> list[str]:
-    lines = [f"headroom of one {MONO_THREADS}-thread CTA a CU, per arch and kind (tightest key per resource):"]
+    lines = [f"headroom of one {MONO_THREADS}-thread CTA a CU, per arch, vLLM release and kind (tightest key per resource):"]
     for s in summ:
-        head = f"{s['arch']} {s['kind']} ({s['keys']} key{'s' if s['keys'] != 1 else ''})"
+        head = f"{s['arch']} {s['release']} {s['kind']} ({s['keys']} key{'s' if s['keys'] != 1 else ''})"
         for i, name in enumerate(RESOURCES):
             t = s["resources"][name]
             left = 100.0 * (t["limit"] - t["use"]) / t["limit"]
-            lines.append(f"  {head if i == 0 else '':24} {LABELS[name]:6} {t['use']:>8,} of {t['limit']:>8,} {UNITS[name]:9}"
+            lines.append(f"  {head if i == 0 else '':31} {LABELS[name]:6} {t['use']:>8,} of {t['limit']:>8,} {UNITS[name]:9}"
                          f" {left:5.1f}% left  {t['key']}")
         shown = ", ".join(s["spills"]) if s["spills"] else "none"
-        lines.append(f"  {'':24} spills ({len(s['spills'])}): {shown}")
+        lines.append(f"  {'':31} spills ({len(s['spills'])}): {shown}")
         if s["not_resident"]:
-            lines.append(f"  {'':24} NOT RESIDENT ({len(s['not_resident'])}): {', '.join(s['not_resident'])}")
+            lines.append(f"  {'':31} NOT RESIDENT ({len(s['not_resident'])}): {', '.join(s['not_resident'])}")
     return lines
 
 
@@ -120,7 +130,7 @@ def _panels(rows: list[dict]) -> list[str]:
 
 
 def plot(rows: list[dict], path) -> None:
-    """PNG: per arch (a row of panels), each residency resource's use against
+    """PNG: per (arch, release) (a row of panels), each residency resource's use against
     step width, one line per series (kind and variant; the max over TP and
     fold at each width), the arch's limit as a line, spilling keys marked."""
     try:
@@ -134,13 +144,13 @@ def plot(rows: list[dict], path) -> None:
 
         raise ToolchainError("--plot needs matplotlib", fix="pip install 'dsv41-aot[build]'  (or: pip install matplotlib)") from None
 
-    arches = sorted({r["arch"] for r in rows})
+    arches = sorted({(r["arch"], r["release"]) for r in rows})
     panels = _panels(rows)
     fig, axes = plt.subplots(len(arches), len(panels), figsize=(4.6 * len(panels) + 2.2, 3.6 * len(arches)), squeeze=False)
     shades = {"k1": plt.cm.Blues, "k2": plt.cm.Oranges, "ffn": plt.cm.Greens}
     styles = ["-", "--", "-.", ":"]
-    for i, arch in enumerate(arches):
-        mine = [r for r in rows if r["arch"] == arch]
+    for i, (arch, release) in enumerate(arches):
+        mine = [r for r in rows if (r["arch"], r["release"]) == (arch, release)]
         names = sorted({r["series"] for r in mine})
         by_kind = {}
         for n in names:
@@ -169,7 +179,7 @@ def plot(rows: list[dict], path) -> None:
             top_y = max([r["usage"][res][1] for r in mine] + [r["usage"][res][0] for r in mine])
             ax.set_ylim(0, top_y * 1.08)
             ax.set_xlim(0, max(48, max(r["tokens"] for r in mine)) + 1)
-            ax.set_title(f"{arch}: {LABELS[res]} ({UNITS[res]})", fontsize=10)
+            ax.set_title(f"{arch}, vLLM {release}: {LABELS[res]} ({UNITS[res]})", fontsize=10)
             ax.set_xlabel("step width (tokens)", fontsize=8)
             ax.grid(alpha=0.3)
             ax.tick_params(labelsize=7)
@@ -179,7 +189,7 @@ def plot(rows: list[dict], path) -> None:
         for h, lab in zip(handles, labels):
             seen.setdefault(lab, h)
         axes[i][-1].legend(seen.values(), seen.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
-                           title=f"{arch}, {len(mine)} keys", title_fontsize=8)
+                           title=f"{arch}, vLLM {release}, {len(mine)} keys", title_fontsize=8)
     fig.suptitle(f"Residency of one {MONO_THREADS}-thread CTA a CU: use against the arch's limit "
                  "(a line: a kind and variant, max over TP and fold at each width)", fontsize=10)
     fig.tight_layout()
@@ -196,27 +206,30 @@ def register(sub) -> None:
     p = sub.add_parser("inspect", help="residency of every prebuilt symbol: resources against the arch's limits, spills, headroom")
     p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
     p.add_argument("--json", action="store_true", help='print one JSON document: {"threads", "limits", "rows", "summary"}')
-    p.add_argument("--plot", metavar="FILE.png", help="write a PNG of LDS / VGPR (AGPR, SGPR where they bind) use against step width, per arch")
+    p.add_argument("--plot", metavar="FILE.png", help="write a PNG of LDS / VGPR (AGPR, SGPR where they bind) use against "
+                                                      "step width, per arch and vLLM release")
+    p.add_argument("--release", help="only this vLLM release's rooms (default: every room)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     """Exit 1 when any symbol cannot be resident, else 0 (a spill is shown, not failed)."""
-    doc = report(args.dir)
+    doc = report(args.dir, args.release)
     rows = doc["rows"]
     if args.plot:
         plot(rows, args.plot)
     if args.json:
         from .output import print_json, tally
 
-        failures = [{"key": r["key"], "error": "; ".join(r["problems"])} for r in rows if not r["resident"]]
+        failures = [{"key": r["key"], "release": r["release"], "error": "; ".join(r["problems"])}
+                    for r in rows if not r["resident"]]
         print_json(tally(len(rows), len(rows) - len(failures), failures, **doc))
     else:
-        print(f"{'key':44} {'VGPR':>4} {'AGPR':>4} {'SGPR':>4} {'LDS':>7} {'scratch':>7} {'kernarg':>7} {'wave':>4} {'w/SIMD':>6}  resident")
+        print(f"{'release':7} {'key':44} {'VGPR':>4} {'AGPR':>4} {'SGPR':>4} {'LDS':>7} {'scratch':>7} {'kernarg':>7} {'wave':>4} {'w/SIMD':>6}  resident")
         for r in rows:
             x = r["resources"]
             print(
-                f"{r['key']:44} {x['vgpr_count']:4d} {x['agpr_count']:4d} {x['sgpr_count']:4d} {x['lds_bytes']:7d}"
+                f"{r['release']:7} {r['key']:44} {x['vgpr_count']:4d} {x['agpr_count']:4d} {x['sgpr_count']:4d} {x['lds_bytes']:7d}"
                 f" {x['scratch_bytes']:7d} {x['kernarg_bytes']:7d} {x['wavefront_size']:4d} {r['waves_per_simd']:6d}"
                 f"  {'yes' if r['resident'] else 'NO'}{', spills' if r['spills'] else ''}"
             )
