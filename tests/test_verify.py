@@ -74,7 +74,7 @@ def test_flipped_byte_fails_with_its_key(copy):
     path.write_bytes(bytes(data))
     proc = cli("verify", "--dir", copy)
     assert proc.returncode == 1
-    assert f"FAILED {key}" in proc.stdout and "does not match its manifest sha256" in proc.stdout
+    assert f"FAILED 0.33.0  {key}" in proc.stdout and "does not match its manifest sha256" in proc.stdout
     assert proc.stdout.count("FAILED") == 1
     assert "dsv41-aot build --release 0.33.0 --key" in proc.stderr and key in proc.stderr
 
