@@ -3,19 +3,23 @@
     DSV41_AOT_PREBUILT=DIR pip wheel --no-deps -w dist .
     DSV41_AOT_PREBUILT=DIR python -m build --wheel
 
-packs every arch folder of ``DIR`` (its manifest.json and lib/: libs.json and
-the xz-compressed library bands ``dsv41-aot link`` writes) into the package as
-``dsv41_aot/kernels_prebuilt/<arch>/``, where the loader looks by default.
+packs every room of ``DIR`` (``<arch>/vllm-<release>/``: its manifest.json and
+libs.json) and each arch's shared library bands (``<arch>/lib/*.so.xz``, the
+xz-compressed bands ``dsv41-aot link`` writes, only those some room's
+libs.json names) into the package as ``dsv41_aot/kernels_prebuilt/<arch>/``,
+where the loader looks by default; never a room's timings.json.
 Nothing is compiled, linked or compressed here: the prebuilt dir already holds
 what the loader reads (one load path for a build dir and an installed wheel).
 
 - Name and version: ``dsv41_aot-<version>-py3-none-manylinux_2_28_x86_64.whl``,
   no local version label, so an index can serve it and pip cannot pick the
   wrong arch: every arch is inside, the loader picks the device's at run time.
-  The vLLM release the kernels serve is pinned by the ``vllm`` extra
-  (``pip install dsv41-aot[vllm]``) and named in the README; the build refuses
-  a prebuilt dir built from any other vLLM (the loader also checks vLLM's mono
-  source digest at run time).
+  The vLLM releases the kernels serve are the rooms inside (one a release of
+  ``build_matrix.yaml``); the ``vllm`` extra (``pip install dsv41-aot[vllm]``)
+  admits them all (a range, not a pin) and the README names them. The build
+  refuses a room of a release the matrix does not build, or one whose mono
+  sources are not that release's digest (the loader picks the room of the
+  running vLLM by that digest).
 - Tag: ``py3-none-manylinux_2_28_x86_64``: host shared libraries (stored
   compressed), no Python extension module. The libraries need nothing from the
   build machine (no DT_NEEDED; HIP is the host's ROCm, whose distributions all
@@ -24,8 +28,9 @@ what the loader reads (one load path for a build dir and an installed wheel).
 - Without DSV41_AOT_PREBUILT: a pure-Python ``py3-none-any`` wheel with no
   kernels (the runtime and the build commands: ``pip install .[build]``,
   editable installs). It never looks at a prebuilt dir.
-- The build refuses an empty, partial or mixed-source prebuilt dir
-  (ci/prebuilt.py), naming the folder or key and the command that fixes it.
+- The build refuses an empty, partial or mixed-source room, and a band no
+  room names (ci/prebuilt.py), naming the room, folder or key and the command
+  that fixes it.
 - The stored objects the libraries were linked from stay out of the wheel
   (the loader opens only lib/; libs.json keeps each object's sha256):
   DSV41_AOT_WHEEL_OBJECTS=1 packs them too.
@@ -34,7 +39,6 @@ what the loader reads (one load path for a build dir and an installed wheel).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -61,41 +65,31 @@ def _fail(message: str, code: int = 2):
     raise SystemExit(code)
 
 
-def _pinned_vllm() -> str:
-    """The vLLM release the ``vllm`` extra pins (pyproject.toml)."""
-    m = re.search(r'^vllm = \["vllm==([^"]+)"\]', (HERE / "pyproject.toml").read_text(), re.M)
-    if not m:
-        _fail("pyproject.toml has no `vllm = [\"vllm==X\"]` extra: a kernels wheel must say which vLLM it serves")
-    return m.group(1)
-
-
 def _checked_contents() -> list:
-    """Every arch folder of the prebuilt dir after ci/prebuilt.py's checks,
-    all built from the pinned vLLM (or exit nonzero)."""
+    """Every arch folder of the prebuilt dir after ci/prebuilt.py's checks
+    (every room of a release of the build matrix, with that release's mono
+    sources digest), each release admitted by the ``vllm`` extra (or exit
+    nonzero)."""
     if not (HERE / "ci" / "prebuilt.py").is_file():
         _fail("kernels wheels are built from a source checkout (ci/prebuilt.py is missing here)\n"
               "  fix: DSV41_AOT_PREBUILT=... python -m build --wheel  (from the checkout)")
     root = Path(PREBUILT)
     root = root if root.is_absolute() else HERE / root
     sys.path.insert(0, str(HERE))
-    from ci.prebuilt import check_arch, fix_for
+    from ci.prebuilt import admits, check_dir, vllm_extra
     from dsv41_aot.errors import AotError
-    from dsv41_aot.manifest import MANIFEST
 
-    arches = sorted(p.parent.name for p in root.glob(f"*/{MANIFEST}")) if root.is_dir() else []
-    if not arches:
-        _fail(f"no prebuilt kernels in {root} (no <arch>/{MANIFEST})\n  fix: {fix_for(root, 'gfx950')}")
-    pinned = _pinned_vllm()
-    contents = []
-    for arch in arches:
-        try:
-            c = check_arch(root, arch)
-        except AotError as e:
-            _fail(str(e), e.exit_code)
-        if c.vllm_version != pinned:
-            _fail(f"{root / arch} was built from vLLM {c.vllm_version}, but this wheel serves vLLM {pinned} "
-                  f"(pyproject.toml's vllm extra)\n  fix: rebuild against vllm=={pinned}: {fix_for(root, arch)}")
-        contents.append(c)
+    try:
+        contents = check_dir(root)
+        spec = vllm_extra((HERE / "pyproject.toml").read_text())
+    except AotError as e:
+        _fail(str(e), e.exit_code)
+    for c in contents:
+        for r in c.rooms:
+            if not admits(spec, r.release):
+                _fail(f"room {r.name} of {root} serves vLLM {r.release}, which the vllm extra (vllm{spec}, "
+                      f"pyproject.toml) does not admit\n  fix: widen the vllm extra to admit vLLM {r.release}, "
+                      f"or remove {root / r.name}")
     return contents
 
 
@@ -111,7 +105,7 @@ class build_py(_build_py):
         dest = Path(self.build_lib) / PACKAGE_DIR
         shutil.rmtree(dest, ignore_errors=True)
         for c in CONTENTS or ():
-            for rel in c.files:
+            for rel in c.files:  # rooms' manifest + libs.json, the bands they name (never timings.json)
                 if rel.startswith("objects/") and not WITH_OBJECTS:
                     continue
                 target = dest / c.arch / rel

@@ -1,6 +1,7 @@
 """Run inside an environment where a kernels wheel is installed (a fresh venv,
 cibuildwheel's test step): the runtime imports with no FlyDSL, torch or vLLM,
-and every packaged key of every packaged arch binds through the loader.
+and every packaged key of every room (arch, vLLM release) binds through the
+loader.
 
     python ci/check_installed.py [--arch A] [--json]
 
@@ -30,6 +31,7 @@ HEAVY = ("flydsl", "torch", "vllm")
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", help="only this packaged arch (default: every one)")
+    ap.add_argument("--release", help="only this vLLM release's room (default: every one)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     ignored = os.environ.pop("DSV41_AOT_PREBUILT", None)
@@ -49,24 +51,23 @@ def main(argv=None) -> int:
     packaged = Path(dsv41_aot.__file__).resolve().parent / "kernels_prebuilt"
     if "site-packages" not in str(packaged) and "dist-packages" not in str(packaged):
         out["problems"].append(f"dsv41_aot imported from {packaged.parent}, not an installed wheel")
-    arches = sorted(p.parent.name for p in packaged.glob("*/manifest.json"))
-    if args.arch:
-        arches = [a for a in arches if a == args.arch]
-    if not arches:
-        out["problems"].append(f"no packaged arch in {packaged}")
+    rooms = sorted((p.parent.parent.name, p.parent.name[len("vllm-"):]) for p in packaged.glob("*/vllm-*/manifest.json"))
+    rooms = [(a, r) for a, r in rooms if args.arch in (None, a) and args.release in (None, r)]
+    if not rooms:
+        out["problems"].append(f"no packaged room (<arch>/vllm-<release>/manifest.json) in {packaged}")
     try:
         hip.load()
         have_hip = True
     except HipUnavailableError:
         have_hip = False
     out["libamdhip64"] = hip._hip.path if have_hip else None
-    for arch in arches:
-        keys = loader.keys(arch, prebuilt=packaged)
+    for arch, release in rooms:
+        keys = loader.keys(arch, release=release, prebuilt=packaged)
         bound, bands = {}, set()
         for key in keys:
             try:
                 t = time.perf_counter()
-                launcher = loader.load_key(key, prebuilt=packaged)
+                launcher = loader.load_key(key, release=release, prebuilt=packaged)
                 if have_hip:
                     launcher.bind()  # sha256 x2, memfd, dlopen, entry, ABI vs export metadata
                 elif launcher.library not in bands:  # no HIP to dlopen against: verify the band's bytes
@@ -75,8 +76,8 @@ def main(argv=None) -> int:
                 bound[key] = {"kernel": launcher.kernel_name, "band": Path(launcher.library).name,
                               "slots": len(launcher.abi), "ms": round((time.perf_counter() - t) * 1e3, 3)}
             except AotError as e:
-                out["problems"].append(f"{key}: {e}")
-        out["arches"][arch] = {"keys": len(keys), "bands": len(bands), "bound": bound}
+                out["problems"].append(f"{key} (vLLM {release}): {e}")
+        out["arches"].setdefault(arch, {})[release] = {"keys": len(keys), "bands": len(bands), "bound": bound}
     out["mapped_from_memory"] = have_hip and not any(
         str(packaged) in line for line in Path("/proc/self/maps").read_text().splitlines())
     if have_hip and not out["mapped_from_memory"]:
@@ -87,9 +88,10 @@ def main(argv=None) -> int:
     else:
         if ignored:
             print(f"(DSV41_AOT_PREBUILT={ignored} ignored: checking the installed wheel)")
-        for arch, a in out["arches"].items():
-            how = "bound (memfd dlopen, entry, ABI)" if have_hip else "bands verified (no libamdhip64 here: not dlopened)"
-            print(f"{arch}: {len(a['bound'])}/{a['keys']} keys, {a['bands']} bands -> {how}")
+        how = "bound (memfd dlopen, entry, ABI)" if have_hip else "bands verified (no libamdhip64 here: not dlopened)"
+        for arch, by_release in out["arches"].items():
+            for release, a in by_release.items():
+                print(f"{arch} vLLM {release}: {len(a['bound'])}/{a['keys']} keys, {a['bands']} bands -> {how}")
         for p in out["problems"]:
             print(f"PROBLEM: {p}", file=sys.stderr)
     return 1 if out["problems"] else 0

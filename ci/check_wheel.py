@@ -8,14 +8,16 @@
   (host shared libraries, no Python extension), with no local version label;
   a wheel without kernels ``py3-none-any``;
 - metadata: no runtime requirement (FlyDSL and torch only under the ``build``
-  extra, vLLM under ``build`` or ``vllm``); the ``vllm`` extra pins the vLLM
-  release every packed arch was built from, and the README names it;
+  extra, vLLM under ``build`` or ``vllm``); the ``vllm`` extra admits every
+  vLLM release the wheel holds a room of, and the README names each;
   LICENSE and NOTICE in the dist-info;
-- contents: every arch under dsv41_aot/kernels_prebuilt/, every manifest key
-  linked into a packaged band whose compressed and raw sha256 are the link
-  record's, no raw ``.so`` anywhere, no library with a DT_NEEDED; with
-  ``--prebuilt``, the manifests, link records and bands are byte for byte the
-  prebuilt dir's, which holds exactly these arches;
+- contents: every room (``<arch>/vllm-<release>/``) under
+  dsv41_aot/kernels_prebuilt/, every key of a room linked into a packaged
+  band of its arch (``<arch>/lib/``) whose compressed and raw sha256 are the
+  room's link record's, no band no room names, no timings.json, no raw
+  ``.so`` anywhere, no library with a DT_NEEDED; with ``--prebuilt``, the
+  manifests, link records and bands are byte for byte the prebuilt dir's,
+  which holds exactly these rooms;
 - ``auditwheel show`` on the raw libraries (the bands unpacked into a scratch
   wheel: auditwheel cannot see inside xz): no external shared library but
   libamdhip64 (the host's ROCm provides it; excluded on purpose, never grafted).
@@ -41,7 +43,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from ci.prebuilt import admits  # noqa: E402
 from dsv41_aot.build.link import dynamic_info  # noqa: E402
+from dsv41_aot.facts.releases import version_order  # noqa: E402
+from dsv41_aot.manifest import LIB, LIBS_JSON, TIMINGS, arch_dirs, releases_in, room_dir, rooms  # noqa: E402
 from dsv41_aot.runtime.loader import unpack_band  # noqa: E402
 
 PLAT = "manylinux_2_28_x86_64"
@@ -88,22 +93,34 @@ def audit_raw(libraries: dict) -> list:
         return auditwheel_externals(wheel)[0]
 
 
+def _rooms(names) -> dict:
+    """{arch: [release, ...]} of the rooms (``<arch>/vllm-<release>/manifest.json``) a wheel holds."""
+    out: dict = {}
+    for n in names:
+        parts = n[len(PKG):].split("/") if n.startswith(PKG) else []
+        if len(parts) == 3 and parts[1].startswith("vllm-") and parts[2] == "manifest.json":
+            out.setdefault(parts[0], []).append(parts[1][len("vllm-"):])
+    return {a: sorted(r, key=version_order) for a, r in sorted(out.items())}
+
+
 def wheel_bands(z: zipfile.ZipFile) -> dict:
-    """{arch: (manifest, libs.json, {band file: raw library})} of a wheel,
-    each band checked against its libs.json (IntegrityError otherwise)."""
-    names = z.namelist()
-    arches = sorted({n[len(PKG):].split("/")[0] for n in names if n.startswith(PKG) and n.count("/") > 2})
+    """{arch: ({release: (manifest, libs.json)}, {band file: raw library})} of
+    a wheel, each band checked against the libs.json naming it
+    (IntegrityError otherwise)."""
+    names = set(z.namelist())
     out = {}
-    for arch in arches:
+    for arch, releases in _rooms(names).items():
         base = f"{PKG}{arch}/"
-        man = json.loads(z.read(base + "manifest.json"))
-        libs = json.loads(z.read(base + "lib/libs.json"))
-        raw = {}
-        for lib in libs["libraries"]:
-            path = f"{base}lib/{lib['file']}"
-            if path in names:
-                raw[lib["file"]] = unpack_band(Path(path), z.read(path), lib, None)
-        out[arch] = (man, libs, raw)
+        rooms, raw = {}, {}
+        for release in releases:
+            man = json.loads(z.read(f"{base}vllm-{release}/manifest.json"))
+            libs = json.loads(z.read(f"{base}vllm-{release}/libs.json"))
+            rooms[release] = (man, libs)
+            for lib in libs["libraries"]:
+                path = f"{base}lib/{lib['file']}"
+                if path in names and lib["file"] not in raw:
+                    raw[lib["file"]] = unpack_band(Path(path), z.read(path), lib, None)
+        out[arch] = (rooms, raw)
     return out
 
 
@@ -121,7 +138,7 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
         out.update(name=meta["Name"], version=meta["Version"], tags=tags)
         arches = sorted({n[len(PKG):].split("/")[0] for n in names if n.startswith(PKG) and n.count("/") > 2})
         out["arches"] = arches
-        pins = {}
+        spec = None
         for req in meta.get_all("Requires-Dist") or []:
             name = re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0].lower()
             extra = re.search(r'extra == "([^"]+)"', req)
@@ -129,8 +146,8 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
                 problems.append(f"runtime requirement {req!r}: the runtime needs only the standard library")
             elif name in HEAVY and extra.group(1) not in ("build", "vllm" if name == "vllm" else "build"):
                 problems.append(f"{req!r} outside the build extra")
-            elif extra.group(1) == "vllm":
-                pins[name] = re.search(r"==\s*([^\s;]+)", req).group(1) if "==" in req else None
+            elif extra.group(1) == "vllm" and name == "vllm":
+                spec = req.split(";")[0][len(name):].strip().strip("()")
         for lic in ("LICENSE", "NOTICE"):
             if not any(n.startswith(dist_info) and n.rsplit("/", 1)[-1] == lic for n in names):
                 problems.append(f"{lic} missing from {dist_info}")
@@ -139,6 +156,9 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
         raw_so = [n for n in names if n.endswith(".so") or ".so." in n.rsplit("/", 1)[-1] and not n.endswith(".xz")]
         if raw_so:
             problems.append(f"raw shared libraries in the wheel: {', '.join(raw_so[:5])}")
+        measured = [n for n in names if n.startswith(PKG) and n.rsplit("/", 1)[-1] == TIMINGS]
+        if measured:
+            problems.append(f"timings in the wheel (measured, never shipped): {', '.join(measured[:3])}")
 
         if not arches:
             if tags != ["py3-none-any"]:
@@ -153,40 +173,62 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
         except AotError as e:
             problems.append(str(e).splitlines()[0])
             return out
-        out["keys"], out["keys_by_arch"], libraries = 0, {}, {}
+        out["keys"], out["keys_by_arch"], out["keys_by_room"], libraries = 0, {}, {}, {}
         served = set()
-        for arch, (man, libs, raw) in contents.items():
+        for arch in arches:
+            if arch not in contents:
+                problems.append(f"{PKG}{arch}/ holds no room (vllm-<release>/manifest.json)")
+        for arch, (rooms, raw) in contents.items():
             base = f"{PKG}{arch}/"
-            served |= {e["source"]["vllm_version"] for e in man["entries"].values()}
-            linked = {}
-            for lib in libs["libraries"]:
-                if lib["file"] not in raw:
-                    problems.append(f"{base}lib/{lib['file']} named by libs.json is not in the wheel")
-                    continue
-                needed = dynamic_info(raw[lib["file"]])["needed"]
+            named = set()
+            for release, (man, libs) in rooms.items():
+                served.add(release)
+                room = f"{arch}/vllm-{release}"
+                if man.get("release") != release:
+                    problems.append(f"{base}vllm-{release}/manifest.json is vLLM {man.get('release')!r}'s")
+                linked = {}
+                for lib in libs["libraries"]:
+                    named.add(lib["file"])
+                    if lib["file"] not in raw:
+                        problems.append(f"{base}lib/{lib['file']} named by {room}/libs.json is not in the wheel")
+                        continue
+                    linked.update(lib["entries"])
+                for key, e in man["entries"].items():
+                    if linked.get(key) != e["sha256"]:
+                        problems.append(f"{key} (vLLM {release}): not linked from its object in {room}/libs.json")
+                out["keys_by_room"][room] = len(man["entries"])
+                out["keys_by_arch"][arch] = out["keys_by_arch"].get(arch, 0) + len(man["entries"])
+                out["keys"] += len(man["entries"])
+            for name, data in raw.items():
+                needed = dynamic_info(data)["needed"]
                 if needed:
-                    problems.append(f"{base}lib/{lib['file']}: DT_NEEDED {needed}")
-                libraries[f"{arch}/{lib['file'][:-3]}"] = raw[lib["file"]]
-                linked.update(lib["entries"])
-            for key, e in man["entries"].items():
-                if linked.get(key) != e["sha256"]:
-                    problems.append(f"{key}: not linked from its object in the packaged libs.json")
-            out["keys_by_arch"][arch] = len(man["entries"])
-            out["keys"] += len(man["entries"])
-        out["vllm"] = sorted(served)
-        if len(served) != 1:
-            problems.append(f"the arches were built from vLLM {sorted(served)}: one wheel serves one vLLM")
-        elif pins.get("vllm") != next(iter(served)):
-            problems.append(f"the vllm extra pins {pins.get('vllm')!r}, the kernels serve vLLM {next(iter(served))}")
-        elif f"vLLM {next(iter(served))}" not in (meta.get_payload() or ""):
-            problems.append(f"the README (long description) does not name vLLM {next(iter(served))}")
+                    problems.append(f"{base}lib/{name}: DT_NEEDED {needed}")
+                libraries[f"{arch}/{name[:-3]}"] = data
+            stray = sorted(n for n in names if n.startswith(f"{base}lib/") and n[len(base) + 4:] not in named)
+            if stray:
+                problems.append(f"bands no room names: {', '.join(stray[:3])}")
+        out["vllm"] = sorted(served, key=version_order)
+        if spec is None:
+            problems.append("no vllm extra: a kernels wheel must say which vLLM releases it serves")
+        else:
+            out["vllm_extra"] = spec
+            for release in out["vllm"]:
+                try:
+                    ok = admits(spec, release)
+                except AotError as e:
+                    problems.append(str(e).splitlines()[0])
+                    break
+                if not ok:
+                    problems.append(f"the vllm extra (vllm{spec}) does not admit vLLM {release}, which the wheel serves")
+                if f"vLLM {release}" not in (meta.get_payload() or ""):
+                    problems.append(f"the README (long description) does not name vLLM {release}")
         out["kernel_bytes"] = sum(z.getinfo(n).file_size for n in names if n.startswith(PKG))
         out["kernel_compressed_bytes"] = sum(z.getinfo(n).compress_size for n in names if n.startswith(PKG))
         out["raw_library_bytes"] = sum(len(b) for b in libraries.values())
         if prebuilt is not None:
-            have = sorted(p.parent.name for p in Path(prebuilt).glob("*/manifest.json"))
-            if have != arches:
-                problems.append(f"the wheel holds {arches}, the prebuilt dir {prebuilt} {have}")
+            have = {d.name: releases_in(d) for d in arch_dirs(Path(prebuilt))}
+            if have != {a: list(rs) for a, (rs, _) in contents.items()}:
+                problems.append(f"the wheel holds rooms {_rooms(names)}, the prebuilt dir {prebuilt} {have}")
             for n in names:
                 if n.startswith(PKG) and not n.endswith("/"):
                     rel = n[len(PKG):]
@@ -211,10 +253,12 @@ def audit_prebuilt(root: Path) -> int:
     from dsv41_aot.runtime.loader import read_band
 
     libraries = {}
-    for libs_json in sorted(Path(root).glob("*/lib/libs.json")):
+    for adir, release in rooms(Path(root)):
+        libs_json = room_dir(adir, release) / LIBS_JSON
         for lib in json.loads(libs_json.read_text())["libraries"]:
-            band = libs_json.parent / lib["file"]
-            libraries[f"{libs_json.parent.parent.name}/{lib['file'][:-3]}"] = read_band(band, lib)
+            name = f"{adir.name}/{lib['file'][:-3]}"
+            if name not in libraries:  # a band two rooms name is one library
+                libraries[name] = read_band(adir / LIB / lib["file"], lib)
     if not libraries:
         print(f"ci/check_wheel.py: error: no linked bands under {root}", file=sys.stderr)
         return 2
@@ -227,7 +271,7 @@ def audit_prebuilt(root: Path) -> int:
 def audit_only(wheel: Path) -> int:
     """cibuildwheel's repair step: auditwheel on the wheel's raw libraries."""
     with zipfile.ZipFile(wheel) as z:
-        libraries = {f"{arch}/{f[:-3]}": b for arch, (_, _, raw) in wheel_bands(z).items() for f, b in raw.items()}
+        libraries = {f"{arch}/{f[:-3]}": b for arch, (_, raw) in wheel_bands(z).items() for f, b in raw.items()}
     bad = [x for x in audit_raw(libraries) if not x.startswith(ALLOWED_EXTERNAL)]
     print(f"{wheel.name}: auditwheel on {len(libraries)} raw libraries: "
           f"{'external ' + ', '.join(bad) if bad else 'no external library but the host HIP'}")
@@ -276,7 +320,7 @@ def main(argv=None) -> int:
         results.append(r)
         rc |= bool(r["problems"])
         if not args.json:
-            what = (", ".join(f"{n} keys of {a}" for a, n in r.get("keys_by_arch", {}).items())
+            what = (", ".join(f"{n} keys of {room}" for room, n in r.get("keys_by_room", {}).items())
                     if r["arches"] else "no kernels")
             print(f"{r['wheel']}: {r['bytes']} bytes, {what}: {'FAILED' if r['problems'] else 'ok'}")
             for p in r["problems"]:

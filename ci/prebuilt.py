@@ -1,27 +1,33 @@
 """Is one arch folder of a prebuilt directory complete enough to ship?
 
-A wheel carries exactly what the runtime loader opens: the arch's
-``manifest.json`` and its linked ``lib/`` (``libs.json`` + the xz-compressed
-library bands); the stored ``objects/`` they were linked from are checked
-too. ``check_arch`` refuses, with the folder or key named and the command that
-fixes it:
+A wheel carries exactly what the runtime loader opens: each room's
+``<arch>/vllm-<release>/manifest.json`` and ``libs.json``, and the arch's
+shared library bands ``<arch>/lib/*.so.xz`` that some room's ``libs.json``
+names; the stored ``objects/`` they were linked from are checked too.
+``check_arch`` refuses, with the folder, room or key named and the command
+that fixes it:
 
-- an empty or missing folder (no manifest, or a manifest with no entries);
-- a partial one: entries whose object is missing or altered, objects no entry
-  names, a link record that is missing, stale (a key linked from another
-  object) or names a missing / altered library, libraries nothing records;
-- a mixed-source one: entries built from different source identities
-  (vLLM mono digest and version, helpers, FlyDSL, linker), which no single
-  installed vLLM can match;
-- a library that needs anything from the build machine (DT_NEEDED).
+- an empty or missing folder (no room, or a room with no entries);
+- a room of a release the build matrix does not build, or a ``vllm-*``
+  folder that is no known release's room;
+- a partial room: entries whose object is missing or altered, objects no
+  room names, a link record that is missing, stale (a key linked from
+  another object) or names a missing / altered band, bands no room names;
+- a mixed-source room: entries built from different source identities
+  (vLLM mono digest and version, helpers, FlyDSL, linker), or a room whose
+  mono_sources is not its release's digest in ``build_matrix.yaml``: no
+  single installed vLLM of that release could match it;
+- a band that needs anything from the build machine (DT_NEEDED).
 
-Used by setup.py (every wheel build), ci/merge.py and ci/check_wheel.py.
-Imports only dsv41_aot's standard-library modules: no FlyDSL, torch or vLLM.
+Used by setup.py (every wheel build), ci/wheels.sh and the CI workflow.
+Reads the build matrix (PyYAML, a build requirement in pyproject.toml); no
+FlyDSL, torch or vLLM.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +39,25 @@ if str(ROOT) not in sys.path:
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.build.jit import VERIFIED  # noqa: E402
 from dsv41_aot.build.link import dynamic_info  # noqa: E402
-from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest  # noqa: E402
+from dsv41_aot.facts.releases import RELEASES, release_facts, version_order  # noqa: E402
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest, arch_dirs, releases_in  # noqa: E402
 from dsv41_aot.manifest import BAND_RE, LIBS_SCHEMA  # noqa: E402
 from dsv41_aot.runtime.loader import read_band  # noqa: E402
+
+
+@dataclass
+class RoomContents:
+    """One checked room: the keys of one vLLM release on one arch."""
+
+    arch: str
+    release: str
+    keys: list
+    source: dict
+    mono_sources: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.arch}/{release_facts(self.release).folder}"
 
 
 @dataclass
@@ -44,98 +66,188 @@ class ArchContents:
 
     arch: str
     dir: Path
-    keys: list
-    source: dict
+    rooms: list = field(default_factory=list)  # [RoomContents], oldest release first
     files: list = field(default_factory=list)  # paths relative to the arch folder
 
     @property
-    def vllm_version(self) -> str:
-        return str(self.source.get("vllm_version"))
+    def keys(self) -> list:
+        """(release, key) of every room: a key string names a launch within its release."""
+        return [(r.release, k) for r in self.rooms for k in r.keys]
+
+    @property
+    def releases(self) -> list:
+        return [r.release for r in self.rooms]
 
 
-def fix_for(root: Path, arch: str) -> str:
-    return f"dsv41-aot build --arch {arch} --out {root} && dsv41-aot link --dir {root} --arch {arch}"
+def fix_for(root: Path, arch: str, release: str | None = None) -> str:
+    rel = f" --release {release}" if release else ""
+    return f"dsv41-aot build --arch {arch}{rel} --out {root} && dsv41-aot link --dir {root} --arch {arch}"
 
 
-def check_arch(root: Path, arch: str) -> ArchContents:
-    """Check ``root/arch`` and list the files a wheel takes from it."""
-    root = Path(root).resolve()
-    adir = root / arch
-    fix = fix_for(root, arch)
-    if not (adir / MANIFEST).is_file():
-        have = sorted(p.parent.name for p in root.glob(f"*/{MANIFEST}")) if root.is_dir() else []
-        where = f"it holds {', '.join(have)}" if have else "it holds no built arch"
-        raise ManifestError(f"no prebuilt kernels for {arch} in {root} ({adir / MANIFEST} missing; {where})", fix=fix)
-    man = Manifest.read(adir, arch)
+def matrix_digests(matrix_path=None) -> dict:
+    """release -> its mono sources digest in build_matrix.yaml."""
+    from dsv41_aot.build import matrix
+
+    return {v: e.mono_sources for v, e in matrix.load(matrix_path).releases.items()}
+
+
+def _check_room(root: Path, adir: Path, arch: str, release: str, digests: dict, bands: dict) -> RoomContents:
+    """Check one room; record the bands its libs.json names in ``bands``
+    (file -> its record, checked once)."""
+    fix = fix_for(root, arch, release)
+    relink = f"dsv41-aot link --dir {root} --arch {arch}"
+    room = f"{arch}/{release_facts(release).folder}"
+    if release not in digests:
+        raise ManifestError(f"{adir.parent / room}: vLLM {release} is not a release of the build matrix "
+                            f"({', '.join(sorted(digests, key=version_order))}): refusing to ship keys no build serves",
+                            fix=f"add vLLM {release} to build_matrix.yaml's releases, or remove {adir.parent / room}")
+    man = Manifest.read(adir, arch, release=release)
     if not man.entries:
-        raise ManifestError(f"{adir / MANIFEST} has no entries: refusing to build a wheel without kernels", fix=fix)
-
+        raise ManifestError(f"{man.path} has no entries: refusing to build a wheel with an empty room {room}", fix=fix)
     for key in sorted(man.entries):
         man.check_object(key)  # missing or altered object: IntegrityError naming the key
-    orphans = man.orphans()
-    if orphans:
-        raise IntegrityError(
-            f"{adir / OBJECTS}: {len(orphans)} object(s) no manifest entry names, e.g. {orphans[0].name} "
-            f"(a partial copy or an interrupted build)",
-            fix=f"rebuild to clean it: {fix}",
-        )
 
-    sources = {}
+    sources: dict = {}
     for key, e in man.entries.items():
         sources.setdefault(json.dumps(e["source"], sort_keys=True), []).append(key)
     if len(sources) > 1:
         parts = [f"{json.loads(s)} ({len(ks)} keys, e.g. {sorted(ks)[0]})" for s, ks in sorted(sources.items())]
-        raise ManifestError(
-            f"{adir / MANIFEST} mixes {len(sources)} source identities: " + "; ".join(parts),
-            fix=f"rebuild every key from one vLLM / FlyDSL: {fix}",
-        )
+        raise ManifestError(f"room {room}: {man.path} mixes {len(sources)} source identities: " + "; ".join(parts),
+                            fix=f"rebuild every key of the room from one vLLM {release} / FlyDSL: {fix}")
+    source = json.loads(next(iter(sources)))
+    digest = source.get("mono_sources")
+    if digest != digests[release]:
+        raise ManifestError(f"room {room}: built from mono sources {digest!r}, but vLLM {release}'s are "
+                            f"{digests[release]!r} (build_matrix.yaml): no vLLM {release} install could use it",
+                            fix=f"rebuild the room from vLLM {release}'s own tree (dsv41-aot fetch-vllm {release}): {fix}")
+    if str(source.get("vllm_version")) != release:
+        raise ManifestError(f"room {room}: its keys were built from vLLM {source.get('vllm_version')}, "
+                            f"not {release}", fix=fix)
 
-    libs_path = adir / LIB / LIBS_JSON
+    libs_path = man.room / LIBS_JSON
     try:
         libs = json.loads(libs_path.read_bytes())
     except FileNotFoundError:
-        raise IntegrityError(f"{libs_path} is missing: the objects of {adir} were never linked",
-                             fix=f"dsv41-aot link --dir {root} --arch {arch}") from None
+        raise IntegrityError(f"{libs_path} is missing: room {room} was never linked", fix=relink) from None
     except ValueError as e:
-        raise ManifestError(f"{libs_path}: malformed JSON ({e})", fix=f"dsv41-aot link --dir {root} --arch {arch}") from None
-    relink = f"dsv41-aot link --dir {root} --arch {arch}"
+        raise ManifestError(f"{libs_path}: malformed JSON ({e})", fix=relink) from None
     if libs.get("schema") != LIBS_SCHEMA:
         raise IntegrityError(f"{libs_path}: link record schema {libs.get('schema')!r}, not {LIBS_SCHEMA} "
                              f"(compressed bands): linked by an older dsv41-aot", fix=relink)
     linked: dict = {}
-    files = [MANIFEST, f"{LIB}/{LIBS_JSON}"]
     for lib in libs.get("libraries", []):
-        if not BAND_RE.fullmatch(str(lib["file"])):
-            raise ManifestError(f"{libs_path}: library file {lib['file']!r} is not a band inside {adir / LIB}",
-                                fix=relink)
-        path = adir / LIB / lib["file"]
+        name = str(lib.get("file"))
+        if not BAND_RE.fullmatch(name):
+            raise ManifestError(f"{libs_path}: library file {name!r} is not a band inside {adir / LIB}", fix=relink)
+        path = adir / LIB / name
         if path.is_symlink() or not path.is_file():
             raise IntegrityError(f"{path} is missing (named by {libs_path})", fix=relink)
-        raw = read_band(path, lib, fix=relink)  # compressed and raw sha256
-        info = dynamic_info(raw)
-        if info["needed"]:
-            raise IntegrityError(f"{path} records DT_NEEDED {info['needed']}: it would tie users to this build "
-                                 f"machine's libraries", fix=relink)
-        for key, obj_sha in lib["entries"].items():
-            linked[key] = obj_sha
-        files.append(f"{LIB}/{lib['file']}")
-    listed = {f.split("/", 1)[1] for f in files[1:]}
-    stray = sorted(p.name for p in (adir / LIB).iterdir() if p.name not in listed and not p.name.startswith("."))
-    if stray:
-        raise IntegrityError(f"{adir / LIB}: {', '.join(stray[:5])} not named by {LIBS_JSON}", fix=relink)
+        seen = bands.get(name)
+        if seen is None or (seen["sha256"], seen.get("raw_sha256")) != (lib["sha256"], lib.get("raw_sha256")):
+            raw = read_band(path, lib, fix=relink)  # compressed and raw sha256
+            info = dynamic_info(raw)
+            if info["needed"]:
+                raise IntegrityError(f"{path} records DT_NEEDED {info['needed']}: it would tie users to this build "
+                                     f"machine's libraries", fix=relink)
+            bands[name] = lib
+        linked.update(lib["entries"])
     for key, e in sorted(man.entries.items()):
         if linked.get(key) != e["sha256"]:
             why = "is not linked" if key not in linked else "was linked from an older object"
-            raise IntegrityError(f"{key} {why} ({libs_path} is older than {adir / MANIFEST})", fix=relink)
+            raise IntegrityError(f"{key} (vLLM {release}) {why} ({libs_path} is older than {man.path})", fix=relink)
     extra = sorted(set(linked) - set(man.entries))
     if extra:
-        raise IntegrityError(f"{libs_path} links keys the manifest lacks, e.g. {extra[0]}", fix=relink)
+        raise IntegrityError(f"{libs_path} links keys the room's manifest lacks, e.g. {extra[0]}", fix=relink)
+    return RoomContents(arch=arch, release=release, keys=sorted(man.entries), source=source, mono_sources=digest)
 
-    files += sorted({e["object"] for e in man.entries.values()})
-    if (adir / VERIFIED).is_file():
-        files.append(VERIFIED)  # the proof against vLLM's JIT ships beside the manifest; the loader ignores it
-    source = json.loads(next(iter(sources)))
-    return ArchContents(arch=arch, dir=adir, keys=sorted(man.entries), source=source, files=files)
+
+def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchContents:
+    """Check every room of ``root/arch`` and list the files a wheel takes
+    from it (relative to the arch folder; objects last). ``digests``:
+    release -> mono sources digest (default: build_matrix.yaml's)."""
+    root = Path(root).resolve()
+    adir = root / arch
+    digests = matrix_digests() if digests is None else digests
+    fix = fix_for(root, arch)
+    releases = releases_in(adir) if adir.is_dir() else []
+    if not releases:
+        have = [d.name for d in arch_dirs(root)]
+        where = f"it holds {', '.join(have)}" if have else "it holds no built arch"
+        raise ManifestError(f"no prebuilt kernels for {arch} in {root} (no {adir}/vllm-<release>/{MANIFEST}; {where})",
+                            fix=fix)
+    known = {release_facts(v).folder for v in RELEASES}
+    unknown = sorted(p.name for p in adir.iterdir() if p.is_dir() and re.match(r"vllm-", p.name) and p.name not in known)
+    if unknown:
+        raise ManifestError(f"{adir / unknown[0]}: not the room of a vLLM release dsv41-aot knows "
+                            f"({', '.join(sorted(RELEASES, key=version_order))})",
+                            fix=f"remove it, or add the release (dsv41_aot/facts/releases.py and build_matrix.yaml)")
+
+    bands: dict = {}
+    out = ArchContents(arch=arch, dir=adir)
+    for release in releases:
+        out.rooms.append(_check_room(root, adir, arch, release, digests, bands))
+        folder = release_facts(release).folder
+        out.files += [f"{folder}/{MANIFEST}", f"{folder}/{LIBS_JSON}"]
+        if (adir / folder / VERIFIED).is_file():
+            out.files.append(f"{folder}/{VERIFIED}")  # the proof against vLLM's JIT; the loader ignores it
+
+    man = Manifest.read(adir, arch, release=releases[0])
+    orphans = man.orphans()  # objects no room of the arch names
+    if orphans:
+        raise IntegrityError(f"{adir / OBJECTS}: {len(orphans)} object(s) no room's manifest names, e.g. "
+                             f"{orphans[0].name} (a partial copy or an interrupted build)", fix=f"rebuild to clean it: {fix}")
+    lib_dir = adir / LIB
+    stray = sorted(p.name for p in lib_dir.iterdir() if p.name not in bands and not p.name.startswith(".")) \
+        if lib_dir.is_dir() else []
+    if stray:
+        raise IntegrityError(f"{lib_dir}: {', '.join(stray[:5])} named by no room's {LIBS_JSON} "
+                             f"({', '.join(r.name for r in out.rooms)})",
+                             fix=f"dsv41-aot link --dir {root} --arch {arch}")
+    out.files += [f"{LIB}/{name}" for name in sorted(bands)]
+    objects = set()
+    for release in releases:
+        objects |= {e["object"] for e in Manifest.read(adir, arch, release=release).entries.values()}
+    out.files += sorted(objects)
+    return out
+
+
+def check_dir(root: Path, arches=None, digests: dict | None = None) -> list:
+    """check_arch for every arch folder of ``root`` (or ``arches``)."""
+    root = Path(root)
+    arches = list(arches or [d.name for d in arch_dirs(root)])
+    if not arches:
+        raise ManifestError(f"no prebuilt kernels in {root} (no <arch>/vllm-<release>/{MANIFEST})",
+                            fix=fix_for(root, "gfx950"))
+    digests = matrix_digests() if digests is None else digests
+    return [check_arch(root, a, digests) for a in arches]
+
+
+# the `vllm` extra's requirement: which vLLM releases one wheel serves
+_OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
+        "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+
+
+def vllm_extra(pyproject: str) -> str:
+    """The version specifier of the ``vllm`` extra in pyproject.toml's text."""
+    m = re.search(r'^vllm = \["vllm([^"]+)"\]', pyproject, re.M)
+    if not m:
+        raise ManifestError("pyproject.toml has no `vllm = [\"vllm<specifier>\"]` extra: a kernels wheel must say "
+                            "which vLLM releases it serves", fix="add it under [project.optional-dependencies]")
+    return m.group(1).strip()
+
+
+def admits(spec: str, version: str) -> bool:
+    """Whether a specifier of plain clauses (``>=0.32.0,<0.34``) admits ``version``."""
+    for clause in spec.split(","):
+        m = re.fullmatch(r"\s*(>=|<=|==|!=|<|>)\s*([0-9][0-9.]*)\s*", clause)
+        if not m:
+            raise ManifestError(f"vllm extra clause {clause.strip()!r} is not OP VERSION (>=, <, ==, ...)",
+                                fix="write the vllm extra as e.g. vllm>=0.32.0,<0.34")
+        width = max(len(version.split(".")), len(m[2].split(".")))
+        pad = lambda v: version_order(v) + (0,) * (width - len(v.split(".")))  # noqa: E731
+        if not _OPS[m[1]](pad(version), pad(m[2])):
+            return False
+    return True
 
 
 def main(argv=None) -> int:
@@ -146,15 +258,11 @@ def main(argv=None) -> int:
     ap.add_argument("dir")
     ap.add_argument("arch", nargs="*")
     args = ap.parse_args(argv)
-    root = Path(args.dir)
-    arches = args.arch or sorted(p.parent.name for p in root.glob(f"*/{MANIFEST}"))
-    if not arches:
-        print(f"ci/prebuilt.py: error: {root} holds no built arch\n  fix: {fix_for(root, 'gfx950')}", file=sys.stderr)
-        return 2
     try:
-        for a in arches:
-            c = check_arch(root, a)
-            print(f"{a}: {len(c.keys)} keys, {len(c.files)} files, vLLM {c.vllm_version}: ok")
+        for c in check_dir(Path(args.dir), args.arch):
+            for r in c.rooms:
+                print(f"{r.name}: {len(r.keys)} keys, vLLM {r.release} (mono sources {r.mono_sources}): ok")
+            print(f"{c.arch}: {len(c.files)} files to ship")
     except AotError as e:
         print(f"ci/prebuilt.py: error: {e}", file=sys.stderr)
         return e.exit_code
