@@ -1,22 +1,27 @@
-"""Build one shard of one arch's keys and prove them against vLLM's JIT: a CI matrix cell.
+"""Build one shard of one arch's keys (every vLLM release's) and prove them against vLLM's JIT: a CI matrix cell.
 
     python ci/build_shard.py --arch gfx950 --shard 2/8 --out shards/gfx950-2 \
-        [--profile full] [--seconds PREVIOUS/manifest.json ...] [--jobs N] [--no-verify]
+        [--profile full] [--seconds PREVIOUS/timings.json ...] [--vllm-src TREE ...] [--jobs N] [--no-verify]
 
 Every cell must cut the same partition, whatever its own cache holds, or a key
 would land in two shards or none. So the partition is computed here from
-inputs every cell shares: the profile's keys for the arch and, when given,
-compile seconds recorded in earlier manifests (``--seconds``; keys without a
-record get dsv41_aot.build.matrix's estimate), balanced longest-first
-(``dsv41_aot.build.matrix.shard``). The cell then builds exactly its keys with
-``dsv41-aot build --key ...``, then checks every one of them against vLLM's
-own JIT build with ``dsv41-aot verify --against-jit --record --shard i/N`` (the
-same partition, recomputed by verify from the same inputs: a key the plan and
-verify disagree on fails the cell), which writes the proof,
-``<out>/<arch>/verified.json``. Only then does it write
-``<out>/shard-<arch>-<i>of<N>.json`` (the plan: every key of the arch, and this
-shard's), which ci/merge.py uses to prove that the shards together cover the
-profile (and, with ``--require-verified``, that every key was proven).
+inputs every cell shares: the profile's keys for the arch, of every release
+(a key's identity is (release, key): the shards cut across releases, so a
+small release does not make a short cell) and, when given, compile seconds
+recorded in earlier builds (``--seconds``; keys without a record get
+dsv41_aot.build.matrix's estimate), balanced longest-first
+(``dsv41_aot.build.matrix.shard``). The cell then builds exactly its keys,
+one ``dsv41-aot build --release R --key ...`` a release (each release from
+its own vLLM tree: the installed vllm, a ``--vllm-src`` tree, or the tree
+cache ``dsv41-aot fetch-vllm R`` fills), then checks every one of them
+against vLLM's own JIT build with ``dsv41-aot verify --against-jit --record
+--shard i/N`` (the same partition, recomputed by verify from the same
+inputs), which writes each room's proof,
+``<out>/<arch>/vllm-<release>/verified.json``. Only then does it write
+``<out>/shard-<arch>-<i>of<N>.json`` (the plan: every key of the arch and
+this shard's, by release), which ci/merge.py uses to prove that the shards
+together cover the profile (and, with ``--require-verified``, that every key
+was proven).
 """
 
 from __future__ import annotations
@@ -33,23 +38,38 @@ if str(ROOT) not in sys.path:
 
 from dsv41_aot.build import matrix  # noqa: E402
 from dsv41_aot.errors import AotError  # noqa: E402
+from dsv41_aot.facts.releases import version_order  # noqa: E402
 from dsv41_aot.manifest import atomic_write  # noqa: E402
+
+
+def by_release(keys) -> dict:
+    """{release: sorted key strings}: the plan's form of a set of keys."""
+    out: dict = {}
+    for k in keys:
+        out.setdefault(k.release, []).append(str(k))
+    return {r: sorted(v) for r, v in sorted(out.items(), key=lambda rv: version_order(rv[0]))}
+
+
+def pairs(plan_keys: dict) -> list:
+    """[(release, key)] of a plan's ``keys`` / ``all_keys``."""
+    return sorted((r, k) for r, ks in plan_keys.items() for k in ks)
 
 
 def plan(arch: str, index: int, count: int, profile: str | None = None, matrix_path: str | None = None,
          seconds: dict | None = None) -> dict:
-    """The shard plan every cell computes identically."""
+    """The shard plan every cell computes identically: ``all_keys`` and
+    ``keys`` map each release to its key strings."""
     m = matrix.load(matrix_path)
     keys = [k for k in m.select(profile) if k.arch == arch]
     if not keys:
         raise AotError(f"profile {profile or m.default_profile!r} has no key for {arch}",
                        fix=f"dsv41-aot build --list --profile {profile or m.default_profile}")
     mine = matrix.shard(keys, index, count, seconds)
-    cost = {str(k): float((seconds or {}).get(str(k), matrix.estimate_seconds(k))) for k in mine}
+    cost = sum(float((seconds or {}).get(str(k), matrix.estimate_seconds(k))) for k in mine)
     return {
         "arch": arch, "index": index, "count": count, "profile": profile or m.default_profile,
-        "all_keys": sorted(str(k) for k in keys), "keys": [str(k) for k in mine],
-        "estimated_seconds": round(sum(cost.values()), 3),
+        "all_keys": by_release(keys), "keys": by_release(mine),
+        "estimated_seconds": round(cost, 3),
     }
 
 
@@ -64,7 +84,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="this shard's prebuilt directory")
     ap.add_argument("--profile", help="matrix profile (default: the matrix's default)")
     ap.add_argument("--matrix", help="build matrix file")
-    ap.add_argument("--seconds", nargs="*", default=[], help="manifests with recorded compile seconds")
+    ap.add_argument("--seconds", nargs="*", default=[], help="timings.json files with recorded compile seconds")
+    ap.add_argument("--vllm-src", action="append", default=[], metavar="TREE",
+                    help="a vLLM tree to build its release's keys from (repeatable; default: the installed vllm, "
+                         "then the tree cache: dsv41-aot fetch-vllm R)")
     ap.add_argument("--jobs", "-j", type=int)
     ap.add_argument("--no-verify", action="store_true", help="build only; skip the check against vLLM's JIT")
     ap.add_argument("--plan-only", action="store_true", help="print the plan, build nothing")
@@ -78,24 +101,29 @@ def main(argv=None) -> int:
     if args.plan_only:
         print(json.dumps(p, indent=1))
         return 0
-    print(f"shard {i}/{n} of {args.arch}: {len(p['keys'])} of {len(p['all_keys'])} keys, "
+    mine = pairs(p["keys"])
+    print(f"shard {i}/{n} of {args.arch}: {len(mine)} of {len(pairs(p['all_keys']))} keys "
+          f"({', '.join(f'vLLM {r}: {len(ks)}' for r, ks in p['keys'].items()) or 'none'}), "
           f"~{p['estimated_seconds']:.0f} CPU-s", file=sys.stderr)
     out = Path(args.out)
-    if p["keys"]:
-        common = (["--matrix", args.matrix] if args.matrix else []) + (["--jobs", str(args.jobs)] if args.jobs else [])
-        cli = [sys.executable, "-m", "dsv41_aot.cli"]
-        r = subprocess.run(cli + ["build", "--out", str(out), "--no-progress", "--json", *common, "--key", *p["keys"]],
-                           cwd=ROOT)
+    common = (["--matrix", args.matrix] if args.matrix else []) + (["--jobs", str(args.jobs)] if args.jobs else [])
+    cli = [sys.executable, "-m", "dsv41_aot.cli"]
+    trees = [a for t in args.vllm_src for a in ("--vllm-src", t)]
+    for release, keys in p["keys"].items():
+        r = subprocess.run(cli + ["build", "--out", str(out), "--no-progress", "--json", *common, *trees,
+                                  "--release", release, "--key", *keys], cwd=ROOT)
         if r.returncode:
             return r.returncode
-        if not args.no_verify:
-            cmd = cli + ["verify", "--dir", str(out), "--against-jit", "--record", "--no-progress", *common,
-                         "--shard", args.shard, "--arch", args.arch, "--profile", p["profile"]]
-            if args.seconds:
-                cmd += ["--seconds", *args.seconds]
-            r = subprocess.run(cmd, cwd=ROOT)
-            if r.returncode:
-                return r.returncode
+    if mine and not args.no_verify:
+        cmd = cli + ["verify", "--dir", str(out), "--against-jit", "--record", "--no-progress", *common,
+                     "--shard", args.shard, "--arch", args.arch, "--profile", p["profile"]]
+        for t in args.vllm_src:
+            cmd += ["--vllm-src", t]
+        if args.seconds:
+            cmd += ["--seconds", *args.seconds]
+        r = subprocess.run(cmd, cwd=ROOT)
+        if r.returncode:
+            return r.returncode
     atomic_write(out / plan_name(args.arch, i, n), (json.dumps(p, indent=1) + "\n").encode())
     return 0
 

@@ -2,26 +2,32 @@
 
     python ci/merge.py --out kernels_prebuilt shards/gfx950-0 shards/gfx950-1 ...
 
-Refused (exit 1, nothing written), each with the key or folder named:
+Rooms are merged: each shard's ``<arch>/vllm-<release>/`` joins the same room
+of the output, and a key's identity is (release, key) (the same key string in
+two releases is two launches). Refused (exit 1, nothing written), each with
+the room and key or folder named:
 
 - a shard whose objects are missing or altered (its manifest's sha256);
-- the same key in two shards with a different object (sha256) or source
-  identity; the same key with the same object is kept once;
-- entries of one arch built from different source identities;
-- when shard plans (ci/build_shard.py) are present: a key the plan expects
-  that no shard holds, a missing shard of a planned count, a shard that
-  holds a key its plan did not give it, or a shard with no plan.
+- the same (release, key) in two shards with a different object (sha256) or
+  source identity; the same key with the same object is kept once;
+- entries of one room built from different source identities;
+- when shard plans (ci/build_shard.py) are present: a (release, key) the
+  plan expects that no shard holds, a missing shard of a planned count, a
+  shard that holds a key its plan did not give it, or a shard with no plan.
 
-Each shard's ``<arch>/verified.json`` (proofs against vLLM's JIT, written by
+Each shard room's ``verified.json`` (proofs against vLLM's JIT, written by
 ``dsv41-aot verify --against-jit --record``) is merged too, keeping the proofs
-of the merged objects; ``--require-verified`` refuses a key without one.
+of the merged objects; ``--require-verified`` refuses a key of any room
+without one.
 
-The result is what one build of all the keys writes: the manifest through
-dsv41_aot.manifest (sorted, so same entries, same bytes), each object copied
-under its content address, the shards' timings.json (compile seconds, for the
-next run's shard balance) joined. It is assembled and linked in a temporary sibling
-of ``--out`` and only then moved into place, so ``--out`` is never seen half
-written: the old directory stays whole until the new one is complete.
+The result is what one build of all the keys writes: each room's manifest
+through dsv41_aot.manifest (sorted, so same entries, same bytes), each object
+copied once under its content address in the arch's objects/ (shared by its
+releases), the shards' timings.json (compile seconds, for the next run's
+shard balance) joined per room, then each arch linked (its bands shared by
+its rooms). It is assembled and linked in a temporary sibling of ``--out``
+and only then moved into place, so ``--out`` is never seen half written: the
+old directory stays whole until the new one is complete.
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ if str(ROOT) not in sys.path:
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.build.jit import VERIFIED, read_verified, write_verified  # noqa: E402
 from dsv41_aot.build.link import link_arch  # noqa: E402
-from dsv41_aot.manifest import MANIFEST, Manifest, arch_dirs  # noqa: E402
+from dsv41_aot.facts.releases import release_facts, version_order  # noqa: E402
+from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest, room_dir, rooms  # noqa: E402
+from ci.build_shard import pairs  # noqa: E402
 
 
 class MergeError(IntegrityError):
@@ -59,10 +67,15 @@ def _plans(shards: list[Path]) -> dict:
     return out
 
 
+def _show(pair) -> str:
+    return f"{pair[1]} (vLLM {pair[0]})"
+
+
 def _check_plans(arch: str, plans: list, held: dict, held_by: dict) -> None:
-    """held: key -> shard arch dir holding it; held_by: shard arch dir -> its keys."""
+    """held: (release, key) -> the shard arch dir holding it; held_by: shard
+    arch dir -> its (release, key) pairs."""
     counts = {p["count"] for p in plans}
-    universes = {tuple(p["all_keys"]) for p in plans}
+    universes = {tuple(pairs(p["all_keys"])) for p in plans}
     if len(counts) != 1 or len(universes) != 1:
         raise MergeError(f"{arch}: shard plans disagree (counts {sorted(counts)}, {len(universes)} key sets): "
                          f"cells built from different matrices or seconds",
@@ -79,35 +92,70 @@ def _check_plans(arch: str, plans: list, held: dict, held_by: dict) -> None:
         if p is None:
             raise MergeError(f"{adir}: holds {len(keys)} {arch} key(s) but no shard plan (shard-{arch}-*of{count}.json)",
                              fix=f"build it with ci/build_shard.py --arch {arch} --shard i/{count}, or leave it out")
-        extra = sorted(set(keys) - set(p["keys"]))
+        extra = sorted(set(keys) - set(pairs(p["keys"])))
         if extra:
-            raise MergeError(f"{adir}: holds {len(extra)} key(s) its plan {p['_file']} did not give it, e.g. {extra[0]}",
+            raise MergeError(f"{adir}: holds {len(extra)} key(s) its plan {p['_file']} did not give it, "
+                             f"e.g. {_show(extra[0])}",
                              fix=f"rebuild the shard into an empty dir: ci/build_shard.py --arch {arch} "
                                  f"--shard {p['index']}/{count} --out NEW_DIR, and merge that")
     expected = set(universes.pop())
     lost = sorted(expected - set(held))
     if lost:
-        raise MergeError(f"{arch}: {len(lost)} planned key(s) in no shard, e.g. {lost[0]}",
+        raise MergeError(f"{arch}: {len(lost)} planned key(s) in no shard, e.g. {_show(lost[0])}",
                          fix=f"rebuild its shard: ci/build_shard.py --arch {arch} --shard i/{count} (see the plans)")
     for p in plans:
-        stray = sorted(k for k in p["keys"] if k not in held)
+        stray = [k for k in pairs(p["keys"]) if k not in held]
         if stray:
-            raise MergeError(f"{p['_file']}: key {stray[0]} planned but not built", fix="rerun that shard")
+            raise MergeError(f"{p['_file']}: key {_show(stray[0])} planned but not built", fix="rerun that shard")
 
 
-def _proofs(arch: str, adirs: list, entries: dict, require: bool) -> dict:
-    """The shards' verified.json records of the merged entries' code objects."""
+def _proofs(room: str, rooms: list, entries: dict, require: bool) -> dict:
+    """The shard rooms' verified.json records of the merged entries' code objects."""
     proofs: dict = {}
-    for adir in adirs:
-        for key, rec in read_verified(adir).items():
+    for rdir in rooms:
+        for key, rec in read_verified(rdir).items():
             if key in entries and rec["code_object_sha256"] == entries[key]["code_object_sha256"]:
                 proofs[key] = rec
     missing = sorted(set(entries) - set(proofs))
     if require and missing:
-        raise MergeError(f"{arch}: {len(missing)} key(s) carry no proof against vLLM's JIT ({VERIFIED}), e.g. {missing[0]}",
+        raise MergeError(f"room {room}: {len(missing)} key(s) carry no proof against vLLM's JIT ({VERIFIED}), "
+                         f"e.g. {missing[0]}",
                          fix="rerun its shard with ci/build_shard.py (it verifies), or: dsv41-aot verify --against-jit"
                              " --record --dir SHARD")
     return proofs
+
+
+def _merge_room(arch: str, release: str, adirs: list, held: dict, held_by: dict, require_verified: bool) -> tuple:
+    """One room merged from the shards' arch folders holding it."""
+    room = f"{arch}/{release_facts(release).folder}"
+    entries, abis, origin, sources, timings = {}, {}, {}, {}, {}
+    for adir in adirs:
+        man = Manifest.read(adir, arch, release=release)
+        held_by.setdefault(adir, []).extend((release, k) for k in sorted(man.entries))
+        timings.update(man.timings)
+        for key, e in sorted(man.entries.items()):
+            man.check_object(key)
+            prev = entries.get(key)
+            if prev is not None:
+                if prev["sha256"] != e["sha256"] or prev["source"] != e["source"]:
+                    what = "object" if prev["sha256"] != e["sha256"] else "source identity"
+                    raise MergeError(
+                        f"{key} (vLLM {release}): {origin[key]} and {adir} hold different {what}s "
+                        f"({prev['sha256'][:12]} vs {e['sha256'][:12]})",
+                        fix=f"rebuild both shards from one vLLM {release} / FlyDSL (ci/build_shard.py), then merge",
+                    )
+                continue
+            entries[key], origin[key] = e, adir
+            held[(release, key)] = adir
+            abis[e["abi"]] = man.abis[e["abi"]]
+            sources.setdefault(json.dumps(e["source"], sort_keys=True), key)
+    if len(sources) > 1:
+        ex = sorted(sources.values())
+        raise MergeError(f"room {room}: shards built from {len(sources)} source identities (e.g. {ex[0]} from "
+                         f"{origin[ex[0]]}, {ex[1]} from {origin[ex[1]]})",
+                         fix=f"rebuild every shard from one vLLM {release} / FlyDSL (ci/build_shard.py), then merge")
+    proofs = _proofs(room, [room_dir(a, release) for a in adirs], entries, require_verified)
+    return entries, abis, origin, timings, proofs
 
 
 def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, require_verified: bool = False) -> dict:
@@ -117,69 +165,55 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, requir
     for s in shards:
         if not s.is_dir():
             raise ManifestError(f"shard {s} is not a directory", fix="pass the shard dirs ci/build_shard.py wrote")
-    by_arch: dict = {}
+    by_room: dict = {}  # (arch, release) -> shard arch dirs holding that room
     for s in shards:
-        for adir in arch_dirs(s):
-            by_arch.setdefault(adir.name, []).append(adir)
-    if not by_arch:
-        raise ManifestError(f"no shard holds a built arch (<arch>/{MANIFEST}) in {', '.join(map(str, shards))}",
+        for adir, release in rooms(s):
+            by_room.setdefault((adir.name, release), []).append(adir)
+    if not by_room:
+        raise ManifestError(f"no shard holds a built room (<arch>/vllm-<release>/{MANIFEST}) in "
+                            f"{', '.join(map(str, shards))}",
                             fix="build the shards first: ci/build_shard.py --arch A --shard i/N --out DIR")
     plans = _plans(shards)
 
-    merged: dict = {}
-    for arch, adirs in sorted(by_arch.items()):
-        entries, abis, origin, sources, timings, held_by = {}, {}, {}, {}, {}, {}
-        for adir in adirs:
-            man = Manifest.read(adir, arch)
-            held_by[adir] = sorted(man.entries)
-            timings.update(man.timings)
-            for key, e in sorted(man.entries.items()):
-                man.check_object(key)
-                prev = entries.get(key)
-                if prev is not None:
-                    if prev["sha256"] != e["sha256"] or prev["source"] != e["source"]:
-                        what = "object" if prev["sha256"] != e["sha256"] else "source identity"
-                        raise MergeError(
-                            f"{key}: {origin[key]} and {adir} hold different {what}s "
-                            f"({prev['sha256'][:12]} vs {e['sha256'][:12]})",
-                            fix="rebuild both shards from one vLLM / FlyDSL (ci/build_shard.py), then merge",
-                        )
-                    continue
-                entries[key], origin[key] = e, adir
-                abis[e["abi"]] = man.abis[e["abi"]]
-                sources.setdefault(json.dumps(e["source"], sort_keys=True), key)
-        if len(sources) > 1:
-            ex = sorted(sources.values())
-            raise MergeError(f"{arch}: shards built from {len(sources)} source identities (e.g. {ex[0]} from "
-                             f"{origin[ex[0]]}, {ex[1]} from {origin[ex[1]]})",
-                             fix="rebuild every shard from one vLLM / FlyDSL (ci/build_shard.py), then merge")
+    merged: dict = {}  # arch -> {release: (entries, abis, origin, timings, proofs)}
+    for arch in sorted({a for a, _ in by_room}):
+        held, held_by = {}, {}
+        releases = sorted((r for a, r in by_room if a == arch), key=version_order)
+        merged[arch] = {r: _merge_room(arch, r, by_room[arch, r], held, held_by, require_verified) for r in releases}
         if arch in plans:
-            _check_plans(arch, plans[arch], origin, held_by)
-        merged[arch] = (entries, abis, origin, timings, _proofs(arch, adirs, entries, require_verified))
+            _check_plans(arch, plans[arch], held, held_by)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.merge-"))
     summary = {"out": str(out), "arches": {}}
     try:
-        for arch, (entries, abis, origin, timings, proofs) in merged.items():
+        for arch, by_release in merged.items():
             adir = tmp / arch
-            (adir / "objects").mkdir(parents=True)
-            for key, e in entries.items():
-                shutil.copyfile(origin[key] / e["object"], adir / e["object"])
-            man = Manifest(adir, arch, entries, abis, timings=timings)
-            man.write()
-            if proofs:
-                write_verified(adir, arch, proofs, man)
-            summary["arches"][arch] = {"keys": len(entries), "shards": len(by_arch[arch]), "verified": len(proofs)}
+            (adir / OBJECTS).mkdir(parents=True)
+            arch_summary = summary["arches"][arch] = {"rooms": {}}
+            for release, (entries, abis, origin, timings, proofs) in by_release.items():
+                for key, e in entries.items():
+                    if not (adir / e["object"]).exists():  # one object, however many rooms name it
+                        shutil.copyfile(origin[key] / e["object"], adir / e["object"])
+                man = Manifest(adir, arch, entries, abis, timings=timings, release=release)
+                man.write()
+                if proofs:
+                    write_verified(man.room, arch, proofs, man)
+                arch_summary["rooms"][release] = {"keys": len(entries), "shards": len(by_room[arch, release]),
+                                                  "verified": len(proofs)}
+            arch_summary["keys"] = sum(r["keys"] for r in arch_summary["rooms"].values())
             if link:
-                summary["arches"][arch]["link"] = link_arch(adir)
+                arch_summary["link"] = link_arch(adir)
         _replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if log:
-        for arch, s in summary["arches"].items():
-            log(f"{arch}: {s['keys']} keys from {s['shards']} shard(s)" + (" (linked)" if link else ""))
+        for arch, a in summary["arches"].items():
+            for release, r in a["rooms"].items():
+                log(f"{arch} vLLM {release}: {r['keys']} keys from {r['shards']} shard(s), {r['verified']} verified")
+            if link:
+                log(f"{arch}: linked")
     return summary
 
 
@@ -201,7 +235,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="merged prebuilt dir (replaced as a whole)")
     ap.add_argument("--no-link", action="store_true", help="merge only (the wheel build needs the link)")
     ap.add_argument("--require-verified", action="store_true",
-                    help="refuse a key whose shard holds no proof against vLLM's JIT (verified.json)")
+                    help="refuse a key whose shard room holds no proof against vLLM's JIT (its verified.json)")
     ap.add_argument("--json", action="store_true", help="print one JSON summary")
     args = ap.parse_args(argv)
     try:
