@@ -1,5 +1,6 @@
-"""ci/: shard plans cover every key once, merged shards equal one whole build,
-and merge refuses what cannot be merged."""
+"""ci/: shard plans cover every (release, key) once, cutting across releases;
+merged shards equal one whole build, room by room; and merge refuses what
+cannot be merged."""
 
 from __future__ import annotations
 
@@ -17,11 +18,18 @@ sys.path.insert(0, str(ROOT))
 from ci import build_shard, merge  # noqa: E402
 from dsv41_aot.build import matrix  # noqa: E402
 from dsv41_aot.errors import IntegrityError, ManifestError  # noqa: E402
+from dsv41_aot.facts.releases import release_facts  # noqa: E402
 
 from _smoke import copy_of, smoke_dir  # noqa: E402
 
 PY = sys.executable
 ARCHES = ("gfx950", "gfx942")
+# the smoke profile's rooms: (arch, release) with keys, e.g. ("gfx950", "0.32.0")
+ROOMS = sorted({(k.arch, k.release) for k in matrix.load().select("smoke")})
+
+
+def room(root: Path, arch: str, release: str) -> Path:
+    return root / arch / release_facts(release).folder
 
 
 def run(*cmd, **kw):
@@ -36,34 +44,54 @@ def run(*cmd, **kw):
 @pytest.mark.parametrize("count", [1, 3, 8])
 def test_plans_cover_every_full_key_exactly_once(arch, count):
     plans = [build_shard.plan(arch, i, count, "full") for i in range(count)]
-    everything = plans[0]["all_keys"]
-    got = [k for p in plans for k in p["keys"]]
+    everything = build_shard.pairs(plans[0]["all_keys"])
+    got = [k for p in plans for k in build_shard.pairs(p["keys"])]
     assert sorted(got) == everything and len(set(got)) == len(got)
-    assert all(p["all_keys"] == everything for p in plans)
+    assert all(p["all_keys"] == plans[0]["all_keys"] for p in plans)
+    want = sorted((k.release, str(k)) for k in matrix.load().select("full") if k.arch == arch)
+    assert everything == want  # every release's keys of the arch, a key being (release, key)
     costs = [p["estimated_seconds"] for p in plans]
-    assert max(costs) - min(costs) <= max(matrix.estimate_seconds(matrix.BuildKey.parse(k)) for k in everything)
+    assert max(costs) - min(costs) <= max(matrix.estimate_seconds(matrix.BuildKey.parse(k, r)) for r, k in everything)
+
+
+def test_shards_cut_across_releases():
+    """gfx950's full keys of both releases are one partition: a key string
+    both releases build is two keys, and with 8 shards every shard holds keys
+    of both releases (no cell serves only the small release)."""
+    m = matrix.load()
+    full = [k for k in m.select("full") if k.arch == "gfx950"]
+    assert {k.release for k in full} == {"0.32.0", "0.33.0"}
+    both = {str(k) for k in full if k.release == "0.32.0"} & {str(k) for k in full if k.release == "0.33.0"}
+    assert both  # the same launch string in two releases
+    plans = [build_shard.plan("gfx950", i, 8, "full") for i in range(8)]
+    assert all(set(p["keys"]) == {"0.32.0", "0.33.0"} for p in plans)
+    text = sorted(both)[0]
+    holders = [(p["index"], r) for p in plans for r, ks in p["keys"].items() if text in ks]
+    assert sorted(r for _, r in holders) == ["0.32.0", "0.33.0"]  # once a release, never twice
+    assert sum(len(build_shard.pairs(p["keys"])) for p in plans) == len(full)
 
 
 def test_plans_follow_recorded_seconds_identically_in_every_cell():
-    keys = build_shard.plan("gfx950", 0, 1, "full")["all_keys"]
+    keys = sorted({k for _, k in build_shard.pairs(build_shard.plan("gfx950", 0, 1, "full")["all_keys"])})
     seconds = {k: (i * 7919) % 97 + 1.0 for i, k in enumerate(keys)}  # a recorded run, far from the estimate
     plans = [build_shard.plan("gfx950", i, 4, "full", seconds=seconds) for i in range(4)]
     again = [build_shard.plan("gfx950", i, 4, "full", seconds=dict(reversed(seconds.items()))) for i in range(4)]
     assert plans == again
-    loads = [sum(seconds[k] for k in p["keys"]) for p in plans]
+    loads = [sum(seconds[k] for _, k in build_shard.pairs(p["keys"])) for p in plans]
     assert max(loads) - min(loads) <= max(seconds.values())
     assert plans != [build_shard.plan("gfx950", i, 4, "full") for i in range(4)]
 
 
-def test_recorded_seconds_read_from_timings_manifests_and_arch_folders(tmp_path):
-    """timings.json (what a build writes beside its manifest), a manifest.json
-    (its sibling timings.json), an arch folder, and an older manifest that
-    still held compile_seconds all give the same mapping."""
+def test_recorded_seconds_read_from_timings_manifests_and_room_folders(tmp_path):
+    """timings.json (what a build writes beside its room's manifest), a
+    manifest.json (its sibling timings.json), a room folder, and an older
+    manifest that still held compile_seconds all give the same mapping."""
     k1, k2 = "k1@gfx950:s=1,tp=2,r=0", "k2@gfx950:s=4,tp=4,r=1"
-    arch = tmp_path / "gfx950"
-    arch.mkdir()
+    arch = room(tmp_path, "gfx950", "0.33.0")
+    arch.mkdir(parents=True)
     (arch / "timings.json").write_text(json.dumps({k1: 3.5, k2: 9.25}))
-    (arch / "manifest.json").write_text(json.dumps({"schema": 1, "arch": "gfx950", "abis": {}, "entries": {}}))
+    (arch / "manifest.json").write_text(json.dumps({"schema": 2, "arch": "gfx950", "release": "0.33.0",
+                                                    "abis": {}, "entries": {}}))
     want = {k1: 3.5, k2: 9.25}
     assert matrix.recorded_seconds([arch / "timings.json"]) == want
     assert matrix.recorded_seconds([arch / "manifest.json"]) == want
@@ -112,36 +140,56 @@ def test_merged_shards_equal_the_whole_build(built):
     assert r.returncode == 0, r.stderr
     for arch in ARCHES:
         a, b = out / arch, whole / arch
-        # objects and linked libraries byte for byte
+        # objects (once an arch, whatever rooms name them) and the shared bands byte for byte
         assert _tree(a / "objects") == _tree(b / "objects")
         assert _tree(a / "lib") == _tree(b / "lib")
-        # the manifest byte for byte (nothing measured is in it); the shards'
-        # compile seconds joined in the side file
+    for arch, release in ROOMS:
+        a, b = room(out, arch, release), room(whole, arch, release)
+        # each room's manifest and link record byte for byte (nothing measured is in them); the
+        # shards' compile seconds joined in the side file
         assert (a / "manifest.json").read_bytes() == (b / "manifest.json").read_bytes()
-        assert sorted(json.loads((a / "timings.json").read_text())) == sorted(json.loads((a / "manifest.json").read_text())["entries"])
+        assert (a / "libs.json").read_bytes() == (b / "libs.json").read_bytes()
+        assert sorted(json.loads((a / "timings.json").read_text())) == \
+            sorted(json.loads((a / "manifest.json").read_text())["entries"])
     assert sorted(p.name for p in out.iterdir()) == list(sorted(ARCHES))
+    assert sorted(p.name for p in (out / "gfx950").iterdir()) == ["lib", "objects", "vllm-0.32.0", "vllm-0.33.0"]
+
+
+def _cut(whole: Path, dest: Path, part: int, count: int, plan: bool = False) -> Path:
+    """Part ``part`` of ``count`` of every room of a built dir: each room's
+    keys i::count, with their objects; with ``plan``, the plans
+    ci/build_shard.py would write for it (by release)."""
+    for arch in ARCHES:
+        keys, every = {}, {}
+        for a, release in ROOMS:
+            if a != arch:
+                continue
+            man = json.loads((room(whole, arch, release) / "manifest.json").read_bytes())
+            every[release] = sorted(man["entries"])
+            keys[release] = every[release][part::count]
+            man["entries"] = {k: man["entries"][k] for k in keys[release]}
+            (room(dest, arch, release)).mkdir(parents=True)
+            (dest / arch / "objects").mkdir(exist_ok=True)
+            (room(dest, arch, release) / "manifest.json").write_text(json.dumps(man))
+            for k in keys[release]:
+                obj = man["entries"][k]["object"]
+                shutil.copyfile(whole / arch / obj, dest / arch / obj)
+        if plan:
+            p = {"arch": arch, "index": part, "count": count, "profile": "smoke", "all_keys": every, "keys": keys}
+            (dest / build_shard.plan_name(arch, part, count)).write_text(json.dumps(p))
+    return dest
 
 
 @pytest.mark.slow
 def test_merge_is_byte_exact_for_the_same_entries(built, tmp_path):
-    """Shards cut from the whole build merge back into its exact manifest.json bytes."""
+    """Shards cut from the whole build merge back into its exact manifest.json bytes, room by room."""
     _, whole, _ = built
-    parts = []
-    for i in range(2):
-        d = tmp_path / f"part{i}"
-        for arch in ARCHES:
-            man = json.loads((whole / arch / "manifest.json").read_bytes())
-            keep = sorted(man["entries"])[i::2]
-            man["entries"] = {k: man["entries"][k] for k in keep}
-            (d / arch / "objects").mkdir(parents=True)
-            (d / arch / "manifest.json").write_text(json.dumps(man))
-            for k in keep:
-                obj = man["entries"][k]["object"]
-                shutil.copyfile(whole / arch / obj, d / arch / obj)
-        parts.append(d)
+    parts = [_cut(whole, tmp_path / f"part{i}", i, 2) for i in range(2)]
     merge.merge(parts, tmp_path / "out", log=None)
+    for arch, release in ROOMS:
+        assert (room(tmp_path / "out", arch, release) / "manifest.json").read_bytes() == \
+            (room(whole, arch, release) / "manifest.json").read_bytes()
     for arch in ARCHES:
-        assert (tmp_path / "out" / arch / "manifest.json").read_bytes() == (whole / arch / "manifest.json").read_bytes()
         assert _tree(tmp_path / "out" / arch / "lib") == _tree(whole / arch / "lib")
 
 
@@ -155,28 +203,50 @@ def _copy_shards(shards, dest: Path) -> list[Path]:
 
 @pytest.mark.slow
 def test_merge_refuses_conflicting_entries(built, tmp_path):
-    _, _, shards = built
-    copies = _copy_shards(shards, tmp_path)
-    # a second copy of shard 0 of gfx950 whose key points at another real object
-    a = copies[0] / "gfx950"
+    _, whole, _ = built
+    copies = [_cut(whole, tmp_path / f"part{i}", i, 2) for i in range(2)]
+    # a second copy of part 1 whose 0.33.0 gfx950 room holds part 0's first key, pointing at another real object
     b_root = tmp_path / "conflict"
     shutil.copytree(copies[1], b_root)
-    man_a = json.loads((a / "manifest.json").read_bytes())
-    man_b = json.loads((b_root / "gfx950" / "manifest.json").read_bytes())
+    man_a = json.loads((room(copies[0], "gfx950", "0.33.0") / "manifest.json").read_bytes())
+    path_b = room(b_root, "gfx950", "0.33.0") / "manifest.json"
+    man_b = json.loads(path_b.read_bytes())
     key = sorted(man_a["entries"])[0]
     other = next(iter(man_b["entries"].values()))
-    forged = dict(man_a["entries"][key], **{f: other[f] for f in ("object", "sha256", "bytes")})
-    man_b["entries"][key] = forged
+    man_b["entries"][key] = dict(man_a["entries"][key], **{f: other[f] for f in ("object", "sha256", "bytes")})
     man_b["abis"].update(man_a["abis"])
-    (b_root / "gfx950" / "manifest.json").write_text(json.dumps(man_b))
+    path_b.write_text(json.dumps(man_b))
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep").write_text("old")
     with pytest.raises(IntegrityError, match="different objects") as e:
         merge.merge(copies + [b_root], out, log=None)
-    assert key in str(e.value) and "fix:" in str(e.value)
+    assert key in str(e.value) and "vLLM 0.33.0" in str(e.value) and "fix:" in str(e.value)
     assert [p.name for p in out.iterdir()] == ["keep"]  # the old output is untouched
     assert not [p for p in tmp_path.iterdir() if ".merge-" in p.name]  # no temporary left
+
+
+@pytest.mark.slow
+def test_merge_keeps_one_key_string_of_two_releases_apart(built, tmp_path):
+    """The same key string in the 0.32.0 and the 0.33.0 room is two keys:
+    both rooms keep their own entry (their own object where the kernels
+    differ), and dropping the 0.32.0 one from every shard loses it."""
+    _, whole, _ = built
+    parts = [_cut(whole, tmp_path / f"part{i}", i, 2, plan=True) for i in range(2)]
+    merge.merge(parts, tmp_path / "out", log=None)
+    old = json.loads((room(tmp_path / "out", "gfx950", "0.32.0") / "manifest.json").read_bytes())["entries"]
+    new = json.loads((room(tmp_path / "out", "gfx950", "0.33.0") / "manifest.json").read_bytes())["entries"]
+    shared = sorted(set(old) & set(new))
+    assert shared and any(old[k]["sha256"] != new[k]["sha256"] for k in shared)
+    k = shared[0]
+    for p in parts:  # take the 0.32.0 entry of k out of whichever shard holds it (plans unchanged)
+        path = room(p, "gfx950", "0.32.0") / "manifest.json"
+        man = json.loads(path.read_bytes())
+        man["entries"].pop(k, None)
+        path.write_text(json.dumps(man))
+    with pytest.raises(IntegrityError, match="planned") as e:
+        merge.merge(parts, tmp_path / "out2", log=None)
+    assert k in str(e.value) and "vLLM 0.32.0" in str(e.value)
 
 
 @pytest.mark.slow
@@ -193,55 +263,56 @@ def test_merge_refuses_missing_objects_missing_shards_and_mixed_sources(built, t
     assert r.returncode == 1 and "is missing" in r.stderr and "@gfx950" in r.stderr
     obj.write_bytes(data)
 
-    path = copies[3] / "gfx942" / "manifest.json"
+    path = room(copies[3], "gfx942", "0.33.0") / "manifest.json"
     man = json.loads(path.read_bytes())
     for e in man["entries"].values():
         e["source"] = dict(e["source"], flydsl_version="0.4.1")
     path.write_text(json.dumps(man))
-    with pytest.raises(IntegrityError, match="2 source identities"):
+    with pytest.raises(IntegrityError, match="2 source identities") as e:
         merge.merge(copies, tmp_path / "o3", log=None)
+    assert "gfx942/vllm-0.33.0" in str(e.value)
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
 
 
-def _planned_shards(whole: Path, dest: Path, arch: str, count: int = 2) -> list[Path]:
-    """Shards cut from a built arch folder, each with the plan ci/build_shard.py
-    would write for it (its keys, every key of the arch)."""
-    man = json.loads((whole / arch / "manifest.json").read_bytes())
-    everything = sorted(man["entries"])
-    out = []
-    for i in range(count):
-        d = dest / f"shard-{arch}-{i}"
-        keep = everything[i::count]
-        part = dict(man, entries={k: man["entries"][k] for k in keep})
-        (d / arch / "objects").mkdir(parents=True)
-        (d / arch / "manifest.json").write_text(json.dumps(part))
-        for k in keep:
-            obj = man["entries"][k]["object"]
-            shutil.copyfile(whole / arch / obj, d / arch / obj)
-        plan = {"arch": arch, "index": i, "count": count, "profile": "smoke", "all_keys": everything, "keys": keep}
-        (d / build_shard.plan_name(arch, i, count)).write_text(json.dumps(plan))
-        out.append(d)
-    return out
+@pytest.mark.slow
+def test_require_verified_reads_each_rooms_proofs(built, tmp_path):
+    """The shards built by ci/build_shard.py carry each room's verified.json;
+    a room whose proofs are gone is refused by --require-verified, naming it."""
+    _, _, shards = built
+    copies = _copy_shards(shards, tmp_path)
+    merge.merge(copies, tmp_path / "ok", log=None, require_verified=True)
+    for arch, release in ROOMS:
+        assert json.loads((room(tmp_path / "ok", arch, release) / "verified.json").read_text())["keys"]
+    for c in copies:
+        v = room(c, "gfx950", "0.32.0") / "verified.json"
+        if v.exists():
+            v.unlink()
+    with pytest.raises(IntegrityError, match="no proof") as e:
+        merge.merge(copies, tmp_path / "out", log=None, require_verified=True)
+    assert "gfx950/vllm-0.32.0" in str(e.value)
+    merge.merge(copies, tmp_path / "out", log=None)  # without --require-verified it merges
 
 
 def test_merge_refuses_a_key_the_shard_plan_did_not_give(tmp_path_factory, tmp_path):
     """A shard holding a key of another shard (same object: a plain merge
     would keep it once) or a shard with no plan is refused, naming the shard."""
     whole = smoke_dir(tmp_path_factory)
-    shards = _planned_shards(whole, tmp_path / "ok", "gfx950")
+    shards = [_cut(whole, tmp_path / "ok" / f"s{i}", i, 2, plan=True) for i in range(2)]
     merge.merge(shards, tmp_path / "fine", log=None)  # as planned: merges
-    a, b = shards[0] / "gfx950", shards[1] / "gfx950"
+    a, b = room(shards[0], "gfx950", "0.32.0"), room(shards[1], "gfx950", "0.32.0")
     man_a, man_b = json.loads((a / "manifest.json").read_bytes()), json.loads((b / "manifest.json").read_bytes())
     key = sorted(man_b["entries"])[0]
     e = man_b["entries"][key]
     man_a["entries"][key] = e
+    man_a["abis"].update(man_b["abis"])
     (a / "manifest.json").write_text(json.dumps(man_a))
-    shutil.copyfile(b / e["object"], a / e["object"])
+    shutil.copyfile(shards[1] / "gfx950" / e["object"], shards[0] / "gfx950" / e["object"])
     with pytest.raises(IntegrityError, match="did not give it") as err:
         merge.merge(shards, tmp_path / "out", log=None)
-    assert key in str(err.value) and str(a) in str(err.value) and "--shard 0/2" in str(err.value)
+    assert key in str(err.value) and "vLLM 0.32.0" in str(err.value)
+    assert str(shards[0] / "gfx950") in str(err.value) and "--shard 0/2" in str(err.value)
     assert not (tmp_path / "out").exists()
-    fresh = _planned_shards(whole, tmp_path / "fresh", "gfx950")
+    fresh = [_cut(whole, tmp_path / "fresh" / f"s{i}", i, 2, plan=True) for i in range(2)]
     extra = tmp_path / "unplanned"
     shutil.copytree(fresh[1], extra)
     for plan in extra.glob("shard-*.json"):
@@ -252,6 +323,7 @@ def test_merge_refuses_a_key_the_shard_plan_did_not_give(tmp_path_factory, tmp_p
 
 
 def test_merge_refuses_no_shards(tmp_path):
+    (tmp_path / "gfx950" / "objects").mkdir(parents=True)  # an arch folder with no room is nothing to merge
     with pytest.raises(ManifestError, match="no shard holds"):
         merge.merge([tmp_path], tmp_path / "out", log=None)
 
