@@ -1,9 +1,11 @@
-"""The kernels wheel: ONE wheel for both arches, built from a real smoke
-build (pip wheel and python -m build, in the project's own environment: no
-index is asked for setuptools), checked (name, tag, metadata, bands,
-auditwheel on the raw libraries), installed into a fresh venv with no FlyDSL,
-torch or vLLM, and every key of both arches bound there (band sha256,
-memfd dlopen, entry, ABI); bad prebuilt dirs are refused by the build itself.
+"""The kernels wheel: ONE wheel for both arches and both vLLM releases (every
+room <arch>/vllm-<release>/ of a real smoke build, and the bands its rooms
+share), built with pip wheel and python -m build in the project's own
+environment (no index is asked for setuptools), checked (name, tag, metadata,
+bands, auditwheel on the raw libraries), installed into a fresh venv with no
+FlyDSL, torch or vLLM, and every key of every room listed and bound there by
+release (band sha256, memfd dlopen, entry, ABI); bad prebuilt dirs (a room of
+another release's sources, a stray band, ...) are refused by the build itself.
 
 The GPU is the only thing absent: binding resolves each band against
 Debian's libamdhip64 (ROCm 5.2, accepted by DSV41_AOT_ALLOW_HIP_VERSION=5.2
@@ -30,9 +32,20 @@ from ci import check_wheel  # noqa: E402
 from ci.check_wheel import source_tree  # noqa: E402
 
 from _smoke import smoke_count, smoke_dir  # noqa: E402
+from dsv41_aot.build import matrix  # noqa: E402
 
 PY = sys.executable
 ARCHES = ("gfx950", "gfx942")
+# the smoke profile's rooms: (arch, release) with keys
+ROOMS = sorted({(k.arch, k.release) for k in matrix.load().select("smoke")})
+
+
+def room(root: Path, arch: str, release: str) -> Path:
+    return root / arch / f"vllm-{release}"
+
+
+def entries(root: Path, arch: str, release: str) -> dict:
+    return json.loads((room(root, arch, release) / "manifest.json").read_bytes())["entries"]
 
 pytestmark = pytest.mark.slow
 
@@ -91,29 +104,38 @@ def venv(tmp_path_factory):
 
 
 def test_one_wheel_name_tag_metadata_and_bands(wheel, smoke):
+    assert {r for _, r in ROOMS} == {"0.32.0", "0.33.0"}  # the smoke build holds both releases
     assert wheel.name == "dsv41_aot-0.1.0-py3-none-manylinux_2_28_x86_64.whl"  # no local version label
     result = check_wheel.check(wheel, smoke)  # includes auditwheel on the unpacked raw libraries
     assert result["problems"] == [], result["problems"]
     assert result["arches"] == sorted(ARCHES) and result["keys"] == smoke_count()
     assert result["keys_by_arch"] == {a: smoke_count(a) for a in ARCHES}
+    assert result["keys_by_room"] == {f"{a}/vllm-{r}": len(entries(smoke, a, r)) for a, r in ROOMS}
+    assert result["vllm"] == ["0.32.0", "0.33.0"]
     assert result["auditwheel_external"] == []  # no DT_NEEDED at all: HIP is the host's
     assert result["raw_library_bytes"] > 2 * result["kernel_bytes"]  # the bands are xz, not raw
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    kernels = [n for n in names if "kernels_prebuilt/" in n]
-    assert {n.split("kernels_prebuilt/")[1].split("/")[0] for n in kernels} == set(ARCHES)
+    kernels = sorted(n.split("kernels_prebuilt/")[1] for n in names if "kernels_prebuilt/" in n)
+    assert {n.split("/")[0] for n in kernels} == set(ARCHES)
     assert not [n for n in kernels if "/objects/" in n]
+    assert not [n for n in kernels if n.endswith("timings.json")]  # measured: never shipped
+    assert {n.rsplit("/", 1)[0] for n in kernels if n.endswith("manifest.json")} == \
+        {f"{a}/vllm-{r}" for a, r in ROOMS}
     assert not [n for n in names if n.endswith(".so")]  # nothing raw
-    bands = [n for n in kernels if n.endswith(".so.xz")]
-    assert len(bands) == sum(len(json.loads((smoke / a / "lib" / "libs.json").read_text())["libraries"])
-                             for a in ARCHES)
+    # the bands of an arch: those its rooms' libs.json name, once each, in <arch>/lib/
+    named = {f"{a}/lib/{lib['file']}" for a, r in ROOMS
+             for lib in json.loads((room(smoke, a, r) / "libs.json").read_text())["libraries"]}
+    assert sorted(n for n in kernels if n.endswith(".so.xz")) == sorted(named)
     assert all(n.startswith("dsv41_aot") for n in names)  # platlib root, not .data/purelib
     runtime = [line for line in meta.splitlines() if line.startswith("Requires-Dist") and "extra ==" not in line]
     assert runtime == []
     assert 'Requires-Dist: flydsl==0.4.2; extra == "build"' in meta
-    assert 'Requires-Dist: vllm==0.33.0; extra == "vllm"' in meta  # the vLLM release it serves
-    assert "vLLM 0.33.0" in meta.split("\n\n", 1)[1]  # and the README says so
+    (vllm,) = [line for line in meta.splitlines() if line.startswith("Requires-Dist: vllm") and '"vllm"' in line]
+    assert "==" not in vllm and ">=0.32.0" in vllm and "<0.34" in vllm  # both releases it serves, not one pin
+    readme = meta.split("\n\n", 1)[1]
+    assert "vLLM 0.33.0" in readme and "vLLM 0.32.0" in readme  # and the README names them
 
 
 def test_check_wheel_catches_a_raw_library_and_an_external_one(wheel, tmp_path):
@@ -124,13 +146,16 @@ def test_check_wheel_catches_a_raw_library_and_an_external_one(wheel, tmp_path):
         for info in z.infolist():
             out.writestr(info, z.read(info))
         out.writestr("dsv41_aot/kernels_prebuilt/gfx950/lib/stray.so", b"\x7fELF")
-    assert any("raw shared libraries" in p for p in check_wheel.check(bad, auditwheel=False)["problems"])
+        out.writestr("dsv41_aot/kernels_prebuilt/gfx950/vllm-0.32.0/timings.json", b"{}")
+    problems = check_wheel.check(bad, auditwheel=False)["problems"]
+    assert any("raw shared libraries" in p for p in problems)
+    assert any("timings in the wheel" in p and "vllm-0.32.0/timings.json" in p for p in problems)
     libz = next(Path(p) for p in ("/usr/lib/x86_64-linux-gnu/libpng16.so.16", "/usr/lib/x86_64-linux-gnu/libxml2.so.2")
                 if Path(p).is_file())
     assert check_wheel.audit_raw({"x/needs-external.so": libz.read_bytes()}) != []
 
 
-def test_installed_wheel_binds_every_key_of_both_arches_without_flydsl_torch_or_vllm(wheel, venv, smoke, tmp_path):
+def test_installed_wheel_lists_and_binds_every_room_without_flydsl_torch_or_vllm(wheel, venv, smoke, tmp_path):
     r = run([venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--no-index", wheel])
     assert r.returncode == 0, r.stderr
     site = next((venv / "lib").glob("python3*/site-packages"))
@@ -146,36 +171,45 @@ def test_installed_wheel_binds_every_key_of_both_arches_without_flydsl_torch_or_
     assert doc["installed_heavy"] == [] and doc["problems"] == []
     assert doc["package"].startswith(str(venv)) and doc["ignored_DSV41_AOT_PREBUILT"] == str(tmp_path / "elsewhere")
     assert sorted(doc["arches"]) == sorted(ARCHES) and doc["mapped_from_memory"] is True
-    for arch in ARCHES:
-        expect = json.loads((smoke / arch / "manifest.json").read_bytes())["entries"]
-        got = doc["arches"][arch]["bound"]
+    assert sorted((a, r) for a, by in doc["arches"].items() for r in by) == ROOMS
+    for arch, release in ROOMS:
+        expect = entries(smoke, arch, release)
+        got = doc["arches"][arch][release]["bound"]
         assert sorted(got) == sorted(expect)
         for key, launcher in got.items():
             assert launcher["kernel"] == expect[key]["symbol"]
 
-    # the public API, every key of both arches bound, then one launch: no GPU
-    # here, so a HIP error (not a crash); nothing mapped from site-packages
+    # the public API: keys(arch, release=) lists each room's keys, then every
+    # key of every room is bound by its release (a key string two releases
+    # build names two kernels), then one launch: no GPU here, so a HIP error
+    # (not a crash); nothing mapped from site-packages
     probe = (
         "import json, sys, dsv41_aot\n"
         "from dsv41_aot.errors import LaunchError\n"
-        "keys = json.loads(sys.argv[1])\n"
-        "ls = [dsv41_aot.load_key(k) for k in keys]\n"
+        "rooms = json.loads(sys.argv[1])\n"
+        "listed = {f'{a} {r}': dsv41_aot.keys(a, release=r) for a, r in rooms}\n"
+        "ls = [dsv41_aot.load_key(k, release=r) for a, r in rooms for k in listed[f'{a} {r}']]\n"
         "[l.bind() for l in ls]\n"
-        "assert [l.kernel_name for l in ls] == json.loads(sys.argv[2])\n"
         "assert not {'flydsl', 'torch', 'vllm'} & set(sys.modules)\n"
         "maps = open('/proc/self/maps').read()\n"
         "assert 'kernels_prebuilt' not in maps and maps.count('/memfd:libdsv41_') > 0\n"
+        "print(json.dumps({'listed': listed, 'kernels': [l.kernel_name for l in ls]}))\n"
         "try:\n"
         "    ls[0](*[0] * (len(ls[0].abi) - 1), stream=0)\n"
         "except LaunchError as e:\n"
         "    print('LaunchError', e)\n"
     )
-    keys = sorted((k, e) for a in ARCHES for k, e in json.loads((smoke / a / "manifest.json").read_bytes())
-                  ["entries"].items())
-    r = run([venv / "bin" / "python", "-c", probe, json.dumps([k for k, _ in keys]),
-             json.dumps([e["symbol"] for _, e in keys])], cwd=venv, env={"HOME": str(home)})
+    r = run([venv / "bin" / "python", "-c", probe, json.dumps(ROOMS)], cwd=venv, env={"HOME": str(home)})
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("LaunchError") and "hip" in r.stdout.lower()
+    first, rest = r.stdout.split("\n", 1)
+    got = json.loads(first)
+    assert got["listed"] == {f"{a} {r}": sorted(entries(smoke, a, r)) for a, r in ROOMS}
+    assert got["kernels"] == [entries(smoke, a, r)[k]["symbol"] for a, r in ROOMS for k in sorted(entries(smoke, a, r))]
+    # the same key string in both gfx950 rooms binds each release's own kernel object
+    both = sorted(set(entries(smoke, "gfx950", "0.32.0")) & set(entries(smoke, "gfx950", "0.33.0")))
+    assert both and any(entries(smoke, "gfx950", "0.32.0")[k]["sha256"] != entries(smoke, "gfx950", "0.33.0")[k]["sha256"]
+                        for k in both)
+    assert rest.startswith("LaunchError") and "hip" in rest.lower()
     # nothing written to site-packages or the home directory
     assert sorted(str(p) for p in site.rglob("*") if "__pycache__" not in str(p)) == \
         [p for p in before if "__pycache__" not in p]
@@ -197,14 +231,15 @@ def test_no_arch_gives_a_pure_wheel_without_kernels(tmp_path):
 def _broken(smoke: Path, dest: Path, how: str) -> Path:
     shutil.copytree(smoke, dest)
     a = dest / "gfx950"
-    man = json.loads((a / "manifest.json").read_bytes())
+    path = room(dest, "gfx950", "0.33.0") / "manifest.json"
+    man = json.loads(path.read_bytes())
     key = sorted(man["entries"])[0]
     if how == "empty":
         shutil.rmtree(dest)
         dest.mkdir()
     elif how == "no_entries":
         man["entries"] = {}
-        (a / "manifest.json").write_text(json.dumps(man))
+        path.write_text(json.dumps(man))
     elif how == "missing_object":
         (a / man["entries"][key]["object"]).unlink()
     elif how == "orphan_object":
@@ -214,30 +249,49 @@ def _broken(smoke: Path, dest: Path, how: str) -> Path:
     elif how == "raw_library":  # a band replaced by its raw library, libs.json unchanged
         band = next((a / "lib").glob("*.so.xz"))
         band.write_bytes(lzma.decompress(band.read_bytes()))
-    elif how == "other_vllm":  # every entry built from another vLLM: consistent, but not the pinned one
+    elif how == "stray_band":  # a real band no room's libs.json names
+        band = next((a / "lib").glob("*.so.xz"))
+        shutil.copyfile(band, a / "lib" / "libdsv41_stray.0123456789ab.so.xz")
+    elif how == "other_vllm":  # the 0.33.0 room's keys say they were built from vLLM 0.32.0
         for e in man["entries"].values():
             e["source"] = dict(e["source"], vllm_version="0.32.0")
-        (a / "manifest.json").write_text(json.dumps(man))
+        path.write_text(json.dumps(man))
+    elif how == "other_digest":  # the 0.32.0 room built from sources that are not 0.32.0's (consistently)
+        p32 = room(dest, "gfx950", "0.32.0") / "manifest.json"
+        m32 = json.loads(p32.read_bytes())
+        for e in m32["entries"].values():
+            e["source"] = dict(e["source"], mono_sources="0123456789abcdef")
+        m32["mono_sources"] = "0123456789abcdef"
+        p32.write_text(json.dumps(m32))
+    elif how == "unknown_release":  # a room of a release neither dsv41-aot nor the matrix knows
+        shutil.copytree(room(dest, "gfx950", "0.32.0"), a / "vllm-0.31.0")
     elif how == "unlinked":
-        shutil.rmtree(a / "lib")
-    elif how == "mixed_source":
+        (room(dest, "gfx950", "0.33.0") / "libs.json").unlink()
+    elif how == "mixed_source":  # one entry from other sources (what a write of mixed entries records)
         e = man["entries"][key]
         e["source"] = dict(e["source"], mono_sources="0123456789abcdef")
-        (a / "manifest.json").write_text(json.dumps(man))
+        man["mono_sources"] = None
+        path.write_text(json.dumps(man))
     return dest
 
 
 REFUSALS = {
     "empty": "no prebuilt kernels in",
     "raw_library": "does not match the sha256",
-    "other_vllm": "built from vLLM 0.32.0, but this wheel serves vLLM 0.33.0",
+    "stray_band": "libdsv41_stray.0123456789ab.so.xz named by no room's libs.json",
+    "other_vllm": "room gfx950/vllm-0.33.0: its keys were built from vLLM 0.32.0, not 0.33.0",
+    "other_digest": "room gfx950/vllm-0.32.0: built from mono sources '0123456789abcdef', but vLLM 0.32.0's are",
+    "unknown_release": "vllm-0.31.0: not the room of a vLLM release dsv41-aot knows",
     "no_entries": "has no entries",
     "missing_object": "is missing",
-    "orphan_object": "no manifest entry names",
+    "orphan_object": "no room's manifest names",
     "missing_library": "is missing",
-    "unlinked": "never linked",
+    "unlinked": "room gfx950/vllm-0.33.0 was never linked",
     "mixed_source": "mixes 2 source identities",
 }
+# the room each refusal must name (the wheel holds several rooms of an arch)
+NAMES_ROOM = {"other_vllm": "gfx950/vllm-0.33.0", "other_digest": "gfx950/vllm-0.32.0",
+              "mixed_source": "gfx950/vllm-0.33.0", "unlinked": "gfx950/vllm-0.33.0", "no_entries": "gfx950/vllm-0.33.0"}
 
 
 @pytest.mark.parametrize("how", sorted(REFUSALS))
@@ -248,5 +302,6 @@ def test_wheel_build_refuses_a_bad_prebuilt_dir(smoke, tmp_path, how):
     text = r.stdout + r.stderr
     assert r.returncode != 0
     assert REFUSALS[how] in text, text[-2000:]
+    assert NAMES_ROOM.get(how, "") in text
     assert str(bad) in text and "fix: " in text and "dsv41-aot " in text
     assert not list((tmp_path / "dist").glob("*.whl")) if (tmp_path / "dist").exists() else True
