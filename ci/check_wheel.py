@@ -278,8 +278,9 @@ def audit_only(wheel: Path) -> int:
     return 1 if bad else 0
 
 
-# the files a wheel build reads (setup.py, pyproject.toml and what they pack)
-SOURCE_FILES = ("pyproject.toml", "setup.py", "LICENSE", "NOTICE", "README.md", "dsv41_aot", "ci")
+# the files a wheel build reads (setup.py, pyproject.toml, the matrix whose
+# release digests ci/prebuilt.py checks rooms against, and what they pack)
+SOURCE_FILES = ("pyproject.toml", "setup.py", "LICENSE", "NOTICE", "README.md", "build_matrix.yaml", "dsv41_aot", "ci")
 
 
 def source_tree(dest: Path, root: Path = Path(__file__).resolve().parents[1]) -> Path:
