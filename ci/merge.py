@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:
 
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.build.jit import VERIFIED, read_verified, write_verified  # noqa: E402
-from dsv41_aot.build.link import link_arch  # noqa: E402
+from dsv41_aot.build.link import link_room  # noqa: E402
 from dsv41_aot.facts.releases import release_facts, version_order  # noqa: E402
 from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest, room_dir, rooms  # noqa: E402
 from ci.build_shard import pairs  # noqa: E402
@@ -202,8 +202,9 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, requir
                 arch_summary["rooms"][release] = {"keys": len(entries), "shards": len(by_room[arch, release]),
                                                   "verified": len(proofs)}
             arch_summary["keys"] = sum(r["keys"] for r in arch_summary["rooms"].values())
-            if link:
-                arch_summary["link"] = link_arch(adir)
+            if link:  # every room's manifest is written first: the bands are the arch's, shared by its rooms
+                for release in by_release:
+                    arch_summary["rooms"][release]["link"] = link_room(adir, release)
         _replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
