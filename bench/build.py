@@ -73,9 +73,9 @@ def main() -> int:
         print(f"  refused: {f['error']}")
     entries, secs = {}, {}
     for arch in ("gfx950", "gfx942"):
-        man = Manifest.read(out / arch)
+        man = Manifest.read(out / arch)  # the sample's keys are the newest release's (its room)
         entries.update(man.entries)
-        secs.update(man.timings)  # <arch>/timings.json: the manifest holds nothing measured
+        secs.update(man.timings)  # the room's timings.json: the manifest holds nothing measured
 
     print("\n== compile seconds by kind, width and arch (one worker's view; 2 busy cores) ==")
     print(f"{'kind':5} {'arch':7} " + " ".join(f"s={w:<6}" for w in widths))
@@ -117,15 +117,16 @@ def main() -> int:
                 slope = 0.0
             fit[kind, arch] = (pts[0][1] - slope * pts[0][0], slope)
     full = matrix.load().select("full")
-    cpu = defaultdict(float)
+    cpu = defaultdict(float)  # (arch, release) -> CPU seconds; every release's keys on the sample's fit
+    count = defaultdict(int)
     for k in full:
         a, b = fit[k.kind, k.arch]
-        cpu[k.arch] += a + b * k.tokens
-    print("\n== the full profile ==")
-    for arch in ("gfx950", "gfx942"):
-        n = sum(1 for k in full if k.arch == arch)
-        print(f"{arch}: {n} keys, ~{cpu[arch] / 3600:.1f} CPU-hours extrapolated "
-              f"(~{cpu[arch] / 3600 / args.jobs / max(eff, 0.01):.1f} h on {args.jobs} cores; split into CI shards)")
+        cpu[k.arch, k.release] += a + b * k.tokens
+        count[k.arch, k.release] += 1
+    print("\n== the full profile (the sample is vLLM 0.33.0's keys; other releases' keys on the same fit) ==")
+    for (arch, release), secs_ in sorted(cpu.items()):
+        print(f"{arch} vLLM {release}: {count[arch, release]} keys, ~{secs_ / 3600:.1f} CPU-hours extrapolated "
+              f"(~{secs_ / 3600 / args.jobs / max(eff, 0.01):.1f} h on {args.jobs} cores; split into CI shards)")
     print(f"total: {len(full)} keys, ~{sum(cpu.values()) / 3600:.1f} CPU-hours")
     return 0
 
