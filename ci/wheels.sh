@@ -3,10 +3,12 @@
 #
 #   ci/wheels.sh [PREBUILT_DIR] [OUT_DIR]        (defaults: kernels_prebuilt wheelhouse)
 #
-# One wheel holds every arch folder of PREBUILT_DIR (manifest.json + lib/:
-# libs.json and the xz bands `dsv41-aot link` wrote), named
+# One wheel holds every room of PREBUILT_DIR (<arch>/vllm-<release>/:
+# manifest.json + libs.json) and the xz bands of <arch>/lib/ they name (what
+# `dsv41-aot link` wrote), named
 # dsv41_aot-<version>-py3-none-manylinux_2_28_x86_64.whl. Before packing,
-# every arch is checked (ci/prebuilt.py) and auditwheel runs on the raw
+# every room is checked (ci/prebuilt.py: its release is one of
+# build_matrix.yaml's, built from that release's mono sources) and auditwheel runs on the raw
 # libraries the bands unpack to; after, ci/check_wheel.py checks name, tag,
 # metadata, bands against the prebuilt dir, and auditwheel again on what the
 # wheel holds. Nothing is compiled. Builds run in this environment
