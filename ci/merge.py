@@ -198,7 +198,7 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, requir
                 man = Manifest(adir, arch, entries, abis, timings=timings, release=release)
                 man.write()
                 if proofs:
-                    write_verified(man.room, arch, proofs, man)
+                    write_verified(man, proofs)
                 arch_summary["rooms"][release] = {"keys": len(entries), "shards": len(by_room[arch, release]),
                                                   "verified": len(proofs)}
             arch_summary["keys"] = sum(r["keys"] for r in arch_summary["rooms"].values())

@@ -115,18 +115,15 @@ def test_bad_shard_is_refused():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """The smoke profile built whole (and linked), and built as 2 shards per
-    arch (every release's keys of each shard). --no-verify: `dsv41-aot verify
-    --against-jit --shard` checks a shard's keys in the newest release's room
-    only, so a shard holding vLLM 0.32.0 keys cannot be verified yet (see
-    test_require_verified_refuses_rooms_without_proofs)."""
+    arch (every release's keys of each shard, each verified against its
+    release's JIT: verified.json in each room)."""
     tmp = tmp_path_factory.mktemp("ci")
     whole = copy_of(smoke_dir(tmp_path_factory), tmp / "whole")  # the session's smoke build, linked
     shards = []
     for arch in ARCHES:
         for i in range(2):
             d = tmp / f"shard-{arch}-{i}"
-            r = run(PY, "ci/build_shard.py", "--arch", arch, "--shard", f"{i}/2", "--profile", "smoke", "--out", d,
-                    "--no-verify")
+            r = run(PY, "ci/build_shard.py", "--arch", arch, "--shard", f"{i}/2", "--profile", "smoke", "--out", d)
             assert r.returncode == 0, r.stderr
             shards.append(d)
     return tmp, whole, shards
@@ -280,15 +277,24 @@ def test_merge_refuses_missing_objects_missing_shards_and_mixed_sources(built, t
 
 
 @pytest.mark.slow
-def test_require_verified_refuses_rooms_without_proofs(built, tmp_path):
-    """--require-verified reads each room's verified.json: shards whose rooms
-    carry no proof are refused, naming a room; without the flag they merge."""
+def test_require_verified_reads_each_rooms_proofs(built, tmp_path):
+    """The shards ci/build_shard.py built carry each room's verified.json (every
+    key proven against its release's JIT); a room whose proofs are gone is
+    refused by --require-verified, naming the room."""
     _, _, shards = built
     copies = _copy_shards(shards, tmp_path)
-    assert not list(tmp_path.rglob("verified.json"))
+    merge.merge(copies, tmp_path / "ok", log=None, require_verified=True)
+    for arch, release in ROOMS:
+        proven = json.loads((room(tmp_path / "ok", arch, release) / "verified.json").read_text())["keys"]
+        assert sorted(proven) == sorted(json.loads((room(tmp_path / "ok", arch, release) / "manifest.json")
+                                                   .read_text())["entries"])
+    for c in copies:
+        v = room(c, "gfx950", "0.32.0") / "verified.json"
+        if v.exists():
+            v.unlink()
     with pytest.raises(IntegrityError, match="no proof") as e:
         merge.merge(copies, tmp_path / "out", log=None, require_verified=True)
-    assert "gfx942/vllm-0.33.0" in str(e.value) and "verified.json" in str(e.value)
+    assert "gfx950/vllm-0.32.0" in str(e.value)
     assert not (tmp_path / "out").exists()
     merge.merge(copies, tmp_path / "out", log=None)  # without --require-verified it merges
 
