@@ -92,13 +92,18 @@ def test_recorded_seconds_read_from_timings_manifests_and_room_folders(tmp_path)
     (arch / "timings.json").write_text(json.dumps({k1: 3.5, k2: 9.25}))
     (arch / "manifest.json").write_text(json.dumps({"schema": 2, "arch": "gfx950", "release": "0.33.0",
                                                     "abis": {}, "entries": {}}))
-    want = {k1: 3.5, k2: 9.25}
+    want = {("0.33.0", k1): 3.5, ("0.33.0", k2): 9.25}  # (release, key): the room's release
     assert matrix.recorded_seconds([arch / "timings.json"]) == want
     assert matrix.recorded_seconds([arch / "manifest.json"]) == want
     assert matrix.recorded_seconds([arch]) == want
+    old32 = room(tmp_path, "gfx950", "0.32.0")
+    old32.mkdir(parents=True)
+    (old32 / "timings.json").write_text(json.dumps({k2: 2.0}))
+    # an arch folder: every room's, the same key string kept apart by release
+    assert matrix.recorded_seconds([arch.parent]) == {**want, ("0.32.0", k2): 2.0}
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"schema": 1, "arch": "gfx950", "abis": {}, "entries": {k1: {"compile_seconds": 3.5}}}))
-    assert matrix.recorded_seconds([old]) == {k1: 3.5}
+    assert matrix.recorded_seconds([old]) == {(None, k1): 3.5}
     (tmp_path / "bad.json").write_text(json.dumps({k1: "slow"}))
     with pytest.raises(matrix.MatrixError, match="not a number"):
         matrix.recorded_seconds([tmp_path / "bad.json"])
