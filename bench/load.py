@@ -2,16 +2,18 @@
 
     python bench/load.py --dir DIR [--arch gfx950] [--flydsl-keys 3] [--old-ref REF]
 
-Prints, for the keys of one arch in DIR (a built and linked prebuilt folder):
+Prints, for the keys of one arch in DIR (a built and linked prebuilt folder)
+of the installed vLLM's release (its room, picked by its mono sources digest):
 
 - import time of the runtime (``import dsv41_aot.runtime.loader`` in a fresh process)
   beside the import FlyDSL's path needs (flydsl, torch, vLLM's mono layer);
 - a fresh process to Launchers for every key of DIR/ARCH (manifest read,
   checks), then binding: the first band alone (read, sha256, xz, sha256,
   memfd, dlopen, entry, ABI check), every band of one deployment (the first
-  key's TP), then every band of the arch; beside the same on the old layout
-  (git ``--old-ref``: raw .so libraries, sha256 of the file then dlopen of
-  its path), linked by that tree from the same objects;
+  key's TP), then every band of the room; beside the same on the old layout
+  (git ``--old-ref``: one manifest an arch, raw .so libraries, sha256 of the
+  file then dlopen of its path), linked by that tree from the same objects
+  (the room's manifest written back as that tree's schema 1);
 - Python-side cost of one launch up to the C call: the real
   ``Launcher.__call__`` on the real library, the module marked loaded without
   a device, so the C entry returns FLYDSL_AOT_ERR_NOT_INITIALIZED with no HIP
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -147,6 +150,27 @@ def runtime_side(root: Path, arch: str, tree: Path = REPO) -> dict:
     return out
 
 
+def as_old_layout(root: Path, dest: Path) -> Path:
+    """The installed vLLM's rooms of ``root`` as the old tree reads a prebuilt
+    dir: ``<arch>/manifest.json`` (schema 1: no release, no mono_sources) beside
+    the same objects; ``bench._old.old_prebuilt`` links it with that tree."""
+    from dsv41_aot.manifest import MANIFEST, OBJECTS, arch_dirs, read_timings, room_dir
+    from dsv41_aot.runtime import loader
+
+    for arch_dir in arch_dirs(root):
+        release = loader.release_of(root, arch_dir.name)
+        doc = json.loads((room_dir(arch_dir, release) / MANIFEST).read_bytes())
+        doc.pop("release"), doc.pop("mono_sources")
+        doc["schema"] = 1
+        timings = read_timings(room_dir(arch_dir, release))  # schema 1 kept each key's seconds in its entry
+        for key, e in doc["entries"].items():
+            e["compile_seconds"] = timings.get(key, 0.0)
+        (dest / arch_dir.name).mkdir(parents=True)
+        (dest / arch_dir.name / MANIFEST).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        shutil.copytree(arch_dir / OBJECTS, dest / arch_dir.name / OBJECTS)
+    return dest
+
+
 def flydsl_side(arch: str, keys: list[str]) -> dict:
     from dsv41_aot.build import compiler, toolchain
 
@@ -215,7 +239,8 @@ def main() -> int:
     rt = runtime_side(root, args.arch)
     tmp = Path(tempfile.mkdtemp(prefix="dsv41-bench-load-old-"))
     old_src = old_tree(args.old_ref, tmp / "src")
-    old = runtime_side(old_prebuilt(old_src, root, tmp / "prebuilt"), args.arch, old_src)
+    old = runtime_side(old_prebuilt(old_src, as_old_layout(root, tmp / "old-layout"), tmp / "prebuilt"), args.arch,
+                       old_src)
     ready, calls, o = rt["ready"], rt["call"], old["ready"]
     by_kind = {}
     for k in sorted(calls):

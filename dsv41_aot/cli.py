@@ -73,11 +73,13 @@ def cmd_build(args) -> int:
             for k in keys:
                 print(f"{k.release:8} {k}")
         return 0
-    from .build import builder
+    from .build import builder, matrix
 
+    # each release's mono sources digest as the matrix the keys came from records it
+    digests = {v: e.mono_sources for v, e in matrix.load(args.matrix).releases.items()}
     summary = builder.build(
         keys, Path(args.out), jobs=args.jobs, key_timeout=args.key_timeout, vllm_src=args.vllm_src or (),
-        progress=not args.no_progress, link=not args.no_link,
+        digests=digests, progress=not args.no_progress, link=not args.no_link,
     )
     if args.json:
         print_json(summary.as_dict())

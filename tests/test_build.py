@@ -1,4 +1,5 @@
-"""The builder for real: FlyDSL compiles on this CPU, for both arches."""
+"""The builder for real: FlyDSL compiles on this CPU, for both arches and
+both vLLM releases (each from its own tree), into per-(arch, release) rooms."""
 
 from __future__ import annotations
 
@@ -14,19 +15,24 @@ import time
 import pytest
 
 from dsv41_aot import cli, source
-from dsv41_aot.build import builder, elf, toolchain
+from dsv41_aot.build import builder, elf, matrix, toolchain
+from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import BAND_SUFFIX, LIB, LIBS_JSON, Manifest, arch_dirs, sha256_file
+from dsv41_aot.manifest import BAND_SUFFIX, LIB, LIBS_JSON, Manifest, rooms, sha256_file
 
-from _smoke import REPO, SMOKE_KEYS, copy_of, run_cli, smoke_count
+from _smoke import OLD, REPO, SMOKE_KEYS, SMOKE_RELEASE_KEYS, copy_of, room, run_cli
 
 GOLDEN = REPO / "tests" / "data" / "golden_code_objects.txt"
 CHEAP = ["k1@gfx950:s=1,tp=2,r=0", "k1@gfx942:s=1,tp=4,r=0"]  # ~3 s each
+CHEAP_OLD = "k1@gfx950:s=1,tp=2,r=1"  # a vLLM 0.32.0 key (its K1 has ratio 1 or 2)
 # four K1 widths of one arch and one library chunk, about 2 s of compile each
 K1S = [f"k1@gfx950:s={s},tp=2,r=0" for s in (1, 2, 3, 4)]
 # ABI slots of each launch kind, the stream last: counted in export_to_c's
-# metadata of vLLM 0.33.0's launchers (K1 41, K2 55, FFN 31 parameters)
-ABI_SLOTS = {"k1": 41, "k2": 55, "ffn": 31}
+# metadata of vLLM 0.33.0's launchers (K1 41, K2 55, FFN 31 parameters) and
+# of vLLM 0.32.0's (K1 39, K2 48, FFN 30)
+ABI_SLOTS = {NEWEST: {"k1": 41, "k2": 55, "ffn": 31}, OLD: {"k1": 39, "k2": 48, "ffn": 30}}
+ALL_SMOKE = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # every release's smoke keys
+DIGESTS = {v: e.mono_sources for v, e in matrix.load().releases.items()}
 
 
 def golden() -> dict:
@@ -49,29 +55,36 @@ def test_smoke_build_reproduces_the_golden_code_objects(smoke_dir):
     """Re-hash the GPU code object inside every stored object (not the
     digest the manifest recorded) and compare with the golden list."""
     want = golden()
-    seen = {}
-    for arch_dir in arch_dirs(smoke_dir):
-        m = Manifest.read(arch_dir)
+    seen: dict = {}  # release -> key -> (code object sha256, bytes)
+    for arch_dir, release in rooms(smoke_dir):
+        m = Manifest.read(arch_dir, release=release)
+        assert m.mono_sources == DIGESTS[release]
         for key, e in m.entries.items():
             data = (arch_dir / e["object"]).read_bytes()
             assert hashlib.sha256(data).hexdigest() == e["sha256"], key
             meta, code = elf.exported_parts(data, e["entry"])
-            seen[key] = (hashlib.sha256(code).hexdigest(), len(code))
-            assert (e["code_object_sha256"], e["code_object_bytes"]) == seen[key], f"{key}: the manifest misstates its code object"
+            got = seen.setdefault(release, {})[key] = (hashlib.sha256(code).hexdigest(), len(code))
+            assert (e["code_object_sha256"], e["code_object_bytes"]) == got, f"{key}: the manifest misstates its code object"
             meta = json.loads(meta)
-            assert meta["arch"] == arch_dir.name == BuildKey.parse(key).arch
-            assert BuildKey.parse(key).kernel_symbol in {s.name for s in elf.Elf(code).symbols()}
-            assert e["source"]["mono_sources"] == source.find().digest
+            bk = BuildKey.parse(key, release)
+            assert meta["arch"] == arch_dir.name == bk.arch
+            assert bk.kernel_symbol in {s.name for s in elf.Elf(code).symbols()}
+            # each release from its own tree, with the digest the matrix records for it
+            assert (e["source"]["vllm_version"], e["source"]["mono_sources"]) == (release, DIGESTS[release])
             assert e["source"]["helpers"]["impl"] == "dsv41_aot.compat"  # the label manifests carry
             assert e["source"]["flydsl_version"] == toolchain.FLYDSL_VERSION
             assert e["bytes"] <= 160_000, "stripped objects stay small"
             abi = m.abi(key)
             assert abi[-1] == {"name": "stream", "ctype": "pointer", "size": 8}
-            assert len(abi) == ABI_SLOTS[e["kind"]], key
+            assert len(abi) == ABI_SLOTS[release][e["kind"]], key
             assert all((a["ctype"], a["size"]) in {("int64", 8), ("int32", 4)} for a in abi[:-1]), key
-    assert sorted(seen) == SMOKE_KEYS
+    assert DIGESTS[NEWEST] == source.find().digest  # the installed vLLM is the newest release
+    assert sorted(seen[NEWEST]) == SMOKE_KEYS and sorted(seen[OLD]) == sorted(SMOKE_RELEASE_KEYS[OLD])
     # the project's own aiter helpers give upstream's code objects, byte for byte
-    assert {k: seen.get(k) for k in want} == want
+    assert {k: seen[NEWEST].get(k) for k in want} == want
+    # the kernels changed between releases: the same key string, other code
+    for key, code in seen[OLD].items():
+        assert code != seen[NEWEST][key], key
 
 
 @pytest.mark.slow
@@ -79,7 +92,7 @@ def test_a_second_build_compiles_nothing(smoke_dir):
     before = {p: p.read_bytes() for p in smoke_dir.rglob("*") if p.is_file() and ".lock" not in p.name}
     _, stdout, _ = run_cli("build", "--profile", "smoke", "--out", smoke_dir, "--json", "--no-progress")
     s = json.loads(stdout)
-    assert (s["compiled"], s["up_to_date"], s["failed"]) == (0, smoke_count(), 0)
+    assert (s["compiled"], s["up_to_date"], s["failed"]) == (0, ALL_SMOKE, 0)
     after = {p: p.read_bytes() for p in smoke_dir.rglob("*") if p.is_file() and ".lock" not in p.name}
     assert before == after
 
@@ -96,15 +109,21 @@ def test_resume_rebuilds_only_missing_or_corrupt_and_is_deterministic(smoke_dir,
     data = bytearray(obj.read_bytes())
     data[len(data) // 2] ^= 0xFF
     obj.write_bytes(bytes(data))
+    # vLLM 0.32.0's room: its K1 dropped too (the same key string: another entry)
+    old = Manifest.read(out / "gfx950", release=OLD)
+    dropped_old = old.entries.pop("k1@gfx950:s=4,tp=4,r=1")
+    old.write()
     _, stdout, _ = run_cli("build", "--profile", "smoke", "--out", out, "--json", "--no-progress")
     s = json.loads(stdout)
-    assert (s["compiled"], s["up_to_date"]) == (2, smoke_count() - 2)
+    assert (s["compiled"], s["up_to_date"]) == (3, ALL_SMOKE - 3)
     # same inputs, same bytes: the rebuilt directory equals the original
-    for arch in ("gfx950", "gfx942"):
-        a, b = Manifest.read(smoke_dir / arch), Manifest.read(out / arch)
+    for arch_dir, release in rooms(smoke_dir):
+        a, b = Manifest.read(arch_dir, release=release), Manifest.read(out / arch_dir.name, release=release)
+        assert sorted(a.entries) == sorted(b.entries)
         for key in a.entries:
             assert a.entries[key]["sha256"] == b.entries[key]["sha256"], key
     assert Manifest.read(out / "gfx950").entries["k1@gfx950:s=4,tp=4,r=1"]["sha256"] == dropped["sha256"]
+    assert Manifest.read(out / "gfx950", release=OLD).entries["k1@gfx950:s=4,tp=4,r=1"]["sha256"] == dropped_old["sha256"]
 
 
 # The build in a process group of its own, SIGKILLed (workers and all) at one
@@ -142,9 +161,9 @@ def _killed_build(moment: str, keys: list, out) -> dict:
     if moment == "mid-compile":
         # wait for a flush that holds some keys but not all, then kill while the
         # worker compiles the next one (one compile is about 2 s)
-        manifest, deadline = out / "gfx950" / "manifest.json", time.time() + 600
+        manifest, deadline = room(out, "gfx950") / "manifest.json", time.time() + 600
         while time.time() < deadline and proc.poll() is None:
-            if manifest.exists() and 1 <= len(Manifest.read(manifest.parent).entries) < len(keys):
+            if manifest.exists() and 1 <= len(Manifest.read(out / "gfx950").entries) < len(keys):
                 time.sleep(0.3)
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
@@ -168,7 +187,7 @@ def test_a_build_killed_mid_flight_resumes_with_what_is_missing(moment, tmp_path
     assert 1 <= len(recorded) < len(K1S), f"killed {moment} with {len(recorded)} of {len(K1S)} keys recorded"
     if moment == "mid-flush":
         # the flush the kill cut short: a temp file holding more than manifest.json
-        (torn,) = (out / "gfx950").glob(".manifest.json.*.tmp")
+        (torn,) = room(out, "gfx950").glob(".manifest.json.*.tmp")
         assert len(json.loads(torn.read_bytes())["entries"]) > len(recorded)
     s = build_json(*K1S, out=out)
     missing = len(K1S) - len(recorded)
@@ -195,13 +214,15 @@ def built_k1s(tmp_path_factory):
 def test_a_build_killed_during_link_relinks_and_compiles_nothing(built_k1s, tmp_path):
     out = copy_of(built_k1s, tmp_path / "pb")
     shutil.rmtree(out / "gfx950" / LIB)
+    (room(out, "gfx950") / LIBS_JSON).unlink()
     recorded = _killed_build("during-link", K1S, out)
     assert sorted(recorded) == sorted(K1S)
     libdir = out / "gfx950" / LIB
-    assert not (libdir / LIBS_JSON).exists(), "killed before libs.json"
+    record = room(out, "gfx950") / LIBS_JSON
+    assert not record.exists(), "killed before libs.json"
     s = build_json(*K1S, out=out)
     assert (s["compiled"], s["up_to_date"], s["failed"], s["libraries"]) == (0, len(K1S), 0, 1)
-    libs = json.loads((libdir / LIBS_JSON).read_bytes())["libraries"]
+    libs = json.loads(record.read_bytes())["libraries"]
     assert [sorted(lib["entries"]) for lib in libs] == [sorted(K1S)]
     assert libs[0]["entries"] == {k: e["sha256"] for k, e in recorded.items()}
     assert sha256_file(libdir / libs[0]["file"]) == libs[0]["sha256"]
@@ -218,13 +239,26 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     s = json.loads(run_cli(*args)[1])
     assert s["compiled"] == 1
     assert json.loads(run_cli(*args)[1])["compiled"] == 0
+    built = Manifest.read(out / "gfx950").entries[CHEAP[0]]
+    # a checkout without a version is told by its digest: it is 0.33.0's
+    assert (built["source"]["vllm_version"], built["source"]["mono_sources"]) == ("unknown", src.digest)
     layer = root / source.MONO_REL / "layer.py"
     layer.write_text(layer.read_text() + "\n# an edit\n")
-    s = json.loads(run_cli(*args)[1])
+    edited = source.mono_digest(root / source.MONO_REL)
+    # the edited tree is no release the matrix builds: refused, naming both
+    # digests (never passed over for the installed vLLM), nothing rebuilt
+    code, _, err = run_cli(*args, check=False)
+    assert code == 2 and edited in err and src.digest in err and "mono_sources" in err
+    assert Manifest.read(out / "gfx950").entries[CHEAP[0]] == built
+    # a matrix recording the edited digest for 0.33.0 rebuilds what it covers
+    mx = tmp_path / "build_matrix.yaml"
+    mx.write_text((REPO / "build_matrix.yaml").read_text().replace(f"mono_sources: {src.digest}", f"mono_sources: {edited}"))
+    s = json.loads(run_cli(*args, "--matrix", mx)[1])
     assert s["compiled"] == 1
     e = Manifest.read(out / "gfx950").entries[CHEAP[0]]
-    assert e["source"]["mono_sources"] == source.mono_digest(root / source.MONO_REL)
+    assert e["source"]["mono_sources"] == edited
     assert e["source"]["vllm_version"] == "unknown"
+    assert json.loads(run_cli(*args, "--matrix", mx)[1])["compiled"] == 0
 
 
 def _project_copy(tmp_path, edit=None):
@@ -390,7 +424,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
     blocker.write_text("")
     cases = [
         (["build", "--key", CHEAP[0], "--out", str(blocker / "sub")], "not writable"),
-        (["build", "--key", CHEAP[0], "--out", str(out), "--vllm-src", str(tmp_path / "nowhere")], "no vllm/ package"),
+        (["build", "--key", CHEAP[0], "--out", str(out), "--vllm-src", str(tmp_path / "nowhere")], "no vLLM mono package"),
         (["build", "--profile", "smoke", "--arch", "gfx1100", "--out", str(out)], "gfx1100"),
         (["build", "--key", "k1@gfx950:s=4,tp=4,r=1,", "--out", str(out)], "malformed key"),
         (["build", "--key", "ffn@gfx942:s=33,tp=2,r=0", "--out", str(out)], "dropped by the rule"),
@@ -398,12 +432,26 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
     for argv, words in cases:
         assert cli.main(argv) == 2, argv
         assert words in capsys.readouterr().err, argv
+    # a tree that says vLLM 0.32.0 but holds 0.33.0's kernels
     old = tmp_path / "old-vllm"
     (old / "vllm-0.32.0.dist-info").mkdir(parents=True)
     (old / "vllm-0.32.0.dist-info" / "METADATA").write_text("Name: vllm\nVersion: 0.32.0\n")
     shutil.copytree(source.find().mono_dir, old / source.MONO_REL, ignore=shutil.ignore_patterns("__pycache__"))
-    assert cli.main(["build", "--key", CHEAP[0], "--out", str(out), "--vllm-src", str(old)]) == 2
-    assert "vLLM 0.32.0" in capsys.readouterr().err
+    assert cli.main(["build", "--release", OLD, "--key", CHEAP_OLD, "--out", str(out), "--vllm-src", str(old)]) == 2
+    err = capsys.readouterr().err
+    assert f"is vLLM {OLD}, but its mono sources digest is {DIGESTS[NEWEST]}, not the {DIGESTS[OLD]}" in err
+    # vLLM 0.32.0's own tree (the tree cache's), one .py edited: refused, naming both digests
+    tree = source.trees_dir() / OLD
+    assert source.MonoSource(tree).version == OLD, f"no vLLM {OLD} tree: dsv41-aot fetch-vllm {OLD}"
+    edited = tmp_path / "edited-0.32.0"
+    shutil.copytree(tree, edited, ignore=shutil.ignore_patterns("__pycache__"))
+    layer = edited / source.MONO_REL / "layer.py"
+    layer.write_text(layer.read_text() + "\n# patched\n")
+    digest = source.mono_digest(edited / source.MONO_REL)
+    assert cli.main(["build", "--release", OLD, "--key", CHEAP_OLD, "--out", str(out), "--vllm-src", str(edited)]) == 2
+    err = capsys.readouterr().err
+    assert f"vLLM {OLD}, but its mono sources digest is {digest}, not the {DIGESTS[OLD]}" in err
+    assert "build_matrix.yaml" in err and str(edited) in err
     monkeypatch.setattr(toolchain, "_llvm_dirs", lambda: iter(()))
     assert cli.main(["build", "--key", CHEAP[0], "--out", str(out)]) == 2
     err = capsys.readouterr().err

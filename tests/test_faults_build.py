@@ -23,11 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import REPO, copy_of, smoke_dir
+from _smoke import OLD, REPO, copy_of, libdir, room, smoke_dir
 from dsv41_aot.build import verify as verify_mod
 from dsv41_aot.build.lock import LOCK_FILE, arch_lock
 from dsv41_aot.errors import ManifestError
-from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, Manifest
+from dsv41_aot.facts.releases import NEWEST
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, Manifest, rooms
 
 pytestmark = pytest.mark.faults
 
@@ -76,9 +77,11 @@ def kill9(proc: subprocess.Popen) -> None:
 def artifacts(root: Path) -> dict:
     """What a build leaves that must be the same for the same inputs."""
     out = {}
-    for arch_dir in sorted(p for p in root.iterdir() if (p / MANIFEST).is_file()):
-        out[f"{arch_dir.name}/{MANIFEST}"] = (arch_dir / MANIFEST).read_bytes()
-        out[f"{arch_dir.name}/{LIB}/{LIBS_JSON}"] = (arch_dir / LIB / LIBS_JSON).read_bytes()
+    for arch_dir, release in rooms(root):  # each room's manifest and link record
+        for name in (MANIFEST, LIBS_JSON):
+            path = room(root, arch_dir.name, release) / name
+            out[str(path.relative_to(root))] = path.read_bytes()
+    for arch_dir in sorted({d for d, _ in rooms(root)}):  # the arch's objects and bands
         for p in sorted((arch_dir / "objects").glob("*.o")) + sorted((arch_dir / LIB).glob("*.so.xz")):
             out[str(p.relative_to(root))] = p.read_bytes()
     return out
@@ -118,7 +121,7 @@ def meaning(man: Manifest) -> tuple:
     """What a manifest says to the loader and the builder (not the
     informational export_bytes)."""
     strip = {k: {f: v for f, v in e.items() if f != "export_bytes"} for k, e in man.entries.items()}
-    return man.arch, strip, man.abis, man.refused
+    return man.arch, man.release, strip, man.abis, man.refused
 
 
 @pytest.fixture(scope="module")
@@ -149,13 +152,13 @@ def test_two_clean_builds_are_byte_identical(reference, tmp_path):
     a, b = artifacts(ref), artifacts(tmp_path / "again")
     assert a.keys() == b.keys() and len(a) >= 8
     assert [k for k in a if a[k] != b[k]] == []
-    for arch_dir in (ref / "gfx950", ref / "gfx942"):
-        assert "compile_seconds" not in (arch_dir / MANIFEST).read_text()
-        timings = json.loads((arch_dir / "timings.json").read_text())
-        assert list(timings) == [k for k in CHEAP if f"@{arch_dir.name}:" in k] and all(s > 0 for s in timings.values())
+    for arch in ("gfx950", "gfx942"):
+        assert "compile_seconds" not in (room(ref, arch) / MANIFEST).read_text()
+        timings = json.loads((room(ref, arch) / "timings.json").read_text())  # the room's side file
+        assert list(timings) == [k for k in CHEAP if f"@{arch}:" in k] and all(s > 0 for s in timings.values())
     from dsv41_aot.build.matrix import recorded_seconds
 
-    assert set(recorded_seconds([ref / "gfx950" / MANIFEST, ref / "gfx942"])) == set(CHEAP)
+    assert set(recorded_seconds([room(ref, "gfx950") / MANIFEST, room(ref, "gfx942")])) == set(CHEAP)
 
 
 # ------------------------------------------------------------------ kill -9
@@ -174,7 +177,7 @@ def test_kill_9_at_random_moments_then_a_rerun_gives_the_clean_bytes(reference, 
         kill9(proc)
         # whatever the moment, the folder is never torn: verify runs and
         # either passes or names what is missing (exit 1), never crashes
-        if any((out / a / MANIFEST).is_file() for a in ("gfx950", "gfx942")):
+        if rooms(out):
             v = cli("verify", "--dir", out, "--json")
             assert v.returncode in (0, 1), v.stderr
             json.loads(v.stdout)
@@ -198,9 +201,10 @@ def test_kill_9_during_link(reference, tmp_path):
     slow_ld.write_text(f"#!/bin/sh\nsleep 5\nexec {shlex.quote(str(find_linker()))} \"$@\"\n")
     slow_ld.chmod(0o755)
     out = copy_of(ref, tmp_path / "p")  # everything compiled: the build goes straight to link
-    for arch_dir in (out / "gfx950", out / "gfx942"):
-        for p in (arch_dir / LIB).iterdir():
+    for arch in ("gfx950", "gfx942"):
+        for p in libdir(out, arch).iterdir():
             p.unlink()
+        (room(out, arch) / LIBS_JSON).unlink()
     env = dict(os.environ, DSV41_AOT_LD=str(slow_ld))
     proc = popen_build(out, CHEAP, env=env)
     deadline = time.monotonic() + 300
@@ -211,7 +215,7 @@ def test_kill_9_during_link(reference, tmp_path):
     kill9(proc)
     assert list((out / "gfx942" / LIB).glob(".link-*")), "the kill landed outside the link"
     v = cli("verify", "--dir", out)
-    assert v.returncode == 1 and f"gfx942/{LIB}/{LIBS_JSON} is missing" in v.stdout
+    assert v.returncode == 1 and f"{room(out, 'gfx942') / LIBS_JSON} is missing" in v.stdout
     for fix in fixes_of(v.stderr):
         assert fix[0] == "link"
         assert cli(*fix).returncode == 0
@@ -227,12 +231,15 @@ def test_the_lock_holder_removes_what_killed_writers_left(tmp_path):
     folder, objects/ or lib/, a lib/.link-* folder) are removed by the next
     holder of the arch lock; the folder's real files are not."""
     arch_dir = tmp_path / "gfx950"
-    for rel in (".manifest.json.k3j2.tmp", "objects/.ab12.o.x9.tmp", "lib/.libs.json.q1.tmp"):
+    for rel in (".manifest.json.k3j2.tmp", "objects/.ab12.o.x9.tmp", "lib/.libs.json.q1.tmp",
+                f"vllm-{NEWEST}/.manifest.json.a1.tmp", f"vllm-{OLD}/.libs.json.b2.tmp",
+                f"vllm-{OLD}/.timings.json.c3.tmp"):
         (arch_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         (arch_dir / rel).write_bytes(b"half")
     (arch_dir / "lib" / ".link-zz" ).mkdir()
     (arch_dir / "lib" / ".link-zz" / "libdsv41_gfx950_tp4_s01-08.so").write_bytes(b"\x7fELF")
-    keep = ["manifest.json", "objects/ab12.o", "lib/libs.json", "lib/libdsv41_gfx950_tp4_s01-08.0123.so.xz"]
+    keep = [f"vllm-{NEWEST}/manifest.json", f"vllm-{NEWEST}/libs.json", f"vllm-{OLD}/manifest.json",
+            f"vllm-{OLD}/timings.json", "objects/ab12.o", "lib/libdsv41_gfx950_tp4_s01-08.0123.so.xz"]
     for rel in keep:
         (arch_dir / rel).write_bytes(b"real")
     with arch_lock(arch_dir, "build"):
@@ -261,7 +268,7 @@ def test_two_builders_on_one_out_both_end_built_and_linked(tmp_path):
     assert f"waiting for another dsv41-aot build or link of {out / 'gfx950'} (pid {a.pid})" in (tmp_path / "b.err").read_text()
     man = Manifest.read(out / "gfx950")
     assert sorted(man.entries) == sorted([first, second])
-    linked = {k for lib in json.loads((out / "gfx950" / LIB / LIBS_JSON).read_text())["libraries"] for k in lib["entries"]}
+    linked = {k for lib in json.loads((room(out, "gfx950") / LIBS_JSON).read_text())["libraries"] for k in lib["entries"]}
     assert linked == {first, second}
     assert cli("verify", "--dir", out).returncode == 0
     record("survived")
@@ -293,24 +300,25 @@ def test_build_holds_the_lock_through_link(smoke, tmp_path, monkeypatch):
 
     d = copy_of(smoke, tmp_path / "p")
     seen = []
-    real = link.link_arch
+    real = link.link_room
 
-    def probing_link(arch_dir, **kw):
+    def probing_link(arch_dir, release, **kw):
         fd = os.open(Path(arch_dir) / LOCK_FILE, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            seen.append("free")
+            seen.append((release, "free"))
         except BlockingIOError:
-            seen.append("held")
+            seen.append((release, "held"))
         finally:
             os.close(fd)
-        return real(arch_dir, **kw)
+        return real(arch_dir, release, **kw)
 
-    monkeypatch.setattr(link, "link_arch", probing_link)
-    keys = [BuildKey.parse(k) for k in Manifest.read(d / "gfx950").entries]
+    monkeypatch.setattr(link, "link_room", probing_link)
+    # both gfx950 rooms: one arch lock (their objects and bands are shared) held through both links
+    keys = [BuildKey.parse(k, r) for r in (OLD, NEWEST) for k in Manifest.read(d / "gfx950", release=r).entries]
     s = builder.build(keys, d, jobs=1, progress=False)
     assert (s.compiled, s.up_to_date, s.failed) == (0, len(keys), 0)
-    assert seen == ["held"]
+    assert sorted(seen) == [(OLD, "held"), (NEWEST, "held")]
 
 
 # ------------------------------------------------------------------ byte flips
@@ -324,12 +332,13 @@ def test_flipped_object_is_refused_by_verify_and_link_and_rebuilt_by_build(smoke
     before = man.object_path(key).read_bytes()
     flip(man.object_path(key), random.Random(SEED))
     v = cli("verify", "--dir", d)
-    assert v.returncode == 1 and f"FAILED {key}" in v.stdout and "does not match its manifest sha256" in v.stdout
-    assert v.stdout.count("FAILED") == 1
+    # the one failing line names the key and its release (0.32.0's K1 of the same string is fine)
+    (failed,) = [line.split() for line in v.stdout.splitlines() if line.startswith("FAILED")]
+    assert v.returncode == 1 and failed[1:3] == [NEWEST, key] and "does not match its manifest sha256" in v.stdout
     link = cli("link", "--dir", d)
     assert link.returncode == 1 and key in link.stderr and "does not match its manifest sha256" in link.stderr
     fix = fix_of(v.stderr)
-    assert fix[:2] == ["build", "--key"]
+    assert fix[:4] == ["build", "--release", NEWEST, "--key"]
     r = cli(*fix)
     assert r.returncode == 0, r.stderr
     assert man.object_path(key).read_bytes() == before
@@ -359,7 +368,7 @@ def test_flipped_libraries_are_refused_and_the_fix_relinks(smoke, tmp_path):
 def test_damaged_link_records_are_refused_and_the_fix_relinks(smoke, tmp_path, damage):
     d = copy_of(smoke, tmp_path / "p")
     libdir = d / "gfx942" / LIB
-    path = libdir / LIBS_JSON
+    path = room(d, "gfx942") / LIBS_JSON
     doc = json.loads(path.read_text())
     lib = doc["libraries"][0]
     named = str(path)
@@ -395,7 +404,7 @@ def test_random_manifest_flips_are_refused(smoke, tmp_path):
     in ``export_bytes``, which only reports FlyDSL's unstripped size and
     which nothing loads."""
     d = copy_of(smoke, tmp_path / "p")
-    path = d / "gfx950" / MANIFEST
+    path = room(d, "gfx950") / MANIFEST
     good = path.read_bytes()
     reference_dir = copy_of(d / "gfx950", tmp_path / "untouched" / "gfx950")
     rng = random.Random(SEED)
@@ -426,10 +435,11 @@ def test_random_manifest_flips_are_refused(smoke, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage", ["truncated", "empty-object", "other-schema", "other-arch"])
+@pytest.mark.parametrize("damage", ["truncated", "empty-object", "other-schema", "other-arch", "other-release",
+                                    "other-mono-sources"])
 def test_corrupt_manifest_link_refuses_and_its_fix_recovers(smoke, tmp_path, damage):
     d = copy_of(smoke, tmp_path / "p")
-    path = d / "gfx950" / MANIFEST
+    path = room(d, "gfx950") / MANIFEST
     before = Manifest.read(d / "gfx950")
     good = path.read_bytes()
     bad = {
@@ -437,12 +447,14 @@ def test_corrupt_manifest_link_refuses_and_its_fix_recovers(smoke, tmp_path, dam
         "empty-object": b"{}",
         "other-schema": json.dumps(dict(json.loads(good), schema=99)).encode(),
         "other-arch": json.dumps(dict(json.loads(good), arch="gfx942")).encode(),
+        "other-release": json.dumps(dict(json.loads(good), release=OLD)).encode(),
+        "other-mono-sources": json.dumps(dict(json.loads(good), mono_sources="0" * 16)).encode(),
     }[damage]
     path.write_bytes(bad)
     link = cli("link", "--dir", d)
     assert link.returncode == 1 and str(path) in link.stderr
     fix = fix_of(link.stderr)
-    assert fix[:3] == ["build", "--arch", "gfx950"]
+    assert fix[:5] == ["build", "--arch", "gfx950", "--release", NEWEST]
     r = cli(*fix, "--json", "--no-progress")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
@@ -460,7 +472,7 @@ def test_an_abi_with_a_slot_removed_is_refused_at_read(smoke, tmp_path):
     no longer matches its id, and every reader (verify, link, the loader's
     Manifest.read) refuses the manifest instead of calling with fewer slots."""
     d = copy_of(smoke, tmp_path / "p")
-    path = d / "gfx950" / MANIFEST
+    path = room(d, "gfx950") / MANIFEST
     doc = json.loads(path.read_text())
     aid = sorted(doc["abis"])[0]
     doc["abis"][aid] = doc["abis"][aid][:-2] + doc["abis"][aid][-1:]  # drop the slot before the stream
@@ -469,4 +481,37 @@ def test_an_abi_with_a_slot_removed_is_refused_at_read(smoke, tmp_path):
         Manifest.read(d / "gfx950")
     v = cli("verify", "--dir", d)
     assert v.returncode == 1 and f"ABI {aid}" in v.stderr and "dsv41-aot build --arch gfx950" in v.stderr
+    record("refused")
+
+
+@pytest.mark.slow
+def test_a_corrupt_old_release_manifest_recovers_only_that_releases_objects(smoke, tmp_path):
+    """vLLM 0.32.0's and 0.33.0's objects share gfx950's objects/ (and the
+    same key strings): recovering 0.32.0's room takes only objects that hold
+    0.32.0's kernels, even one of 0.33.0's that no manifest names, and leaves
+    0.33.0's room as it was."""
+    d = copy_of(smoke, tmp_path / "p")
+    key = "k1@gfx950:s=4,tp=4,r=1"  # in both rooms: two objects, one entry point name
+    new = Manifest.read(d / "gfx950")
+    stray = new.entries.pop(key)  # 0.33.0's K1 object, now named by no manifest
+    new.write()
+    new_bytes = (room(d, "gfx950") / MANIFEST).read_bytes()
+    path = room(d, "gfx950", OLD) / MANIFEST
+    before = Manifest.read(d / "gfx950", release=OLD)
+    assert before.entries[key]["object"] != stray["object"]
+    path.write_bytes(path.read_bytes()[:200])
+    link = cli("link", "--dir", d, "--arch", "gfx950", "--release", OLD)
+    assert link.returncode == 1 and str(path) in link.stderr
+    fix = fix_of(link.stderr)
+    assert fix[:5] == ["build", "--arch", "gfx950", "--release", OLD]
+    r = cli(*fix, "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    (report,) = s["recovered"]
+    assert (report["release"], report["recovered"], s["compiled"]) == (OLD, len(before.entries), 0)
+    # the stray 0.33.0 object was looked at and refused: its kernel is not 0.32.0's
+    assert any(why.startswith(Path(stray["object"]).name) for why in report["skipped"]), report["skipped"]
+    after = Manifest.read(d / "gfx950", release=OLD)
+    assert meaning(after) == meaning(before) and after.mono_sources == before.mono_sources
+    assert (room(d, "gfx950") / MANIFEST).read_bytes() == new_bytes  # 0.33.0's room untouched
     record("refused")

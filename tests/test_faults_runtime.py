@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import REPO, copy_of, smoke_dir
+from _smoke import OLD, REPO, copy_of, libdir, room, smoke_dir
 import dsv41_aot
 from dsv41_aot.errors import (
     HipVersionError,
@@ -57,8 +57,8 @@ def prebuilt(smoke, tmp_path):
     return copy_of(smoke, tmp_path / "p")
 
 
-def _libs(d: Path, arch: str = "gfx950") -> tuple[Path, dict]:
-    path = d / arch / "lib" / "libs.json"
+def _libs(d: Path, arch: str = "gfx950", release: str = "0.33.0") -> tuple[Path, dict]:
+    path = room(d, arch, release) / "libs.json"
     return path, json.loads(path.read_text())
 
 
@@ -87,7 +87,7 @@ def _bind_refused(d: Path, error, match: str, key: str = K1):
 @pytest.mark.parametrize("where", ["header", "middle", "last"])
 def test_byte_flip_in_a_band(prebuilt, fresh, where):
     _, doc = _libs(prebuilt)
-    band = prebuilt / "gfx950" / "lib" / _own(doc)["file"]
+    band = libdir(prebuilt, "gfx950") / _own(doc)["file"]
     data = bytearray(band.read_bytes())
     data[{"header": 3, "middle": len(data) // 2, "last": len(data) - 1}[where]] ^= 0x10
     band.write_bytes(bytes(data))
@@ -97,7 +97,7 @@ def test_byte_flip_in_a_band(prebuilt, fresh, where):
 def test_byte_flip_in_a_band_with_a_forged_sha256(prebuilt, fresh):
     path, doc = _libs(prebuilt)
     lib = _own(doc)
-    band = prebuilt / "gfx950" / "lib" / lib["file"]
+    band = libdir(prebuilt, "gfx950") / lib["file"]
     data = bytearray(band.read_bytes())
     data[len(data) // 2] ^= 0x10
     band.write_bytes(bytes(data))
@@ -109,7 +109,7 @@ def test_byte_flip_in_a_band_with_a_forged_sha256(prebuilt, fresh):
 def test_altered_library_recompressed_with_a_forged_band_sha256(prebuilt, fresh):
     path, doc = _libs(prebuilt)
     lib = _own(doc)
-    band = prebuilt / "gfx950" / "lib" / lib["file"]
+    band = libdir(prebuilt, "gfx950") / lib["file"]
     raw = bytearray(lzma.decompress(band.read_bytes()))
     raw[len(raw) // 2] ^= 0x01  # one byte of code changed, then packed again as a valid band
     packed = lzma.compress(bytes(raw), format=lzma.FORMAT_XZ)
@@ -166,7 +166,7 @@ def test_traversal_in_libs_json_file(prebuilt, fresh):
 
 def test_band_symlinked_outside_its_lib_folder(prebuilt, fresh, tmp_path):
     _, doc = _libs(prebuilt)
-    band = prebuilt / "gfx950" / "lib" / _own(doc)["file"]
+    band = libdir(prebuilt, "gfx950") / _own(doc)["file"]
     outside = tmp_path / "elsewhere.so.xz"
     shutil.move(band, outside)  # the same bytes, valid sha256: only where it lives is wrong
     band.symlink_to(outside)
@@ -175,14 +175,14 @@ def test_band_symlinked_outside_its_lib_folder(prebuilt, fresh, tmp_path):
 
 
 def test_band_folder_symlinked_outside(prebuilt, fresh, tmp_path):
-    lib_dir = prebuilt / "gfx950" / "lib"
+    lib_dir = libdir(prebuilt, "gfx950")
     shutil.move(lib_dir, tmp_path / "lib-elsewhere")
     lib_dir.symlink_to(tmp_path / "lib-elsewhere")
     _bind_refused(prebuilt, ManifestError, "outside")
 
 
 def test_traversal_in_manifest_object(prebuilt, fresh):
-    path = prebuilt / "gfx950" / "manifest.json"
+    path = room(prebuilt, "gfx950") / "manifest.json"
     doc = json.loads(path.read_text())
     doc["entries"][K1]["object"] = "objects/../../../../etc/hostname"
     path.write_text(json.dumps(doc))
@@ -200,11 +200,40 @@ def test_traversal_in_the_arch_from_the_environment(prebuilt, fresh, monkeypatch
         loader.keys(prebuilt=prebuilt)
 
 
+# ---------------------------------------------------------------- releases
+
+
+def test_a_record_forged_to_name_another_releases_band(prebuilt, fresh):
+    """vLLM 0.32.0's link record rewritten to name 0.33.0's band for the same
+    chunk, with that band's real sha256s (a whole, valid band, the same entry
+    names): the object sha256s still say 0.32.0, so only the library's own
+    export metadata can tell, and the bind refuses it."""
+    from dsv41_aot import source
+
+    path, doc = _libs(prebuilt, release=OLD)
+    _, new = _libs(prebuilt)
+    mine, theirs = _own(doc), _own(new)
+    assert mine["chunk"] == theirs["chunk"] and mine["file"] != theirs["file"]
+    for f in ("file", "sha256", "bytes", "raw_sha256", "raw_bytes"):
+        mine[f] = theirs[f]
+    path.write_text(json.dumps(doc))
+    old = source.MonoSource(root=source.trees_dir() / OLD)
+    assert old.version == OLD, f"no vLLM {OLD} tree: dsv41-aot fetch-vllm {OLD}"
+    fresh.running_vllm(old.mono_dir)  # a vLLM 0.32.0 runner: its room serves K1
+    launcher = dsv41_aot.load_key(K1, prebuilt=prebuilt)  # the room's own records agree with each other
+    assert launcher.library.endswith(theirs["file"])
+    # the band is whole (its sha256s hold), so it is opened; its entry's own
+    # metadata says 0.33.0's 41 slots, the room's manifest 0.32.0's 39
+    with pytest.raises(ManifestError, match=r"\(39 slots\) is not the entry's own \(41 slots"):
+        launcher.bind()
+    assert launcher._lib is None  # never callable
+
+
 # ---------------------------------------------------------------- ABI
 
 
 def _remove_slot(prebuilt: Path, recompute_id: bool) -> None:
-    path = prebuilt / "gfx950" / "manifest.json"
+    path = room(prebuilt, "gfx950") / "manifest.json"
     doc = json.loads(path.read_text())
     aid = doc["entries"][K1]["abi"]
     slots = [s for s in doc["abis"][aid] if s["name"] != "swa_block"]
@@ -260,7 +289,7 @@ def test_a_band_swapped_after_it_was_verified_is_not_what_is_loaded(prebuilt, fr
     marker = tmp_path / "marker"
     monkeypatch.setenv("DSV41_FAULT_MARKER", str(marker))
     _, doc = _libs(prebuilt)
-    band = prebuilt / "gfx950" / "lib" / _own(doc)["file"]
+    band = libdir(prebuilt, "gfx950") / _own(doc)["file"]
     real_unpack = loader.unpack_band
     swapped = []
 

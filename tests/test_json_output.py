@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import REPO, copy_of, smoke_count, smoke_dir
+from _smoke import REPO, SMOKE_RELEASE_KEYS, copy_of, libdir, smoke_dir
 from dsv41_aot.manifest import BAND_SUFFIX
+
+ALL = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # the smoke keys of every release (every room)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,12 @@ def run_json(*args, code: int) -> dict:
 
 def test_build_list_and_bad_input():
     doc = run_json("build", "--list", "--profile", "smoke", code=0)
-    assert doc["keys"] == smoke_count() and len(doc["entries"]) == smoke_count()
+    assert doc["keys"] == ALL and len(doc["entries"]) == ALL
+    # each entry names its release: a key string names a launch within it
+    assert sorted((e["release"], e["key"]) for e in doc["entries"]) == \
+        sorted((r, k) for r, keys in SMOKE_RELEASE_KEYS.items() for k in keys)
+    doc = run_json("build", "--release", "0.31.0", "--list", "--key", "k1@gfx950:s=4,tp=4,r=1", code=2)
+    assert "unknown vLLM release '0.31.0'" in doc["error"]
     doc = run_json("build", "--key", "k1@gfx950:bogus", "--out", "/tmp/never-written", code=2)
     assert doc["exit_code"] == 2 and "malformed key" in doc["error"] and doc["fix"]
     assert doc["failures"][0]["key"] is None and "malformed key" in doc["failures"][0]["error"]
@@ -60,41 +67,53 @@ def test_build_with_a_failing_key_and_the_progress_bar(tmp_path):
 
 def test_verify_ok_and_failing(smoke, tmp_path):
     doc = run_json("verify", "--dir", smoke, code=0)
-    assert doc["keys"] == doc["ok"] == smoke_count() and len(doc["reports"]) == smoke_count()
+    assert doc["keys"] == doc["ok"] == ALL and len(doc["reports"]) == ALL
     d = copy_of(smoke, tmp_path / "p")
-    lib = sorted((d / "gfx950" / "lib").glob(f"*{BAND_SUFFIX}"))[0]
+    lib = sorted(libdir(d, "gfx950").glob(f"*{BAND_SUFFIX}"))[0]
     lib.unlink()
     obj = sorted((d / "gfx942" / "objects").glob("*.o"))[0]
     obj.write_bytes(obj.read_bytes()[:-1])
     doc = run_json("verify", "--dir", d, code=1)
-    assert doc["keys"] == smoke_count() and doc["ok"] == smoke_count() - 1 and doc["failed"] == 2
+    assert doc["keys"] == ALL and doc["ok"] == ALL - 1 and doc["failed"] == 2
     by_file = {f["file"]: f for f in doc["failures"] if f["file"]}
     assert by_file[str(lib)]["fix"] == f"dsv41-aot link --dir {d} --arch gfx950"
     (bad_key,) = [f for f in doc["failures"] if f["key"]]
-    assert "@gfx942:" in bad_key["key"] and "dsv41-aot build --key" in bad_key["fix"]
+    assert "@gfx942:" in bad_key["key"] and "dsv41-aot build --release 0.33.0 --key" in bad_key["fix"]
     run_json("verify", "--dir", tmp_path / "empty", code=2)
 
 
 def test_link_list_inspect(smoke, tmp_path):
     d = copy_of(smoke, tmp_path / "p")
     doc = run_json("link", "--dir", d, code=0)
-    assert doc["keys"] == doc["ok"] == smoke_count() and doc["linked"] == 0
-    assert [a["arch"] for a in doc["arches"]] == ["gfx942", "gfx950"]
+    assert doc["keys"] == doc["ok"] == ALL and doc["linked"] == 0
+    # one summary a room (arch, release)
+    assert [(a["arch"], a["release"]) for a in doc["arches"]] == [("gfx942", "0.33.0"), ("gfx950", "0.32.0"),
+                                                                   ("gfx950", "0.33.0")]
     doc = run_json("link", "--dir", tmp_path / "nothing", code=2)
     assert "dsv41-aot build" in doc["fix"]
     doc = run_json("list", "--dir", d, code=0)
-    assert doc["keys"] == len(doc["entries"]) == smoke_count()
+    assert doc["keys"] == len(doc["entries"]) == ALL
+    assert sorted((e["release"], e["key"]) for e in doc["entries"]) == \
+        sorted((r, k) for r, keys in SMOKE_RELEASE_KEYS.items() for k in keys)
     assert all("compile_seconds" not in e for e in doc["entries"])
+    doc = run_json("list", "--dir", d, "--release", "0.32.0", code=0)
+    assert sorted(e["key"] for e in doc["entries"]) == sorted(SMOKE_RELEASE_KEYS["0.32.0"])
     run_json("list", "--dir", tmp_path / "nothing", code=2)
     doc = run_json("inspect", "--dir", d, code=0)
-    assert doc["keys"] == doc["ok"] == len(doc["rows"]) == smoke_count()
+    assert doc["keys"] == doc["ok"] == len(doc["rows"]) == ALL
     run_json("inspect", "--dir", tmp_path / "nothing", code=2)
 
 
 def test_coverage(smoke):
+    # a report per (release, deployment): vLLM 0.32.0 does not run on gfx942, so one
     doc = run_json("coverage", "--arch", "gfx942", "--tp", 4, "--profile", "full", code=0)
-    assert doc["keys"] == doc["ok"] == len(doc["required"]) > 0
+    assert [r["release"] for r in doc["reports"]] == ["0.33.0"]
+    assert doc["keys"] == doc["ok"] == sum(len(r["required"]) for r in doc["reports"]) > 0
+    doc = run_json("coverage", "--arch", "gfx950", "--tp", 4, "--profile", "full", code=0)
+    assert sorted(r["release"] for r in doc["reports"]) == ["0.32.0", "0.33.0"]
+    assert doc["keys"] == doc["ok"] == sum(len(r["required"]) for r in doc["reports"])
     doc = run_json("coverage", "--arch", "gfx942", "--tp", 4, "--max-rows", 4, "--dir", smoke, code=1)
-    assert doc["failed"] == len(doc["missing"]) + len(doc["unlinked"]) > 0
-    assert {f["key"] for f in doc["failures"]} == set(doc["missing"]) | set(doc["unlinked"])
+    gaps = {(r["release"], k) for r in doc["reports"] for k in [*r["missing"], *r["unlinked"]]}
+    assert doc["failed"] == len(gaps) > 0
+    assert {(f["release"], f["key"]) for f in doc["failures"]} == gaps
     run_json("coverage", "--arch", "gfx942", "--tp", 4, "--dir", "/nonexistent-dsv41", code=2)

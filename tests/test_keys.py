@@ -92,3 +92,64 @@ def test_neighbours_are_the_same_launch_at_the_nearest_widths_then_the_same_widt
 def test_neighbours_fall_back_to_the_fewest_changes():
     assert neighbours(BuildKey.parse("k2@gfx950:s=40,tp=2,r=2,i=1"), BUILT, n=1) == ["k2@gfx950:s=13,tp=4,r=2,i=1"]
     assert neighbours(BuildKey.parse("ffn@gfx950:s=4,tp=4,r=0"), BUILT) == []
+
+
+# ---------------------------------------------------------------- releases
+
+OLD = "0.32.0"  # MonoBuild(tokens, tp, ratio, timeline): no fold, index or routing fields
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("k1@gfx950:s=4,tp=4,r=1,f=0", "fold"),
+        ("k1@gfx950:s=4,tp=4,r=1,i=1", "index"),
+        ("k2@gfx950:s=4,tp=4,r=1,i=1", "index"),
+        ("k2@gfx950:s=4,tp=4,r=1,e=128", "experts"),
+        ("ffn@gfx950:s=4,tp=4,r=0,e=128", "experts"),
+        ("k1@gfx950:s=4,tp=4,r=1,w=192", "swa_width"),
+    ],
+)
+def test_an_old_release_key_refuses_fields_its_monobuild_lacks(text, field):
+    # the same string is a vLLM 0.33.0 key ...
+    assert str(BuildKey.parse(text)) == text
+    # ... but vLLM 0.32.0's MonoBuild has no such field: refused, naming it
+    with pytest.raises(KeyFormatError) as e:
+        BuildKey.parse(text, OLD)
+    msg = str(e.value)
+    assert f"vLLM {OLD}'s MonoBuild has no {field} field" in msg and f"vLLM {OLD} {text[:text.index('@')]} launch" in msg
+    assert e.value.exit_code == 2 and "fix:" in msg
+    # written at the value it behaves as, the field is accepted (and dropped)
+    default = {"fold": "f=1", "index": "i=0", "experts": "e=384", "swa_width": "w=128"}[field]
+    plain = text.rsplit(",", 1)[0]
+    assert BuildKey.parse(f"{plain},{default}", OLD) == BuildKey.parse(plain, OLD)
+
+
+def test_an_old_release_key_names_its_own_symbol_and_fields():
+    k1, k2, ffn = (BuildKey.parse(t, OLD) for t in
+                   ("k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1", "ffn@gfx950:s=4,tp=4,r=0"))
+    # measured here: vLLM 0.32.0's layer.py kernel_symbol(stem, s=, tp=, r=, tl=)
+    # (no f / i), and the FFN's (s=, tp=) -- the symbols its compiles export
+    assert k1.kernel_symbol == "_ZN5aiter27dsv41_mono_k1_s4_tp4_r1_tl0E"
+    assert k2.kernel_symbol == "_ZN5aiter27dsv41_mono_k2_s4_tp4_r1_tl0E"
+    assert ffn.kernel_symbol == "_ZN5aiter21dsv41_mono_ffn_s4_tp4E"
+    # 0.33.0's K1 of the same string reads fold and index, and names them
+    assert "_f1_i0" in BuildKey.parse("k1@gfx950:s=4,tp=4,r=1").kernel_symbol
+    # the MonoBuild 0.32.0's builders take: its four fields, nothing else
+    assert k1.build_fields() == {"tokens": 4, "tp": 4, "ratio": 1, "timeline": False}
+    assert ffn.build_fields() == {"tokens": 4, "tp": 4, "ratio": 0, "timeline": False}
+    assert set(BuildKey.parse("k1@gfx950:s=4,tp=4,r=1").build_fields()) > set(k1.build_fields())
+
+
+def test_a_key_string_names_a_launch_within_its_release():
+    new, old = BuildKey.parse("k2@gfx950:s=4,tp=4,r=1"), BuildKey.parse("k2@gfx950:s=4,tp=4,r=1", OLD)
+    # one string, two launches: the release is beside the string, never in it
+    assert str(new) == str(old) and new != old
+    assert (new.release, old.release) == ("0.33.0", OLD)
+    assert old.describe() == "k2@gfx950:s=4,tp=4,r=1 (vLLM 0.32.0)" and old.room == "gfx950/vllm-0.32.0"
+    assert new.room == "gfx950/vllm-0.33.0"
+    with pytest.raises(KeyFormatError, match="unknown vLLM release '0.31.0'"):
+        BuildKey.parse("k2@gfx950:s=4,tp=4,r=1", "0.31.0")
+    # neighbours never cross releases: a 0.33.0 key is no neighbour of a 0.32.0 one
+    assert neighbours(BuildKey.parse("k2@gfx950:s=5,tp=4,r=1", OLD), [new]) == []
+    assert neighbours(BuildKey.parse("k2@gfx950:s=5,tp=4,r=1", OLD), [old]) == [str(old)]

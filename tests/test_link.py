@@ -1,4 +1,5 @@
-"""Link step: smoke objects -> per-arch libraries that load on any ROCm host.
+"""Link step: smoke objects -> per-room (arch, vLLM release) libraries that
+load on any ROCm host, their bands shared by the arch's releases.
 
 Real parts throughout: the builder's objects, ld.lld, Debian's libamdhip64
 (ROCm 5.2) to dlopen against, vLLM's mono launchers in a subprocess.
@@ -15,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import REPO, cli, copy_of, smoke_count, smoke_dir
+from _smoke import OLD, REPO, SMOKE_RELEASE_KEYS, cli, copy_of, libdir, room, smoke_dir
 from dsv41_aot.build import link
 from dsv41_aot.errors import IntegrityError
+from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import Manifest, sha256_file
+from dsv41_aot.manifest import Manifest, rooms, sha256_file
 from dsv41_aot.runtime.loader import read_band
 
 pytestmark = pytest.mark.slow
@@ -31,34 +33,50 @@ def smoke(tmp_path_factory):
     return smoke_dir(tmp_path_factory)
 
 
-def _libs(arch_dir: Path) -> list[dict]:
-    return json.loads((arch_dir / "lib" / "libs.json").read_text())["libraries"]
+def _doc(root: Path, arch: str, release: str = NEWEST) -> dict:
+    return json.loads((room(root, arch, release) / "libs.json").read_text())
+
+
+def _libs(root: Path, arch: str, release: str = NEWEST) -> list[dict]:
+    return _doc(root, arch, release)["libraries"]
+
+
+def _rooms(root: Path) -> list[tuple[str, str]]:
+    return [(d.name, r) for d, r in rooms(root)]
 
 
 def test_every_key_is_linked_into_a_library_with_the_recorded_sha(smoke):
-    for arch in ("gfx950", "gfx942"):
-        man = Manifest.read(smoke / arch)
-        libs = _libs(smoke / arch)
+    # every room of the smoke build: 0.33.0 on both arches, 0.32.0 on gfx950
+    assert sorted(_rooms(smoke)) == [("gfx942", NEWEST), ("gfx950", OLD), ("gfx950", NEWEST)]
+    named: dict = {}
+    for arch, release in _rooms(smoke):
+        man = Manifest.read(smoke / arch, release=release)
+        doc = _doc(smoke, arch, release)
+        assert (doc["arch"], doc["release"]) == (arch, release)
+        libs = doc["libraries"]
         held = {k: sha for lib in libs for k, sha in lib["entries"].items()}
         assert held == {k: e["sha256"] for k, e in man.entries.items()}
+        assert sorted(held) == sorted(k for k in SMOKE_RELEASE_KEYS[release] if f"@{arch}:" in k)
         for lib in libs:
-            path = smoke / arch / "lib" / lib["file"]
+            path = libdir(smoke, arch) / lib["file"]
             assert sha256_file(path) == lib["sha256"] and path.stat().st_size == lib["bytes"]
             assert lib["file"] == f"{lib['chunk']}.{lib['sha256'][:16]}.so.xz"
-            assert all(link.chunk_name(BuildKey.parse(k)) == lib["chunk"] for k in lib["entries"])
+            assert all(link.chunk_name(BuildKey.parse(k, release)) == lib["chunk"] for k in lib["entries"])
             raw = lzma.decompress(path.read_bytes())  # a plain xz file, independent of the loader
             assert raw[:4] == b"\x7fELF" and len(raw) == lib["raw_bytes"]
             assert hashlib.sha256(raw).hexdigest() == lib["raw_sha256"] and read_band(path, lib) == raw
             assert lib["bytes"] < lib["raw_bytes"] // 2
-        # nothing but bands and the link record: no raw library left on disk
-        assert sorted(p.name for p in (smoke / arch / "lib").iterdir()) == sorted([*(l["file"] for l in libs),
-                                                                                   "libs.json"])
+            named.setdefault(arch, set()).add(lib["file"])
+    for arch in ("gfx950", "gfx942"):
+        # nothing but the bands some room names: no raw library, no link record in lib/
+        assert sorted(p.name for p in libdir(smoke, arch).iterdir()) == sorted(named[arch])
 
 
 def test_an_older_link_record_is_relinked_into_bands(smoke, tmp_path):
     d = copy_of(smoke, tmp_path / "old")
-    lib_dir = d / "gfx942" / "lib"
-    doc = json.loads((lib_dir / "libs.json").read_text())
+    lib_dir = libdir(d, "gfx942")
+    record = room(d, "gfx942") / "libs.json"
+    doc = json.loads(record.read_text())
     for lib in doc["libraries"]:  # what schema 1 left: raw .so files named in libs.json
         raw = read_band(lib_dir / lib["file"], lib)
         (lib_dir / lib["file"]).unlink()
@@ -66,11 +84,13 @@ def test_an_older_link_record_is_relinked_into_bands(smoke, tmp_path):
         (lib_dir / lib["file"]).write_bytes(raw)
         del lib["raw_sha256"], lib["raw_bytes"]
     doc["schema"] = 1
-    (lib_dir / "libs.json").write_text(json.dumps(doc))
+    record.write_text(json.dumps(doc))
+    assert all(p.suffix == ".so" for p in lib_dir.iterdir())
     r = cli("link", "--dir", d, "--arch", "gfx942", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["arches"][0]["linked"] == len(doc["libraries"])
-    assert sorted(p.name for p in lib_dir.iterdir()) == sorted(p.name for p in (smoke / "gfx942" / "lib").iterdir())
+    assert sorted(p.name for p in lib_dir.iterdir()) == sorted(p.name for p in libdir(smoke, "gfx942").iterdir())
+    assert _libs(d, "gfx942") == _libs(smoke, "gfx942")
 
 
 def test_no_libamdhip64_soname_is_baked_in(smoke, tmp_path):
@@ -97,30 +117,41 @@ def test_link_is_deterministic_and_incremental(smoke, tmp_path):
                 p.unlink()
         assert cli("link", "--dir", d).returncode == 0
     for arch in ("gfx950", "gfx942"):
-        la, lb = sorted((a / arch / "lib").iterdir()), sorted((b / arch / "lib").iterdir())
+        la, lb = sorted(libdir(a, arch).iterdir()), sorted(libdir(b, arch).iterdir())
         assert [p.name for p in la] == [p.name for p in lb]
         assert all(x.read_bytes() == y.read_bytes() for x, y in zip(la, lb))
-        assert [p.name for p in la] == sorted(p.name for p in (smoke / arch / "lib").iterdir())
+        assert [p.name for p in la] == sorted(p.name for p in libdir(smoke, arch).iterdir())
+    for arch, release in _rooms(a):
+        assert _libs(a, arch, release) == _libs(b, arch, release) == _libs(smoke, arch, release)
     r = cli("link", "--dir", a, "--json")
     assert r.returncode == 0, r.stderr
-    assert [s["linked"] for s in json.loads(r.stdout)["arches"]] == [0, 0]  # nothing changed: nothing relinked
+    summary = json.loads(r.stdout)["arches"]
+    # one summary a room; nothing changed: nothing relinked
+    assert sorted((s["arch"], s["release"]) for s in summary) == sorted(_rooms(smoke))
+    assert [s["linked"] for s in summary] == [0, 0, 0] and all(s["up_to_date"] for s in summary)
 
 
 def test_a_flipped_byte_in_an_object_is_refused_and_nothing_is_written(smoke, tmp_path):
     d = copy_of(smoke, tmp_path / "p")
-    man = Manifest.read(d / "gfx950")
+    man = Manifest.read(d / "gfx950", release=OLD)
     key = sorted(man.entries)[0]
     obj = d / "gfx950" / man.entries[key]["object"]
     data = bytearray(obj.read_bytes())
     data[len(data) // 2] ^= 0x01
     obj.write_bytes(bytes(data))
-    for p in (d / "gfx950" / "lib").iterdir():
+    for p in libdir(d, "gfx950").iterdir():
         p.unlink()
     with pytest.raises(IntegrityError, match=key.replace("=", ".").split(":")[0]):
-        link.link_arch(d / "gfx950")
-    assert list((d / "gfx950" / "lib").iterdir()) == []
-    r = cli("link", "--dir", d, "--arch", "gfx950")
-    assert r.returncode == 1 and "does not match its manifest sha256" in r.stderr and "dsv41-aot build" in r.stderr
+        link.link_room(d / "gfx950", OLD)
+    assert list(libdir(d, "gfx950").iterdir()) == []
+    r = cli("link", "--dir", d, "--arch", "gfx950", "--release", OLD)
+    assert r.returncode == 1 and "does not match its manifest sha256" in r.stderr
+    # the fix names the room's release
+    assert f"dsv41-aot build --release {OLD} --key '{key}'" in r.stderr
+    # the other release's room links: its objects are whole
+    r = cli("link", "--dir", d, "--arch", "gfx950", "--release", NEWEST)
+    assert r.returncode == 0, r.stderr
+    assert {lib["file"] for lib in _libs(d, "gfx950")} == {p.name for p in libdir(d, "gfx950").iterdir()}
 
 
 def test_link_of_a_folder_without_a_build_is_bad_input(tmp_path):
@@ -135,30 +166,32 @@ import ctypes, json, lzma, os, sys, tempfile
 from pathlib import Path
 ctypes.CDLL("libamdhip64.so", mode=ctypes.RTLD_GLOBAL | os.RTLD_NOW)
 root = Path(sys.argv[1]); out = {}; tmp = Path(tempfile.mkdtemp())
-for arch in ("gfx950", "gfx942"):
-    for lib in json.loads((root / arch / "lib" / "libs.json").read_text())["libraries"]:
-        so = tmp / lib["file"][:-3]  # unpacked with plain xz, not through the loader
+for room in sorted(root.glob("*/vllm-*")):
+    arch, release = room.parent.name, room.name[len("vllm-"):]
+    for lib in json.loads((room / "libs.json").read_text())["libraries"]:
+        so = tmp / release / lib["file"][:-3]  # unpacked with plain xz, not through the loader
+        so.parent.mkdir(exist_ok=True)
         so.write_bytes(lzma.decompress((root / arch / "lib" / lib["file"]).read_bytes()))
         h = ctypes.CDLL(str(so), mode=os.RTLD_NOW | os.RTLD_LOCAL)
-        man = json.loads((root / arch / "manifest.json").read_text())
+        man = json.loads((room / "manifest.json").read_text())
         for key in lib["entries"]:
             meta = ctypes.c_char.in_dll(h, man["entries"][key]["entry"] + "__metadata")
-            out[key] = json.loads(ctypes.string_at(ctypes.addressof(meta)).decode())
+            out[release + " " + key] = json.loads(ctypes.string_at(ctypes.addressof(meta)).decode())
 print(json.dumps(out))
 """
 
 _VLLM_SIGNATURES = r"""
 import inspect, json, os, sys
-arch = sys.argv[1]
+arch, release, digest = sys.argv[1:4]
 os.environ["ARCH"] = os.environ["FLYDSL_GPU_ARCH"] = arch
 from dsv41_aot import source
 from dsv41_aot.build import compat
 from dsv41_aot.keys import BuildKey
 compat.install_aiter_shim()
-layer = source.import_mono(source.find(), "layer")
+layer = source.import_mono(source.find_release(release, digest), "layer")  # that release's own mono package
 out = {}
-for text in sys.argv[2:]:
-    k = BuildKey.parse(text)
+for text in sys.argv[4:]:
+    k = BuildKey.parse(text, release)
     build = getattr(layer, "build_mono_" + k.kind)(layer.MonoBuild(**k.build_fields()))
     sig = inspect.signature(build.func)
     out[text] = [(n, getattr(p.annotation, "__name__", str(p.annotation))) for n, p in sig.parameters.items()]
@@ -173,18 +206,64 @@ def test_library_metadata_matches_vllm_launcher_parameters(smoke):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     meta = json.loads(r.stdout)
-    assert len(meta) == smoke_count()
-    for arch in ("gfx950", "gfx942"):
-        keys = sorted(k for k in meta if f"@{arch}:" in k)
-        r = subprocess.run([sys.executable, "-c", _VLLM_SIGNATURES, arch, *keys], capture_output=True, text=True,
-                           timeout=300, cwd=REPO)
+    assert len(meta) == sum(map(len, SMOKE_RELEASE_KEYS.values()))
+    for arch, release in _rooms(smoke):
+        keys = sorted(k.split(" ")[1] for k in meta if k.startswith(f"{release} ") and f"@{arch}:" in k)
+        man = Manifest.read(smoke / arch, release=release)
+        assert keys == sorted(man.entries)
+        r = subprocess.run([sys.executable, "-c", _VLLM_SIGNATURES, arch, release, man.mono_sources, *keys],
+                           capture_output=True, text=True, timeout=300, cwd=REPO)
         assert r.returncode == 0, r.stderr[-3000:]
         vllm = json.loads(r.stdout)
-        man = Manifest.read(smoke / arch)
         for key in keys:
-            slots = meta[key]["abi"]
-            assert meta[key]["arch"] == arch and meta[key]["symbol"] == man.entries[key]["entry"]
+            slots = meta[f"{release} {key}"]["abi"]
+            assert meta[f"{release} {key}"]["arch"] == arch
+            assert meta[f"{release} {key}"]["symbol"] == man.entries[key]["entry"]
             got = [("stream" if s.get("arg_name") is None else s["arg_name"], s["ctype"]) for s in slots]
             want = [(n, _ANNOTATION_CTYPE[a]) for n, a in vllm[key]]
             assert got == want, key
             assert [(s["name"], s["ctype"]) for s in man.abi(key)] == want, key
+
+
+def _soname(band: Path) -> str:
+    return link.dynamic_info(lzma.decompress(band.read_bytes()))["soname"]
+
+
+def test_a_chunk_two_releases_link_alike_is_one_band(smoke, tmp_path):
+    d = copy_of(smoke, tmp_path / "shared")
+    arch = "gfx942"
+    # a second room on gfx942 whose keys are the 0.33.0 room's, to the byte:
+    # the same objects under another release's name
+    doc = json.loads((room(d, arch) / "manifest.json").read_text())
+    doc["release"] = OLD
+    room(d, arch, OLD).mkdir()
+    (room(d, arch, OLD) / "manifest.json").write_text(json.dumps(doc))
+    before = sorted(p.name for p in libdir(d, arch).iterdir())
+    r = cli("link", "--dir", d, "--arch", arch, "--json")
+    assert r.returncode == 0, r.stderr
+    new, old = _libs(d, arch, NEWEST), _libs(d, arch, OLD)
+    # the same chunks, the same members: one band, named by both rooms' libs.json
+    assert [lib["file"] for lib in new] == [lib["file"] for lib in old]
+    assert sorted(p.name for p in libdir(d, arch).iterdir()) == before == sorted(lib["file"] for lib in new)
+    assert all(_soname(libdir(d, arch) / lib["file"]) == _soname(libdir(smoke, arch) / lib["file"]) for lib in old)
+    # unlinking one room's record keeps the band the other still names
+    (room(d, arch) / "libs.json").unlink()
+    assert cli("link", "--dir", d, "--arch", arch, "--release", OLD).returncode == 0
+    assert sorted(p.name for p in libdir(d, arch).iterdir()) == before
+
+
+def test_chunks_with_different_members_have_different_sonames(smoke):
+    # gfx950's s=1..8 TP4 chunk in each release: same chunk name, other kernels
+    new = {lib["chunk"]: lib for lib in _libs(smoke, "gfx950", NEWEST)}
+    old = {lib["chunk"]: lib for lib in _libs(smoke, "gfx950", OLD)}
+    chunk = "libdsv41_gfx950_tp4_s01-08"
+    assert chunk in new and chunk in old and new[chunk]["entries"] != old[chunk]["entries"]
+    a, b = (libdir(smoke, "gfx950") / x[chunk]["file"] for x in (new, old))
+    assert a != b and a.is_file() and b.is_file()
+    sa, sb = _soname(a), _soname(b)
+    # both named after the chunk, each by its own content: glibc would hand
+    # out the first library dlopened under a SONAME for the second
+    assert sa.startswith(chunk + ".") and sb.startswith(chunk + ".") and sa != sb
+    # every band of the arch: one SONAME each
+    sonames = [_soname(p) for p in libdir(smoke, "gfx950").iterdir()]
+    assert len(set(sonames)) == len(sonames) == 3

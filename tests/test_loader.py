@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-from _smoke import REPO, copy_of, smoke_count, smoke_dir
+from _smoke import OLD, REPO, copy_of, libdir, room, smoke_count, smoke_dir
 import dsv41_aot
 from dsv41_aot.runtime import loader
 from dsv41_aot.errors import (
@@ -26,10 +26,13 @@ from dsv41_aot.errors import (
     CaptureError,
     HipUnavailableError,
     IntegrityError,
+    KeyFormatError,
     KeyNotPrebuiltError,
     LaunchError,
     LoadError,
     ManifestError,
+    ReleaseMismatchError,
+    SourceMismatchError,
 )
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest
@@ -134,10 +137,12 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("flydsl", "torch", "v
     out, bands, imported = r.stdout.splitlines()
     assert len(json.loads(out)) == smoke_count() and imported == "[]"
     assert all(bound for _, bound in json.loads(out).values())
-    # every band of both arches bound from memory, none from the prebuilt dir
+    # every band of both arches' rooms of the installed vLLM (0.33.0) bound
+    # from memory, none from the prebuilt dir, and none of vLLM 0.32.0's
     want = sorted(lib["file"][: -len(".xz")] for arch in ("gfx950", "gfx942")
-                  for lib in json.loads((smoke / arch / "lib" / "libs.json").read_text())["libraries"])
-    assert json.loads(bands) == want
+                  for lib in json.loads((room(smoke, arch) / "libs.json").read_text())["libraries"])
+    old = {lib["file"][: -len(".xz")] for lib in json.loads((room(smoke, "gfx950", OLD) / "libs.json").read_text())["libraries"]}
+    assert json.loads(bands) == want and not old & set(want)
 
 
 # ---------------------------------------------------------------- launches
@@ -258,7 +263,9 @@ def test_key_not_prebuilt_lists_the_closest_and_the_build_command(smoke, fresh):
     with pytest.raises(KeyNotPrebuiltError) as e:
         dsv41_aot.load_key("k1@gfx950:s=5,tp=4,r=1", prebuilt=smoke)
     msg = str(e.value)
-    assert "k1@gfx950:s=4,tp=4,r=1" in msg.split("closest:")[1] and "dsv41-aot build --key 'k1@gfx950:s=5,tp=4,r=1'" in msg
+    assert "k1@gfx950:s=4,tp=4,r=1" in msg.split("closest:")[1]
+    assert "is not prebuilt for vLLM 0.33.0" in msg
+    assert "dsv41-aot build --release 0.33.0 --key 'k1@gfx950:s=5,tp=4,r=1'" in msg
     assert isinstance(e.value, KeyError) and isinstance(e.value, LoadError) and e.value.exit_code == 1
 
 
@@ -304,9 +311,9 @@ print(json.dumps(open("/proc/self/maps").read().splitlines()))
 
 def test_a_flipped_byte_in_the_launchers_own_band_is_never_mapped(smoke, tmp_path):
     d = copy_of(smoke, tmp_path / "p")
-    libs = json.loads((d / "gfx950" / "lib" / "libs.json").read_text())["libraries"]
+    libs = json.loads((room(d, "gfx950") / "libs.json").read_text())["libraries"]
     own = next(lib for lib in libs if K1 in lib["entries"])  # K1's band, not whichever the folder lists first
-    band = d / "gfx950" / "lib" / own["file"]
+    band = libdir(d, "gfx950") / own["file"]
     data = bytearray(band.read_bytes())
     data[len(data) // 3] ^= 0x40
     band.write_bytes(bytes(data))
@@ -328,7 +335,7 @@ def test_a_flipped_byte_in_the_launchers_own_band_is_never_mapped(smoke, tmp_pat
 def test_a_flipped_byte_in_a_band_refuses_bind_and_preload(smoke, fresh, tmp_path):
     d = copy_of(smoke, tmp_path / "p")
     launcher = dsv41_aot.load_key(K1, prebuilt=d)  # the manifest is fine: a Launcher, unbound
-    band = tmp_path / "p" / "gfx950" / "lib" / launcher._librec["file"]
+    band = libdir(d, "gfx950") / launcher._librec["file"]
     data = bytearray(band.read_bytes())
     data[-100] ^= 0x01
     band.write_bytes(bytes(data))
@@ -341,20 +348,43 @@ def test_a_flipped_byte_in_a_band_refuses_bind_and_preload(smoke, fresh, tmp_pat
 
 def test_manifest_problems(smoke, fresh, tmp_path):
     d = copy_of(smoke, tmp_path / "m")
-    (d / "gfx950" / "lib" / "libs.json").write_text("{not json")
+    here = room(d, "gfx950")
+
+    def forget():  # read the rooms again, and pick the running vLLM's again
+        fresh._state.indexes.clear()
+        fresh._state.picked.clear()
+
+    (here / "libs.json").write_text("{not json")
     with pytest.raises(ManifestError, match="malformed JSON"):
         dsv41_aot.load_key(K1, prebuilt=d)
-    (d / "gfx950" / "lib" / "libs.json").unlink()
-    fresh._state.indexes.clear()
+    (here / "libs.json").unlink()
+    forget()
     with pytest.raises(ManifestError, match="never linked") as e:
         dsv41_aot.load_key(K1, prebuilt=d)
-    assert "dsv41-aot link" in str(e.value)
-    (d / "gfx950" / "manifest.json").write_text('{"schema": 1, "arch": "gfx950"')
-    fresh._state.indexes.clear()
-    with pytest.raises(ManifestError, match="malformed JSON"):
+    assert "dsv41-aot link" in str(e.value) and "--release 0.33.0" in str(e.value)
+    # another room's link record is no stand-in for this one's
+    (room(d, "gfx950", OLD) / "libs.json").replace(here / "libs.json")
+    forget()
+    with pytest.raises(ManifestError, match=f"link record for 'gfx950' vLLM '{OLD}' in the gfx950 vLLM 0.33.0 folder"):
         dsv41_aot.load_key(K1, prebuilt=d)
-    (d / "gfx950" / "manifest.json").unlink()
-    fresh._state.indexes.clear()
+    # nor its manifest
+    doc = json.loads((here / "manifest.json").read_text())
+    (here / "manifest.json").write_text(json.dumps(dict(doc, release=OLD)))
+    forget()
+    with pytest.raises(ManifestError, match=f"manifest for vLLM '{OLD}' in the vLLM 0.33.0 folder"):
+        dsv41_aot.load_key(K1, prebuilt=d)
+    # a manifest whose mono_sources is not its entries'
+    (here / "manifest.json").write_text(json.dumps(dict(doc, mono_sources="0" * 16)))
+    forget()
+    with pytest.raises(ManifestError, match="mono_sources '0000000000000000' is not its entries'"):
+        dsv41_aot.load_key(K1, prebuilt=d)
+    (here / "manifest.json").write_text('{"schema": 1, "arch": "gfx950"')
+    forget()
+    with pytest.raises(ManifestError, match="malformed JSON") as e:
+        dsv41_aot.load_key(K1, prebuilt=d)  # the running vLLM's room is corrupt: not "no release matches"
+    assert "--release 0.33.0" in e.value.fix
+    (here / "manifest.json").unlink()
+    forget()
     with pytest.raises(ManifestError, match="no prebuilt kernels for gfx950"):
         dsv41_aot.load_key(K1, prebuilt=d / "nowhere")
 
@@ -369,7 +399,7 @@ def _fix_command(err) -> list:
 
 def test_an_object_rebuilt_after_the_link_names_it_and_relink_fixes_it(smoke, fresh, tmp_path):
     d = copy_of(smoke, tmp_path / "s")
-    path = d / "gfx950" / "lib" / "libs.json"
+    path = room(d, "gfx950") / "libs.json"
     doc = json.loads(path.read_text())
     lib = next(lib for lib in doc["libraries"] if K1 in lib["entries"])
     lib["entries"][K1] = "1" * 64  # libs.json says the band was linked from another object
@@ -386,13 +416,13 @@ def test_an_object_rebuilt_after_the_link_names_it_and_relink_fixes_it(smoke, fr
 
 def test_an_altered_manifest_entry_names_it_and_its_fix_rebuilds(smoke, fresh, tmp_path):
     d = copy_of(smoke, tmp_path / "s")
-    path = d / "gfx950" / "manifest.json"
+    path = room(d, "gfx950") / "manifest.json"
     doc = json.loads(path.read_text())
     doc["entries"][K1]["sha256"] = "0" * 64
     path.write_text(json.dumps(doc))
     with pytest.raises(ManifestError, match="no longer describes its object") as e:
         dsv41_aot.load_key(K1, prebuilt=d)
-    assert "records object sha256 0000" in str(e.value) and "dsv41-aot build --key" in e.value.fix
+    assert "records object sha256 0000" in str(e.value) and "dsv41-aot build --release 0.33.0 --key" in e.value.fix
     for cmd in _fix_command(e.value):  # what the old "relink" fix did: refused, so the fix is the build
         r = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *cmd, "--no-progress"] if cmd[0] == "build"
                            else [sys.executable, "-m", "dsv41_aot.cli", *cmd], capture_output=True, text=True,
@@ -437,6 +467,70 @@ def test_no_installed_vllm_means_no_source_check(smoke):
         capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"{K1} (None, None, None)"
+
+
+# ---------------------------------------------------------------- releases
+
+
+def _old_tree():
+    """vLLM 0.32.0's source tree (the tree cache bootstrap fetches)."""
+    from dsv41_aot import source
+
+    src = source.MonoSource(root=source.trees_dir() / OLD)
+    if src.version != OLD:
+        pytest.skip(f"no vLLM {OLD} tree at {src.root}: dsv41-aot fetch-vllm {OLD}")
+    return src
+
+
+def test_a_key_string_is_served_by_the_running_vllms_room(smoke, fresh):
+    assert fresh.releases("gfx950", prebuilt=smoke) == [OLD, "0.33.0"]
+    assert fresh.releases("gfx942", prebuilt=smoke) == ["0.33.0"]
+    # the installed vLLM is 0.33.0: a key string names its launch
+    new = dsv41_aot.load_key(K1, prebuilt=smoke)
+    assert new.kernel_name == BuildKey.parse(K1).kernel_symbol and new._idx.release == "0.33.0"
+    # a vLLM 0.32.0 runner (its mono package, as the plugin says it): the same
+    # string picks 0.32.0's room by the mono sources digest, its own kernel
+    fresh.running_vllm(_old_tree().mono_dir)
+    old = dsv41_aot.load_key(K1, prebuilt=smoke)
+    assert old is not new and old._idx.release == OLD and old.key == K1
+    assert old.kernel_name == BuildKey.parse(K1, OLD).kernel_symbol == "_ZN5aiter27dsv41_mono_k1_s4_tp4_r1_tl0E"
+    assert old.abi == Manifest.read(smoke / "gfx950", release=OLD).abi(K1)
+    old.bind()  # its band (0.32.0's room's) and its ABI against the library's metadata
+    assert old.library != new.library and old.library.startswith(str(smoke / "gfx950" / "lib"))
+    assert fresh.keys("gfx950", prebuilt=smoke) == sorted(Manifest.read(smoke / "gfx950", release=OLD).entries)
+    assert dsv41_aot.load("k2", tokens=4, tp=4, ratio=1, arch="gfx950", prebuilt=smoke).kernel_name == \
+        BuildKey.parse("k2@gfx950:s=4,tp=4,r=1", OLD).kernel_symbol
+    # a field 0.32.0's MonoBuild lacks: bad input, naming it
+    with pytest.raises(KeyFormatError, match="MonoBuild has no fold field"):
+        dsv41_aot.load_key("k1@gfx950:s=4,tp=4,r=1,f=0", prebuilt=smoke)
+
+
+def test_a_key_of_another_release_never_serves_the_running_vllm(smoke, fresh):
+    # 0.33.0 installed: asking for 0.32.0's launch is refused (its sources differ)
+    with pytest.raises(SourceMismatchError, match="built from .vLLM 0.32.0") as e:
+        dsv41_aot.load_key(K1, release=OLD, prebuilt=smoke)
+    assert not isinstance(e.value, ReleaseMismatchError)
+    with pytest.raises(SourceMismatchError):
+        dsv41_aot.load_key(BuildKey.parse(K1, OLD), prebuilt=smoke)  # a BuildKey carries its release
+    # a 0.32.0 runner: 0.33.0's launch is refused the same way ...
+    fresh.running_vllm(_old_tree().mono_dir)
+    with pytest.raises(SourceMismatchError, match="built from .vLLM 0.33.0"):
+        dsv41_aot.load_key(K1, release="0.33.0", prebuilt=smoke)
+    # ... and an arch with no 0.32.0 room serves it nothing
+    with pytest.raises(ReleaseMismatchError, match="matches no prebuilt release") as e:
+        dsv41_aot.load_key("k1@gfx942:s=4,tp=4,r=1", prebuilt=smoke)
+    assert "vLLM 0.33.0 (" in str(e.value) and "--release 0.32.0" in e.value.fix
+    assert not any(launcher._idx.release == "0.33.0" for launcher in fresh._state.launchers.values())
+
+
+def test_a_room_the_prebuilt_dir_does_not_hold(smoke, fresh, tmp_path):
+    d = copy_of(smoke, tmp_path / "new-only")
+    import shutil
+
+    shutil.rmtree(room(d, "gfx950", OLD))
+    with pytest.raises(ReleaseMismatchError, match=f"holds prebuilt kernels for vLLM 0.33.0, not vLLM {OLD}") as e:
+        dsv41_aot.load_key(K1, release=OLD, prebuilt=d)
+    assert f"dsv41-aot build --arch gfx950 --release {OLD}" in e.value.fix
 
 
 # ---------------------------------------------------------------- threads / fork

@@ -1,5 +1,6 @@
-"""build_matrix.yaml: the rules vLLM 0.33.0 follows, profiles, shards, and
-errors that point at the offending line."""
+"""build_matrix.yaml: the rules each vLLM release (0.33.0, 0.32.0) follows,
+``like`` inheritance between release entries, profiles across releases,
+shards, and errors that point at the offending line."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pytest
 
 from dsv41_aot.build import matrix
 from dsv41_aot.errors import MatrixError
+from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
 
-from _smoke import REPO, run_cli
+from _smoke import OLD, REPO, run_cli
 
 MATRIX = REPO / "build_matrix.yaml"
 
@@ -47,7 +49,8 @@ def test_full_profile_follows_vllms_rules(m):
 
 
 def test_full_holds_every_layer_kind_the_runner_accepts(m):
-    full = set(m.select("full"))
+    # vLLM 0.33.0's runner (0.32.0's has no fold or index: its own tests below)
+    full = {k for k in m.select("full") if k.release == NEWEST}
     # runner.forward: ratio 0/1/2, fold true/false, index only with a ratio --
     # K1 with (ratio 1 or 2, fold false, index false) included, which
     # V4.1-Flash's own schedule never uses
@@ -73,8 +76,13 @@ def test_deployment_profiles_partition_full(m):
 
 def test_smoke_covers_every_kind_on_both_arches(m):
     smoke = m.select("smoke")
-    assert {(k.kind, k.arch) for k in smoke} == {(k, a) for k in ("k1", "k2", "ffn") for a in ("gfx950", "gfx942")}
-    assert len(smoke) <= 8
+    newest = [k for k in smoke if k.release == NEWEST]
+    assert {(k.kind, k.arch) for k in newest} == {(k, a) for k in ("k1", "k2", "ffn") for a in ("gfx950", "gfx942")}
+    assert len(newest) <= 8
+    # vLLM 0.32.0 (gfx950 only) has every kind too, and nothing else is in it
+    old = [k for k in smoke if k.release == OLD]
+    assert {(k.kind, k.arch) for k in old} == {(k, "gfx950") for k in ("k1", "k2", "ffn")}
+    assert len(newest) + len(old) == len(smoke) and len(old) <= 3
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 7])
@@ -86,7 +94,9 @@ def test_every_key_in_exactly_one_shard(m, count):
 
 
 def test_shards_balance_recorded_seconds(m):
-    keys = m.select("gfx950-tp4")[:40]
+    # one release's keys: a recorded time is keyed by the key string, which
+    # names a launch within its release
+    keys = [k for k in m.select("gfx950-tp4") if k.release == NEWEST][:40]
     seconds = {str(k): (100.0 if i == 0 else 1.0) for i, k in enumerate(keys)}
     a, b = (matrix.shard(keys, i, 2, seconds) for i in range(2))
     heavy = keys[0]
@@ -109,12 +119,12 @@ def _line_of(path: Path, needle: str) -> int:
 @pytest.mark.parametrize(
     "old, new, needle, words",
     [
-        ("  timeline: [false]", "  timeline: [false]\n  width: [1]", "width: [1]", "unknown axis 'width'"),
+        ("      timeline: [false]", "      timeline: [false]\n      width: [1]", "width: [1]", "unknown axis 'width'"),
         ("  arch: [gfx950, gfx942]", "  arch: [gfx950, gfx1100]", "gfx1100", "unknown value 'gfx1100'"),
         ("  tokens: 1..48", "  tokens: 1..49", "tokens: 1..49", "49 outside 1..48"),
         ("  tokens: 1..48", "  tokens: [0, 4]", "tokens: [0, 4]", "0 outside 1..48"),
         ("  tp: [2, 4]", "  tp: [2, 4, 4]", "tp: [2, 4, 4]", "duplicate value 4"),
-        ("      - k2@gfx950:s=4,tp=4,r=1\n", "      - k2@gfx950:s=4,tp=4,r=1\n      - k2@gfx950:s=4,tp=4,r=1\n", None, "duplicate key k2@gfx950:s=4,tp=4,r=1"),
+        ("        - k2@gfx950:s=4,tp=4,r=1\n", "        - k2@gfx950:s=4,tp=4,r=1\n        - k2@gfx950:s=4,tp=4,r=1\n", None, "duplicate key k2@gfx950:s=4,tp=4,r=1 (vLLM 0.33.0)"),
         ("  gfx942-tp4: {where: {arch: gfx942, tp: 4}}", "  gfx942-tp4: {where: {arch: gfx942, tp: 2}}", "gfx942-tp4:", "selects no keys"),
         ("      - k1@gfx942:s=4,tp=4,r=1", "      - k1@gfx942:s=44,tp=4,r=1", "k1@gfx942:s=44", "dropped by the rule at line"),
         ("    - {ratio: 0, fold: true, index: false}   # window-only", "    - {ratio: 3, fold: true, index: false}   # window-only", "ratio: 3", "unknown ratio 3"),
@@ -157,19 +167,148 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path):
     assert code == 2 and "bad shard" in err and not out.exists()
 
 
+def _listed(out: str) -> list:
+    """``build --list`` lines: (release, key string) each."""
+    return [tuple(line.split()) for line in out.splitlines()]
+
+
 def test_cli_lists_a_profile(m):
     _, out, _ = run_cli("build", "--list", "--profile", "smoke")
-    assert out.split() == [str(k) for k in m.select("smoke")]
+    assert _listed(out) == [(k.release, str(k)) for k in m.select("smoke")]
+    # --release keeps that release's keys only
+    _, out, _ = run_cli("build", "--list", "--profile", "smoke", "--release", OLD)
+    assert _listed(out) == [(OLD, str(k)) for k in m.select("smoke") if k.release == OLD]
 
 
 def test_cli_key_flags_extend_and_suggest_real_neighbours():
     a, b, c = "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1", "ffn@gfx942:s=4,tp=4,r=0"
     # --key A --key B builds both (the last one used to win); --key A B still works
     _, out, _ = run_cli("build", "--list", "--key", a, "--key", b, c)
-    assert out.split() == [a, b, c]
+    assert _listed(out) == [(NEWEST, a), (NEWEST, b), (NEWEST, c)]
     # a key the matrix does not build names its nearest keys, not string look-alikes
     code, _, err = run_cli("build", "--list", "--key", "k2@gfx942:s=43,tp=4,r=1", check=False)
     assert code == 2 and "nearest it builds: k2@gfx942:s=42,tp=4,r=1\n" in err  # gfx942 stops at 42 rows
     code, _, err = run_cli("build", "--list", "--key", "k2@gfx950:s=13,tp=8,r=1", check=False)
     near = err.split("nearest it builds: ")[1].splitlines()[0].split(", ")
     assert code == 2 and near[:2] == ["k2@gfx950:s=13,tp=2,r=1", "k2@gfx950:s=13,tp=4,r=1"] and len(near) == 5
+
+
+# ---------------------------------------------------------------- releases
+
+
+def test_full_is_each_releases_keys(m):
+    full = m.select("full")
+    by_release = {r: [k for k in full if k.release == r] for r in m.releases}
+    # 2,454 launches of vLLM 0.33.0 beside 480 of vLLM 0.32.0
+    assert (len(by_release[NEWEST]), len(by_release[OLD])) == (2454, 480) and len(full) == 2454 + 480
+    # 0.32.0: gfx950 only, TP 2 and 4, widths 1..48, whole layers at ratio 1
+    # and 2 (K1 + K2), the FFN launch for any other layer; no draft routing
+    old = by_release[OLD]
+    assert {k.arch for k in old} == {"gfx950"} and {k.tp for k in old} == {2, 4}
+    assert {k.tokens for k in old} == set(range(1, 49))
+    assert {(k.kind, k.ratio) for k in old} == {("k1", 1), ("k1", 2), ("k2", 1), ("k2", 2), ("ffn", 0)}
+    # its MonoBuild has no fold, index or routing: those are pinned, the string omits them
+    assert all((k.fold, k.index, k.experts, k.topk) == (True, False, 384, 6) for k in old)
+    assert all(str(k).count(",") == 2 for k in old)
+    assert m.releases[OLD].mono_sources == "0aa9262967c37d51" and m.releases[OLD].routing == {"target": {}}
+    assert m.releases[OLD].layer_kinds == {"backbone": [{"ratio": 1}, {"ratio": 2}]}
+    # the per-release profiles split full
+    assert set(m.select(f"vllm-{NEWEST}")) == set(by_release[NEWEST])
+    assert set(m.select(f"vllm-{OLD}")) == set(old)
+
+
+def _trimmed(tmp_path: Path, edit) -> Path:
+    """build_matrix.yaml as data, changed by ``edit(doc)``, written back
+    (profiles reduced to ``full``: the smoke keys need the real axes)."""
+    import yaml
+
+    doc = yaml.safe_load(MATRIX.read_text())
+    doc["profiles"] = {"full": {}}
+    doc["default_profile"] = "full"
+    edit(doc)
+    p = tmp_path / "build_matrix.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return p
+
+
+def test_like_takes_the_sections_a_release_does_not_give(tmp_path):
+    small = {"arch": ["gfx950"], "tp": [4], "tokens": "1..3", "timeline": [False]}
+
+    def newest_small(doc):
+        doc["releases"][NEWEST]["axes"] = small
+
+    def old_inherits(doc):
+        newest_small(doc)
+        del doc["releases"][OLD]["axes"]
+
+    # giving its own axes, 0.32.0 keeps them ...
+    own = [k for k in matrix.load(_trimmed(tmp_path, newest_small)).select("full") if k.release == OLD]
+    assert {k.tokens for k in own} == set(range(1, 49)) and {k.tp for k in own} == {2, 4}
+    # ... without them, it takes 0.33.0's (like: "0.33.0"), and only those
+    (tmp_path / "b").mkdir()
+    old = [k for k in matrix.load(_trimmed(tmp_path / "b", old_inherits)).select("full") if k.release == OLD]
+    assert {k.tokens for k in old} == {1, 2, 3} and {k.tp for k in old} == {4}
+    assert len(old) == 3 * 5  # its own layer kinds and groups still: 2 ratios x (k1, k2) + ffn
+    # a section neither gives is refused, naming the release
+    (tmp_path / "c").mkdir()
+
+    def no_groups(doc):
+        del doc["releases"][OLD]["groups"]
+        del doc["releases"][OLD]["like"]
+
+    with pytest.raises(MatrixError, match=rf"release {OLD}: missing 'groups'"):
+        matrix.load(_trimmed(tmp_path / "c", no_groups))
+
+
+@pytest.mark.parametrize(
+    "old, new, needle, words",
+    [
+        # a field vLLM 0.32.0's MonoBuild lacks, anywhere its entry names fields
+        ("        - {ratio: 1}\n", "        - {ratio: 1, fold: false}\n", "{ratio: 1, fold: false}",
+         "exactly ['ratio'] (vLLM 0.32.0's MonoBuild layer fields)"),
+        ("      target: {}\n", "      target: {experts: 128}\n", "target: {experts: 128}",
+         "needs exactly [] (vLLM 0.32.0's MonoBuild routing fields)"),
+        ("    rules: []\n", "    rules:\n      - {when: {kind: k2}, set: {index: true}, source: x}\n", "set: {index: true}",
+         "vLLM 0.32.0 rule `set`"),
+        ('      "0.32.0":\n        - k1@gfx950:s=4,tp=4,r=1\n', '      "0.32.0":\n        - k1@gfx950:s=4,tp=4,r=1,f=0\n',
+         "r=1,f=0", "vLLM 0.32.0's MonoBuild has no fold field"),
+        # 0.32.0 runs on gfx950 only (CDNA_VERSIONS = (4,))
+        ("      arch: [gfx950]\n", "      arch: [gfx950, gfx942]\n", "arch: [gfx950, gfx942]", "gfx942"),
+        # its mono sources digest: 16 hex digits, given
+        ("    mono_sources: 0aa9262967c37d51\n", "    mono_sources: 0aa9262967c37d5\n", '  "0.32.0":', "mono_sources must be"),
+        ("    mono_sources: 0aa9262967c37d51\n", "", '  "0.32.0":', "mono_sources must be"),
+        ('    like: "0.33.0"\n', '    like: "0.31.0"\n', 'like: "0.31.0"', "like '0.31.0' is not another release"),
+        # keys: a mapping of release -> keys; each read in its release
+        ('      "0.32.0":\n        - k1', '      "0.31.0":\n        - k1', '"0.31.0":', "vLLM '0.31.0' is not a release"),
+        ('      "0.32.0":\n        - k1@gfx950:s=4,tp=4,r=1\n', '      "0.32.0":\n        - k1@gfx950:s=4,tp=4,r=0\n',
+         "- k1@gfx950:s=4,tp=4,r=0", "k1@gfx950:s=4,tp=4,r=0 (vLLM 0.32.0) is not a key the matrix builds"),
+    ],
+)
+def test_a_release_entry_is_checked_against_its_release(tmp_path, old, new, needle, words):
+    p = _write(tmp_path, old, new)
+    with pytest.raises(MatrixError) as e:
+        matrix.load(p)
+    msg = str(e.value)
+    assert words in msg and str(p) in msg and "dsv41-aot build" in msg
+    # the offending line of the 0.32.0 entry (or its profile keys), not 0.33.0's;
+    # a needle with its indentation is a line's start (the release's own line)
+    lines = p.read_text().splitlines()
+    line = max(i for i, t in enumerate(lines, 1) if (t.startswith(needle) if needle[0] == " " else needle in t))
+    assert re.search(rf":{line}:", msg), (line, msg)
+
+
+def test_keys_mapping_reads_each_list_in_its_release(tmp_path, m):
+    smoke = m.select("smoke")
+    # the smoke profile's 0.32.0 list gives 0.32.0 keys, its 0.33.0 list 0.33.0's
+    assert sorted(str(k) for k in smoke if k.release == OLD) == [
+        "ffn@gfx950:s=4,tp=4,r=0", "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1"]
+    assert sum(k.release == NEWEST for k in smoke) == 7
+    extra = ("  mine:\n    keys:\n      \"0.32.0\":\n        - k2@gfx950:s=9,tp=2,r=2\n"
+             "  plain:\n    keys:\n      - k2@gfx950:s=9,tp=2,r=2\n")
+    p = tmp_path / "build_matrix.yaml"
+    p.write_text(MATRIX.read_text() + extra)
+    mm = matrix.load(p)
+    (mine,), (plain,) = mm.select("mine"), mm.select("plain")
+    # the same string names a launch of each release: a list is the newest's
+    assert str(mine) == str(plain) == "k2@gfx950:s=9,tp=2,r=2"
+    assert (mine.release, plain.release) == (OLD, NEWEST) and mine != plain

@@ -21,11 +21,19 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import REPO, SMOKE_KEYS, smoke_dir
+from _smoke import REPO, SMOKE_RELEASE_KEYS, room, smoke_dir
 
 from dsv41_aot.build import jit, verify
 from dsv41_aot.build.workers import RUN_PREFIX
-from dsv41_aot.manifest import Manifest
+from dsv41_aot.manifest import Manifest, rooms
+
+# (release, key) of every smoke key: a key string names a launch within its release
+SMOKE_ALL = sorted((r, k) for r, keys in SMOKE_RELEASE_KEYS.items() for k in keys)
+
+
+def named(keys) -> list:
+    """(release, key string) of BuildKeys, or of ``build --list --json`` entries."""
+    return [(k["release"], k["key"]) if isinstance(k, dict) else (k.release, str(k)) for k in keys]
 
 K1_950 = "k1@gfx950:s=1,tp=4,r=0"
 K1_942 = "k1@gfx942:s=1,tp=4,r=0"
@@ -162,18 +170,19 @@ def test_verify_on_two_jobs_proves_every_smoke_key(smoke, tmp_path):
     r = dsv("verify", "--dir", d, "--against-jit", "--jobs", 2, "--record", "--json", tmp=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(r.stdout)
-    assert report["jobs"] == 2 and report["jit_checked"] == len(SMOKE_KEYS) and report["failed"] == 0
+    assert report["jobs"] == 2 and report["jit_checked"] == len(SMOKE_ALL) and report["failed"] == 0
     assert "verify --against-jit" in r.stderr  # the progress bar, on stderr
-    proven = {}
-    for arch in ("gfx950", "gfx942"):
-        man = Manifest.read(d / arch)
-        recs = jit.read_verified(d / arch)
+    proven = set()
+    for arch_dir, release in rooms(d):
+        man = Manifest.read(arch_dir, release=release)
+        recs = jit.read_verified(room(d, arch_dir.name, release))
         assert set(recs) == set(man.entries)
         for k, rec in recs.items():
             assert rec["code_object_sha256"] == man.entries[k]["code_object_sha256"]
-            assert rec["jit"]["vllm_version"] == man.entries[k]["source"]["vllm_version"]
-        proven.update(recs)
-    assert set(proven) == set(SMOKE_KEYS)
+            # each release proven against its own vLLM's JIT
+            assert rec["jit"]["vllm_version"] == man.entries[k]["source"]["vllm_version"] == release
+        proven |= {(release, k) for k in recs}
+    assert sorted(proven) == SMOKE_ALL
     assert runs(tmp_path) == []
 
 
@@ -185,25 +194,26 @@ def test_verify_shard_is_the_build_shard(smoke, tmp_path, count):
     for i in range(count):
         r = dsv("build", "--list", "--json", "--profile", "smoke", "--shard", f"{i}/{count}", tmp=tmp_path)
         assert r.returncode == 0, r.stderr
-        built = json.loads(r.stdout)["entries"]
-        assert verify.shard_keys(f"{i}/{count}", profile="smoke") == built
+        built = named(json.loads(r.stdout)["entries"])
+        assert named(verify.shard_keys(f"{i}/{count}", profile="smoke")) == built
         r = dsv("verify", "--dir", smoke, "--json", "--shard", f"{i}/{count}", "--profile", "smoke", tmp=tmp_path)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert sorted(x["key"] for x in json.loads(r.stdout)["reports"]) == sorted(built)
+        assert sorted(named(json.loads(r.stdout)["reports"])) == sorted(built)
         seen += built
-    assert sorted(seen) == SMOKE_KEYS
+    assert sorted(seen) == SMOKE_ALL
 
 
 def test_verify_shard_with_recorded_seconds_and_arch(smoke, tmp_path):
     """The --seconds files and --arch cut verify's shards as they cut the build's."""
     seconds = tmp_path / "seconds.json"
     # invert the estimate: the cheapest key now weighs most, so the partition changes
-    seconds.write_text(json.dumps({k: (100.0 if k.startswith("k1") else 1.0) for k in SMOKE_KEYS}))
+    seconds.write_text(json.dumps({k: (100.0 if k.startswith("k1") else 1.0) for _, k in SMOKE_ALL}))
     for i in range(2):
         args = ["--profile", "smoke", "--arch", "gfx950", "--shard", f"{i}/2", "--seconds", seconds]
         r = dsv("build", "--list", "--json", *args, tmp=tmp_path)
         assert r.returncode == 0, r.stderr
-        assert verify.shard_keys(f"{i}/2", profile="smoke", arches=["gfx950"], seconds=[seconds]) == json.loads(r.stdout)["entries"]
+        assert named(verify.shard_keys(f"{i}/2", profile="smoke", arches=["gfx950"], seconds=[seconds])) == \
+            named(json.loads(r.stdout)["entries"])
 
 
 def test_verify_shard_refuses_a_dir_missing_its_keys(smoke, tmp_path):
@@ -227,14 +237,15 @@ def test_merge_carries_the_proofs_and_can_require_them(smoke, tmp_path):
 
     d = Path(shutil.copytree(smoke, tmp_path / "shard"))
     recs = {}
-    for arch in ("gfx950", "gfx942"):
-        man = Manifest.read(d / arch)
-        recs[arch] = {k: {"code_object_sha256": e["code_object_sha256"], "jit": {"vllm_version": "0.33.0"}}
-                      for k, e in man.entries.items()}
-        jit.write_verified(d / arch, arch, recs[arch], man)
-    unproven = sorted(recs["gfx942"])[0]
-    del recs["gfx942"][unproven]
-    jit.write_verified(d / "gfx942", "gfx942", recs["gfx942"], Manifest.read(d / "gfx942"))
+    for arch_dir, release in rooms(d):
+        man = Manifest.read(arch_dir, release=release)
+        recs[arch_dir.name, release] = {
+            k: {"code_object_sha256": e["code_object_sha256"], "jit": {"vllm_version": release}}
+            for k, e in man.entries.items()}
+        jit.write_verified(man, recs[arch_dir.name, release])
+    unproven = sorted(recs["gfx942", "0.33.0"])[0]
+    del recs["gfx942", "0.33.0"][unproven]
+    jit.write_verified(Manifest.read(d / "gfx942"), recs["gfx942", "0.33.0"])
 
     with pytest.raises(merge.MergeError, match="carry no proof") as e:
         merge.merge([d], tmp_path / "refused", link=False, log=None, require_verified=True)
@@ -242,7 +253,8 @@ def test_merge_carries_the_proofs_and_can_require_them(smoke, tmp_path):
 
     out = tmp_path / "merged"
     s = merge.merge([d], out, log=None)
-    assert s["arches"]["gfx942"]["verified"] == len(recs["gfx942"])
-    for arch in ("gfx950", "gfx942"):
-        assert jit.read_verified(out / arch) == recs[arch]
-    assert jit.VERIFIED in check_arch(out, "gfx950").files
+    assert s["arches"]["gfx942"]["rooms"]["0.33.0"]["verified"] == len(recs["gfx942", "0.33.0"])
+    for (arch, release), want in recs.items():
+        assert jit.read_verified(room(out, arch, release)) == want
+    # the wheel carries each room's proofs
+    assert f"vllm-0.33.0/{jit.VERIFIED}" in [str(f) for f in check_arch(out, "gfx950").files]

@@ -26,7 +26,7 @@ from pathlib import Path
 from .. import source
 from . import toolchain
 from .compiler import worker_env
-from ..errors import AotError, IntegrityError, ManifestError, OutputDirError
+from ..errors import AotError, IntegrityError, ManifestError, OutputDirError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import Manifest
 from .lock import arch_lock
@@ -161,6 +161,15 @@ def build(
         from . import matrix
 
         digests = {v: e.mono_sources for v, e in matrix.load().releases.items()}
+    for t in vllm_src:  # a tree that is no release's would be passed over silently for another
+        given = source.MonoSource(root=Path(t).resolve())
+        if given.mono_dir.is_dir() and given.version not in digests and given.digest not in digests.values():
+            known = ", ".join(f"vLLM {v} {d}" for v, d in digests.items())
+            raise ToolchainError(
+                f"--vllm-src {t}: vLLM {given.version} with mono sources digest {given.digest} is no release the "
+                f"matrix builds ({known})",
+                fix="pass a vLLM tree of one of those releases; or, if a release really is this tree, update its "
+                    "mono_sources in build_matrix.yaml")
     trees: dict = {}
     for release in sorted({k.release for k in keys}):
         src = source.find_release(release, digests.get(release), vllm_src)

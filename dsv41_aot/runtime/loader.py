@@ -265,15 +265,17 @@ def release_of(root: Path, arch: str) -> str:
     if digest is None:
         pick = held[-1]
     else:
-        digests = {}
+        digests, broken = {}, {}
         for release in held:
             try:
                 digests[release] = Manifest.read(folder, arch, release=release).mono_sources
-            except ManifestError:
-                continue  # a corrupt room is reported when it is the one asked for
+            except ManifestError as e:
+                broken[release] = e  # a corrupt room is reported when it is the one asked for
         match = [r for r, d in digests.items() if d == digest]
         if match:
             pick = match[-1]
+        elif src.version in broken:  # the running release's own room is corrupt: say so, not "no release"
+            raise broken[src.version]
         else:
             have = ", ".join(f"vLLM {r} ({d})" for r, d in digests.items()) or "none readable"
             msg = (f"installed vLLM {src.version} mono sources ({mono}) digest {digest} matches no prebuilt "

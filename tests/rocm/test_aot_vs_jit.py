@@ -22,39 +22,51 @@ from pathlib import Path
 import pytest
 
 from dsv41_aot.build import coverage
+from dsv41_aot.facts.releases import release_facts
 from dsv41_aot.runtime import loader
 from dsv41_aot import vllm as plugin
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest
+
+# the runner API _tp_worker.py drives: DSV41MonoLayer.kernels(tokens, ratio,
+# fold, index) and ffn_kernel(tokens, experts, topk), vLLM 0.33.0's
+WORKER_RELEASES = ("0.33.0",)
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_tp_worker.py")
 pytestmark = pytest.mark.rocm
 
 
-def _deployment():
+def _deployment(root: Path):
     arches = plugin.kfd_arches()
     if len(arches) != 1:
         pytest.skip(f"needs GPUs of one arch, the KFD topology lists {arches or 'none'}")
     arch = arches[0]
-    tp = int(os.environ.get("DSV41_AOT_ROCM_TP", "4" if arch == "gfx942" else "2"))
+    # the installed vLLM's release: the room its runner is served from (by its mono sources digest)
+    release = loader.release_of(root, arch)
+    if release not in WORKER_RELEASES:
+        pytest.skip(f"tests/rocm/_tp_worker.py drives vLLM {', '.join(WORKER_RELEASES)}'s runner API, "
+                    f"the installed vLLM is {release}")
+    # default: the smallest TP the release runs on the arch (gfx942: 4 only)
+    tp = int(os.environ.get("DSV41_AOT_ROCM_TP", min(release_facts(release).deploy(arch).tp_sizes)))
     import torch
 
     if torch.cuda.device_count() < tp:
         pytest.skip(f"TP {tp} on {arch} needs {tp} GPUs, torch sees {torch.cuda.device_count()}")
-    return coverage.deployment(arch, tp)
+    return coverage.deployment(arch, tp, release=release)
 
 
 def _calls(dep, root: Path, n: int, seed: int) -> list:
-    have = set(Manifest.read(root / dep.arch, dep.arch).entries)
-    need = set(map(str, coverage.required(dep, coverage.schedule())))
-    held = {BuildKey.parse(k) for k in need & have}
+    have = set(Manifest.read(root / dep.arch, dep.arch, release=dep.release).entries)
+    need = {str(k) for k in coverage.required(dep, coverage.schedule())}
+    held = {BuildKey.parse(k, dep.release) for k in need & have}
+    reads_index = release_facts(dep.release).deploy(dep.arch).k2_reads_index
     calls = set()
     for k in held:
         if k.kind == "ffn":
             calls.add(("ffn", k.tokens, k.experts, k.topk))
         elif k.kind == "k1" and (k.experts, k.topk) == (384, 6):  # the target's runner
-            k2 = k.with_(kind="k2", index=False if dep.arch == "gfx942" else k.index)
+            k2 = k.with_(kind="k2", index=k.index and reads_index)
             if k2 in held:
                 calls.add(("kernels", k.tokens, k.ratio, k.fold, k.index))
     if not calls:
@@ -71,8 +83,8 @@ def _free_port() -> int:
 
 
 def test_aot_equals_jit_bitwise_eager_and_graph(tmp_path):
-    dep = _deployment()
     root = loader.prebuilt_dir()
+    dep = _deployment(root)
     calls = _calls(dep, root, int(os.environ.get("DSV41_AOT_ROCM_SAMPLES", "6")),
                    int(os.environ.get("DSV41_AOT_ROCM_SEED", "0")))
     report = tmp_path / "report.json"
