@@ -17,6 +17,11 @@ Prints, side by side:
 - the anchor, measured on a 32-core ``full`` build of vLLM 0.33.0 alone: the
   old per-arch deflate wheels (44.3 + 19.7 MB) and gfx950's libraries as xz
   (3.9 MB for 1,611 keys);
+- with ``--full-band DIR`` (a prebuilt dir holding every ``full`` key of at
+  least one chunk of a room, e.g. ``dsv41-aot build --release 0.32.0 --key
+  <the 40 gfx950 tp=4 s=1..8 keys>``): that real band's xz bytes a key, and
+  the best estimate of the whole wheel: each room's full keys at its own real
+  band's rate, else at the anchor's rate;
 - pip install into a fresh venv, then a fresh process to the first bound
   Launcher of each room (band verified, dlopened, entry resolved).
 """
@@ -123,6 +128,26 @@ FIRST = ("import sys, time; t = time.perf_counter(); import dsv41_aot; "
          "l.bind(); print(time.perf_counter() - t, l.kernel_name)")
 
 
+def full_band_rates(prebuilt: Path) -> dict:
+    """room -> the largest chunk of ``prebuilt`` that holds every ``full``
+    key of that chunk: {"chunk", "keys", "bytes"} (its xz band, measured)."""
+    from dsv41_aot.build.link import chunk_name, read_libs
+    from dsv41_aot.keys import BuildKey
+    from dsv41_aot.manifest import rooms
+
+    out = {}
+    for d, release in rooms(prebuilt):
+        want: dict = {}
+        for k in full_keys(d.name, release):
+            want.setdefault(chunk_name(BuildKey.parse(k, release)), set()).add(k)
+        for lib in read_libs(d, release).get("libraries", []):
+            if set(lib["entries"]) == want.get(lib["chunk"]) and len(lib["entries"]) > out.get(
+                    f"{d.name}/vllm-{release}", {}).get("keys", 0):
+                out[f"{d.name}/vllm-{release}"] = {"chunk": lib["chunk"], "keys": len(lib["entries"]),
+                                                   "bytes": lib["bytes"]}
+    return out
+
+
 def install(wheel: Path, venv: Path) -> dict:
     sh([PY, "-m", "venv", venv])  # not timed: the user's environment exists already
     t0 = time.perf_counter()
@@ -141,6 +166,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prebuilt", help="a built and linked prebuilt dir (default: build smoke now)")
+    ap.add_argument("--full-band", help="a prebuilt dir holding some room's complete full-profile chunk(s)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dsv41-bench-wheel-") as t:
@@ -176,6 +202,7 @@ def main(argv=None) -> int:
                 "deployment_bytes": extrapolate(model, deployment, release),
                 "first_key": first, "first_launcher": first_launcher(venv, first, release),
             }
+        report["full_bands"] = full_band_rates(Path(args.full_band)) if args.full_band else {}
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
@@ -202,6 +229,20 @@ def main(argv=None) -> int:
     print(f"  {'  (anchor: vLLM 0.33.0 full only, 32-core build)':52} "
           f"{'gfx950 xz %.1f MB/%d keys' % (xz_mb, xz_keys):>26}   "
           f"-> at that rate, every room's full keys: {scaled:.1f} MB")
+    xz_rate = xz_mb * MB / xz_keys
+    if r["full_bands"]:
+        best = r["python_bytes"]
+        for room, a in R.items():
+            band = r["full_bands"].get(room)
+            rate = band["bytes"] / band["keys"] if band else xz_rate
+            best += rate * a["full_keys"]
+            src = ("its real full band %s: %d keys, %.1f kB" % (band["chunk"], band["keys"], band["bytes"] / 1e3)
+                   if band else "the anchor's xz rate")
+            what = "%s, full (%d keys) at %.2f kB a key" % (room, a["full_keys"], rate / 1e3)
+            print(f"  {what:52} {'':>26} {rate * a['full_keys'] / MB:9.2f} MB   ({src})")
+        what = "full, best estimate (real band rates, else anchor's)"
+        print(f"  {what:52} {'':>26} {best / MB:9.2f} MB   target <= {TARGET_MB:.0f} MB: "
+              f"{'ok' if best / MB <= TARGET_MB else 'MISSED'}")
     for room, a in R.items():
         m = a["model"]
         print(f"\n  {room} band model: shared {m['shared'] / 1e3:.1f} kB a band, marginal xz per key "
