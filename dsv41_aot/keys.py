@@ -99,6 +99,7 @@ class BuildKey:
         _kinds.kind_facts(self.kind)
         _arches.arch_facts(self.arch)
         rel = _releases.release_facts(self.release)
+        rel.deploy(self.arch)  # UnknownArchError: this release's mono path does not run there
         if not 1 <= self.tokens <= rel.max_tokens:
             raise KeyFormatError(f"{self}: step width s={self.tokens} outside 1..{rel.max_tokens} "
                                  f"(vLLM {self.release}'s MAX_TOKENS)", fix=FIX_KEY)

@@ -278,7 +278,7 @@ def release_of(root: Path, arch: str) -> str:
             raise broken[src.version]
         else:
             have = ", ".join(f"vLLM {r} ({d})" for r, d in digests.items()) or "none readable"
-            msg = (f"installed vLLM {src.version} mono sources ({mono}) digest {digest} matches no prebuilt "
+            msg = (f"running vLLM {src.version} mono sources ({mono}) digest {digest} matches no prebuilt "
                    f"release in {folder}: {have}")
             fallback = src.version if src.version in held else held[-1]
             if os.environ.get(ENV_ALLOW_SOURCE) != "1":
