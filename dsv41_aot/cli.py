@@ -94,15 +94,11 @@ def cmd_build(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from .manifest import Manifest, rooms
+    from .manifest import Manifest, rooms_or_error
 
     root = Path(args.dir)
     entries = []
-    found = rooms(root, args.release)
-    if not found:
-        what = f"vLLM {args.release} kernels" if args.release else "prebuilt kernels"
-        raise AotError(f"{root} holds no {what} (no <arch>/vllm-<release>/manifest.json)",
-                       fix=f"dsv41-aot build --out {root}")
+    found = rooms_or_error(root, args.release)
     timings = {}
     for d, release in found:
         m = Manifest.read(d, release=release)

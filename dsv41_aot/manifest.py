@@ -297,3 +297,19 @@ def rooms(root: Path, release: str | None = None) -> list[tuple[Path, str]]:
     """(arch folder, release) of every room of a prebuilt directory that
     holds a manifest (only ``release``'s when given)."""
     return [(d, r) for d in arch_dirs(root) for r in releases_in(d) if release in (None, r)]
+
+
+def rooms_or_error(root: Path, release: str | None = None) -> list[tuple[Path, str]]:
+    """:func:`rooms`, for a command that needs at least one: an unknown
+    release, or a directory without a room (of ``release``), is an error
+    naming the directory and the build that fills it."""
+    from .errors import AotError
+
+    if release is not None:
+        release_facts(release)
+    found = rooms(root, release)
+    if not found:
+        what = f"vLLM {release} kernels" if release else "prebuilt architecture"
+        raise AotError(f"{root} holds no {what} (no <arch>/vllm-<release>/manifest.json)",
+                       fix=f"dsv41-aot build --out {root}" + (f" --release {release}" if release else ""))
+    return found

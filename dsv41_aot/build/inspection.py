@@ -15,11 +15,9 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from ..errors import AotError
 from ..facts.arches import arch_facts
 from ..keys import DEFAULTS, BuildKey
-from ..facts.releases import release_facts
-from ..manifest import Manifest, atomic_write, prebuilt_dir, rooms
+from ..manifest import Manifest, atomic_write, prebuilt_dir, rooms_or_error
 from .codeobject import code_object_resources
 from .elf import exported_parts
 from .residency import MONO_THREADS, RESOURCES, UNITS, residency_problems, spill_notes, usage, waves_per_simd
@@ -34,13 +32,7 @@ def inspect_dir(root, release: str | None = None) -> list[dict]:
     """One row per stored symbol of prebuilt directory ``root`` (of its
     ``release`` rooms only, when given)."""
     root = Path(root)
-    if release is not None:
-        release_facts(release)
-    found = rooms(root, release)
-    if not found:
-        what = f"vLLM {release} kernels" if release else "prebuilt architecture"
-        raise AotError(f"{root} holds no {what} (no <arch>/vllm-<release>/manifest.json)",
-                       fix=f"dsv41-aot build --out {root}" + (f" --release {release}" if release else ""))
+    found = rooms_or_error(root, release)
     rows = []
     for d, rel in found:
         man = Manifest.read(d, release=rel)

@@ -37,9 +37,9 @@ from pathlib import Path
 
 from . import elf
 from ..errors import AotError, IntegrityError
-from ..facts.releases import NEWEST, release_facts
+from ..facts.releases import NEWEST
 from ..keys import BuildKey
-from ..manifest import BAND_RE, LIB, LIBS_JSON, Manifest, rooms, sha256_file
+from ..manifest import BAND_RE, LIB, LIBS_JSON, Manifest, rooms_or_error, sha256_file
 from .codeobject import code_object_resources, manifest_figures
 from .jit import compare_jit, read_verified, verified_record, write_verified
 from .output import tally
@@ -318,13 +318,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
     if isinstance(vllm_src, (str, Path)):
         vllm_src = (vllm_src,)
     root = Path(root)
-    if release is not None:
-        release_facts(release)
-    found = rooms(root, release)
-    if not found:
-        what = f"vLLM {release} kernels" if release else "prebuilt architecture"
-        raise AotError(f"{root} holds no {what} (no <arch>/vllm-<release>/manifest.json)",
-                       fix=f"dsv41-aot build --out {root}" + (f" --release {release}" if release else ""))
+    found = rooms_or_error(root, release)
     mans = [Manifest.read(d, release=r) for d, r in found]
     wanted = None
     if keys is not None:
