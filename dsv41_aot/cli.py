@@ -73,19 +73,21 @@ def cmd_build(args) -> int:
             for k in keys:
                 print(f"{k.release:8} {k}")
         return 0
-    from .build import builder, matrix
+    from .build import builder, cache, matrix
 
     # each release's mono sources digest as the matrix the keys came from records it
     digests = {v: e.mono_sources for v, e in matrix.load(args.matrix).releases.items()}
     summary = builder.build(
         keys, Path(args.out), jobs=args.jobs, key_timeout=args.key_timeout, vllm_src=args.vllm_src or (),
         digests=digests, progress=not args.no_progress, link=not args.no_link,
+        cache=cache.cache_dir(args.cache, args.no_cache),
     )
     if args.json:
         print_json(summary.as_dict())
     else:
         print(
-            f"{summary.keys} keys: {summary.compiled} compiled, {summary.up_to_date} up to date, "
+            f"{summary.keys} keys: {summary.compiled} compiled, {summary.cached} from the build cache, "
+            f"{summary.up_to_date} up to date, "
             f"{summary.failed} failed in {summary.wall_seconds:.1f} s -> {Path(args.out).resolve()}"
         )
         for f in summary.failures:
@@ -132,6 +134,8 @@ def cmd_fetch_vllm(args) -> int:
 
 
 def _add_build(sub) -> None:
+    from .build import cache
+
     p = sub.add_parser("build", help="compile launch symbols ahead of time (no GPU needed)")
     p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml)")
     p.add_argument("--profile", help="matrix profile (default: the matrix's default_profile)")
@@ -155,6 +159,7 @@ def _add_build(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON summary at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-link", action="store_true", help="store objects only; skip `dsv41-aot link`")
+    cache.add_args(p, "compiled objects")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("list", help="what a prebuilt directory holds")

@@ -11,12 +11,16 @@
   at least once a second while compiles land, so a kill at any moment leaves
   a consistent directory; a rerun compiles only what is missing.
 - Deterministic: same inputs, same bytes (objects and manifest).
+- Cached: with a build cache (``build/cache.py``), a key whose whole build
+  identity was compiled before, into any output directory, is copied from
+  the cache and checked, not compiled.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import os
 import sys
 import time
@@ -28,7 +32,7 @@ from . import toolchain
 from .compiler import worker_env
 from ..errors import AotError, IntegrityError, ManifestError, OutputDirError, ToolchainError
 from ..keys import BuildKey
-from ..manifest import Manifest
+from ..manifest import Manifest, atomic_write
 from .lock import arch_lock
 from .residency import spill_notes
 from .workers import check_jobs, check_key_timeout
@@ -42,6 +46,7 @@ _TRANSIENT = {"MemoryError", "OSError", "FileNotFoundError", "PermissionError", 
 class Summary:
     keys: int = 0
     compiled: int = 0
+    cached: int = 0  # copied from the build cache (build/cache.py), not compiled
     up_to_date: int = 0
     failed: int = 0
     wall_seconds: float = 0.0
@@ -57,8 +62,9 @@ class Summary:
         from .output import tally
 
         return tally(
-            self.keys, self.compiled + self.up_to_date, self.failures,
+            self.keys, self.compiled + self.cached + self.up_to_date, self.failures,
             compiled=self.compiled,
+            cached=self.cached,
             up_to_date=self.up_to_date,
             wall_seconds=round(self.wall_seconds, 3),
             compile_seconds=round(self.compile_seconds, 3),
@@ -138,6 +144,7 @@ def build(
     digests: dict | None = None,
     progress: bool = True,
     link: bool = True,
+    cache: Path | None = None,
     log=None,
 ) -> Summary:
     """Build ``keys`` into the prebuilt directory ``out``, then link each
@@ -146,7 +153,9 @@ def build(
     failed key does not stop the others). Each release's keys are built from
     that release's vLLM tree (``source.find_release``: one of ``vllm_src``,
     the installed vLLM or the tree cache), whose mono sources must have the
-    release's digest (``digests``, default build_matrix.yaml's)."""
+    release's digest (``digests``, default build_matrix.yaml's). With
+    ``cache`` (a folder, build/cache.py), a key whose whole build identity is
+    cached is copied from it, not compiled, and every compiled key is added."""
     t_start = time.perf_counter()
     out = Path(out).resolve()
     jobs = check_jobs(jobs)
@@ -179,6 +188,11 @@ def build(
         raise AotError(f"key {dup.describe()} asked for twice", fix="list each key once")
 
     summary = Summary(keys=len(keys), jobs=jobs)
+    store = None
+    if cache is not None:
+        from .cache import BuildCache
+
+        store = BuildCache(cache, tools)
     with contextlib.ExitStack() as held:
         # each arch's lock (its releases share objects and bands) from its
         # manifests' read through their link, taken in one order so that two
@@ -188,15 +202,16 @@ def build(
             held.enter_context(arch_lock(out / arch, "build", log))
         for room, arch, release in sorted({(k.room, k.arch, k.release) for k in keys}):
             states[room] = _RoomState(out, arch, release, *trees[release], summary, log)
-        _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, log)
+        _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, store, log)
     summary.wall_seconds = time.perf_counter() - t_start
-    if summary.compiled + summary.up_to_date + summary.failed != summary.keys:
-        raise RuntimeError(f"internal error: {summary.keys} keys but {summary.compiled} compiled + {summary.up_to_date} "
-                           f"up to date + {summary.failed} failed: the build lost track of some")
+    if summary.compiled + summary.cached + summary.up_to_date + summary.failed != summary.keys:
+        raise RuntimeError(f"internal error: {summary.keys} keys but {summary.compiled} compiled + {summary.cached} "
+                           f"cached + {summary.up_to_date} up to date + {summary.failed} failed: the build lost track "
+                           f"of some")
     return summary
 
 
-def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, log) -> None:
+def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, store, log) -> None:
     for key in keys:
         st = states[key.room]
         known = st.manifest.refused.get(str(key))
@@ -205,8 +220,13 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         elif known is not None and known.get("source") == st.ident:
             summary.failed += 1  # refused by this very source: compiling again would refuse again
             summary.failures.append({"key": str(key), "release": key.release, "error": known["error"], "known": True})
+        elif store is not None and _from_cache(store, st, key):
+            summary.cached += 1
         else:
             st.pending.append(key)
+    if store is not None:
+        for why in store.dropped:
+            print(f"warning: {why}", file=log)
     todo = sum(len(s.pending) for s in states.values())
 
     bar = None
@@ -216,11 +236,15 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         bar = tqdm(total=todo, desc="dsv41-aot build", unit="sym", file=sys.stderr, dynamic_ncols=True)
     try:
         if todo:
-            _run(states, tools, jobs, key_timeout, summary, bar)
+            _run(states, tools, jobs, key_timeout, summary, bar, store)
     finally:
         for st in states.values():
             if st.dirty:
                 st.manifest.write()
+        # only once every room's manifest is on disk: an object is an orphan
+        # when no room of its arch names it (a room's manifest not yet
+        # written would lose its objects)
+        for st in states.values():
             if summary.failed == 0:
                 for orphan in st.manifest.orphans():
                     orphan.unlink(missing_ok=True)
@@ -240,7 +264,27 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
                 summary.libraries += link_room(st.dir, st.release)["libraries"]
 
 
-def _run(states, tools, jobs, key_timeout, summary, bar) -> None:
+def _from_cache(store, st: _RoomState, key: BuildKey) -> bool:
+    """Take ``key``'s object from the build cache into its room (checked
+    like a fresh compile: arch, kernel symbol, residency); False on a miss."""
+    from .compiler import describe_object
+
+    hit = store.get_object(key, st.ident)
+    if hit is None:
+        return False
+    rec, data = hit
+    entry, abi = describe_object(key, data, st.ident)
+    entry["export_bytes"] = rec["export_bytes"]
+    obj = st.dir / entry["object"]
+    if not (obj.is_file() and obj.stat().st_size == len(data)):
+        atomic_write(obj, data)
+    st.manifest.put(entry, abi, seconds=rec["seconds"])  # timings keep what the compile took
+    st.manifest.refused.pop(str(key), None)
+    st.dirty = True
+    return True
+
+
+def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
     """Compile every pending key on the worker pool (a worker a room: one
     ARCH, one vLLM tree), recording each answer in its room's manifest
     (flushed at least once a second)."""
@@ -279,6 +323,11 @@ def _run(states, tools, jobs, key_timeout, summary, bar) -> None:
         st = states[key.room]
         if msg["ok"]:
             st.manifest.put(msg["entry"], msg["abi"], seconds=msg["seconds"])
+            if store is not None:
+                e = msg["entry"]
+                data = (st.dir / e["object"]).read_bytes()
+                if hashlib.sha256(data).hexdigest() == e["sha256"]:
+                    store.put_object(key, st.ident, data, e["export_bytes"], msg["seconds"])
             st.manifest.refused.pop(str(key), None)
             st.dirty = True
             summary.compiled += 1

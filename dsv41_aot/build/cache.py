@@ -1,0 +1,145 @@
+"""The build cache: compiled objects and JIT proofs stored by their full
+build identity, shared by every ``--out`` (``build --cache DIR`` or
+``$DSV41_AOT_BUILD_CACHE``; ``--no-cache`` turns it off).
+
+A key compiles to the same bytes whenever its identity is the same (the
+pipeline is deterministic, and tests/test_build.py proves it). The identity
+is everything those bytes depend on:
+
+- the key (its string and its vLLM release);
+- the release's tree: vLLM version and mono sources digest;
+- the aiter helpers (upstream's or the project's own, by digest);
+- FlyDSL's version, the ``ld.lld`` FlyDSL links with and the ``llvm-strip``
+  that strips the export;
+- the project's own code that shapes the bytes (``CODE``: the compile,
+  export and strip path, the JIT path, the key's MonoBuild fields).
+
+Layout (``<cache>/v1/``)::
+
+    blobs/<sha256>                  bytes, named by their own sha256
+    compile/<id[:2]>/<id>.json      {"key", "release", "sha256", "export_bytes", "seconds"}
+    jit/<id[:2]>/<id>.json          {"key", "release", "sha256", "params", "identity", "seconds"}
+
+``id`` is the sha256 of the identity. Every file is written atomically (a
+blob before the record naming it), so concurrent builders sharing a cache
+see a whole record or none; a record's blob is read back and checked by
+sha256 on the way out, and a mismatch is a miss (the record is dropped and
+the key compiled again), never a trusted hit. Build side only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from ..errors import AotError
+from ..keys import BuildKey
+from ..manifest import atomic_write
+
+ENV_BUILD_CACHE = "DSV41_AOT_BUILD_CACHE"  # the loader's DSV41_AOT_CACHE is where bands unpack: another thing
+LAYOUT = "v1"
+PACKAGE = Path(__file__).resolve().parents[1]
+# the project's files whose code decides a stored object's or a JIT proof's bytes
+CODE = ("build/compiler.py", "build/worker.py", "build/jit.py", "keys.py", "source.py", "facts/*.py")
+
+
+def code_digest() -> str:
+    """sha256 over the project's own compile / export / strip / JIT code."""
+    h = hashlib.sha256()
+    for pattern in CODE:
+        for path in sorted(PACKAGE.glob(pattern)):
+            h.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def strip_version(strip: Path) -> str:
+    out = subprocess.run([str(strip), "--version"], capture_output=True, text=True, timeout=30)
+    return " ".join(out.stdout.split()[:6]) or f"{strip} (no version)"
+
+
+def add_args(p, what: str) -> None:
+    """``--cache`` / ``--no-cache`` on a command that reads the build cache."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--cache", metavar="DIR",
+                   help=f"build cache of {what}, keyed by their full build identity and shared by every --out "
+                        f"(default: ${ENV_BUILD_CACHE}; none when unset)")
+    g.add_argument("--no-cache", action="store_true",
+                   help=f"neither read nor write the build cache (not even ${ENV_BUILD_CACHE})")
+
+
+def cache_dir(given: str | None, disabled: bool = False) -> Path | None:
+    """The cache folder a command uses: ``--cache DIR``, else
+    ``$DSV41_AOT_BUILD_CACHE``, else none; ``--no-cache`` wins over both."""
+    if disabled:
+        return None
+    chosen = given or os.environ.get(ENV_BUILD_CACHE)
+    return Path(chosen).resolve() if chosen else None
+
+
+class BuildCache:
+    """One cache folder, and the identity parts that are the same for every
+    key of a run (``tools``: toolchain.Toolchain)."""
+
+    def __init__(self, root: Path, tools):
+        self.root = Path(root) / LAYOUT
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise AotError(f"build cache {root}: cannot create it ({e.strerror})",
+                           fix=f"pass --cache DIR (or set {ENV_BUILD_CACHE}) to a writable folder, or --no-cache") from None
+        self.common = {"layout": LAYOUT, "code": code_digest(), "strip": strip_version(tools.strip),
+                       "linker": tools.lld_version, "flydsl_version": tools.flydsl_version}
+        self.hits = 0
+        self.dropped: list[str] = []  # records whose blob was missing or did not match: compiled again
+
+    def _id(self, what: str, key: BuildKey, ident: dict) -> str:
+        doc = {"what": what, "key": str(key), "release": key.release, "identity": ident, **self.common}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    def _record(self, what: str, cid: str) -> Path:
+        return self.root / what / cid[:2] / f"{cid}.json"
+
+    def _get(self, what: str, key: BuildKey, ident: dict) -> tuple[dict, bytes] | None:
+        path = self._record(what, self._id(what, key, ident))
+        try:
+            rec = json.loads(path.read_bytes())
+            data = (self.root / "blobs" / rec["sha256"]).read_bytes()
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):  # a torn or foreign record: never trusted
+            rec, data = {}, b""
+        if rec.get("key") != str(key) or hashlib.sha256(data).hexdigest() != rec.get("sha256"):
+            self.dropped.append(f"{key.describe()}: cache record {path} does not match its blob; compiled again")
+            path.unlink(missing_ok=True)
+            return None
+        self.hits += 1
+        return rec, data
+
+    def _put(self, what: str, key: BuildKey, ident: dict, data: bytes, **fields) -> None:
+        sha = hashlib.sha256(data).hexdigest()
+        blob = self.root / "blobs" / sha
+        if not blob.is_file() or blob.stat().st_size != len(data):
+            atomic_write(blob, data)
+        rec = {"key": str(key), "release": key.release, "sha256": sha, **fields}
+        atomic_write(self._record(what, self._id(what, key, ident)), (json.dumps(rec, sort_keys=True) + "\n").encode())
+
+    # a compiled key: its stripped export object
+
+    def get_object(self, key: BuildKey, ident: dict) -> tuple[dict, bytes] | None:
+        """(record, stripped object bytes) of ``key`` built under ``ident``
+        (builder.identity), or None."""
+        return self._get("compile", key, ident)
+
+    def put_object(self, key: BuildKey, ident: dict, data: bytes, export_bytes: int, seconds: float) -> None:
+        self._put("compile", key, ident, data, export_bytes=export_bytes, seconds=round(float(seconds), 3))
+
+    # a JIT proof: the GPU code object vLLM's JIT built for the key
+
+    def get_jit(self, key: BuildKey, ident: dict) -> tuple[dict, bytes] | None:
+        return self._get("jit", key, ident)
+
+    def put_jit(self, key: BuildKey, ident: dict, code: bytes, params: list, identity: dict, seconds: float) -> None:
+        self._put("jit", key, ident, code, params=params, identity=identity, seconds=round(float(seconds or 0), 3))
