@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import OLD, REPO, cli, copy_of, libdir, room, smoke_count, smoke_dir
+from _smoke import OLD, REPO, SMOKE_KEYS, cli, copy_of, libdir, room, smoke_count, smoke_dir
 from dsv41_aot.build import elf
 from dsv41_aot import vllm as plugin
 from dsv41_aot.keys import BuildKey
@@ -184,6 +184,91 @@ def check_served(got: dict, key: str, vllm_name: str, prebuilt: Path) -> None:
 def check_jit(got: dict, vllm_name: str, key: str) -> None:
     """vLLM's own launcher handed out, for the kernel ``key`` names."""
     assert got["origin"] == "jit" and got["kernel_name"] == vllm_name == BuildKey.parse(key).kernel_symbol, got
+
+
+# ---------------------------------------------------------------- every field of the MonoBuild is the key's
+
+
+# the smoke keys the plain call kernels(4, 1) / ffn_kernel(4, 384, 6) is served by on gfx950
+PLAIN = {"k1": "k1@gfx950:s=4,tp=4,r=1", "k2": "k2@gfx950:s=4,tp=4,r=1", "ffn": "ffn@gfx950:s=4,tp=4,r=0"}
+# one MonoBuild field changed at a time from the plain call: the call, and the
+# key of each launch vLLM's runner then builds (written out by hand). Each
+# key but the fold call's K2 (K2 has no fold: the plain K2 is vLLM's) is one
+# the smoke build does not hold, so a derivation that dropped the field
+# would name a PLAIN key and hand out its Launcher.
+FIELD_CALLS = {
+    "fold": (["kernels", 4, 1, False, False], {"k1": "k1@gfx950:s=4,tp=4,r=1,f=0", "k2": PLAIN["k2"]}),
+    "index": (["kernels", 4, 1, True, True], {"k1": "k1@gfx950:s=4,tp=4,r=1,i=1", "k2": "k2@gfx950:s=4,tp=4,r=1,i=1"}),
+    "ratio": (["kernels", 4, 2, True, False], {"k1": "k1@gfx950:s=4,tp=4,r=2", "k2": "k2@gfx950:s=4,tp=4,r=2"}),
+    "tokens": (["kernels", 5, 1, True, False], {"k1": "k1@gfx950:s=5,tp=4,r=1", "k2": "k2@gfx950:s=5,tp=4,r=1"}),
+    "tp": (["kernels", 4, 1, True, False, {"tp": 2}], {"k1": "k1@gfx950:s=4,tp=2,r=1", "k2": "k2@gfx950:s=4,tp=2,r=1"}),
+    "timeline": (["kernels", 4, 1, True, False, {"timeline": True}],
+                 {"k1": "k1@gfx950:s=4,tp=4,r=1,tl=1", "k2": "k2@gfx950:s=4,tp=4,r=1,tl=1"}),
+    "experts": (["kernels", 4, 1, True, False, {"experts": 128}],
+                {"k1": "k1@gfx950:s=4,tp=4,r=1,e=128", "k2": "k2@gfx950:s=4,tp=4,r=1,e=128"}),
+    "topk": (["kernels", 4, 1, True, False, {"topk": 3}],
+             {"k1": "k1@gfx950:s=4,tp=4,r=1,k=3", "k2": "k2@gfx950:s=4,tp=4,r=1,k=3"}),
+    "ug_groups": (["kernels", 4, 1, True, False, {"ug_groups": 1}],
+                  {"k1": "k1@gfx950:s=4,tp=4,r=1,g=1", "k2": "k2@gfx950:s=4,tp=4,r=1,g=1"}),
+    "swa_width": (["kernels", 4, 1, True, False, {"swa_width": 192}],
+                  {"k1": "k1@gfx950:s=4,tp=4,r=1,w=192", "k2": "k2@gfx950:s=4,tp=4,r=1,w=192"}),
+    "ffn tokens": (["ffn", 5, 384, 6], {"ffn": "ffn@gfx950:s=5,tp=4,r=0"}),
+    "ffn tp": (["ffn", 4, 384, 6, {"tp": 2}], {"ffn": "ffn@gfx950:s=4,tp=2,r=0"}),
+    "ffn timeline": (["ffn", 4, 384, 6, {"timeline": True}], {"ffn": "ffn@gfx950:s=4,tp=4,r=0,tl=1"}),
+    "ffn experts": (["ffn", 4, 128, 6], {"ffn": "ffn@gfx950:s=4,tp=4,r=0,e=128"}),
+    # ffn's kernel name omits top-k (vLLM's too): only the key tells this one from the plain FFN
+    "ffn topk": (["ffn", 4, 384, 3], {"ffn": "ffn@gfx950:s=4,tp=4,r=0,k=3"}),
+}
+
+
+@pytest.mark.slow
+def test_each_monobuild_field_changes_the_key_the_runner_gets(smoke):
+    """Each field of the MonoBuild vLLM passes (fold, index, ratio, tokens,
+    tp, timeline, experts, topk, ug_groups, swa_width), changed alone from a
+    smoke key's, makes the plugin name the key vLLM builds: not prebuilt, so
+    fallback hands out vLLM's own JIT launcher (warned once, by that key), never
+    the smoke key's Launcher, which the plain calls do get."""
+    assert all(key in SMOKE_KEYS for key in PLAIN.values())
+    for _, want in FIELD_CALLS.values():  # the table itself: one canonical key each, none prebuilt but PLAIN's
+        assert all(str(BuildKey.parse(k)) == k and (k in PLAIN.values() or k not in SMOKE_KEYS) for k in want.values())
+    calls = [["kernels", 4, 1, True, False], ["ffn", 4, 384, 6]] + [call for call, _ in FIELD_CALLS.values()]
+    out = probe("gfx950", smoke, "fallback", "hook", calls)
+    assert out["patched"]
+    (layer, ffn, *changed), (vllm_layer, vllm_ffn, *vllm_changed) = out["results"], out["vllm"]
+    check_served(layer["k1"], PLAIN["k1"], vllm_layer["k1"], smoke)
+    check_served(layer["k2"], PLAIN["k2"], vllm_layer["k2"], smoke)
+    check_served(ffn["ffn"], PLAIN["ffn"], vllm_ffn["ffn"], smoke)
+    jit_keys = []
+    for (field, (call, want)), got, jit in zip(FIELD_CALLS.items(), changed, vllm_changed):
+        assert got["call"] == call, field
+        for launch, key in want.items():
+            if key in PLAIN.values():
+                check_served(got[launch], key, jit[launch], smoke)
+            else:
+                check_jit(got[launch], jit[launch], key)
+                jit_keys.append(key)
+    warned = sorted(w.split(" not served")[0].removeprefix("dsv41-aot: ") for w in out["warnings"])
+    assert warned == sorted(f"{key} (vLLM {NEWEST})" for key in jit_keys)
+    assert all("KeyNotPrebuiltError" in w for w in out["warnings"])
+
+
+@pytest.mark.slow
+def test_strict_refuses_the_unbuilt_fold_off_k1_instead_of_serving_the_fold_on_one(smoke):
+    """kernels(4, 1, fold=False): vLLM's JIT builds the ``_f0_`` K1, which the
+    smoke build lacks (it holds the f=1 K1 only): strict mode refuses the call,
+    naming the f=0 key and the command that builds it."""
+    f0 = "k1@gfx950:s=4,tp=4,r=1,f=0"
+    assert f0 not in SMOKE_KEYS and PLAIN["k1"] in SMOKE_KEYS
+    out = probe("gfx950", smoke, "strict", "hook", [["kernels", 4, 1, False, False], ["kernels", 4, 1, True, False]])
+    refused, plain = out["results"]
+    vllm_refused, vllm_plain = out["vllm"]
+    assert refused.get("error") == "KeyNotPrebuiltError", refused
+    assert f"{f0} is not prebuilt for vLLM {NEWEST}" in refused["message"]
+    assert f"dsv41-aot build --release {NEWEST} --key '{f0}'" in refused["message"]
+    assert vllm_refused["k1"] == BuildKey.parse(f0).kernel_symbol and "_f0_" in vllm_refused["k1"]
+    # the f=1 K1 the refused call must not get, served to the call that builds it
+    check_served(plain["k1"], PLAIN["k1"], vllm_plain["k1"], smoke)
+    assert out["installed"]["served_jit"] == 0
 
 
 # ---------------------------------------------------------------- tp 2, DSpark routing, timeline

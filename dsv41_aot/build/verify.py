@@ -41,6 +41,7 @@ from ..facts.releases import NEWEST
 from ..keys import BuildKey
 from ..manifest import BAND_RE, LIB, LIBS_JSON, Manifest, rooms_or_error, sha256_file
 from .codeobject import code_object_resources, manifest_figures
+from .cache import add_args, cache_dir
 from .jit import compare_jit, read_verified, verified_record, write_verified
 from .output import tally
 from .residency import residency_problems
@@ -56,6 +57,7 @@ class KeyReport:
     checks: list = field(default_factory=list)  # names of the checks that ran
     problems: list = field(default_factory=list)
     jit_seconds: float | None = None
+    jit_cached: bool = False  # the JIT's code object came from the build cache (build/cache.py)
 
     @property
     def ok(self) -> bool:
@@ -66,7 +68,7 @@ class KeyReport:
 
     def as_dict(self) -> dict:
         return {"key": self.key, "arch": self.arch, "release": self.release, "ok": self.ok, "checks": self.checks,
-                "problems": self.problems, "jit_seconds": self.jit_seconds}
+                "problems": self.problems, "jit_seconds": self.jit_seconds, "jit_cached": self.jit_cached}
 
 
 # ---------------------------------------------------------------- integrity
@@ -259,16 +261,37 @@ def release_trees(releases, mans: dict, trees=(), matrix_path=None) -> dict:
 
 
 def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_timeout: float,
-                 trees, matrix_path, progress: bool, record: bool) -> None:
+                 trees, matrix_path, progress: bool, record: bool, cache: Path | None = None) -> None:
     """Build ``chosen`` (room -> BuildKeys) again through its release's vLLM
     JIT on the worker pool and add what differs to each key's report; with
     ``record``, keep the proof of each key that passed in its room's
-    verified.json."""
+    verified.json. With ``cache`` (build/cache.py), a key whose JIT code
+    object is cached under the same build identity is compared with that,
+    not JIT-built again (its report says so), and every JIT build is added."""
+    import tempfile
+
     from . import jit
 
     todo = [k for ks in chosen.values() for k in ks]
     mans = {room: codes[ks[0]][0] for room, ks in chosen.items() if ks}
     sources = release_trees({k.release for k in todo}, {m.release: m for m in mans.values()}, trees, matrix_path)
+    store, idents, hits = None, {}, []
+    if cache is not None and todo:
+        from . import toolchain
+        from .builder import identity
+        from .cache import BuildCache
+
+        tools = toolchain.find()
+        store = BuildCache(cache, tools)
+        idents = {release: identity(src, tools) for release, src in sources.items()}
+        for k in todo:
+            hit = store.get_jit(k, idents[k.release])
+            if hit is not None:
+                hits.append((k, hit))
+        cached = {k for k, _ in hits}
+        todo = [k for k in todo if k not in cached]
+        for why in store.dropped:
+            print(f"warning: {why}", file=sys.stderr)
     proofs = {room: read_verified(man.room) for room, man in mans.items()} if record else {}
     bar = None
     if progress and todo:
@@ -281,6 +304,10 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         man, code = codes[key]
         rep.checks.append("jit")
         rep.jit_seconds = msg.get("seconds")
+        rep.jit_cached = bool(msg.get("cached"))
+        if store is not None and msg.get("ok") and not msg.get("cached"):
+            store.put_jit(key, idents[key.release], Path(msg["code"]).read_bytes(), msg["params"],
+                          msg.get("identity") or {}, msg.get("seconds"))
         rep.problems += compare_jit(man, str(key), code, msg)
         if record:
             if rep.ok:
@@ -291,7 +318,14 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
             bar.update(1)
 
     try:
-        jit.run(todo, on_answer, jobs=jobs, key_timeout=key_timeout, sources=sources)
+        with tempfile.TemporaryDirectory(prefix="dsv41-jit-cached-") as tmp:
+            for k, (rec, data) in hits:
+                path = Path(tmp) / f"{k.entry}.jit.co"
+                path.write_bytes(data)
+                on_answer(k, {"ok": True, "key": str(k), "code": str(path), "params": rec["params"],
+                              "identity": rec.get("identity"), "seconds": rec.get("seconds"), "cached": True})
+        if todo:
+            jit.run(todo, on_answer, jobs=jobs, key_timeout=key_timeout, sources=sources)
     finally:
         if bar is not None:
             bar.close()
@@ -305,12 +339,13 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
 def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, sample: int | None = None,
            seed: int = 0, vllm_src=(), progress: bool = False, jobs: int | None = None,
            key_timeout: float | None = None, record: bool = False, release: str | None = None,
-           matrix_path=None) -> dict:
+           matrix_path=None, cache: Path | None = None) -> dict:
     """Verify the prebuilt directory ``root`` (its rooms of ``release``, or
     every room); returns the JSON report. ``keys`` (BuildKeys, or key
     strings of ``release`` -- default the newest --, named or a shard's) must
     all be in ``root``. ``vllm_src``: vLLM trees to JIT-build from, one a
-    release (``--vllm-src``, repeatable)."""
+    release (``--vllm-src``, repeatable). ``cache``: the build cache whose JIT
+    code objects stand in for JIT builds of the same identity."""
     from .workers import check_jobs, check_key_timeout
 
     t0 = time.perf_counter()
@@ -348,12 +383,13 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             chosen[f"{man.arch}/{man.room.name}"] = [k for k in keys_ if codes[k][1] is not None]
     if against_jit:
         _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, trees=vllm_src,
-                     matrix_path=matrix_path, progress=progress, record=record)
+                     matrix_path=matrix_path, progress=progress, record=record, cache=cache)
     order = list(reports.values())
     failures = [{"key": r.key, "release": r.release, "file": None, "error": "; ".join(r.problems),
                  "fix": _fix_for(r, root)} for r in order if not r.ok] + lib_failures
     return tally(len(order), sum(r.ok for r in order), failures, dir=str(root.resolve()),
-                 jit_checked=sum(len(v) for v in chosen.values()), jobs=jobs,
+                 jit_checked=sum(len(v) for v in chosen.values()),
+                 jit_cached=sum(r.jit_cached for r in order), jobs=jobs,
                  wall_seconds=round(time.perf_counter() - t0, 3), warnings=list(warnings.values()),
                  reports=[r.as_dict() for r in order])
 
@@ -397,6 +433,7 @@ def register(sub) -> None:
                         "(dsv41-aot fetch-vllm)")
     p.add_argument("--json", action="store_true", help="print one JSON report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_args(p, "vLLM's JIT code objects (with --against-jit; --no-cache runs the JIT for every key)")
     p.set_defaults(func=run)
 
 
@@ -414,7 +451,7 @@ def run(args) -> int:
     report = verify(Path(args.dir), against_jit=args.against_jit, keys=keys, sample=args.sample, seed=args.seed,
                     vllm_src=args.vllm_src or (), progress=args.against_jit and not args.no_progress,
                     jobs=args.jobs, key_timeout=args.key_timeout, record=args.record, release=args.release,
-                    matrix_path=args.matrix)
+                    matrix_path=args.matrix, cache=cache_dir(args.cache, args.no_cache) if args.against_jit else None)
     if args.json:
         from .output import print_json
 
@@ -425,6 +462,7 @@ def run(args) -> int:
         for r in report["reports"]:
             status = "ok" if r["ok"] else "FAILED"
             jit = f"  jit {r['jit_seconds']:.1f} s" if r["jit_seconds"] is not None else ""
+            jit += " (build cache)" if r["jit_cached"] else ""
             print(f"{status:6} {r['release']:7} {r['key']:44} {'+'.join(r['checks'])}{jit}")
             for prob in r["problems"]:
                 print(f"         {prob}")
@@ -433,7 +471,8 @@ def run(args) -> int:
             print(f"FAILED {f['file']} (vLLM {f['release']}): {f['error']}")
         for w in report["warnings"]:
             print(f"warning: {w}", file=sys.stderr)
-        print(f"{report['keys']} keys checked ({report['jit_checked']} against vLLM's JIT): "
+        print(f"{report['keys']} keys checked ({report['jit_checked']} against vLLM's JIT, "
+              f"{report['jit_cached']} of those from the build cache): "
               f"{report['keys'] - report['ok']} failed; {len(libs)} library problems")
         resident = sorted(f"{r['key']} (vLLM {r['release']})" for r in report["reports"]
                           if any(p.startswith("cannot be resident") for p in r["problems"]))
