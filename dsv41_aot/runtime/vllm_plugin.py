@@ -135,7 +135,7 @@ def key_of(kind: str, build, module) -> BuildKey:
 
     arch, release = _running(module)
     rel = release_facts(release)
-    fields = {f.name: getattr(build, f.name) for f in dataclasses.fields(build) if f.name != "index"}
+    fields = {f.name: getattr(build, f.name) for f in dataclasses.fields(build)}
     unknown = sorted(set(fields) - set(rel.mono_fields))
     if unknown:
         raise AotError(f"vLLM {release}'s MonoBuild has fields dsv41-aot does not know for it: {', '.join(unknown)}",
