@@ -309,6 +309,35 @@ def test_a_band_swapped_after_it_was_verified_is_not_what_is_loaded(prebuilt, fr
     assert launcher._call is not None and hasattr(launcher._lib, launcher.entry + "__module_load")
 
 
+def test_a_band_swapped_for_a_symlink_after_its_path_check_is_not_followed(prebuilt, fresh, monkeypatch, tmp_path):
+    """The band's path passes its check (a file inside lib/), then the band is
+    replaced by a symlink to its very bytes elsewhere: the open itself refuses
+    the symlink (O_NOFOLLOW), though every sha256 would hold."""
+    import errno
+
+    _, doc = _libs(prebuilt)
+    lib = _own(doc)
+    band = libdir(prebuilt, "gfx950") / lib["file"]
+    elsewhere = tmp_path / "planted" / lib["file"]
+    real_check = loader._band_path
+    checked = []
+
+    def check_then_swap(idx, rec):
+        path = real_check(idx, rec)  # passes: the band is still the plain file inside lib/
+        elsewhere.parent.mkdir()
+        shutil.move(band, elsewhere)
+        band.symlink_to(elsewhere)  # the same bytes, so only the open can tell
+        checked.append(path)
+        return path
+
+    monkeypatch.setattr(loader, "_band_path", check_then_swap)
+    err = _bind_refused(prebuilt, ManifestError, "cannot open it as a plain file inside its lib/ folder")
+    assert checked == [band] and band.is_symlink() and str(band) in str(err)
+    assert os.strerror(errno.ELOOP) in str(err)
+    # followed, the symlink would have given a band that passes both sha256 checks
+    assert hashlib.sha256(band.read_bytes()).hexdigest() == lib["sha256"]
+
+
 def test_without_memfd_the_per_user_cache_is_verified_through_its_descriptor(prebuilt, fresh, monkeypatch, tmp_path):
     cache = tmp_path / "cache"
     monkeypatch.setenv(loader.ENV_CACHE, str(cache))

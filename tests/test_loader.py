@@ -533,6 +533,39 @@ def test_a_room_the_prebuilt_dir_does_not_hold(smoke, fresh, tmp_path):
     assert f"dsv41-aot build --arch gfx950 --release {OLD}" in e.value.fix
 
 
+def test_an_allowed_source_mismatch_is_served_by_the_running_releases_room_not_the_newest(
+        smoke, fresh, monkeypatch, tmp_path, caplog):
+    """vLLM 0.32.0 with one mono file edited matches no room's digest: refused,
+    and with DSV41_AOT_ALLOW_SOURCE_MISMATCH=1 served by the 0.32.0 room (its
+    own release's), not the newest (0.33.0), with a warning naming 0.32.0."""
+    import logging
+    import shutil
+
+    from dsv41_aot import source
+
+    old = _old_tree()
+    edited = source.MonoSource(root=tmp_path / "vllm-edited")
+    shutil.copytree(old.root, edited.root, ignore=shutil.ignore_patterns("__pycache__"))
+    layer = edited.mono_dir / "layer.py"
+    layer.write_text(layer.read_text() + "\n# a local edit: the digest is no longer 0.32.0's\n")
+    assert edited.version == OLD and edited.digest != old.digest
+    fresh.running_vllm(edited.mono_dir)
+    with pytest.raises(ReleaseMismatchError, match=f"running vLLM {OLD} mono sources .* matches no prebuilt") as e:
+        dsv41_aot.load_key(K1, prebuilt=smoke)
+    assert f"run vLLM {OLD}'s kernels anyway with DSV41_AOT_ALLOW_SOURCE_MISMATCH=1" in e.value.fix
+    monkeypatch.setenv(loader.ENV_ALLOW_SOURCE, "1")
+    with caplog.at_level(logging.WARNING, logger="dsv41_aot"):
+        launcher = dsv41_aot.load_key(K1, prebuilt=smoke)
+        launcher.bind()  # 0.32.0's band, and its ABI against that library's own metadata
+    assert launcher._idx.release == OLD and launcher.key == K1
+    assert launcher.kernel_name == BuildKey.parse(K1, OLD).kernel_symbol != BuildKey.parse(K1).kernel_symbol
+    old_bands = {lib["file"] for lib in json.loads((room(smoke, "gfx950", OLD) / "libs.json").read_text())["libraries"]}
+    assert os.path.basename(launcher.library) in old_bands
+    assert fresh.keys("gfx950", prebuilt=smoke) == sorted(Manifest.read(smoke / "gfx950", release=OLD).entries)
+    warned = [r.getMessage() for r in caplog.records if r.name == "dsv41_aot"]
+    assert any(f"running vLLM {OLD} mono sources" in w and f"using vLLM {OLD}'s" in w for w in warned), warned
+
+
 # ---------------------------------------------------------------- threads / fork
 
 
