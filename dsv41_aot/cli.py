@@ -14,12 +14,12 @@ import importlib
 import sys
 from pathlib import Path
 
-from .build.output import error_doc, print_json, tally
+from .build.output import INTERNAL_ERROR, error_doc, internal_error_doc, print_json, tally
 from .errors import AotError
 from .manifest import prebuilt_dir
 
 # command modules beside the build commands below
-COMMANDS: tuple[str, ...] = ("build.inspection", "build.verify", "build.link", "build.coverage")
+COMMANDS: tuple[str, ...] = ("build.inspection", "build.verify", "build.link", "build.coverage", "build.cache")
 
 
 
@@ -80,7 +80,7 @@ def cmd_build(args) -> int:
     summary = builder.build(
         keys, Path(args.out), jobs=args.jobs, key_timeout=args.key_timeout, vllm_src=args.vllm_src or (),
         digests=digests, progress=not args.no_progress, link=not args.no_link,
-        cache=cache.cache_dir(args.cache, args.no_cache),
+        cache=cache.cache_dir(args.cache), reuse=not args.no_cache,
     )
     if args.json:
         print_json(summary.as_dict())
@@ -205,6 +205,15 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"dsv41-aot {args.command}: interrupted (rerun to resume)", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - a bug: still one JSON document, and its own exit code
+        import traceback
+
+        traceback.print_exc()
+        print(f"dsv41-aot {args.command}: internal error: {type(e).__name__}: {e} (a bug: please report it with "
+              f"the traceback above)", file=sys.stderr)
+        if getattr(args, "json", False):
+            print_json(internal_error_doc(args.command, e))
+        return INTERNAL_ERROR
 
 
 if __name__ == "__main__":

@@ -18,10 +18,44 @@ os.environ.setdefault("DSV41_AOT_ALLOW_HIP_VERSION", "5.2")
 import _smoke  # noqa: E402
 
 
+def pytest_configure(config):
+    """One fresh build cache for the session (build/cache.py), never kept
+    between runs: a key compiles once per session, however many folders the
+    tests build it into; a test that must compile (kills, identity changes,
+    failures) passes --no-cache or changes the identity. Every subprocess
+    inherits it."""
+    import tempfile
+
+    from dsv41_aot.build.cache import ENV_BUILD_CACHE
+
+    config._dsv41_cache = tempfile.mkdtemp(prefix="dsv41-aot-test-cache-")
+    os.environ[ENV_BUILD_CACHE] = config._dsv41_cache
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    if getattr(config, "_dsv41_cache", None):
+        shutil.rmtree(config._dsv41_cache, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def smoke_dir(tmp_path_factory):
     """Built and linked; read it, copy it to change it."""
+    if os.environ.get(FAST):
+        pytest.fail(f"{FAST} is set (ci/test.sh --fast) but this test needs the smoke build: it compiles")
     return _smoke.smoke_dir(tmp_path_factory)
+
+
+FAST = "DSV41_AOT_TEST_FAST"  # ci/test.sh --fast: a compile is a test-selection bug
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that reaches the smoke build compiles (once a session): it is
+    slow, whatever its own marks say, so ``-m "not slow"`` never compiles."""
+    for item in items:
+        if "smoke_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -97,6 +97,49 @@ def test_a_second_build_compiles_nothing(smoke_dir):
     assert before == after
 
 
+def _tree(root) -> dict:
+    """Every file of a prebuilt folder but its lock and timings: path -> bytes."""
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".lock" not in p.name and p.name != "timings.json"}
+
+
+def test_a_build_from_the_build_cache_compiles_nothing_and_gives_the_same_bytes(smoke_dir, tmp_path):
+    """The session's build cache (tests/conftest.py) holds the smoke keys
+    once any folder built them: new folders get them copied, not compiled,
+    byte for byte what a compile gave (objects, manifests, bands, libs.json)."""
+    first = tmp_path / "first"
+    s = json.loads(run_cli("build", "--profile", "smoke", "--out", first, "--json", "--no-progress")[1])
+    assert (s["compiled"] + s["cached"], s["up_to_date"], s["failed"]) == (ALL_SMOKE, 0, 0)
+    second = tmp_path / "second"
+    _, stdout, stderr = run_cli("build", "--profile", "smoke", "--out", second, "--no-progress")
+    assert f"0 compiled, {ALL_SMOKE} from the build cache" in stdout
+    assert _tree(second) == _tree(first) == _tree(smoke_dir)
+    assert Manifest.read(second / "gfx950").timings == Manifest.read(first / "gfx950").timings  # what compiles took
+
+
+@pytest.mark.slow
+def test_a_damaged_cache_entry_is_compiled_again_never_trusted(tmp_path):
+    cache, key = tmp_path / "cache", CHEAP[0]
+    s = build_json(key, out=tmp_path / "a", env=dict(os.environ, DSV41_AOT_BUILD_CACHE=str(cache)))
+    assert (s["compiled"], s["cached"]) == (1, 0)
+    (blob,) = (cache / "v1" / "blobs").iterdir()
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    code, stdout, stderr = run_cli("build", "--key", key, "--out", tmp_path / "b", "--cache", cache, "--json",
+                                   "--no-progress")
+    assert (json.loads(stdout)["compiled"], json.loads(stdout)["cached"]) == (1, 0)
+    assert f"warning: {key}" in stderr and "does not match its blob" in stderr
+    assert _tree(tmp_path / "b") == _tree(tmp_path / "a")
+    s = build_json(key, out=tmp_path / "c", env=dict(os.environ, DSV41_AOT_BUILD_CACHE=str(cache)))
+    assert (s["compiled"], s["cached"]) == (0, 1)  # the compile wrote a sound entry back
+    # --no-cache takes nothing from it: the key compiles again
+    s = json.loads(run_cli("build", "--key", key, "--out", tmp_path / "d", "--no-cache", "--json", "--no-progress",
+                           env=dict(os.environ, DSV41_AOT_BUILD_CACHE=str(cache)))[1])
+    assert (s["compiled"], s["cached"]) == (1, 0)
+    assert _tree(tmp_path / "d") == _tree(tmp_path / "a")
+
+
 @pytest.mark.slow
 def test_resume_rebuilds_only_missing_or_corrupt_and_is_deterministic(smoke_dir, tmp_path):
     out = tmp_path / "pb"
@@ -113,7 +156,8 @@ def test_resume_rebuilds_only_missing_or_corrupt_and_is_deterministic(smoke_dir,
     old = Manifest.read(out / "gfx950", release=OLD)
     dropped_old = old.entries.pop("k1@gfx950:s=4,tp=4,r=1")
     old.write()
-    _, stdout, _ = run_cli("build", "--profile", "smoke", "--out", out, "--json", "--no-progress")
+    # compiled for real (--no-cache): same inputs, same bytes is what this proves
+    _, stdout, _ = run_cli("build", "--profile", "smoke", "--out", out, "--json", "--no-progress", "--no-cache")
     s = json.loads(stdout)
     assert (s["compiled"], s["up_to_date"]) == (3, ALL_SMOKE - 3)
     # same inputs, same bytes: the rebuilt directory equals the original
@@ -153,7 +197,7 @@ sys.exit(cli.main(argv))
 def _killed_build(moment: str, keys: list, out) -> dict:
     """Run ``build --key KEYS --jobs 1`` and SIGKILL it at ``moment``; the
     manifest's entries it left (asserting the kill did happen)."""
-    argv = ["build", "--key", *keys, "--out", str(out), "--jobs", "1", "--no-progress"]
+    argv = ["build", "--key", *keys, "--out", str(out), "--jobs", "1", "--no-progress", "--no-cache"]
     proc = subprocess.Popen(
         [sys.executable, "-c", _KILLED_BUILD, moment, *argv],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -191,7 +235,7 @@ def test_a_build_killed_mid_flight_resumes_with_what_is_missing(moment, tmp_path
         assert len(json.loads(torn.read_bytes())["entries"]) > len(recorded)
     s = build_json(*K1S, out=out)
     missing = len(K1S) - len(recorded)
-    assert (s["compiled"], s["up_to_date"], s["failed"]) == (missing, len(recorded), 0)
+    assert (s["compiled"] + s["cached"], s["up_to_date"], s["failed"]) == (missing, len(recorded), 0)
     m = Manifest.read(out / "gfx950")
     assert sorted(m.entries) == sorted(K1S)
     for key, e in recorded.items():
@@ -206,7 +250,7 @@ def built_k1s(tmp_path_factory):
     """K1S built and linked into a folder of this module's own (copy it to change it)."""
     out = tmp_path_factory.mktemp("k1s") / "pb"
     s = build_json(*K1S, out=out)
-    assert (s["compiled"], s["failed"]) == (len(K1S), 0)
+    assert (s["compiled"] + s["cached"], s["failed"]) == (len(K1S), 0)
     return out
 
 
@@ -400,7 +444,7 @@ def test_keys_that_cannot_run_fail_alone(tmp_path):
     )
     assert code == 1
     s = json.loads(stdout)
-    assert (s["compiled"], s["failed"]) == (1, 2)
+    assert (s["compiled"] + s["cached"], s["failed"]) == (1, 2)
     errors = {f["key"]: f["error"] for f in s["failures"]}
     assert "moe.py" in errors[refused]
     assert unresident in errors[unresident] and "LDS" in errors[unresident] and "65536" in errors[unresident].replace(",", "")

@@ -20,7 +20,7 @@ from dsv41_aot.build import matrix  # noqa: E402
 from dsv41_aot.errors import IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.facts.releases import release_facts  # noqa: E402
 
-from _smoke import copy_of, smoke_dir  # noqa: E402
+from _smoke import copy_of  # noqa: E402
 
 PY = sys.executable
 ARCHES = ("gfx950", "gfx942")
@@ -118,12 +118,12 @@ def test_bad_shard_is_refused():
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(tmp_path_factory, smoke_dir):
     """The smoke profile built whole (and linked), and built as 2 shards per
     arch (every release's keys of each shard, each verified against its
     release's JIT: verified.json in each room)."""
     tmp = tmp_path_factory.mktemp("ci")
-    whole = copy_of(smoke_dir(tmp_path_factory), tmp / "whole")  # the session's smoke build, linked
+    whole = copy_of(smoke_dir, tmp / "whole")  # the session's smoke build, linked
     shards = []
     for arch in ARCHES:
         for i in range(2):
@@ -304,10 +304,10 @@ def test_require_verified_reads_each_rooms_proofs(built, tmp_path):
     merge.merge(copies, tmp_path / "out", log=None)  # without --require-verified it merges
 
 
-def test_merge_refuses_a_key_the_shard_plan_did_not_give(tmp_path_factory, tmp_path):
+def test_merge_refuses_a_key_the_shard_plan_did_not_give(smoke_dir, tmp_path):
     """A shard holding a key of another shard (same object: a plain merge
     would keep it once) or a shard with no plan is refused, naming the shard."""
-    whole = smoke_dir(tmp_path_factory)
+    whole = smoke_dir
     shards = [_cut(whole, tmp_path / "ok" / f"s{i}", i, 2, plan=True) for i in range(2)]
     merge.merge(shards, tmp_path / "fine", log=None)  # as planned: merges
     a, b = room(shards[0], "gfx950", "0.32.0"), room(shards[1], "gfx950", "0.32.0")

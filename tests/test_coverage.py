@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from _smoke import cli, copy_of, smoke_dir
+from _smoke import cli, copy_of
 from dsv41_aot.build import coverage
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import LIBS_JSON, Manifest, room_dir
@@ -247,8 +247,8 @@ def test_rooms_are_read_per_release(sched, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_key_removed_on_purpose_is_caught(tmp_path_factory, tmp_path):
-    smoke = smoke_dir(tmp_path_factory)
+def test_a_key_removed_on_purpose_is_caught(smoke_dir, tmp_path):
+    smoke = smoke_dir
     args = ["coverage", "--arch", "gfx950", "--tp", 4, "--max-rows", 4, "--json"]
     full = json.loads(cli(*args, "--dir", smoke).stdout)
     for release in ("0.33.0", "0.32.0"):
@@ -271,8 +271,8 @@ def test_a_key_removed_on_purpose_is_caught(tmp_path_factory, tmp_path):
 
 
 @pytest.mark.slow
-def test_unlinked_keys_fail_and_a_complete_dir_passes(tmp_path_factory, tmp_path):
-    smoke = smoke_dir(tmp_path_factory)
+def test_unlinked_keys_fail_and_a_complete_dir_passes(smoke_dir, tmp_path):
+    smoke = smoke_dir
     d = copy_of(smoke, tmp_path / "pb")
     # of gfx942 TP4 at widths 1..4, the smoke set holds exactly its three s=4 keys
     r = cli("coverage", "--arch", "gfx942", "--tp", 4, "--max-rows", 4, "--dir", d, "--json")

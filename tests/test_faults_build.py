@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import OLD, REPO, copy_of, libdir, room, smoke_dir
+from _smoke import OLD, REPO, copy_of, libdir, room
 from dsv41_aot.build import verify as verify_mod
 from dsv41_aot.build.lock import LOCK_FILE, arch_lock
 from dsv41_aot.errors import ManifestError
@@ -61,7 +61,7 @@ def popen_build(out: Path, keys, *, env=None, stderr=None) -> subprocess.Popen:
     """A build in its own process group (kill -9 takes its workers with it)."""
     return subprocess.Popen(
         [sys.executable, "-m", "dsv41_aot.cli", "build", "--key", *keys, "--any-key", "--out", str(out),
-         "--no-progress", "--json", "--jobs", "2"],
+         "--no-progress", "--json", "--jobs", "2", "--no-cache"],  # compiles for real: kills land mid-compile
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr or subprocess.DEVNULL, env=env, start_new_session=True,
     )
 
@@ -125,8 +125,8 @@ def meaning(man: Manifest) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> Path:
-    return smoke_dir(tmp_path_factory)
+def smoke(smoke_dir) -> Path:
+    return smoke_dir
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import OLD, REPO, copy_of, libdir, room, smoke_dir
+from _smoke import OLD, REPO, copy_of, libdir, room
 import dsv41_aot
 from dsv41_aot.errors import (
     HipVersionError,
@@ -47,8 +47,8 @@ K1 = "k1@gfx950:s=4,tp=4,r=1"
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    return smoke_dir(tmp_path_factory)
+def smoke(smoke_dir):
+    return smoke_dir
 
 
 

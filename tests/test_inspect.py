@@ -25,7 +25,7 @@ from dsv41_aot.facts.arches import arch_facts
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest, rooms
 
-from _smoke import SMOKE_RELEASE_KEYS, smoke_dir
+from _smoke import SMOKE_RELEASE_KEYS
 
 ALL = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # smoke keys of every release
 
@@ -33,8 +33,8 @@ READELF = shutil.which("llvm-readelf-19") or shutil.which("llvm-readelf") or "/u
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> Path:
-    return smoke_dir(tmp_path_factory)
+def smoke(smoke_dir) -> Path:
+    return smoke_dir
 
 
 def code_objects(root: Path):

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import REPO, SMOKE_RELEASE_KEYS, copy_of, libdir, smoke_dir
+from _smoke import REPO, SMOKE_RELEASE_KEYS, copy_of, libdir
 from dsv41_aot.manifest import BAND_SUFFIX
 
 ALL = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # the smoke keys of every release (every room)
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> Path:
-    return smoke_dir(tmp_path_factory)
+def smoke(smoke_dir) -> Path:
+    return smoke_dir
 
 
 def run_json(*args, code: int) -> dict:
@@ -117,3 +117,27 @@ def test_coverage(smoke):
     assert doc["failed"] == len(gaps) > 0
     assert {(f["release"], f["key"]) for f in doc["failures"]} == gaps
     run_json("coverage", "--arch", "gfx942", "--tp", 4, "--dir", "/nonexistent-dsv41", code=2)
+
+
+def test_an_internal_error_is_still_one_json_document(monkeypatch, capsys):
+    """A bug (any exception that is no dsv41_aot error) under --json: one
+    document saying "internal error", the traceback on stderr, and an exit
+    code of its own (neither 1, checks failed, nor 2, bad input)."""
+    from dsv41_aot import cli
+    from dsv41_aot.build.output import INTERNAL_ERROR
+
+    def broken(args):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(cli, "cmd_list", broken)
+    code = cli.main(["list", "--dir", "/nowhere", "--json"])
+    out, err = capsys.readouterr()
+    assert code == INTERNAL_ERROR and INTERNAL_ERROR not in (0, 1, 2)
+    doc = json.loads(out)
+    assert doc["error"].startswith("internal error: KeyError") and doc["exit_code"] == INTERNAL_ERROR
+    assert doc["failed"] == 1 and doc["failures"][0]["key"] is None
+    assert "Traceback" in err and "raise KeyError" in err
+    # without --json: the same exit code, the traceback, no stdout
+    assert cli.main(["list", "--dir", "/nowhere"]) == INTERNAL_ERROR
+    out, err = capsys.readouterr()
+    assert out == "" and "internal error: KeyError" in err

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import OLD, REPO, SMOKE_RELEASE_KEYS, cli, copy_of, libdir, room, smoke_dir
+from _smoke import OLD, REPO, SMOKE_RELEASE_KEYS, cli, copy_of, libdir, room
 from dsv41_aot.build import link
 from dsv41_aot.errors import IntegrityError
 from dsv41_aot.facts.releases import NEWEST
@@ -29,8 +29,8 @@ READELF = "/usr/lib/llvm-19/bin/llvm-readelf"
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    return smoke_dir(tmp_path_factory)
+def smoke(smoke_dir):
+    return smoke_dir
 
 
 def _doc(root: Path, arch: str, release: str = NEWEST) -> dict:

@@ -22,7 +22,7 @@ from dsv41_aot.errors import ToolchainError
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, room_dir, sha256_file
 
-from _smoke import SMOKE_RELEASE_KEYS, smoke_dir
+from _smoke import SMOKE_RELEASE_KEYS
 
 ALL = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # smoke keys of every release
 
@@ -30,8 +30,8 @@ SMOKE = matrix.load().select("smoke")  # BuildKeys: each with its release
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> Path:
-    return smoke_dir(tmp_path_factory)
+def smoke(smoke_dir) -> Path:
+    return smoke_dir
 
 
 def cli(*argv) -> subprocess.CompletedProcess:
@@ -332,3 +332,45 @@ def test_a_release_tree_with_other_kernels_is_refused(tmp_path):
     with pytest.raises(ToolchainError) as e:
         verify.release_trees({"0.32.0"}, {}, (tree,))
     assert e.value.exit_code == 2 and m.releases["0.32.0"].mono_sources in str(e.value)
+
+
+@pytest.mark.slow
+def test_against_jit_checks_exactly_the_keys_asked_for_across_arches(smoke):
+    """--key naming one key of each arch on a folder of two arches and two
+    releases: exactly those two are JIT-checked (a room none of whose keys
+    was named checks none, never all)."""
+    asked = ["k1@gfx950:s=4,tp=4,r=1", "k1@gfx942:s=4,tp=4,r=1"]
+    proc = cli("verify", "--dir", smoke, "--against-jit", "--key", *asked, "--jobs", "2", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["jit_checked"] == 2
+    assert sorted(r["key"] for r in report["reports"]) == sorted(asked)
+    assert all(r["release"] == "0.33.0" and "jit" in r["checks"] for r in report["reports"])
+
+
+@pytest.mark.slow
+def test_jit_proofs_come_from_the_build_cache_and_say_so(smoke, tmp_path):
+    """A key JIT-built once under a build identity is compared with the
+    cached JIT code object next time (jit_cached counts it); --no-cache runs
+    the JIT again; a cached code object that does not match its record is
+    dropped, said, and the JIT run again, never trusted."""
+    key = "k1@gfx942:s=4,tp=4,r=1"
+    cache = tmp_path / "cache"
+
+    def run(*extra) -> tuple[dict, str]:
+        proc = cli("verify", "--dir", smoke, "--against-jit", "--key", key, "--json", *extra)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(proc.stdout), proc.stderr
+
+    first, _ = run("--cache", cache)
+    assert (first["jit_checked"], first["jit_cached"]) == (1, 0)
+    again, _ = run("--cache", cache)
+    assert (again["jit_checked"], again["jit_cached"]) == (1, 1)
+    assert again["reports"][0]["jit_cached"] and again["reports"][0]["ok"]
+    assert run("--cache", cache, "--no-cache")[0]["jit_cached"] == 0  # the JIT ran again
+    (blob,) = (cache / "v1" / "blobs").iterdir()
+    blob.write_bytes(blob.read_bytes()[:-1] + bytes([blob.read_bytes()[-1] ^ 1]))
+    healed, err = run("--cache", cache)
+    assert (healed["jit_checked"], healed["jit_cached"]) == (1, 0) and healed["reports"][0]["ok"]
+    assert "does not match its blob" in err
+    assert run("--cache", cache)[0]["jit_cached"] == 1  # the JIT run wrote a sound entry back

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import OLD, REPO, SMOKE_KEYS, cli, copy_of, libdir, room, smoke_count, smoke_dir
+from _smoke import OLD, REPO, SMOKE_KEYS, cli, copy_of, libdir, room, smoke_count
 from dsv41_aot.build import elf
 from dsv41_aot import vllm as plugin
 from dsv41_aot.keys import BuildKey
@@ -31,8 +31,8 @@ PROBE = REPO / "tests" / "_vllm_probe.py"
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    return smoke_dir(tmp_path_factory)
+def smoke(smoke_dir):
+    return smoke_dir
 
 
 def probe(arch: str, prebuilt: Path, mode: str, order: str, calls: list, **options) -> dict:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from ci import check_wheel  # noqa: E402
 from ci.check_wheel import source_tree  # noqa: E402
 
-from _smoke import smoke_dir  # noqa: E402
+
 from dsv41_aot.build import matrix  # noqa: E402
 
 PY = sys.executable
@@ -68,9 +68,9 @@ def pip_wheel(src: Path, out: Path, prebuilt: Path | None):
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
+def smoke(smoke_dir):
     """The session's smoke build, built for real and linked."""
-    return smoke_dir(tmp_path_factory)
+    return smoke_dir
 
 
 @pytest.fixture(scope="module")

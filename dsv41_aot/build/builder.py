@@ -32,7 +32,7 @@ from . import toolchain
 from .compiler import worker_env
 from ..errors import AotError, IntegrityError, ManifestError, OutputDirError, ToolchainError
 from ..keys import BuildKey
-from ..manifest import Manifest, atomic_write
+from ..manifest import Manifest, atomic_write, sha256_file
 from .lock import arch_lock
 from .residency import spill_notes
 from .workers import check_jobs, check_key_timeout
@@ -54,7 +54,9 @@ class Summary:
     jobs: int = 1
     libraries: int = 0  # linked libraries the built arches hold
     failures: list = field(default_factory=list)  # [{"key", "error"}]
-    spills: list = field(default_factory=list)  # keys built (or up to date) whose code object uses scratch
+    # keys built (or up to date) whose code object uses scratch:
+    # {"key", "release", "scratch_bytes", "vgpr_spills", "sgpr_spills"}
+    spills: list = field(default_factory=list)
     recovered: list = field(default_factory=list)  # corrupt manifests set aside: recover.recover's reports
 
     def as_dict(self) -> dict:
@@ -145,6 +147,7 @@ def build(
     progress: bool = True,
     link: bool = True,
     cache: Path | None = None,
+    reuse: bool = True,
     log=None,
 ) -> Summary:
     """Build ``keys`` into the prebuilt directory ``out``, then link each
@@ -155,7 +158,8 @@ def build(
     the installed vLLM or the tree cache), whose mono sources must have the
     release's digest (``digests``, default build_matrix.yaml's). With
     ``cache`` (a folder, build/cache.py), a key whose whole build identity is
-    cached is copied from it, not compiled, and every compiled key is added."""
+    cached is copied from it, not compiled (unless not ``reuse``), and every
+    compiled key is added."""
     t_start = time.perf_counter()
     out = Path(out).resolve()
     jobs = check_jobs(jobs)
@@ -192,7 +196,7 @@ def build(
     if cache is not None:
         from .cache import BuildCache
 
-        store = BuildCache(cache, tools)
+        store = BuildCache(cache, tools, reuse)
     with contextlib.ExitStack() as held:
         # each arch's lock (its releases share objects and bands) from its
         # manifests' read through their link, taken in one order so that two
@@ -254,7 +258,9 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         e = states[key.room].manifest.entries.get(str(key))
         notes = spill_notes(e["resources"]) if e and e.get("resources") else []
         if notes:
-            summary.spills.append(str(key))
+            res = e["resources"]
+            summary.spills.append({"key": str(key), "release": key.release, "scratch_bytes": res["scratch_bytes"],
+                                   "vgpr_spills": res["vgpr_spill_count"], "sgpr_spills": res["sgpr_spill_count"]})
             print(f"warning: {key.describe()} {'; '.join(notes)}", file=log)
     if link:
         from .link import link_room
@@ -276,7 +282,7 @@ def _from_cache(store, st: _RoomState, key: BuildKey) -> bool:
     entry, abi = describe_object(key, data, st.ident)
     entry["export_bytes"] = rec["export_bytes"]
     obj = st.dir / entry["object"]
-    if not (obj.is_file() and obj.stat().st_size == len(data)):
+    if not (obj.is_file() and sha256_file(obj) == entry["sha256"]):  # absent, or corrupt in place
         atomic_write(obj, data)
     st.manifest.put(entry, abi, seconds=rec["seconds"])  # timings keep what the compile took
     st.manifest.refused.pop(str(key), None)

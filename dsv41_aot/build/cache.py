@@ -1,6 +1,8 @@
 """The build cache: compiled objects and JIT proofs stored by their full
 build identity, shared by every ``--out`` (``build --cache DIR`` or
-``$DSV41_AOT_BUILD_CACHE``; ``--no-cache`` turns it off).
+``$DSV41_AOT_BUILD_CACHE``). ``--no-cache`` compiles (or JIT-builds) every
+key without reading the cache, and stores what it built, as ``docker build
+--no-cache`` does: a forced rebuild refreshes the cache, never empties it.
 
 A key compiles to the same bytes whenever its identity is the same (the
 pipeline is deterministic, and tests/test_build.py proves it). The identity
@@ -61,20 +63,18 @@ def strip_version(strip: Path) -> str:
 
 
 def add_args(p, what: str) -> None:
-    """``--cache`` / ``--no-cache`` on a command that reads the build cache."""
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--cache", metavar="DIR",
+    """``--cache`` / ``--no-cache`` on a command that uses the build cache."""
+    p.add_argument("--cache", metavar="DIR",
                    help=f"build cache of {what}, keyed by their full build identity and shared by every --out "
                         f"(default: ${ENV_BUILD_CACHE}; none when unset)")
-    g.add_argument("--no-cache", action="store_true",
-                   help=f"neither read nor write the build cache (not even ${ENV_BUILD_CACHE})")
+    p.add_argument("--no-cache", action="store_true",
+                   help="do not take anything from the build cache: build every key for real (what it builds is "
+                        "still stored there)")
 
 
-def cache_dir(given: str | None, disabled: bool = False) -> Path | None:
+def cache_dir(given: str | None) -> Path | None:
     """The cache folder a command uses: ``--cache DIR``, else
-    ``$DSV41_AOT_BUILD_CACHE``, else none; ``--no-cache`` wins over both."""
-    if disabled:
-        return None
+    ``$DSV41_AOT_BUILD_CACHE``, else none."""
     chosen = given or os.environ.get(ENV_BUILD_CACHE)
     return Path(chosen).resolve() if chosen else None
 
@@ -83,17 +83,23 @@ class BuildCache:
     """One cache folder, and the identity parts that are the same for every
     key of a run (``tools``: toolchain.Toolchain)."""
 
-    def __init__(self, root: Path, tools):
+    def __init__(self, root: Path, tools, reuse: bool = True):
         self.root = Path(root) / LAYOUT
+        self.reuse = reuse  # False (--no-cache): every lookup misses; what is built is still stored
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise AotError(f"build cache {root}: cannot create it ({e.strerror})",
                            fix=f"pass --cache DIR (or set {ENV_BUILD_CACHE}) to a writable folder, or --no-cache") from None
-        self.common = {"layout": LAYOUT, "code": code_digest(), "strip": strip_version(tools.strip),
-                       "linker": tools.lld_version, "flydsl_version": tools.flydsl_version}
+        self.common = self.parts(tools)
         self.hits = 0
         self.dropped: list[str] = []  # records whose blob was missing or did not match: compiled again
+
+    @staticmethod
+    def parts(tools) -> dict:
+        """The identity parts every key of a run shares (beside its release's)."""
+        return {"layout": LAYOUT, "code": code_digest(), "strip": strip_version(tools.strip),
+                "linker": tools.lld_version, "flydsl_version": tools.flydsl_version}
 
     def _id(self, what: str, key: BuildKey, ident: dict) -> str:
         doc = {"what": what, "key": str(key), "release": key.release, "identity": ident, **self.common}
@@ -103,6 +109,8 @@ class BuildCache:
         return self.root / what / cid[:2] / f"{cid}.json"
 
     def _get(self, what: str, key: BuildKey, ident: dict) -> tuple[dict, bytes] | None:
+        if not self.reuse:
+            return None
         path = self._record(what, self._id(what, key, ident))
         try:
             rec = json.loads(path.read_bytes())
@@ -120,9 +128,7 @@ class BuildCache:
 
     def _put(self, what: str, key: BuildKey, ident: dict, data: bytes, **fields) -> None:
         sha = hashlib.sha256(data).hexdigest()
-        blob = self.root / "blobs" / sha
-        if not blob.is_file() or blob.stat().st_size != len(data):
-            atomic_write(blob, data)
+        atomic_write(self.root / "blobs" / sha, data)  # always: a damaged blob of this name is replaced
         rec = {"key": str(key), "release": key.release, "sha256": sha, **fields}
         atomic_write(self._record(what, self._id(what, key, ident)), (json.dumps(rec, sort_keys=True) + "\n").encode())
 
@@ -143,3 +149,53 @@ class BuildCache:
 
     def put_jit(self, key: BuildKey, ident: dict, code: bytes, params: list, identity: dict, seconds: float) -> None:
         self._put("jit", key, ident, code, params=params, identity=identity, seconds=round(float(seconds or 0), 3))
+
+
+# ---------------------------------------------------------------- command
+
+
+def identity_digest(tools, matrix_path=None) -> str:
+    """One digest of every identity part a build of the matrix's releases
+    shares: what a CI cache key names (a changed part starts a new cache;
+    entries are keyed per key, so a stale one is only a miss)."""
+    from . import compat, matrix
+
+    releases = {v: e.mono_sources for v, e in sorted(matrix.load(matrix_path).releases.items())}
+    doc = {"releases": releases, "helpers": compat.install_aiter_shim(),
+           **BuildCache.parts(tools)}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("cache", help="the build cache: where it is, what it holds, its identity digest")
+    p.add_argument("--cache", metavar="DIR", help=f"build cache folder (default: ${ENV_BUILD_CACHE})")
+    p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml): the releases it builds")
+    p.add_argument("--identity", action="store_true",
+                   help="print only the identity digest (what a CI cache key names: .github/workflows/wheels.yml)")
+    p.add_argument("--json", action="store_true", help="print one JSON summary")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from . import toolchain
+    from .output import print_json, tally
+
+    folder = cache_dir(args.cache)
+    digest = identity_digest(toolchain.find(), args.matrix)
+    if args.identity:
+        print(digest)
+        return 0
+    counts, size = {"compile": 0, "jit": 0}, 0
+    if folder is not None and (folder / LAYOUT).is_dir():
+        for what in counts:
+            counts[what] = sum(1 for _ in (folder / LAYOUT / what).glob("*/*.json"))
+        size = sum(p.stat().st_size for p in (folder / LAYOUT).rglob("*") if p.is_file())
+    if args.json:
+        print_json(tally(0, 0, [], cache=str(folder) if folder else None, identity=digest,
+                         objects=counts["compile"], jit_proofs=counts["jit"], bytes=size))
+    elif folder is None:
+        print(f"no build cache (pass --cache DIR or set {ENV_BUILD_CACHE}); identity {digest}")
+    else:
+        print(f"{folder}: {counts['compile']} compiled objects, {counts['jit']} JIT code objects, "
+              f"{size / 1e6:.1f} MB; identity {digest}")
+    return 0

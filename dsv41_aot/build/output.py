@@ -34,6 +34,18 @@ def error_doc(command: str, err) -> dict:
                  exit_code=getattr(err, "exit_code", 1))
 
 
+INTERNAL_ERROR = 70  # sysexits' EX_SOFTWARE: a bug of dsv41-aot, not the input (2) nor a check (1)
+
+
+def internal_error_doc(command: str, err: BaseException) -> dict:
+    """The --json document of a command stopped by an unexpected exception
+    (its traceback goes to stderr)."""
+    message = f"internal error: {type(err).__name__}: {err}"
+    fix = "report it with the traceback printed on stderr"
+    return tally(0, 0, [{"key": None, "error": message, "fix": fix}], command=command, error=message, fix=fix,
+                 exit_code=INTERNAL_ERROR)
+
+
 def print_json(doc) -> None:
     """Print the one JSON document of a --json command on stdout."""
     sys.stdout.write(json.dumps(doc, indent=1) + "\n")

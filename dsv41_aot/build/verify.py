@@ -218,9 +218,10 @@ def kernarg_problems(abi: list, res: dict) -> list[str]:
 
 
 def choose_keys(man: Manifest, keys: list[str] | None, sample: int | None, seed: int) -> list[str]:
-    """The keys of this room to rebuild: named ones, a seeded sample, or all."""
+    """The keys of this room to rebuild: named ones (none named: none), a
+    seeded sample, or all."""
     have = sorted(man.entries)
-    if keys:
+    if keys is not None:
         return [k for k in keys if k in man.entries]
     if sample is not None and sample < len(have):
         return sorted(random.Random(f"dsv41-aot verify {man.arch} {man.release} {seed}").sample(have, sample))
@@ -261,13 +262,15 @@ def release_trees(releases, mans: dict, trees=(), matrix_path=None) -> dict:
 
 
 def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_timeout: float,
-                 trees, matrix_path, progress: bool, record: bool, cache: Path | None = None) -> None:
+                 trees, matrix_path, progress: bool, record: bool, cache: Path | None = None,
+                 reuse: bool = True) -> None:
     """Build ``chosen`` (room -> BuildKeys) again through its release's vLLM
     JIT on the worker pool and add what differs to each key's report; with
     ``record``, keep the proof of each key that passed in its room's
     verified.json. With ``cache`` (build/cache.py), a key whose JIT code
     object is cached under the same build identity is compared with that,
-    not JIT-built again (its report says so), and every JIT build is added."""
+    not JIT-built again (its report says so; not with ``reuse`` False), and
+    every JIT build is added."""
     import tempfile
 
     from . import jit
@@ -282,7 +285,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         from .cache import BuildCache
 
         tools = toolchain.find()
-        store = BuildCache(cache, tools)
+        store = BuildCache(cache, tools, reuse)
         idents = {release: identity(src, tools) for release, src in sources.items()}
         for k in todo:
             hit = store.get_jit(k, idents[k.release])
@@ -294,10 +297,10 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
             print(f"warning: {why}", file=sys.stderr)
     proofs = {room: read_verified(man.room) for room, man in mans.items()} if record else {}
     bar = None
-    if progress and todo:
+    if progress and (todo or hits):
         from tqdm import tqdm
 
-        bar = tqdm(total=len(todo), desc="verify --against-jit", unit="key", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=len(todo) + len(hits), desc="verify --against-jit", unit="key", file=sys.stderr, dynamic_ncols=True)
 
     def on_answer(key: BuildKey, msg: dict) -> None:
         rep = reports[key]
@@ -339,13 +342,14 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
 def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, sample: int | None = None,
            seed: int = 0, vllm_src=(), progress: bool = False, jobs: int | None = None,
            key_timeout: float | None = None, record: bool = False, release: str | None = None,
-           matrix_path=None, cache: Path | None = None) -> dict:
+           matrix_path=None, cache: Path | None = None, reuse: bool = True) -> dict:
     """Verify the prebuilt directory ``root`` (its rooms of ``release``, or
     every room); returns the JSON report. ``keys`` (BuildKeys, or key
     strings of ``release`` -- default the newest --, named or a shard's) must
     all be in ``root``. ``vllm_src``: vLLM trees to JIT-build from, one a
     release (``--vllm-src``, repeatable). ``cache``: the build cache whose JIT
-    code objects stand in for JIT builds of the same identity."""
+    code objects stand in for JIT builds of the same identity (``reuse``
+    False: JIT-build every key, still storing what it built)."""
     from .workers import check_jobs, check_key_timeout
 
     t0 = time.perf_counter()
@@ -383,7 +387,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             chosen[f"{man.arch}/{man.room.name}"] = [k for k in keys_ if codes[k][1] is not None]
     if against_jit:
         _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, trees=vllm_src,
-                     matrix_path=matrix_path, progress=progress, record=record, cache=cache)
+                     matrix_path=matrix_path, progress=progress, record=record, cache=cache, reuse=reuse)
     order = list(reports.values())
     failures = [{"key": r.key, "release": r.release, "file": None, "error": "; ".join(r.problems),
                  "fix": _fix_for(r, root)} for r in order if not r.ok] + lib_failures
@@ -433,7 +437,7 @@ def register(sub) -> None:
                         "(dsv41-aot fetch-vllm)")
     p.add_argument("--json", action="store_true", help="print one JSON report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_args(p, "vLLM's JIT code objects (with --against-jit; --no-cache runs the JIT for every key)")
+    add_args(p, "vLLM's JIT code objects (with --against-jit)")
     p.set_defaults(func=run)
 
 
@@ -451,7 +455,8 @@ def run(args) -> int:
     report = verify(Path(args.dir), against_jit=args.against_jit, keys=keys, sample=args.sample, seed=args.seed,
                     vllm_src=args.vllm_src or (), progress=args.against_jit and not args.no_progress,
                     jobs=args.jobs, key_timeout=args.key_timeout, record=args.record, release=args.release,
-                    matrix_path=args.matrix, cache=cache_dir(args.cache, args.no_cache) if args.against_jit else None)
+                    matrix_path=args.matrix, cache=cache_dir(args.cache) if args.against_jit else None,
+                    reuse=not args.no_cache)
     if args.json:
         from .output import print_json
 
