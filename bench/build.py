@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dsv41_aot.build import matrix  # noqa: E402
+from dsv41_aot.aot import matrix  # noqa: E402
 from dsv41_aot.keys import BuildKey  # noqa: E402
 from dsv41_aot.manifest import Manifest  # noqa: E402
 

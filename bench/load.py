@@ -172,7 +172,7 @@ def as_old_layout(root: Path, dest: Path) -> Path:
 
 
 def flydsl_side(arch: str, keys: list[str]) -> dict:
-    from dsv41_aot.build import compiler, toolchain
+    from dsv41_aot.aot import compiler, toolchain
 
     tc = toolchain.find()
     cache = tempfile.mkdtemp(prefix="dsv41-bench-flydsl-")
@@ -188,9 +188,9 @@ def flydsl_side(arch: str, keys: list[str]) -> dict:
         import json, sys, time
         t0 = time.perf_counter()
         from dsv41_aot import source
-        from dsv41_aot.build import compat
+        from dsv41_aot.aot import compat
         from dsv41_aot.keys import BuildKey
-        from dsv41_aot.build.compiler import typed_args
+        from dsv41_aot.aot.compiler import typed_args
         from dsv41_aot.facts.kinds import KINDS
         compat.install_aiter_shim()
         layer = source.import_mono(source.find(), "layer")

@@ -88,7 +88,7 @@ def band_model(prebuilt: Path, arch: str, release: str) -> dict:
     """{"shared": bytes, "marginal": {kind: bytes}}: a band's xz bytes as its
     shared part plus each key's marginal bytes, from relinking the room's
     smoke objects with and without each key."""
-    from dsv41_aot.build.link import LINK_FLAGS, compress_band, find_linker
+    from dsv41_aot.aot.link import LINK_FLAGS, compress_band, find_linker
     from dsv41_aot.manifest import Manifest
 
     man = Manifest.read(prebuilt / arch, arch, release=release)
@@ -112,7 +112,7 @@ def band_model(prebuilt: Path, arch: str, release: str) -> dict:
 
 
 def extrapolate(model: dict, keys: list, release: str) -> float:
-    from dsv41_aot.build.link import chunk_name
+    from dsv41_aot.aot.link import chunk_name
     from dsv41_aot.keys import BuildKey
 
     bands = {chunk_name(BuildKey.parse(k, release)) for k in keys}
@@ -131,7 +131,7 @@ FIRST = ("import sys, time; t = time.perf_counter(); import dsv41_aot; "
 def full_band_rates(prebuilt: Path) -> dict:
     """room -> the largest chunk of ``prebuilt`` that holds every ``full``
     key of that chunk: {"chunk", "keys", "bytes"} (its xz band, measured)."""
-    from dsv41_aot.build.link import chunk_name, read_libs
+    from dsv41_aot.aot.link import chunk_name, read_libs
     from dsv41_aot.keys import BuildKey
     from dsv41_aot.manifest import rooms
 

@@ -9,8 +9,8 @@ inputs every cell shares: the profile's keys for the arch, of every release
 (a key's identity is (release, key): the shards cut across releases, so a
 small release does not make a short cell) and, when given, compile seconds
 recorded in earlier builds (``--seconds``; keys without a record get
-dsv41_aot.build.matrix's estimate), balanced longest-first
-(``dsv41_aot.build.matrix.shard``). The cell then builds exactly its keys,
+dsv41_aot.aot.matrix's estimate), balanced longest-first
+(``dsv41_aot.aot.matrix.shard``). The cell then builds exactly its keys,
 one ``dsv41-aot build --release R --key ...`` a release (each release from
 its own vLLM tree: the installed vllm, a ``--vllm-src`` tree, or the tree
 cache ``dsv41-aot fetch-vllm R`` fills), then checks every one of them
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dsv41_aot.build import matrix  # noqa: E402
+from dsv41_aot.aot import matrix  # noqa: E402
 from dsv41_aot.errors import AotError  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
 from dsv41_aot.manifest import atomic_write  # noqa: E402

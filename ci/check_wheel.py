@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ci.prebuilt import admits  # noqa: E402
-from dsv41_aot.build.link import dynamic_info  # noqa: E402
+from dsv41_aot.aot.link import dynamic_info  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
 from dsv41_aot.manifest import LIB, LIBS_JSON, TIMINGS, arch_dirs, releases_in, room_dir, rooms  # noqa: E402
 from dsv41_aot.runtime.loader import unpack_band  # noqa: E402

@@ -45,8 +45,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
-from dsv41_aot.build.jit import VERIFIED, read_verified, write_verified  # noqa: E402
-from dsv41_aot.build.link import link_room  # noqa: E402
+from dsv41_aot.aot.jit import VERIFIED, read_verified, write_verified  # noqa: E402
+from dsv41_aot.aot.link import link_room  # noqa: E402
 from dsv41_aot.facts.releases import release_facts, version_order  # noqa: E402
 from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest, room_dir, rooms  # noqa: E402
 from ci.build_shard import pairs  # noqa: E402

@@ -37,8 +37,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
-from dsv41_aot.build.jit import VERIFIED  # noqa: E402
-from dsv41_aot.build.link import dynamic_info  # noqa: E402
+from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
+from dsv41_aot.aot.link import dynamic_info  # noqa: E402
 from dsv41_aot.facts.releases import RELEASES, release_facts, version_order  # noqa: E402
 from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest, arch_dirs, releases_in  # noqa: E402
 from dsv41_aot.manifest import BAND_RE, LIBS_SCHEMA  # noqa: E402
@@ -86,7 +86,7 @@ def fix_for(root: Path, arch: str, release: str | None = None) -> str:
 
 def matrix_digests(matrix_path=None) -> dict:
     """release -> its mono sources digest in build_matrix.yaml."""
-    from dsv41_aot.build import matrix
+    from dsv41_aot.aot import matrix
 
     return {v: e.mono_sources for v, e in matrix.load(matrix_path).releases.items()}
 

@@ -3,7 +3,7 @@
 The public runtime API (``load``, ``load_key``, ``preload``, ``keys``,
 ``releases``, ``release_of``, ``Launcher``) lives in :mod:`dsv41_aot.runtime.loader`, imported on first
 use: ``import dsv41_aot`` costs nothing and never imports the build half
-(:mod:`dsv41_aot.build`: FlyDSL, torch, vLLM). The vLLM plugin is
+(:mod:`dsv41_aot.aot`: FlyDSL, torch, vLLM). The vLLM plugin is
 :mod:`dsv41_aot.vllm`. ``docs/architecture.md`` draws the two halves.
 """
 

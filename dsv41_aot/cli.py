@@ -3,7 +3,7 @@
 Exit codes: 0 ok, 1 checks failed (a key failed to compile, an artifact is
 wrong), 2 bad input (the command line, the matrix, the environment). Commands
 that a script parses take ``--json``: one JSON document on stdout, also on an
-error (``dsv41_aot.build.output`` has the shared vocabulary). Each command lives in its module, which
+error (``dsv41_aot.aot.output`` has the shared vocabulary). Each command lives in its module, which
 provides ``register(subparsers)``; the subparser's ``func(args) -> int`` runs it.
 """
 
@@ -14,18 +14,18 @@ import importlib
 import sys
 from pathlib import Path
 
-from .build.output import INTERNAL_ERROR, error_doc, internal_error_doc, print_json, tally
+from .aot.output import INTERNAL_ERROR, error_doc, internal_error_doc, print_json, tally
 from .errors import AotError
 from .manifest import prebuilt_dir
 
 # command modules beside the build commands below
-COMMANDS: tuple[str, ...] = ("build.inspection", "build.verify", "build.link", "build.coverage", "build.cache")
+COMMANDS: tuple[str, ...] = ("aot.inspection", "aot.verify", "aot.link", "aot.coverage", "aot.cache")
 
 
 
 # ---------------------------------------------------------------- build
 def _selected_keys(args) -> list:
-    from .build import matrix
+    from .aot import matrix
     from .keys import BuildKey, neighbours
 
     m = matrix.load(args.matrix)
@@ -49,7 +49,7 @@ def _selected_keys(args) -> list:
                 raise AotError(f"profile {args.profile or m.default_profile!r} selects no vLLM {args.release} key",
                                fix=f"drop --release, or pick another profile (releases: {', '.join(m.releases)})")
     if args.arch:
-        from .build import toolchain
+        from .aot import toolchain
 
         for a in args.arch:
             toolchain.check_arch(a)
@@ -73,7 +73,7 @@ def cmd_build(args) -> int:
             for k in keys:
                 print(f"{k.release:8} {k}")
         return 0
-    from .build import builder, cache, matrix
+    from .aot import builder, cache, matrix
 
     # each release's mono sources digest as the matrix the keys came from records it
     digests = {v: e.mono_sources for v, e in matrix.load(args.matrix).releases.items()}
@@ -134,7 +134,7 @@ def cmd_fetch_vllm(args) -> int:
 
 
 def _add_build(sub) -> None:
-    from .build import cache
+    from .aot import cache
 
     p = sub.add_parser("build", help="compile launch symbols ahead of time (no GPU needed)")
     p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml)")

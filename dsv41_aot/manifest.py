@@ -7,7 +7,7 @@ content and shared by the arch's releases, so a launch that two releases
 compile to the same bytes is stored once::
 
     <dir>/<arch>/objects/<sha256>.o                 stripped export objects, content-addressed
-    <dir>/<arch>/lib/<chunk>.<sha>.so.xz            linked library bands (dsv41_aot.build.link)
+    <dir>/<arch>/lib/<chunk>.<sha>.so.xz            linked library bands (dsv41_aot.aot.link)
     <dir>/<arch>/vllm-<release>/manifest.json       this module's schema: the release's keys
     <dir>/<arch>/vllm-<release>/libs.json           which band holds which of its keys
     <dir>/<arch>/vllm-<release>/timings.json        compile seconds (never shipped)
@@ -51,7 +51,7 @@ from .facts.releases import NEWEST, RELEASES, release_facts, version_order
 SCHEMA = 2  # 2: one manifest a (arch, release) room; 1 was one a arch
 MANIFEST = "manifest.json"
 OBJECTS = "objects"
-LIB = "lib"  # <arch>/lib/: linked library bands, shared by the arch's releases (build/link.py)
+LIB = "lib"  # <arch>/lib/: linked library bands, shared by the arch's releases (aot/link.py)
 LIBS_JSON = "libs.json"  # <arch>/vllm-<release>/libs.json: which library band holds which key
 # libs.json schema 2: compressed bands (per band: file, sha256 and bytes of the
 # .so.xz; raw_sha256 and raw_bytes of the library inside it)

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dsv41_aot.build import matrix  # noqa: E402
+from dsv41_aot.aot import matrix  # noqa: E402
 from dsv41_aot.facts.releases import NEWEST  # noqa: E402
 from dsv41_aot.manifest import LIB, room_dir  # noqa: E402
 

@@ -135,7 +135,7 @@ def mapped(prefix: str) -> list[str]:
 def main(prebuilt: str, mode: str, order: str, calls: list, options: dict) -> dict:
     logging.getLogger("dsv41_aot").addHandler(_Records(logging.WARNING))
     from dsv41_aot import source
-    from dsv41_aot.build import compat
+    from dsv41_aot.aot import compat
     from dsv41_aot import vllm as plugin
     from dsv41_aot.errors import AotError
 

@@ -19,14 +19,14 @@ import _smoke  # noqa: E402
 
 
 def pytest_configure(config):
-    """One fresh build cache for the session (build/cache.py), never kept
+    """One fresh build cache for the session (aot/cache.py), never kept
     between runs: a key compiles once per session, however many folders the
     tests build it into; a test that must compile (kills, identity changes,
     failures) passes --no-cache or changes the identity. Every subprocess
     inherits it."""
     import tempfile
 
-    from dsv41_aot.build.cache import ENV_BUILD_CACHE
+    from dsv41_aot.aot.cache import ENV_BUILD_CACHE
 
     config._dsv41_cache = tempfile.mkdtemp(prefix="dsv41-aot-test-cache-")
     os.environ[ENV_BUILD_CACHE] = config._dsv41_cache

@@ -72,7 +72,7 @@ def _crosses(mod: str, allowed_prefixes: tuple, what: str) -> list[str]:
 
 def test_the_two_halves_exist():
     assert {"dsv41_aot.runtime.loader", "dsv41_aot.runtime.hip", "dsv41_aot.runtime.vllm_plugin"} <= set(MODULES)
-    assert {"dsv41_aot.build.builder", "dsv41_aot.build.compiler", "dsv41_aot.build.link"} <= set(MODULES)
+    assert {"dsv41_aot.aot.builder", "dsv41_aot.aot.compiler", "dsv41_aot.aot.link"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.startswith("dsv41_aot.runtime")))
@@ -130,11 +130,11 @@ def test_no_import_cycles():
 def test_the_checker_sees_a_crossing(tmp_path, monkeypatch):
     """The walker itself: a runtime module with a lazy build import is caught."""
     fake = PKG / "runtime" / "loader.py"
-    src = fake.read_text() + "\n\ndef _x():\n    from ..build import compiler\n"
+    src = fake.read_text() + "\n\ndef _x():\n    from ..aot import compiler\n"
     probe = tmp_path / "dsv41_aot" / "runtime" / "loader.py"
     probe.parent.mkdir(parents=True)
     probe.write_text(src)
     monkeypatch.setattr(__import__(__name__), "PKG", tmp_path / "dsv41_aot")
     mods = {"dsv41_aot.runtime.loader": probe}
     monkeypatch.setattr(__import__(__name__), "MODULES", mods)
-    assert any("dsv41_aot.build" in b for b in _crosses("dsv41_aot.runtime.loader", ("dsv41_aot.runtime",), "rt"))
+    assert any("dsv41_aot.aot" in b for b in _crosses("dsv41_aot.runtime.loader", ("dsv41_aot.runtime",), "rt"))

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from dsv41_aot import cli, source
-from dsv41_aot.build import builder, elf, matrix, toolchain
+from dsv41_aot.aot import builder, elf, matrix, toolchain
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import BAND_SUFFIX, LIB, LIBS_JSON, Manifest, rooms, sha256_file
@@ -346,7 +346,7 @@ def _only_the_changed_key_rebuilds(out, field, **run) -> str:
 @pytest.mark.slow
 def test_a_helper_change_rebuilds_only_keys_built_with_other_helpers(built_k1s, tmp_path):
     out = copy_of(built_k1s, tmp_path / "pb")
-    compat = "dsv41_aot/build/compat"
+    compat = "dsv41_aot/aot/compat"
     plumbing = _project_copy(tmp_path / "plumbing", lambda root: _append(root / compat / "__init__.py", "\n# shim plumbing\n"))
     s = build_json(*K1S[:2], out=out, cwd=plumbing)
     assert (s["compiled"], s["up_to_date"]) == (0, 2), "the shim's plumbing is not the helpers: nothing rebuilds"
@@ -402,7 +402,7 @@ def test_a_flydsl_change_rebuilds_only_keys_built_by_another(built_k1s, tmp_path
     assert code == 2 and "FlyDSL 0.4.3 is installed" in err
     # ... and a project pinned to it rebuilds what an older FlyDSL built
     def pin(root):
-        tc = root / "dsv41_aot" / "build" / "toolchain.py"
+        tc = root / "dsv41_aot" / "aot" / "toolchain.py"
         text = tc.read_text()
         was = f'FLYDSL_VERSION = "{toolchain.FLYDSL_VERSION}"'
         assert was in text

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ci import build_shard, merge  # noqa: E402
-from dsv41_aot.build import matrix  # noqa: E402
+from dsv41_aot.aot import matrix  # noqa: E402
 from dsv41_aot.errors import IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.facts.releases import release_facts  # noqa: E402
 

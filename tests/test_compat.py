@@ -1,4 +1,4 @@
-"""dsv41_aot.build.compat: the project's own aiter FlyDSL helpers.
+"""dsv41_aot.aot.compat: the project's own aiter FlyDSL helpers.
 
 ``kernel_signature``, the descriptor word, operand unwrapping, and the shim's
 registration and identity (each shim test in a fresh interpreter: the shim
@@ -38,7 +38,7 @@ def _run_python(code, **env):
 
 
 def test_kernel_signature_renders_in_order():
-    from dsv41_aot.build.compat.kernels_common import kernel_signature
+    from dsv41_aot.aot.compat.kernels_common import kernel_signature
 
     assert kernel_signature(s=4, tp=4, r=1) == "s4_tp4_r1"
     assert kernel_signature(r=1, tp=4, s=4) == "r1_tp4_s4"
@@ -46,7 +46,7 @@ def test_kernel_signature_renders_in_order():
 
 
 def test_kernel_signature_bools_are_digits():
-    from dsv41_aot.build.compat.kernels_common import kernel_signature
+    from dsv41_aot.aot.compat.kernels_common import kernel_signature
 
     assert kernel_signature(tl=False, f=True, i=False) == "tl0_f1_i0"
     # ints 0 / 1 render the same as bools: only the value's text counts
@@ -54,7 +54,7 @@ def test_kernel_signature_bools_are_digits():
 
 
 def test_kernel_signature_negatives_and_hyphens():
-    from dsv41_aot.build.compat.kernels_common import kernel_signature
+    from dsv41_aot.aot.compat.kernels_common import kernel_signature
 
     assert kernel_signature(tk=-1, s=2) == "tk_1_s2"
     assert kernel_signature(mode="a-b", x=1.5) == "modea_b_x1.5"
@@ -63,7 +63,7 @@ def test_kernel_signature_negatives_and_hyphens():
 def test_kernel_signature_gives_the_mono_symbol():
     """attention/device.py's kernel_symbol wraps the signature as
     _ZN5aiter<len><stem>_<sig>E; K1 s=4 tp=4 r=1 with defaults is known."""
-    from dsv41_aot.build.compat.kernels_common import kernel_signature
+    from dsv41_aot.aot.compat.kernels_common import kernel_signature
 
     name = "dsv41_mono_k1_" + kernel_signature(s=4, tp=4, r=1, tl=False, f=True, i=False)
     assert f"_ZN5aiter{len(name)}{name}E" == "_ZN5aiter33dsv41_mono_k1_s4_tp4_r1_tl0_f1_i0E"
@@ -73,7 +73,7 @@ def test_kernel_signature_gives_the_mono_symbol():
 
 
 def test_descriptor_word_is_the_cdna_word_on_both_targets(monkeypatch):
-    from dsv41_aot.build.compat import buffer_ops
+    from dsv41_aot.aot.compat import buffer_ops
 
     # DATA_FORMAT 7 (bits 14:12), NUM_FORMAT 4 (bits 18:15); the golden code
     # objects of both arches carry this same word
@@ -90,7 +90,7 @@ def test_descriptor_word_is_the_cdna_word_on_both_targets(monkeypatch):
 
 _SHIM_PROBE = """
     import json, sys
-    from dsv41_aot.build.compat import install_aiter_shim
+    from dsv41_aot.aot.compat import install_aiter_shim
     first = install_aiter_shim()
     mods = {n: id(sys.modules.get(n)) for n in sorted(sys.modules) if n.startswith("aiter")}
     second = install_aiter_shim()
@@ -103,7 +103,7 @@ _SHIM_PROBE = """
 
 def test_shim_registers_the_project_helpers():
     out = json.loads(_run_python(_SHIM_PROBE))
-    from dsv41_aot.build.compat import compat_digest
+    from dsv41_aot.aot.compat import compat_digest
 
     assert out["first"] == {"impl": "dsv41_aot.compat", "digest": compat_digest()}
     assert out["second"] == out["first"] and out["stable"], "install_aiter_shim is not idempotent"
@@ -119,13 +119,13 @@ def test_shim_modules_are_the_project_modules():
     out = _run_python(
         """
         import sys
-        from dsv41_aot.build.compat import install_aiter_shim
+        from dsv41_aot.aot.compat import install_aiter_shim
         install_aiter_shim()
         from aiter.ops.flydsl.kernels.kernels_common import kernel_signature
         from aiter.ops.flydsl.kernels import buffer_ops as bo
-        import dsv41_aot.build.compat.kernels_common as kc
+        import dsv41_aot.aot.compat.kernels_common as kc
         assert kernel_signature is kc.kernel_signature
-        assert bo is sys.modules["dsv41_aot.build.compat.buffer_ops"]
+        assert bo is sys.modules["dsv41_aot.aot.compat.buffer_ops"]
         assert "flydsl" not in sys.modules  # buffer_ops not yet run: lazy
         assert callable(bo.create_buffer_resource_from_addr)
         assert "flydsl" in sys.modules  # ... and run on first use
@@ -145,7 +145,7 @@ def test_shim_defers_to_real_aiter(tmp_path):
     out = _run_python(
         """
         import json
-        from dsv41_aot.build.compat import install_aiter_shim
+        from dsv41_aot.aot.compat import install_aiter_shim
         ident = install_aiter_shim()
         from aiter.ops.flydsl.kernels import buffer_ops
         print(json.dumps([ident, buffer_ops.REAL]))
@@ -164,7 +164,7 @@ def test_shim_keeps_an_aiter_without_flydsl_ops(tmp_path):
     out = _run_python(
         """
         import json, aiter
-        from dsv41_aot.build.compat import install_aiter_shim
+        from dsv41_aot.aot.compat import install_aiter_shim
         ident = install_aiter_shim()
         from aiter.ops.flydsl.kernels import dpp_utils
         import aiter as again
@@ -172,7 +172,7 @@ def test_shim_keeps_an_aiter_without_flydsl_ops(tmp_path):
         """,
         PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}",
     )
-    assert json.loads(out) == ["dsv41_aot.compat", "real", "dsv41_aot.build.compat.dpp_utils"]
+    assert json.loads(out) == ["dsv41_aot.compat", "real", "dsv41_aot.aot.compat.dpp_utils"]
 
 
 def test_compat_digest_of_known_helper_files(tmp_path, monkeypatch):
@@ -180,7 +180,7 @@ def test_compat_digest_of_known_helper_files(tmp_path, monkeypatch):
     "c" digest to a value derived outside Python, by
     printf 'buffer_ops.py\0a\0dpp_utils.py\0b\0kernels_common.py\0c\0' | sha256sum
     (name, NUL, contents, NUL, in name order; the first 16 hex digits)."""
-    from dsv41_aot.build import compat
+    from dsv41_aot.aot import compat
 
     for name, text in (("buffer_ops.py", "a"), ("dpp_utils.py", "b"), ("kernels_common.py", "c")):
         (tmp_path / name).write_text(text)
@@ -199,9 +199,9 @@ def _digest_of_copy(tmp_path, edit=None) -> str:
     root = tmp_path / "copy"
     shutil.copytree(REPO / "dsv41_aot", root / "dsv41_aot", ignore=shutil.ignore_patterns("__pycache__"))
     if edit:
-        edit(root / "dsv41_aot" / "build" / "compat")
+        edit(root / "dsv41_aot" / "aot" / "compat")
     proc = subprocess.run(
-        [sys.executable, "-c", "import dsv41_aot.build.compat as c; print(c.__file__); print(c.compat_digest())"],
+        [sys.executable, "-c", "import dsv41_aot.aot.compat as c; print(c.__file__); print(c.compat_digest())"],
         capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -218,7 +218,7 @@ def _flip_last_byte(path: Path) -> None:
 
 @pytest.mark.parametrize("helper", ["buffer_ops.py", "dpp_utils.py", "kernels_common.py"])
 def test_compat_digest_changes_with_one_byte_of_any_helper(helper, tmp_path):
-    from dsv41_aot.build.compat import compat_digest
+    from dsv41_aot.aot.compat import compat_digest
 
     assert _digest_of_copy(tmp_path / "same") == compat_digest()
     assert _digest_of_copy(tmp_path / "edited", lambda d: _flip_last_byte(d / helper)) != compat_digest()
@@ -227,7 +227,7 @@ def test_compat_digest_changes_with_one_byte_of_any_helper(helper, tmp_path):
 def test_compat_digest_ignores_the_shim_plumbing(tmp_path):
     """Editing __init__.py (registration, no kernel code) or adding a file
     beside the helpers rebuilds nothing."""
-    from dsv41_aot.build.compat import compat_digest
+    from dsv41_aot.aot.compat import compat_digest
 
     def edit(d):
         (d / "__init__.py").write_text((d / "__init__.py").read_text() + "\n# plumbing\n")
@@ -248,7 +248,7 @@ def test_operands_are_unwrapped_as_aiter_unwraps_them():
         from flydsl._mlir import ir
         from flydsl._mlir.dialects import arith
         from flydsl.compiler.jit_function import _create_mlir_context
-        from dsv41_aot.build.compat.buffer_ops import _value
+        from dsv41_aot.aot.compat.buffer_ops import _value
 
         @dataclass(frozen=True)
         class Addr:  # the shape of mono/common/sync.py's Addr

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from _smoke import cli, copy_of
-from dsv41_aot.build import coverage
+from dsv41_aot.aot import coverage
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import LIBS_JSON, Manifest, room_dir
 
@@ -87,7 +87,7 @@ def test_bad_draft_is_bad_input():
 
 
 def test_schedule_that_breaks_vllm_invariants_is_refused(tmp_path):
-    from dsv41_aot.build.matrix import DEFAULT_MATRIX
+    from dsv41_aot.aot.matrix import DEFAULT_MATRIX
 
     # a compressed draft layer: the matrix accepts it, vLLM never runs one
     text = DEFAULT_MATRIX.read_text().replace("\n      draft:\n", "\n      draft:\n        - {ratio: 1, fold: true, index: false}\n", 1)
@@ -99,7 +99,7 @@ def test_schedule_that_breaks_vllm_invariants_is_refused(tmp_path):
 
 
 def test_required_layer_kinds_come_from_vllms_rules_not_the_matrix(tmp_path):
-    from dsv41_aot.build.matrix import DEFAULT_MATRIX
+    from dsv41_aot.aot.matrix import DEFAULT_MATRIX
 
     # a matrix that builds only one checkpoint's schedule (no Engram write
     # before a compressed layer without an indexer) misses K1 keys vLLM can ask for

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from _smoke import OLD, REPO, copy_of, libdir, room
-from dsv41_aot.build import verify as verify_mod
-from dsv41_aot.build.lock import LOCK_FILE, arch_lock
+from dsv41_aot.aot import verify as verify_mod
+from dsv41_aot.aot.lock import LOCK_FILE, arch_lock
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, Manifest, rooms
@@ -156,7 +156,7 @@ def test_two_clean_builds_are_byte_identical(reference, tmp_path):
         assert "compile_seconds" not in (room(ref, arch) / MANIFEST).read_text()
         timings = json.loads((room(ref, arch) / "timings.json").read_text())  # the room's side file
         assert list(timings) == [k for k in CHEAP if f"@{arch}:" in k] and all(s > 0 for s in timings.values())
-    from dsv41_aot.build.matrix import recorded_seconds
+    from dsv41_aot.aot.matrix import recorded_seconds
 
     # keyed by (release, key): the rooms' release
     assert set(recorded_seconds([room(ref, "gfx950") / MANIFEST, room(ref, "gfx942")])) == {(NEWEST, k) for k in CHEAP}
@@ -195,7 +195,7 @@ def test_kill_9_during_link(reference, tmp_path):
     """A build killed while its linker runs (a wrapper that sleeps before
     exec'ing ld.lld, so the kill lands inside the link) leaves the previous
     link intact or none; verify names libs.json and `dsv41-aot link` fixes it."""
-    from dsv41_aot.build.link import find_linker
+    from dsv41_aot.aot.link import find_linker
 
     ref, _ = reference
     slow_ld = tmp_path / "slow-ld.lld"
@@ -296,7 +296,7 @@ def test_build_holds_the_lock_through_link(smoke, tmp_path, monkeypatch):
     (another flock on the lock file would block)."""
     import fcntl
 
-    from dsv41_aot.build import builder, link
+    from dsv41_aot.aot import builder, link
     from dsv41_aot.keys import BuildKey
 
     d = copy_of(smoke, tmp_path / "p")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 from importlib.metadata import version
 
-from dsv41_aot.build import toolchain
+from dsv41_aot.aot import toolchain
 
 
 def test_flydsl_is_the_pinned_version():

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from dsv41_aot.build import codeobject, inspection
-from dsv41_aot.build.codeobject import manifest_figures
-from dsv41_aot.build.elf import Elf, ElfError, exported_parts
-from dsv41_aot.build.residency import residency_problems, spill_notes, usage
+from dsv41_aot.aot import codeobject, inspection
+from dsv41_aot.aot.codeobject import manifest_figures
+from dsv41_aot.aot.elf import Elf, ElfError, exported_parts
+from dsv41_aot.aot.residency import residency_problems, spill_notes, usage
 from dsv41_aot.errors import UnknownArchError
 from dsv41_aot.facts.arches import arch_facts
 from dsv41_aot.keys import BuildKey

@@ -1,5 +1,5 @@
 """Every ``--json`` prints exactly one JSON document on stdout, also when
-something fails, with one vocabulary (dsv41_aot/build/output.py): ``keys``,
+something fails, with one vocabulary (dsv41_aot/aot/output.py): ``keys``,
 ``ok``, ``failed`` (an int) and ``failures`` (a list of {key, error}).
 Human lines (FAILED, warnings, progress) go to stderr."""
 
@@ -124,7 +124,7 @@ def test_an_internal_error_is_still_one_json_document(monkeypatch, capsys):
     document saying "internal error", the traceback on stderr, and an exit
     code of its own (neither 1, checks failed, nor 2, bad input)."""
     from dsv41_aot import cli
-    from dsv41_aot.build.output import INTERNAL_ERROR
+    from dsv41_aot.aot.output import INTERNAL_ERROR
 
     def broken(args):
         raise KeyError("a bug")

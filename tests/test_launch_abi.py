@@ -31,9 +31,9 @@ import subprocess
 import pytest
 
 from _smoke import SMOKE_RELEASE_KEYS, copy_of, room
-from dsv41_aot.build import elf
-from dsv41_aot.build.compiler import describe_object
-from dsv41_aot.build.link import link_dir
+from dsv41_aot.aot import elf
+from dsv41_aot.aot.compiler import describe_object
+from dsv41_aot.aot.link import link_dir
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest, atomic_write

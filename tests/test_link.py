@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from _smoke import OLD, REPO, SMOKE_RELEASE_KEYS, cli, copy_of, libdir, room
-from dsv41_aot.build import link
+from dsv41_aot.aot import link
 from dsv41_aot.errors import IntegrityError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
@@ -185,7 +185,7 @@ import inspect, json, os, sys
 arch, release, digest = sys.argv[1:4]
 os.environ["ARCH"] = os.environ["FLYDSL_GPU_ARCH"] = arch
 from dsv41_aot import source
-from dsv41_aot.build import compat
+from dsv41_aot.aot import compat
 from dsv41_aot.keys import BuildKey
 compat.install_aiter_shim()
 layer = source.import_mono(source.find_release(release, digest), "layer")  # that release's own mono package

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv41_aot.build import matrix
+from dsv41_aot.aot import matrix
 from dsv41_aot.errors import MatrixError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey

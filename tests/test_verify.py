@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv41_aot.build import jit, matrix, verify
-from dsv41_aot.build.elf import exported_parts
+from dsv41_aot.aot import jit, matrix, verify
+from dsv41_aot.aot.elf import exported_parts
 from dsv41_aot.errors import ToolchainError
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, room_dir, sha256_file

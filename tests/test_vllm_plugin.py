@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from _smoke import OLD, REPO, SMOKE_KEYS, cli, copy_of, libdir, room, smoke_count
-from dsv41_aot.build import elf
+from dsv41_aot.aot import elf
 from dsv41_aot import vllm as plugin
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.facts.releases import NEWEST
@@ -89,7 +89,7 @@ def old_tree() -> str:
     """vLLM 0.32.0's kernel source: the tree cache ci/bootstrap.sh fills
     (``dsv41-aot fetch-vllm 0.32.0``: the release's own wheel, unpacked in part)."""
     from dsv41_aot import source
-    from dsv41_aot.build import matrix
+    from dsv41_aot.aot import matrix
 
     return str(source.find_release(OLD, matrix.load().releases[OLD].mono_sources).root)
 

@@ -32,7 +32,7 @@ from ci import check_wheel  # noqa: E402
 from ci.check_wheel import source_tree  # noqa: E402
 
 
-from dsv41_aot.build import matrix  # noqa: E402
+from dsv41_aot.aot import matrix  # noqa: E402
 
 PY = sys.executable
 ARCHES = ("gfx950", "gfx942")

@@ -1,4 +1,4 @@
-"""The one worker pool (dsv41_aot.build.workers) under ``build`` and ``verify
+"""The one worker pool (dsv41_aot.aot.workers) under ``build`` and ``verify
 --against-jit``: every key of every arch is built whatever ``--jobs``, workers
 die with their parent and leave nothing behind, a hung compile times out,
 and verify runs on the same pool with the build's shard partition.
@@ -23,8 +23,8 @@ import pytest
 
 from _smoke import REPO, SMOKE_RELEASE_KEYS, room
 
-from dsv41_aot.build import jit, verify
-from dsv41_aot.build.workers import RUN_PREFIX
+from dsv41_aot.aot import jit, verify
+from dsv41_aot.aot.workers import RUN_PREFIX
 from dsv41_aot.manifest import Manifest, rooms
 
 # (release, key) of every smoke key: a key string names a launch within its release

@@ -1,7 +1,7 @@
 """One pool of per-arch worker processes: the parent side of the key protocol.
 
-``build`` runs compile workers (``dsv41_aot.build.worker``) here and ``verify
---against-jit`` runs JIT workers (``dsv41_aot.build.jit``); both speak
+``build`` runs compile workers (``dsv41_aot.aot.worker``) here and ``verify
+--against-jit`` runs JIT workers (``dsv41_aot.aot.jit``); both speak
 ``worker.serve``'s protocol (one key a line in, one JSON answer a line out).
 
 - A worker is bound to one arch for its life: ``ARCH`` is in its environment

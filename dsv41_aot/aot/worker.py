@@ -1,5 +1,5 @@
 """Per-arch worker processes, and the compile worker:
-``python -m dsv41_aot.build.worker ARCH RELEASE VLLM_ROOT ARCH_DIR STRIP LINKER``.
+``python -m dsv41_aot.aot.worker ARCH RELEASE VLLM_ROOT ARCH_DIR STRIP LINKER``.
 
 A worker is bound to one architecture for its life (the mono package fixes its
 target at import; ``ARCH`` is in its environment before Python starts). It
@@ -7,7 +7,7 @@ reads key strings on stdin, one a line, and answers one JSON line a key on the
 stdout it was started with. Its first line says it is ready or why it cannot
 start. Everything FlyDSL or vLLM print goes to stderr, so the answer channel
 stays clean. ``serve`` is that protocol, shared by the compile worker here and
-``verify``'s JIT worker (``dsv41_aot.build.jit``); ``dsv41_aot.build.workers``
+``verify``'s JIT worker (``dsv41_aot.aot.jit``); ``dsv41_aot.aot.workers``
 is its parent side.
 
 A worker dies with its parent: the kernel sends it SIGKILL when the parent
@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 
-PARENT_ENV = "DSV41_AOT_PARENT_PID"  # set by dsv41_aot.build.workers
+PARENT_ENV = "DSV41_AOT_PARENT_PID"  # set by dsv41_aot.aot.workers
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 

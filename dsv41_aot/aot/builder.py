@@ -1,7 +1,7 @@
 """Parallel, incremental, resumable builds of a list of keys.
 
-- Parallel: ``jobs`` compile workers (``dsv41_aot.build.worker``) on the one
-  worker pool (``dsv41_aot.build.workers``: per-arch workers, slots to the arch
+- Parallel: ``jobs`` compile workers (``dsv41_aot.aot.worker``) on the one
+  worker pool (``dsv41_aot.aot.workers``: per-arch workers, slots to the arch
   with the most work, keys longest first, a per-key timeout).
 - Incremental: a key is up to date when its manifest entry was built from the
   same source identity (vLLM mono SOURCES and version, aiter helpers, FlyDSL
@@ -11,7 +11,7 @@
   at least once a second while compiles land, so a kill at any moment leaves
   a consistent directory; a rerun compiles only what is missing.
 - Deterministic: same inputs, same bytes (objects and manifest).
-- Cached: with a build cache (``build/cache.py``), a key whose whole build
+- Cached: with a build cache (``aot/cache.py``), a key whose whole build
   identity was compiled before, into any output directory, is copied from
   the cache and checked, not compiled.
 """
@@ -46,7 +46,7 @@ _TRANSIENT = {"MemoryError", "OSError", "FileNotFoundError", "PermissionError", 
 class Summary:
     keys: int = 0
     compiled: int = 0
-    cached: int = 0  # copied from the build cache (build/cache.py), not compiled
+    cached: int = 0  # copied from the build cache (aot/cache.py), not compiled
     up_to_date: int = 0
     failed: int = 0
     wall_seconds: float = 0.0
@@ -60,7 +60,7 @@ class Summary:
     recovered: list = field(default_factory=list)  # corrupt manifests set aside: recover.recover's reports
 
     def as_dict(self) -> dict:
-        """The --json summary (build/output.py's vocabulary)."""
+        """The --json summary (aot/output.py's vocabulary)."""
         from .output import tally
 
         return tally(
@@ -115,7 +115,7 @@ class _RoomState:
     is held by ``build``): the keys of one vLLM release on one arch, built
     from that release's tree (``src``) under its source identity (``ident``).
     A corrupt manifest is set aside and rebuilt from the stored objects
-    (build/recover.py)."""
+    (aot/recover.py)."""
 
     def __init__(self, out: Path, arch: str, release: str, src: source.MonoSource, ident: dict,
                  summary: Summary, log):
@@ -157,7 +157,7 @@ def build(
     that release's vLLM tree (``source.find_release``: one of ``vllm_src``,
     the installed vLLM or the tree cache), whose mono sources must have the
     release's digest (``digests``, default build_matrix.yaml's). With
-    ``cache`` (a folder, build/cache.py), a key whose whole build identity is
+    ``cache`` (a folder, aot/cache.py), a key whose whole build identity is
     cached is copied from it, not compiled (unless not ``reuse``), and every
     compiled key is added."""
     t_start = time.perf_counter()
@@ -299,7 +299,7 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
     def spawn(room: str, folder: Path):
         st = states[room]
         env = worker_env(st.arch, str(tools.rocm_path), str(folder / "flydsl"))
-        argv = [sys.executable, "-m", "dsv41_aot.build.worker", st.arch, st.release, str(st.src.root), str(st.dir),
+        argv = [sys.executable, "-m", "dsv41_aot.aot.worker", st.arch, st.release, str(st.src.root), str(st.dir),
                 str(tools.strip), tools.lld_version]
         return argv, env
 

@@ -15,7 +15,7 @@ Per room (``<arch>/vllm-<release>/``: one vLLM release's keys on one arch):
   it loads);
 - ``--against-jit``: each chosen key is built again by its release's vLLM
   runner (the mono package of that release's tree, ``source.find_release``)
-  and FlyDSL's JIT (``dsv41_aot.build.jit``), on the build's worker pool
+  and FlyDSL's JIT (``dsv41_aot.aot.jit``), on the build's worker pool
   (``--jobs``, ``--key-timeout``), and its GPU code object, kernel name,
   kernarg layout and launcher parameters are compared with the prebuilt one.
   ``--shard i/N`` checks the keys ``dsv41-aot build --shard i/N`` builds (same
@@ -57,7 +57,7 @@ class KeyReport:
     checks: list = field(default_factory=list)  # names of the checks that ran
     problems: list = field(default_factory=list)
     jit_seconds: float | None = None
-    jit_cached: bool = False  # the JIT's code object came from the build cache (build/cache.py)
+    jit_cached: bool = False  # the JIT's code object came from the build cache (aot/cache.py)
 
     @property
     def ok(self) -> bool:
@@ -267,7 +267,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
     """Build ``chosen`` (room -> BuildKeys) again through its release's vLLM
     JIT on the worker pool and add what differs to each key's report; with
     ``record``, keep the proof of each key that passed in its room's
-    verified.json. With ``cache`` (build/cache.py), a key whose JIT code
+    verified.json. With ``cache`` (aot/cache.py), a key whose JIT code
     object is cached under the same build identity is compared with that,
     not JIT-built again (its report says so; not with ``reuse`` False), and
     every JIT build is added."""

@@ -244,7 +244,7 @@ def compress_band(raw: bytes) -> bytes:
 
 def link_dir(root: Path, arches=None, *, release: str | None = None, log=None) -> list[dict]:
     """Link every room of a prebuilt directory (or the named arches' / the
-    release's), each under its arch lock (build/lock.py: waits for a build
+    release's), each under its arch lock (aot/lock.py: waits for a build
     writing it)."""
     from .lock import arch_lock
 

@@ -1,8 +1,8 @@
 """vLLM's own JIT build of a key, for ``verify --against-jit``; and the
 ``verified.json`` proof it leaves beside a room's manifest.
 
-A JIT worker (``python -m dsv41_aot.build.jit ARCH RELEASE FOLDER VLLM_ROOT``,
-run on the one worker pool, ``dsv41_aot.build.workers``, one a room) imports
+A JIT worker (``python -m dsv41_aot.aot.jit ARCH RELEASE FOLDER VLLM_ROOT``,
+run on the one worker pool, ``dsv41_aot.aot.workers``, one a room) imports
 the mono package of its release's vLLM tree and asks that release's runner
 (``DSV41MonoLayer.kernels`` / ``ffn_kernel``, on a runner object made without a
 GPU, with the arguments that release's methods take) for the key's launcher
@@ -93,13 +93,13 @@ class VllmJit:
         kind = kind_facts(key.kind)
         if kind.runner_method not in ("kernels", "ffn_kernel"):
             raise AotError(f"{key.describe()}: verify does not know how vLLM's runner asks for a {key.kind} launch "
-                           f"({kind.runner_method})", fix="teach build/jit.py VllmJit.launcher that runner method")
+                           f"({kind.runner_method})", fix="teach aot/jit.py VllmJit.launcher that runner method")
         method = getattr(self.runner(key), kind.runner_method)
         params = list(inspect.signature(method).parameters)
         unknown = [p for p in params if p not in RUNNER_ARGS]
         if unknown:
             raise AotError(f"{key.describe()}: vLLM {self.release}'s {kind.runner_method} takes {', '.join(unknown)}, "
-                           f"which verify cannot give from a key", fix="teach build/jit.py RUNNER_ARGS that parameter")
+                           f"which verify cannot give from a key", fix="teach aot/jit.py RUNNER_ARGS that parameter")
         got = method(*(getattr(key, p) for p in params))
         return got[kind.runner_index] if kind.runner_index is not None else got
 
@@ -188,7 +188,7 @@ def run(chosen: list[BuildKey], on_answer, *, jobs: int, key_timeout: float, sou
         env = worker_env(key.arch, rocm, str(folder / "flydsl-cache"))
         env["FLYDSL_RUNTIME_ENABLE_CACHE"] = "1"  # the artifact is read back from FlyDSL's disk cache
         root = str(sources[key.release].root)
-        return [sys.executable, "-m", "dsv41_aot.build.jit", key.arch, key.release, str(folder), root], env
+        return [sys.executable, "-m", "dsv41_aot.aot.jit", key.arch, key.release, str(folder), root], env
 
     def accept(room: str, ready: dict) -> str | None:
         got = ready.get("identity") or {}

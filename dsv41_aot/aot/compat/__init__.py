@@ -71,7 +71,7 @@ def _bare_package(name: str) -> types.ModuleType:
 
 
 def _lazy_helper(helper: str) -> types.ModuleType:
-    """``dsv41_aot.build.compat.<helper>``, registered but executed on first
+    """``dsv41_aot.aot.compat.<helper>``, registered but executed on first
     attribute access (the helpers import FlyDSL, and FlyDSL imports torch)."""
     name = f"{__name__}.{helper}"
     if name in sys.modules:
