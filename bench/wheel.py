@@ -131,20 +131,20 @@ FIRST = ("import sys, time; t = time.perf_counter(); import dsv41_aot; "
 def full_band_rates(prebuilt: Path) -> dict:
     """room -> the largest chunk of ``prebuilt`` that holds every ``full``
     key of that chunk: {"chunk", "keys", "bytes"} (its xz band, measured)."""
-    from dsv41_aot.aot.link import chunk_name, read_libs
+    from dsv41_aot.aot.link import chunk_name
     from dsv41_aot.keys import BuildKey
     from dsv41_aot.manifest import rooms
+    from dsv41_aot.room import Room
 
     out = {}
     for d, release in rooms(prebuilt):
         want: dict = {}
         for k in full_keys(d.name, release):
             want.setdefault(chunk_name(BuildKey.parse(k, release)), set()).add(k)
-        for lib in read_libs(d, release).get("libraries", []):
-            if set(lib["entries"]) == want.get(lib["chunk"]) and len(lib["entries"]) > out.get(
+        for band in Room(prebuilt, d.name, release).links().bands:
+            if set(band.entries) == want.get(band.chunk) and len(band.entries) > out.get(
                     f"{d.name}/vllm-{release}", {}).get("keys", 0):
-                out[f"{d.name}/vllm-{release}"] = {"chunk": lib["chunk"], "keys": len(lib["entries"]),
-                                                   "bytes": lib["bytes"]}
+                out[f"{d.name}/vllm-{release}"] = {"chunk": band.chunk, "keys": len(band.entries), "bytes": band.bytes}
     return out
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import email.parser
-import hashlib
 import json
 import re
 import shutil
@@ -46,8 +45,7 @@ if str(ROOT) not in sys.path:
 from ci.prebuilt import admits  # noqa: E402
 from dsv41_aot.aot.link import dynamic_info  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
-from dsv41_aot.manifest import LIB, LIBS_JSON, TIMINGS, arch_dirs, releases_in, room_dir, rooms  # noqa: E402
-from dsv41_aot.runtime.loader import unpack_band  # noqa: E402
+from dsv41_aot.manifest import TIMINGS, arch_dirs, releases_in, rooms  # noqa: E402
 
 PLAT = "manylinux_2_28_x86_64"
 PKG = "dsv41_aot/kernels_prebuilt/"
@@ -104,22 +102,28 @@ def _rooms(names) -> dict:
 
 
 def wheel_bands(z: zipfile.ZipFile) -> dict:
-    """{arch: ({release: (manifest, libs.json)}, {band file: raw library})} of
-    a wheel, each band checked against the libs.json naming it
-    (IntegrityError otherwise)."""
+    """{arch: ({release: (Manifest, LinkRecord)}, {band file: raw library})}
+    of a wheel, read by the room's own parsers from the wheel's bytes, each
+    band checked against the libs.json naming it (AotError otherwise)."""
+    from dsv41_aot.manifest import Manifest
+    from dsv41_aot.room import LinkRecord
+
     names = set(z.namelist())
     out = {}
+    fix = "rebuild the wheel from a prebuilt dir that passes: python ci/prebuilt.py DIR"
     for arch, releases in _rooms(names).items():
         base = f"{PKG}{arch}/"
         rooms, raw = {}, {}
         for release in releases:
-            man = json.loads(z.read(f"{base}vllm-{release}/manifest.json"))
-            libs = json.loads(z.read(f"{base}vllm-{release}/libs.json"))
-            rooms[release] = (man, libs)
-            for lib in libs["libraries"]:
-                path = f"{base}lib/{lib['file']}"
-                if path in names and lib["file"] not in raw:
-                    raw[lib["file"]] = unpack_band(Path(path), z.read(path), lib, None)
+            where = f"{base}vllm-{release}/"
+            man = Manifest.parse(z.read(where + "manifest.json"), where + "manifest.json", Path(base), arch, release,
+                                 fix)
+            links = LinkRecord.parse(z.read(where + "libs.json"), where + "libs.json", arch, release, fix)
+            rooms[release] = (man, links)
+            for band in links.bands:
+                path = f"{base}lib/{band.file}"
+                if path in names and band.file not in raw:
+                    raw[band.file] = band.unpack(z.read(path), Path(path), fix)
         out[arch] = (rooms, raw)
     return out
 
@@ -181,24 +185,27 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
         for arch, (rooms, raw) in contents.items():
             base = f"{PKG}{arch}/"
             named = set()
-            for release, (man, libs) in rooms.items():
+            for release, (man, links) in rooms.items():
                 served.add(release)
                 room = f"{arch}/vllm-{release}"
-                if man.get("release") != release:
-                    problems.append(f"{base}vllm-{release}/manifest.json is vLLM {man.get('release')!r}'s")
                 linked = {}
-                for lib in libs["libraries"]:
-                    named.add(lib["file"])
-                    if lib["file"] not in raw:
-                        problems.append(f"{base}lib/{lib['file']} named by {room}/libs.json is not in the wheel")
+                for band in links.bands:
+                    named.add(band.file)
+                    if band.file not in raw:
+                        problems.append(f"{base}lib/{band.file} named by {room}/libs.json is not in the wheel")
                         continue
-                    linked.update(lib["entries"])
-                for key, e in man["entries"].items():
+                    linked.update(band.entries)
+                    for key in band.entries:  # the band must export each key's entry (the loader binds it by name)
+                        e = man.entries.get(key)
+                        if e and (e["entry"].encode() + b"\0") not in raw[band.file]:
+                            problems.append(f"{key} (vLLM {release}): {room}/libs.json lists it under {band.file}, "
+                                            f"which does not export {e['entry']}")
+                for key, e in man.entries.items():
                     if linked.get(key) != e["sha256"]:
                         problems.append(f"{key} (vLLM {release}): not linked from its object in {room}/libs.json")
-                out["keys_by_room"][room] = len(man["entries"])
-                out["keys_by_arch"][arch] = out["keys_by_arch"].get(arch, 0) + len(man["entries"])
-                out["keys"] += len(man["entries"])
+                out["keys_by_room"][room] = len(man.entries)
+                out["keys_by_arch"][arch] = out["keys_by_arch"].get(arch, 0) + len(man.entries)
+                out["keys"] += len(man.entries)
             for name, data in raw.items():
                 needed = dynamic_info(data)["needed"]
                 if needed:
@@ -250,15 +257,15 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
 
 def audit_prebuilt(root: Path) -> int:
     """auditwheel on the raw libraries of a prebuilt dir's bands, before packing."""
-    from dsv41_aot.runtime.loader import read_band
+    from dsv41_aot.room import Room
 
     libraries = {}
     for adir, release in rooms(Path(root)):
-        libs_json = room_dir(adir, release) / LIBS_JSON
-        for lib in json.loads(libs_json.read_text())["libraries"]:
-            name = f"{adir.name}/{lib['file'][:-3]}"
+        room = Room(root, adir.name, release)
+        for band in room.links().bands:
+            name = f"{adir.name}/{band.file[:-3]}"
             if name not in libraries:  # a band two rooms name is one library
-                libraries[name] = read_band(adir / LIB / lib["file"], lib)
+                libraries[name] = room.read_band(band)
     if not libraries:
         print(f"ci/check_wheel.py: error: no linked bands under {root}", file=sys.stderr)
         return 2

@@ -26,7 +26,6 @@ FlyDSL, torch or vLLM.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -41,8 +40,7 @@ from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
 from dsv41_aot.aot.link import dynamic_info  # noqa: E402
 from dsv41_aot.facts.releases import RELEASES, release_facts, version_order  # noqa: E402
 from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest, arch_dirs, releases_in  # noqa: E402
-from dsv41_aot.manifest import BAND_RE, LIBS_SCHEMA  # noqa: E402
-from dsv41_aot.runtime.loader import read_band  # noqa: E402
+from dsv41_aot.room import Room, orphan_objects  # noqa: E402
 
 
 @dataclass
@@ -92,29 +90,27 @@ def matrix_digests(matrix_path=None) -> dict:
 
 
 def _check_room(root: Path, adir: Path, arch: str, release: str, digests: dict, bands: dict) -> RoomContents:
-    """Check one room; record the bands its libs.json names in ``bands``
-    (file -> its record, checked once)."""
+    """Check one room (``room.Room.problems``: none allowed, serving or
+    builder's) and what only a wheel needs (the matrix's digest, no
+    DT_NEEDED); record the bands its libs.json names in ``bands`` (file ->
+    its Band, checked once)."""
     fix = fix_for(root, arch, release)
-    relink = f"dsv41-aot link --dir {root} --arch {arch}"
+    relink = f"dsv41-aot link --dir {root} --arch {arch} --release {release}"
     room = f"{arch}/{release_facts(release).folder}"
     if release not in digests:
         raise ManifestError(f"{adir.parent / room}: vLLM {release} is not a release of the build matrix "
                             f"({', '.join(sorted(digests, key=version_order))}): refusing to ship keys no build serves",
                             fix=f"add vLLM {release} to build_matrix.yaml's releases, or remove {adir.parent / room}")
-    man = Manifest.read(adir, arch, release=release)
+    room_ = Room(root, arch, release)
+    man = room_.manifest()
     if not man.entries:
         raise ManifestError(f"{man.path} has no entries: refusing to build a wheel with an empty room {room}", fix=fix)
-    for key in sorted(man.entries):
-        man.check_object(key)  # missing or altered object: IntegrityError naming the key
-
-    sources: dict = {}
-    for key, e in man.entries.items():
-        sources.setdefault(json.dumps(e["source"], sort_keys=True), []).append(key)
-    if len(sources) > 1:
-        parts = [f"{json.loads(s)} ({len(ks)} keys, e.g. {sorted(ks)[0]})" for s, ks in sorted(sources.items())]
-        raise ManifestError(f"room {room}: {man.path} mixes {len(sources)} source identities: " + "; ".join(parts),
-                            fix=f"rebuild every key of the room from one vLLM {release} / FlyDSL: {fix}")
-    source = json.loads(next(iter(sources)))
+    problems = room_.problems()  # the room's one verdict: what the loader refuses, and missing / altered objects
+    if problems:
+        more = f" (and {len(problems) - 1} more: dsv41-aot verify --dir {root})" if len(problems) > 1 else ""
+        first = problems[0]
+        raise type(first.error())(f"room {room}: {first.message}{more}", fix=first.fix)
+    source = next(iter(man.entries.values()))["source"]  # one identity: problems() has no "sources" problem
     digest = source.get("mono_sources")
     if digest != digests[release]:
         raise ManifestError(f"room {room}: built from mono sources {digest!r}, but vLLM {release}'s are "
@@ -123,41 +119,13 @@ def _check_room(root: Path, adir: Path, arch: str, release: str, digests: dict, 
     if str(source.get("vllm_version")) != release:
         raise ManifestError(f"room {room}: its keys were built from vLLM {source.get('vllm_version')}, "
                             f"not {release}", fix=fix)
-
-    libs_path = man.room / LIBS_JSON
-    try:
-        libs = json.loads(libs_path.read_bytes())
-    except FileNotFoundError:
-        raise IntegrityError(f"{libs_path} is missing: room {room} was never linked", fix=relink) from None
-    except ValueError as e:
-        raise ManifestError(f"{libs_path}: malformed JSON ({e})", fix=relink) from None
-    if libs.get("schema") != LIBS_SCHEMA:
-        raise IntegrityError(f"{libs_path}: link record schema {libs.get('schema')!r}, not {LIBS_SCHEMA} "
-                             f"(compressed bands): linked by an older dsv41-aot", fix=relink)
-    linked: dict = {}
-    for lib in libs.get("libraries", []):
-        name = str(lib.get("file"))
-        if not BAND_RE.fullmatch(name):
-            raise ManifestError(f"{libs_path}: library file {name!r} is not a band inside {adir / LIB}", fix=relink)
-        path = adir / LIB / name
-        if path.is_symlink() or not path.is_file():
-            raise IntegrityError(f"{path} is missing (named by {libs_path})", fix=relink)
-        seen = bands.get(name)
-        if seen is None or (seen["sha256"], seen.get("raw_sha256")) != (lib["sha256"], lib.get("raw_sha256")):
-            raw = read_band(path, lib, fix=relink)  # compressed and raw sha256
-            info = dynamic_info(raw)
+    for band in room_.links().bands:
+        if band.file not in bands:
+            info = dynamic_info(room_.read_band(band))
             if info["needed"]:
-                raise IntegrityError(f"{path} records DT_NEEDED {info['needed']}: it would tie users to this build "
-                                     f"machine's libraries", fix=relink)
-            bands[name] = lib
-        linked.update(lib["entries"])
-    for key, e in sorted(man.entries.items()):
-        if linked.get(key) != e["sha256"]:
-            why = "is not linked" if key not in linked else "was linked from an older object"
-            raise IntegrityError(f"{key} (vLLM {release}) {why} ({libs_path} is older than {man.path})", fix=relink)
-    extra = sorted(set(linked) - set(man.entries))
-    if extra:
-        raise IntegrityError(f"{libs_path} links keys the room's manifest lacks, e.g. {extra[0]}", fix=relink)
+                raise IntegrityError(f"{room_.lib / band.file} records DT_NEEDED {info['needed']}: it would tie users "
+                                     f"to this build machine's libraries", fix=relink)
+            bands[band.file] = band
     return RoomContents(arch=arch, release=release, keys=sorted(man.entries), source=source, mono_sources=digest)
 
 
@@ -180,7 +148,7 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
     if unknown:
         raise ManifestError(f"{adir / unknown[0]}: not the room of a vLLM release dsv41-aot knows "
                             f"({', '.join(sorted(RELEASES, key=version_order))})",
-                            fix=f"remove it, or add the release (dsv41_aot/facts/releases.py and build_matrix.yaml)")
+                            fix="remove it, or add the release (dsv41_aot/facts/releases.py and build_matrix.yaml)")
 
     bands: dict = {}
     out = ArchContents(arch=arch, dir=adir)
@@ -191,8 +159,7 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
         if (adir / folder / VERIFIED).is_file():
             out.files.append(f"{folder}/{VERIFIED}")  # the proof against vLLM's JIT; the loader ignores it
 
-    man = Manifest.read(adir, arch, release=releases[0])
-    orphans = man.orphans()  # objects no room of the arch names
+    orphans = orphan_objects(adir)  # objects no room of the arch names
     if orphans:
         raise IntegrityError(f"{adir / OBJECTS}: {len(orphans)} object(s) no room's manifest names, e.g. "
                              f"{orphans[0].name} (a partial copy or an interrupted build)", fix=f"rebuild to clean it: {fix}")

@@ -113,8 +113,9 @@ def sha256_file(path: Path) -> str:
 
 
 def room_dir(arch_dir: Path, release: str) -> Path:
-    """The folder of ``release``'s keys in an arch folder."""
-    return Path(arch_dir) / release_facts(release).folder
+    """The folder of ``release``'s keys in an arch folder (a release this
+    dsv41-aot does not know has one too: room.Room leaves it as it is)."""
+    return Path(arch_dir) / f"vllm-{release}"
 
 
 def releases_in(arch_dir: Path) -> list[str]:
@@ -172,6 +173,16 @@ class Manifest:
                 return cls(arch_dir, arch, release=release)
             raise ManifestError(f"no manifest at {path}", fix=fix) from None
         fix += " (it sets the corrupt manifest aside and recovers its entries from the stored objects)"
+        return cls.parse(raw, path, arch_dir, arch, release, fix)
+
+    @classmethod
+    def parse(cls, raw: bytes, path, arch_dir: Path, arch: str, release: str, fix: str) -> "Manifest":
+        """The one parser of manifest.json, a folder's file or a wheel's
+        member (``path`` names it in errors): ManifestError for anything but
+        a schema-2 manifest of ``arch`` / ``release`` whose entries are whole,
+        name their own key, an ABI that hashes to its id and an object inside
+        objects/."""
+        arch_dir = Path(arch_dir)
         try:
             doc = json.loads(raw)
         except ValueError as e:
@@ -205,7 +216,8 @@ class Manifest:
         refused = doc.get("refused", {})
         if not isinstance(refused, dict):
             raise ManifestError(f"{path}: refused must be a mapping", fix=fix)
-        m = cls(arch_dir, arch, entries, abis, refused, read_timings(room_dir(arch_dir, release)), release=release)
+        m = cls(arch_dir, arch, entries, abis, refused, read_timings(room_dir(arch_dir, release)) if arch_dir.is_dir()
+                else {}, release=release)
         if entries and doc.get("mono_sources") != m.mono_sources:
             raise ManifestError(f"{path}: mono_sources {doc.get('mono_sources')!r} is not its entries' "
                                 f"({sorted({e['source'].get('mono_sources') for e in entries.values()})})", fix=fix)
@@ -259,20 +271,6 @@ class Manifest:
             raise IntegrityError(f"{key}: object {path} is missing", fix=fix) from None
         if size != e["bytes"] or sha256_file(path) != e["sha256"]:
             raise IntegrityError(f"{key}: object {path} does not match its manifest sha256 (corrupt or altered)", fix=fix)
-
-    def orphans(self) -> list[Path]:
-        """Stored objects no entry of any release of the arch names (left by
-        an interrupted or older build); none while another release's
-        manifest cannot be read (its objects could not be told apart)."""
-        named = {self.dir / e["object"] for e in self.entries.values()}
-        for other in releases_in(self.dir):
-            if other != self.release:
-                try:
-                    named |= {self.dir / e["object"] for e in Manifest.read(self.dir, self.arch, release=other).entries.values()}
-                except ManifestError:
-                    return []
-        objdir = self.dir / OBJECTS
-        return sorted(p for p in objdir.glob("*.o") if p not in named) if objdir.is_dir() else []
 
 
 def read_timings(room: Path) -> dict:

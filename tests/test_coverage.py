@@ -213,7 +213,9 @@ def _room(root, arch: str, release: str, keys: list, linked: list | None = None)
                  "source": {"mono_sources": release.replace(".", "") * 3}}, [])
     man.write()
     if linked is not None:
-        doc = {"libraries": [{"file": "libdsv41_x.so.xz", "entries": {k: "0" * 64 for k in linked}}]}
+        doc = {"schema": 2, "arch": arch, "release": release, "libraries": [
+            {"chunk": "libdsv41_x", "file": "libdsv41_x.so.xz", "sha256": "0" * 64, "bytes": 1, "raw_sha256": "0" * 64,
+             "raw_bytes": 1, "entries": {k: "0" * 64 for k in linked}}]}
         (room_dir(root / arch, release) / LIBS_JSON).write_text(json.dumps(doc))
 
 

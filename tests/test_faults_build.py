@@ -356,7 +356,7 @@ def test_flipped_libraries_are_refused_and_the_fix_relinks(smoke, tmp_path):
         good = lib.read_bytes()
         flip(lib, rng)
         v = cli("verify", "--dir", d)
-        assert v.returncode == 1 and f"FAILED {lib}" in v.stdout and "does not match its sha256" in v.stdout, v.stdout
+        assert v.returncode == 1 and f"FAILED {lib}" in v.stdout and "does not match the sha256 in libs.json" in v.stdout, v.stdout
         fix = fix_of(v.stderr)
         assert fix[0] == "link" and cli(*fix).returncode == 0
         assert cli("verify", "--dir", d).returncode == 0
@@ -393,7 +393,7 @@ def test_damaged_link_records_are_refused_and_the_fix_relinks(smoke, tmp_path, d
     assert v.returncode == 1
     report = json.loads(v.stdout)
     assert report["failed"] >= 1 and any(f["file"] == named for f in report["failures"]), report["failures"]
-    assert all(f["fix"] == f"dsv41-aot link --dir {d} --arch gfx942" for f in report["failures"])
+    assert all(f["fix"] == f"dsv41-aot link --dir {d} --arch gfx942 --release {NEWEST}" for f in report["failures"])
     assert cli("link", "--dir", d, "--arch", "gfx942").returncode == 0
     assert cli("verify", "--dir", d).returncode == 0
     record("refused")

@@ -76,7 +76,7 @@ def test_verify_ok_and_failing(smoke, tmp_path):
     doc = run_json("verify", "--dir", d, code=1)
     assert doc["keys"] == ALL and doc["ok"] == ALL - 1 and doc["failed"] == 2
     by_file = {f["file"]: f for f in doc["failures"] if f["file"]}
-    assert by_file[str(lib)]["fix"] == f"dsv41-aot link --dir {d} --arch gfx950"
+    assert by_file[str(lib)]["fix"] == f"dsv41-aot link --dir {d} --arch gfx950 --release {by_file[str(lib)]['release']}"
     (bad_key,) = [f for f in doc["failures"] if f["key"]]
     assert "@gfx942:" in bad_key["key"] and "dsv41-aot build --release 0.33.0 --key" in bad_key["fix"]
     run_json("verify", "--dir", tmp_path / "empty", code=2)

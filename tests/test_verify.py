@@ -8,6 +8,7 @@ the GPU code objects byte for byte.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from dsv41_aot.aot.elf import exported_parts
 from dsv41_aot.errors import ToolchainError
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, room_dir, sha256_file
+from dsv41_aot.room import Room
 
 from _smoke import SMOKE_RELEASE_KEYS
 
@@ -100,7 +102,7 @@ def test_swapped_object_with_updated_sha_is_caught(copy):
     # and the room's libs.json still links the key from the object it was linked from
     (linked,) = [f for f in report["failures"] if f["file"] is not None]
     assert (linked["key"], linked["release"]) == (victim, "0.32.0")
-    assert linked["fix"] == f"dsv41-aot link --dir {copy} --arch gfx950"
+    assert linked["fix"] == f"dsv41-aot link --dir {copy} --arch gfx950 --release 0.32.0"
     (bad,) = [r for r in report["reports"] if r["key"] == victim and r["release"] == "0.32.0"]
     assert any("is not an export of entry" in p for p in bad["problems"]), bad
 
@@ -207,7 +209,7 @@ def test_libraries_and_libs_json_are_checked(copy, damage):
     proc = cli("verify", "--dir", copy)
     assert proc.returncode == 1, proc.stdout
     assert f"FAILED {named} (vLLM 0.32.0)" in proc.stdout, proc.stdout
-    fix = f"fix: dsv41-aot link --dir {copy} --arch gfx950"
+    fix = f"fix: dsv41-aot link --dir {copy} --arch gfx950 --release 0.32.0"
     assert fix in proc.stderr
     assert "0 failed" in proc.stdout  # every key's own object is fine: the link is what is wrong
     assert cli("link", "--dir", copy, "--arch", "gfx950").returncode == 0
@@ -224,16 +226,22 @@ def test_mixed_source_identities_fail(copy):
     (f,) = json.loads(proc.stdout)["failures"]
     assert f["file"] == str(copy / "gfx942" / "vllm-0.33.0" / "manifest.json") and key in f["error"]
     assert "2 source identities" in f["error"] and f["release"] == "0.33.0"
-    assert f["fix"] == f"rebuild: dsv41-aot build --arch gfx942 --release 0.33.0 --out {copy}"
+    # the fix rebuilds the keys that differ, from this release's tree
+    assert f["fix"] == f"dsv41-aot build --release 0.33.0 --out {copy} --key '{key}'"
 
 
 # ---------------------------------------------------------------- rooms (no build)
 
 
 def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = b"band") -> Manifest:
-    """A room whose manifest names ``keys`` (objects absent) and, with
-    ``band``, a libs.json linking them all from one band in the arch's lib/."""
+    """A room whose manifest names ``keys`` (objects/ there, its objects
+    absent) and, with ``band``, a libs.json linking them all from one xz band
+    in the arch's lib/ (a stand-in library: ``band`` and each key's entry
+    name, what the room checks a band exports)."""
+    import lzma
+
     man = Manifest(root / arch, arch, release=release)
+    (root / arch / "objects").mkdir(parents=True, exist_ok=True)
     for text in keys:
         k = BuildKey.parse(text, release)
         man.put({"key": text, "kind": k.kind, "arch": arch, "fields": k.build_fields(), "symbol": k.kernel_symbol,
@@ -244,10 +252,12 @@ def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = 
     if band is not None:
         (root / arch / LIB).mkdir(parents=True, exist_ok=True)
         name = f"libdsv41_{arch}_{release.replace('.', '_')}.so.xz"
-        (root / arch / LIB / name).write_bytes(band)
+        raw = b"\0".join([band] + [man.entries[k]["entry"].encode() for k in keys]) + b"\0"
+        (root / arch / LIB / name).write_bytes(lzma.compress(raw, format=lzma.FORMAT_XZ))
         doc = {"schema": 2, "arch": arch, "release": release, "libraries": [
-            {"file": name, "sha256": sha256_file(root / arch / LIB / name),
-             "entries": {k: man.entries[k]["sha256"] for k in keys}}]}
+            {"chunk": name.split(".")[0], "file": name, "sha256": sha256_file(root / arch / LIB / name),
+             "bytes": (root / arch / LIB / name).stat().st_size, "raw_sha256": hashlib.sha256(raw).hexdigest(),
+             "raw_bytes": len(raw), "entries": {k: man.entries[k]["sha256"] for k in keys}}]}
         (man.room / LIBS_JSON).write_text(json.dumps(doc))
     return man
 
@@ -258,38 +268,42 @@ KEYS = ["k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1"]
 def test_libs_json_is_checked_per_room(tmp_path):
     new = _room(tmp_path, "gfx950", "0.33.0", KEYS + ["k1@gfx950:s=4,tp=4,r=1,f=0"])
     old = _room(tmp_path, "gfx950", "0.32.0", KEYS, band=b"another band")
-    assert verify.check_libraries(new) == verify.check_libraries(old) == []
+
+    def problems(release: str) -> list:
+        return Room(tmp_path, "gfx950", release).problems(objects=False)
+
+    assert problems("0.33.0") == problems("0.32.0") == []
     path = old.room / LIBS_JSON
     good = json.loads(path.read_text())
 
     def failures(doc) -> list:
         path.write_text(json.dumps(doc))
-        return verify.check_libraries(Manifest.read(tmp_path / "gfx950", release="0.32.0"))
+        return problems("0.32.0")
 
     # a 0.32.0 key linked from another object than its room's manifest names
     doc = json.loads(json.dumps(good))
     doc["libraries"][0]["entries"][KEYS[1]] = "f" * 64
     (f,) = failures(doc)
-    assert (f["key"], f["release"]) == (KEYS[1], "0.32.0") and "links it from object ffffffffffffffff" in f["error"]
+    assert f.key == KEYS[1] and "links it from object ffffffffffffffff" in f.message and f.serving
     # the 0.33.0 room's libs.json copied into the 0.32.0 room
     (f,) = failures(json.loads((new.room / LIBS_JSON).read_text()))
-    assert f["release"] == "0.32.0" and "release '0.33.0'" in f["error"] and f["file"] == str(path)
+    assert "vLLM '0.33.0' in the gfx950 vLLM 0.32.0 folder" in f.message and f.file == str(path)
     # a band named outside the arch's lib/
     doc = json.loads(json.dumps(good))
     doc["libraries"][0]["file"] = "../objects/libdsv41_x.so.xz"
-    assert any("not a band in" in f["error"] for f in failures(doc))
+    assert any("not a band file of lib/" in f.message for f in failures(doc))
     # a band altered after linking; a key linked that the room does not hold
     doc = json.loads(json.dumps(good))
     (tmp_path / "gfx950" / LIB / doc["libraries"][0]["file"]).write_bytes(b"altered")
     doc["libraries"][0]["entries"]["ffn@gfx950:s=4,tp=4,r=0"] = "0" * 64
-    errors = [f["error"] for f in failures(doc)]
-    assert any("does not match its sha256" in e for e in errors)
+    errors = [f.message for f in failures(doc)]
+    assert any("does not match the sha256 in libs.json" in e for e in errors)
     assert any("ffn@gfx950:s=4,tp=4,r=0 is linked" in e for e in errors)
     # the other room is untouched by all of it
-    assert verify.check_libraries(new) == []
+    assert problems("0.33.0") == []
     path.unlink()
-    (f,) = verify.check_libraries(old)
-    assert "missing" in f["error"] and f["release"] == "0.32.0"
+    (f,) = problems("0.32.0")
+    assert "missing" in f.message and f.what == "libs"
 
 
 def test_reports_and_failures_carry_the_release(tmp_path):

@@ -33,6 +33,7 @@ from .compiler import worker_env
 from ..errors import AotError, IntegrityError, ManifestError, OutputDirError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write, sha256_file
+from ..room import orphan_objects
 from .lock import arch_lock
 from .residency import spill_notes
 from .workers import check_jobs, check_key_timeout
@@ -248,9 +249,9 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         # only once every room's manifest is on disk: an object is an orphan
         # when no room of its arch names it (a room's manifest not yet
         # written would lose its objects)
-        for st in states.values():
-            if summary.failed == 0:
-                for orphan in st.manifest.orphans():
+        if summary.failed == 0:
+            for arch_dir in sorted({st.dir for st in states.values()}):
+                for orphan in orphan_objects(arch_dir):
                     orphan.unlink(missing_ok=True)
         if bar is not None:
             bar.close()

@@ -16,7 +16,6 @@ are checked against the invariants vLLM asserts. Paths are relative to
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +23,8 @@ from ..errors import AotError
 from ..facts.arches import ARCHES
 from ..facts.releases import NEWEST, RELEASES, release_facts, version_order
 from ..keys import DEFAULTS, BuildKey
-from ..manifest import LIBS_JSON, MANIFEST, Manifest, prebuilt_dir, releases_in, room_dir
+from ..manifest import MANIFEST, prebuilt_dir, releases_in, room_dir
+from ..room import Room
 
 # amd/mono_decode.py MonoDecodeLayer._create: ``experts, topk = 384, 6`` for a
 # target layer; _mono_runner builds the target's DSV41MonoLayer with its
@@ -237,15 +237,9 @@ def available_in_dir(root: Path, arch: str, release: str = NEWEST, *,
             f"no prebuilt kernels for {arch} of vLLM {release} at {room} (no manifest.json; "
             f"{arch} holds {', '.join('vLLM ' + v for v in held) if held else 'no release'})",
             fix=f"dsv41-aot build --arch {arch} --release {release} --out {root}, or pass --dir / --profile")
-    have = set(Manifest.read(Path(root) / arch, arch, release=release).entries)
-    linked = None
-    libs = room / LIBS_JSON
-    if libs.is_file():
-        try:
-            doc = json.loads(libs.read_bytes())
-            linked = {k for lib in doc["libraries"] for k in lib["entries"]}
-        except (ValueError, KeyError, TypeError):
-            raise CoverageInputError(f"{libs}: not a dsv41-aot link record", fix=f"dsv41-aot link --dir {root}") from None
+    r = Room(root, arch, release)
+    have = set(r.manifest().entries)
+    linked = set(r.links().band_of) if r.libs_path.is_file() else None
     return have, linked, str(room)
 
 

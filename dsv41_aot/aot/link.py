@@ -46,18 +46,15 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from .elf import Elf
-from ..errors import AotError, ToolchainError
+from ..errors import AotError, ManifestError, ToolchainError
 from ..keys import BuildKey
-from ..manifest import (
-    BAND_SUFFIX, LIB, LIBS_JSON, LIBS_SCHEMA, Manifest, atomic_write, prebuilt_dir, releases_in, room_dir, rooms,
-    sha256_file,
-)
+from ..manifest import BAND_SUFFIX, LIB, LIBS_JSON, LIBS_SCHEMA, Manifest, atomic_write, prebuilt_dir, rooms, sha256_file
+from ..room import Band, Room, named_by_rooms
 
 XZ_PRESET = 6  # measured: preset 9, extreme and an x86 BCJ filter gain under 1% on these libraries
 BAND = 8  # step widths per chunk
@@ -130,42 +127,33 @@ def _check_library(data: bytes, path: str, entries: list[str]) -> None:
         raise AotError(f"{path}: entries not exported: {', '.join(lost[:5])}")
 
 
-def read_libs(arch_dir: Path, release: str, *, strict: bool = False) -> dict:
-    """libs.json of one room ({} when it was never linked; also when it is
-    malformed, unless ``strict``: a relink then links every chunk)."""
-    path = room_dir(arch_dir, release) / LIBS_JSON
-    try:
-        doc = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return {}
-    except ValueError:
-        if strict:
-            raise
-        return {}
-    return doc if isinstance(doc, dict) or strict else {}
-
-
 def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=None) -> dict:
     """Link (or keep, when up to date) every chunk of one room. Returns
     {"arch", "release", "keys", "libraries", "linked", "up_to_date", "removed", "seconds"}."""
     t0 = time.perf_counter()
     arch_dir = Path(arch_dir)
-    man = Manifest.read(arch_dir, release=release)
+    room = Room(arch_dir.parent, arch_dir.name, release)
+    man = room.manifest()
     for key in man.entries:  # refuse a corrupt object before linking it in
         man.check_object(key)
     chunks: dict[str, list[str]] = {}
     for key in sorted(man.entries):
-        chunks.setdefault(chunk_name(BuildKey.parse(key)), []).append(key)
-    old = {lib["chunk"]: lib for lib in read_libs(arch_dir, release).get("libraries", [])}
+        chunks.setdefault(chunk_name(BuildKey.parse(key, release)), []).append(key)
+    try:
+        old = {band.chunk: band for band in room.links().bands}
+    except ManifestError:  # never linked, or a record the room refuses: every chunk is linked again
+        old = {}
     libdir = arch_dir / LIB
+    if libdir.is_symlink():  # the loader refuses bands outside the arch's own lib/: make it a real folder
+        libdir.unlink()
     libdir.mkdir(parents=True, exist_ok=True)
     libraries, linked, kept = [], 0, 0
     for chunk, keys in sorted(chunks.items()):
         members = {k: man.entries[k]["sha256"] for k in keys}
         prev = old.get(chunk)
-        if prev and prev["entries"] == members and prev.get("raw_sha256") and prev["file"].endswith(BAND_SUFFIX) \
-                and (libdir / prev["file"]).is_file() and sha256_file(libdir / prev["file"]) == prev["sha256"]:
-            libraries.append(prev)
+        # kept only when the room finds nothing wrong with it (the loader's checks)
+        if prev and prev.entries == members and not room.band_problems(prev, man):
+            libraries.append(band_record(prev))
             kept += 1
             continue
         linker = linker or find_linker()
@@ -183,23 +171,25 @@ def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=No
     path = man.room / LIBS_JSON
     atomic_write(path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
     os.chmod(path, 0o644)  # installed read-only for every user, like the libraries
-    removed = _remove_unnamed_bands(arch_dir)
+    removed = _remove_unnamed_bands(arch_dir)  # after libs.json: this room's new bands are named
     return {"arch": man.arch, "release": release, "keys": len(man.entries), "libraries": len(libraries),
             "linked": linked, "up_to_date": kept, "removed": removed, "seconds": round(time.perf_counter() - t0, 3)}
 
 
+def band_record(band: Band) -> dict:
+    """A band as libs.json records it (link.py writes libs.json; room.py reads it)."""
+    return {"chunk": band.chunk, "file": band.file, "sha256": band.sha256, "bytes": band.bytes,
+            "raw_sha256": band.raw_sha256, "raw_bytes": band.raw_bytes, "entries": dict(band.entries)}
+
+
 def _remove_unnamed_bands(arch_dir: Path) -> list[str]:
-    """Remove the bands of ``arch_dir/lib`` no room's libs.json names (none
-    while some room's libs.json cannot be read: its bands are unknown)."""
-    keep = set()
-    for release in releases_in(arch_dir):
-        path = room_dir(arch_dir, release) / LIBS_JSON
-        if not path.is_file():
-            continue
-        try:
-            keep |= {lib["file"] for lib in read_libs(arch_dir, release, strict=True)["libraries"]}
-        except (ValueError, KeyError, TypeError):
-            return []
+    """Remove the bands of ``arch_dir/lib`` no room names, a room of a
+    release this dsv41-aot does not know included (none while some room's
+    records cannot be read: its bands are unknown)."""
+    named = named_by_rooms(arch_dir)
+    if named is None:
+        return []
+    keep = named[1]
     removed = []
     for p in sorted((arch_dir / LIB).iterdir()):
         if p.name not in keep and p.name.startswith("libdsv41_") and p.name.endswith((".so", BAND_SUFFIX)):
@@ -228,7 +218,7 @@ def _link_chunk(arch_dir: Path, chunk: str, keys: list[str], man: Manifest, memb
         digest = hashlib.sha256(band).hexdigest()
         name = f"{chunk}.{digest[:16]}{BAND_SUFFIX}"
         final = libdir / name
-        if not final.is_file() or sha256_file(final) != digest:
+        if final.is_symlink() or not final.is_file() or sha256_file(final) != digest:
             staged = Path(tmp) / name
             staged.write_bytes(band)
             os.chmod(staged, 0o644)  # data, never executed from disk: the loader dlopens a memfd copy
@@ -264,7 +254,6 @@ def link_dir(root: Path, arches=None, *, release: str | None = None, log=None) -
 
 
 def register(subparsers) -> None:
-    from ..manifest import prebuilt_dir
 
     p = subparsers.add_parser(
         "link",

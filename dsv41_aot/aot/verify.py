@@ -39,7 +39,8 @@ from . import elf
 from ..errors import AotError, IntegrityError
 from ..facts.releases import NEWEST
 from ..keys import BuildKey
-from ..manifest import BAND_RE, LIB, LIBS_JSON, Manifest, rooms_or_error, sha256_file
+from ..manifest import OBJECTS, Manifest, rooms_or_error
+from ..room import Room, orphan_objects, rooms_of
 from .codeobject import code_object_resources, manifest_figures
 from .cache import add_args, cache_dir
 from .jit import compare_jit, read_verified, verified_record, write_verified
@@ -79,6 +80,9 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
     GPU code object (None when it could not be read)."""
     e = man.entries[key]
     rep = KeyReport(key, man.arch, man.release)
+    if not (man.dir / OBJECTS).is_dir():  # a shipped room (a wheel's): its bands are what is checked
+        rep.checks.append("shipped")
+        return rep, None
     rep.checks.append("sha256")
     try:
         man.check_object(key)
@@ -128,73 +132,6 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
     rep.problems += kernarg_problems(slots, res)  # the object's own ABI (the manifest's was compared above)
     rep.problems += [f"cannot be resident: {p}" for p in residency_problems(res, man.arch)]
     return rep, code
-
-
-def check_libraries(man: Manifest) -> list[dict]:
-    """The room's ``libs.json`` against its manifest: a failure {"key",
-    "release", "file", "error", "fix"} per problem (key None when the problem
-    is a file's), [] when the loader would accept them. The bands it names
-    live in the arch's ``lib/``, shared by its releases."""
-    libdir = man.dir / LIB
-    path = man.room / LIBS_JSON
-    relink = f"dsv41-aot link --dir {man.dir.parent} --arch {man.arch}"
-
-    def failure(error: str, file: Path = path, key: str | None = None) -> dict:
-        return {"key": key, "release": man.release, "file": str(file), "error": error, "fix": relink}
-
-    if not path.is_file():
-        if not man.entries:  # nothing built for this room (e.g. only refused keys): nothing to link or load
-            return []
-        return [failure(f"{path} is missing: the loader cannot open any vLLM {man.release} key on {man.arch}")]
-    try:
-        doc = json.loads(path.read_bytes())
-        libraries = doc["libraries"]
-        for name in ("arch", "release"):
-            want = man.arch if name == "arch" else man.release
-            if name in doc and doc[name] != want:
-                raise ValueError(f"it says {name} {doc[name]!r}, its room is {want!r}")
-        linked = {}
-        for lib in libraries:
-            if not isinstance(lib.get("file"), str) or not isinstance(lib.get("sha256"), str):
-                raise ValueError(f"a library record lacks file / sha256: {str(lib)[:200]}")
-            linked.update({k: (lib["file"], sha) for k, sha in lib["entries"].items()})
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        return [failure(f"{path} is not a dsv41-aot link record of vLLM {man.release} on {man.arch} "
-                        f"({type(e).__name__}: {e})")]
-    out = []
-    for lib in libraries:
-        file = (libdir / lib["file"]).resolve()
-        if not BAND_RE.fullmatch(lib["file"]) or file.parent != libdir.resolve():
-            out.append(failure(f"{path} names {lib['file']!r}, not a band in {libdir}"))
-        elif not file.is_file():
-            out.append(failure(f"{file} is missing (named by {path})", file))
-        elif sha256_file(file) != lib["sha256"]:
-            out.append(failure(f"{file} does not match its sha256 in {path} (corrupt or altered)", file))
-    for key, e in sorted(man.entries.items()):
-        if key not in linked:
-            out.append(failure(f"{key} is in {man.path} but no library links it", key=key))
-        elif linked[key][1] != e["sha256"]:
-            out.append(failure(f"{key}: {path} links it from object {linked[key][1][:16]}, the manifest names "
-                               f"{e['sha256'][:16]}", key=key))
-    for key in sorted(set(linked) - set(man.entries)):
-        out.append(failure(f"{key} is linked (in {linked[key][0]}) but not in {man.path}", key=key))
-    return out
-
-
-def check_sources(man: Manifest) -> list[dict]:
-    """One room's entries must come from one source identity (vLLM mono
-    digest and version, helpers, FlyDSL, linker): no installed vLLM matches
-    a mix, and a single altered entry shows up as one."""
-    sources: dict = {}
-    for key, e in sorted(man.entries.items()):
-        sources.setdefault(json.dumps(e["source"], sort_keys=True), []).append(key)
-    if len(sources) < 2:
-        return []
-    fewest = min(sources.values(), key=len)
-    return [{"key": None, "release": man.release, "file": str(man.path),
-             "error": f"{man.path} mixes {len(sources)} source identities ({len(fewest)} key(s) differ from the rest, "
-                      f"e.g. {fewest[0]})",
-             "fix": f"rebuild: dsv41-aot build --arch {man.arch} --release {man.release} --out {man.dir.parent}"}]
 
 
 def kernarg_problems(abi: list, res: dict) -> list[str]:
@@ -371,10 +308,17 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                            fix=f"build them: dsv41-aot build --out {root} --release {first} --key "
                                f"{' '.join(repr(str(k)) for k in unknown[:5] if k.release == first)}")
     reports, codes, chosen, lib_failures, warnings = {}, {}, {}, [], {}
+    for arch_dir in sorted({man.dir for man in mans}):
+        for orphan in orphan_objects(arch_dir):  # an arch's objects are its rooms' (once per arch)
+            warnings[orphan] = f"{arch_dir.name}: stored object {orphan.name} is named by no room (left by an older or interrupted build)"
+        for foreign in rooms_of(arch_dir):
+            if not foreign.known:
+                warnings[foreign.dir] = (f"{foreign.dir}: vllm-{foreign.release} is a release this dsv41-aot does not "
+                                         f"know; left as it is (its objects and bands are kept)")
     for man in mans:
-        lib_failures += check_libraries(man) + check_sources(man)
-        for orphan in man.orphans():  # an arch's objects are its releases' (once per arch)
-            warnings[orphan] = f"{man.arch}: stored object {orphan.name} is named by no entry (left by an older or interrupted build)"
+        room = Room(root, man.arch, man.release)
+        # the room's one verdict (what the loader refuses); stored objects are checked key by key below
+        lib_failures += [dict(p.as_dict(), release=man.release) for p in room.problems(objects=False)]
         names = [k for k in sorted(man.entries) if wanted is None or BuildKey.parse(k, man.release) in wanted]
         for k in names:
             rep, code = check_entry(man, k)

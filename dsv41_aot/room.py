@@ -1,0 +1,383 @@
+"""A room: ``<dir>/<arch>/vllm-<release>/``, the keys of one vLLM release on
+one arch, and the one judge of whether it can serve.
+
+A room owns its paths (manifest.json, libs.json, timings.json, verified.json
+in its folder; the arch's ``objects/`` and ``lib/``, shared with the arch's
+other rooms), reads manifest.json and libs.json once each through one strict
+parser each (``Manifest.read``; :meth:`LinkRecord.parse`, which also reads a
+wheel's bytes), and answers :meth:`Room.problems`: every problem it can
+have, typed, each naming its file (and key) and carrying the command that
+fixes it. Everything that reads a room asks it:
+
+- the loader raises the first problem of the band a key binds (the band
+  checks here are the ones it runs while reading the band: path, plain file,
+  sha256, raw sha256);
+- ``dsv41-aot verify`` reports them all;
+- ``link`` relinks the chunks whose band has a problem, and ``build``
+  rebuilds keys whose object has one;
+- the wheel gate (``ci/prebuilt.py``) ships a room with no serving problem.
+
+A room of a release this dsv41-aot does not know (``vllm-0.34.0``, written by
+a newer version) is *foreign*: nobody judges, rewrites or deletes it, and the
+objects and bands it names stay (:func:`named_by_rooms`).
+
+Shared core: standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import AotError, IntegrityError, ManifestError
+from .facts.releases import RELEASES
+from .manifest import BAND_RE, LIB, LIBS_JSON, LIBS_SCHEMA, MANIFEST, OBJECTS, TIMINGS, Manifest
+
+VERIFIED = "verified.json"
+REINSTALL = "pip install --force-reinstall --no-deps dsv41-aot"  # a wheel's room: no objects/ to relink from
+ROOM_RE = re.compile(r"vllm-(\d+\.\d+\.\d+)")
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
+
+
+# ---------------------------------------------------------------- libs.json
+
+
+@dataclass(frozen=True)
+class Band:
+    """One linked library of a room, as libs.json records it: the .so.xz in
+    the arch's lib/ and the keys it links (key -> object sha256)."""
+
+    chunk: str
+    file: str
+    sha256: str
+    bytes: int
+    raw_sha256: str
+    raw_bytes: int
+    entries: dict = field(hash=False, compare=True)
+
+    def check_compressed(self, data: bytes, where: Path, fix: str) -> None:
+        """The band's bytes as read must be the ones libs.json recorded."""
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise IntegrityError(f"{where} does not match the sha256 in {LIBS_JSON} (corrupt or altered)", fix=fix)
+
+    def unpack(self, data: bytes, where: Path, fix: str) -> bytes:
+        """The library inside the band's (checked) bytes, checked against
+        raw_sha256 and raw_bytes."""
+        import lzma  # only when a band is read: importing the room stays cheap
+
+        self.check_compressed(data, where, fix)
+        try:
+            raw = lzma.decompress(data, format=lzma.FORMAT_XZ)
+        except lzma.LZMAError as e:  # only a libs.json whose sha256 was forged with the file gets here
+            raise IntegrityError(f"{where}: not an xz band ({e})", fix=fix) from None
+        if len(raw) != self.raw_bytes or hashlib.sha256(raw).hexdigest() != self.raw_sha256:
+            raise IntegrityError(f"{where} decompresses to a library whose sha256 is not the raw_sha256 in "
+                                 f"{LIBS_JSON} (altered band or link record)", fix=fix)
+        return raw
+
+
+@dataclass(frozen=True)
+class LinkRecord:
+    """A room's libs.json: which band links which key."""
+
+    arch: str
+    release: str
+    bands: tuple
+    band_of: dict  # key -> Band
+
+    @classmethod
+    def parse(cls, data: bytes, where: str, arch: str, release: str, fix: str) -> "LinkRecord":
+        """The one parser of libs.json (a folder's file or a wheel's member):
+        ManifestError naming ``where`` for anything but a schema-2 link
+        record of ``arch`` / ``release`` whose bands are plain file names
+        with well-formed digests, each key linked once."""
+        try:
+            doc = json.loads(data)
+        except ValueError as e:
+            raise ManifestError(f"{where}: malformed JSON ({e})", fix=fix) from None
+        if not isinstance(doc, dict):
+            raise ManifestError(f"{where}: not a dsv41-aot link record", fix=fix)
+        if doc.get("arch") != arch or doc.get("release") != release:
+            raise ManifestError(f"{where}: link record for {doc.get('arch')!r} vLLM {doc.get('release')!r} in the "
+                                f"{arch} vLLM {release} folder", fix=fix)
+        if doc.get("schema") != LIBS_SCHEMA:
+            raise ManifestError(f"{where}: link record schema {doc.get('schema')!r}, this dsv41-aot reads "
+                                f"{LIBS_SCHEMA} (compressed bands)", fix=fix)
+        bands, band_of = [], {}
+        try:
+            for lib in doc["libraries"]:
+                name = lib["file"]
+                if not isinstance(name, str) or not BAND_RE.fullmatch(name):
+                    raise ManifestError(f"{where}: library {lib.get('chunk')!r} names file {name!r}, not a band "
+                                        f"file of lib/", fix=fix)
+                if not all(isinstance(lib[f], str) and _SHA_RE.fullmatch(lib[f]) for f in ("sha256", "raw_sha256")) \
+                        or not all(type(lib[f]) is int for f in ("bytes", "raw_bytes")) \
+                        or not isinstance(lib["chunk"], str) or not isinstance(lib["entries"], dict):
+                    raise ManifestError(f"{where}: library {name}: chunk / sha256 / raw_sha256 / bytes / raw_bytes / "
+                                        f"entries malformed", fix=fix)
+                band = Band(lib["chunk"], name, lib["sha256"], lib["bytes"], lib["raw_sha256"], lib["raw_bytes"],
+                            dict(lib["entries"]))
+                for key, sha in band.entries.items():
+                    if key in band_of:
+                        raise ManifestError(f"{where}: {key} is linked by {band_of[key].file} and {name}", fix=fix)
+                    if not (isinstance(sha, str) and _SHA_RE.fullmatch(sha)):
+                        raise ManifestError(f"{where}: {name} links {key} from object {sha!r}, not a sha256", fix=fix)
+                    band_of[key] = band
+                bands.append(band)
+        except (KeyError, TypeError, AttributeError):
+            raise ManifestError(f"{where}: not a dsv41-aot link record", fix=fix) from None
+        return cls(arch, release, tuple(bands), band_of)
+
+
+# ---------------------------------------------------------------- problems
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a room. ``serving``: the loader refuses it (a
+    user of the room hits it); otherwise only a builder cares (objects/ is
+    not shipped, a key that cannot be resident is reported apart)."""
+
+    what: str  # a stable name: "manifest", "libs", "band", "link", "sources", "object", ...
+    message: str
+    file: str | None
+    fix: str
+    key: str | None = None
+    band: str | None = None  # the band file it concerns (the loader checks only the one it binds)
+    serving: bool = True
+
+    def error(self) -> AotError:
+        cls = IntegrityError if self.what in ("band", "object") else ManifestError
+        return cls(self.message, fix=self.fix)
+
+    def as_dict(self) -> dict:
+        return {"what": self.what, "key": self.key, "file": self.file, "error": self.message, "fix": self.fix,
+                "serving": self.serving}
+
+
+# ---------------------------------------------------------------- the room
+
+
+class Room:
+    """``<root>/<arch>/vllm-<release>/``. ``release`` is always given."""
+
+    def __init__(self, root: Path, arch: str, release: str):
+        self.root, self.arch, self.release = Path(root), arch, release
+        self.arch_dir = self.root / arch
+        self.dir = self.arch_dir / f"vllm-{release}"
+        self.objects = self.arch_dir / OBJECTS
+        self.lib = self.arch_dir / LIB
+        self.manifest_path = self.dir / MANIFEST
+        self.libs_path = self.dir / LIBS_JSON
+        self.timings_path = self.dir / TIMINGS
+        self.verified_path = self.dir / VERIFIED
+        self._manifest: Manifest | None = None
+        self._links: LinkRecord | None = None
+
+    def __repr__(self) -> str:
+        return f"Room({self.arch}/vllm-{self.release} in {self.root})"
+
+    @property
+    def known(self) -> bool:
+        """A release of this dsv41-aot's facts (a foreign room is left as it is)."""
+        return self.release in RELEASES
+
+    @property
+    def built_here(self) -> bool:
+        """Stored objects are present: the room can be relinked and rebuilt
+        (a wheel's room ships without objects/)."""
+        return self.objects.is_dir()
+
+    # fixes: each a command, run as printed
+
+    @property
+    def link_cmd(self) -> str:
+        return f"dsv41-aot link --dir {self.root} --arch {self.arch} --release {self.release}"
+
+    @property
+    def build_cmd(self) -> str:
+        return f"dsv41-aot build --arch {self.arch} --release {self.release} --out {self.root}"
+
+    @property
+    def fix_relink(self) -> str:
+        """Relink where it was built (objects/ present: link replaces a band
+        or link record with a problem), else reinstall the wheel."""
+        return self.link_cmd if self.built_here else REINSTALL
+
+    @property
+    def fix_reinstall(self) -> str:
+        """Rebuild where it was built (objects/ present), else reinstall the wheel."""
+        return f"{self.build_cmd} && {self.link_cmd}" if self.built_here else REINSTALL
+
+    # records, parsed once
+
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            self._manifest = Manifest.read(self.arch_dir, self.arch, release=self.release)
+        return self._manifest
+
+    def links(self) -> LinkRecord:
+        if self._links is None:
+            try:
+                data = self.libs_path.read_bytes()
+            except FileNotFoundError:
+                raise ManifestError(f"{self.libs_path} is missing: the objects of {self.arch_dir} were never linked",
+                                    fix=self.fix_relink) from None
+            self._links = LinkRecord.parse(data, str(self.libs_path), self.arch, self.release, self.fix_relink)
+        return self._links
+
+    def band_path(self, band: Band) -> Path:
+        """The band's path, which must resolve to a file directly inside the
+        arch folder's own lib/ (no symlinked band or lib/ leading elsewhere)."""
+        path = self.lib / band.file
+        real = Path(os.path.realpath(path))
+        if self.lib.is_symlink() or real.parent != Path(os.path.realpath(self.arch_dir)) / LIB \
+                or real.name != band.file:
+            raise ManifestError(f"{self.libs_path}: library {band.file} resolves to {real}, outside {self.lib}",
+                                fix=self.fix_band)
+        return path
+
+    @property
+    def fix_band(self) -> str:
+        """A band with a problem: link writes it again (a symlinked lib/
+        folder is replaced by a real one)."""
+        return self.fix_relink
+
+    def read_band(self, band: Band) -> bytes:
+        """The library inside ``band``, read through one descriptor that
+        never follows a symlink, and checked twice (sha256, raw_sha256)."""
+        path = self.band_path(band)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise IntegrityError(f"{path} is missing", fix=self.fix_band) from None
+        except OSError as e:  # ELOOP: a symlink where a band must be
+            raise ManifestError(f"{path}: cannot open it as a plain file inside its lib/ folder ({e})",
+                                fix=self.fix_band) from None
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+        return band.unpack(data, path, self.fix_band)
+
+    # the verdict
+
+    def problems(self, *, bands: bool = True, objects: bool = True) -> list[Problem]:
+        """Every problem of this room: the manifest's, the link record's
+        against it, each band's (``bands``: read, decompressed and checked
+        to export its keys' entries), the stored objects' (``objects``;
+        builder-only problems). Empty for a sound room."""
+        if not self.known:
+            return []
+        try:
+            man = self.manifest()
+        except ManifestError as e:
+            return [Problem("manifest", str(e).split("\n  fix: ")[0], str(self.manifest_path), e.fix)]
+        out = self._source_problems(man)
+        if not self.libs_path.is_file() and not man.entries:
+            return out  # nothing built here (only refused keys): nothing to link or load
+        try:
+            links = self.links()
+        except ManifestError as e:
+            return out + [Problem("libs", str(e).split("\n  fix: ")[0], str(self.libs_path), e.fix)]
+        for key, e in sorted(man.entries.items()):
+            band = links.band_of.get(key)
+            if band is None:
+                out.append(Problem("link", f"{key} is in {man.path} but no library links it", str(self.libs_path),
+                                   self.fix_relink, key=key))
+            elif band.entries[key] != e["sha256"]:
+                out.append(Problem("link", f"{key}: {self.libs_path} links it from object {band.entries[key][:16]}, "
+                                           f"the manifest names {e['sha256'][:16]}", str(self.libs_path),
+                                   self.fix_relink, key=key, band=band.file))
+        for key in sorted(set(links.band_of) - set(man.entries)):
+            out.append(Problem("link", f"{key} is linked (in {links.band_of[key].file}) but not in {man.path}",
+                               str(self.libs_path), self.fix_relink, key=key))
+        if bands:
+            for band in links.bands:
+                out += self.band_problems(band, man)
+        if objects and self.built_here:
+            out += self.object_problems(man)
+        return out
+
+    def band_problems(self, band: Band, man: Manifest | None = None) -> list[Problem]:
+        """What the loader would refuse of ``band``: its path, bytes and
+        library, and (with ``man``) that it exports each key's entry."""
+        try:
+            raw = self.read_band(band)
+        except (ManifestError, IntegrityError) as e:
+            return [Problem("band", str(e).split("\n  fix: ")[0], str(self.lib / band.file), e.fix, band=band.file)]
+        out = []
+        for key in sorted(band.entries):
+            entry = man.entries.get(key, {}).get("entry") if man else None
+            if entry and (entry.encode() + b"\0") not in raw:
+                out.append(Problem("band", f"{band.file} does not export {entry} ({key}): {self.libs_path} lists the "
+                                           f"key under the wrong band", str(self.libs_path), self.fix_relink,
+                                   key=key, band=band.file))
+        return out
+
+    def object_problems(self, man: Manifest) -> list[Problem]:
+        """Stored objects missing or altered: a builder's problem (the room
+        still serves from its bands; build compiles them again)."""
+        out = []
+        for key in sorted(man.entries):
+            try:
+                man.check_object(key)
+            except IntegrityError as e:
+                out.append(Problem("object", str(e).split("\n  fix: ")[0], str(man.object_path(key)), e.fix,
+                                   key=key, serving=False))
+        return out
+
+    def _source_problems(self, man: Manifest) -> list[Problem]:
+        """One source identity a room: no installed vLLM matches a mix."""
+        sources: dict = {}
+        for key, e in sorted(man.entries.items()):
+            sources.setdefault(json.dumps(e["source"], sort_keys=True), []).append(key)
+        if len(sources) < 2:
+            return []
+        fewest = min(sources.values(), key=len)
+        return [Problem("sources", f"{man.path} mixes {len(sources)} source identities ({len(fewest)} key(s) "
+                                   f"differ from the rest, e.g. {fewest[0]})", str(man.path),
+                        f"dsv41-aot build --release {self.release} --out {self.root} --key "
+                        + " ".join(f"'{k}'" for k in fewest))]
+
+
+# ---------------------------------------------------------------- a prebuilt directory
+
+
+def rooms_of(arch_dir: Path) -> list[Room]:
+    """Every room folder of an arch folder (``vllm-X.Y.Z``), known or foreign."""
+    arch_dir = Path(arch_dir)
+    if not arch_dir.is_dir():
+        return []
+    found = [m.group(1) for p in arch_dir.iterdir() if (m := ROOM_RE.fullmatch(p.name)) and p.is_dir()]
+    key = lambda v: tuple(int(x) for x in v.split("."))  # noqa: E731
+    return [Room(arch_dir.parent, arch_dir.name, v) for v in sorted(found, key=key)]
+
+
+def named_by_rooms(arch_dir: Path) -> tuple[set, set] | None:
+    """(object paths, band file names) some room of the arch names, foreign
+    rooms included, read by the same parsers. None when a room's records
+    cannot be read: what it names is unknown, so nothing may be collected."""
+    objs, bands = set(), set()
+    for room in rooms_of(arch_dir):
+        try:
+            if room.manifest_path.is_file():
+                objs |= {room.arch_dir / e["object"] for e in room.manifest().entries.values()}
+            if room.libs_path.is_file():
+                bands |= {b.file for b in room.links().bands}
+        except AotError:
+            return None
+    return objs, bands
+
+
+def orphan_objects(arch_dir: Path) -> list[Path]:
+    """Stored objects of an arch no room names, a foreign room included (left
+    by an interrupted or older build); none while some room's records cannot
+    be read (its objects cannot be told apart)."""
+    named = named_by_rooms(arch_dir)
+    objdir = Path(arch_dir) / OBJECTS
+    if named is None or not objdir.is_dir():
+        return []
+    return sorted(p for p in objdir.glob("*.o") if p not in named[0])
