@@ -68,9 +68,9 @@ READY = """
 import json, os, time
 t0 = time.perf_counter()
 import dsv41_aot
-from dsv41_aot.runtime import loader
+from dsv41_aot.runtime import hip, host, loader
 t1 = time.perf_counter()
-loader._installed_vllm()
+host._installed_vllm()
 tv = time.perf_counter()
 keys = loader.keys(ARCH, prebuilt=ROOT)
 t2 = time.perf_counter()
@@ -80,7 +80,7 @@ ls2 = [dsv41_aot.load_key(k, prebuilt=ROOT) for k in keys]
 t4 = time.perf_counter()
 # what first calls (or preload) add before their GPU work: libamdhip64, then
 # each band (or old library) verified and dlopened, each entry resolved
-loader._hip.load()
+hip.load()
 th = time.perf_counter()
 ls[0].bind()
 tb = time.perf_counter()

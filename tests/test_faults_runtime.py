@@ -40,7 +40,7 @@ from dsv41_aot.errors import (
     SourceMismatchError,
 )
 from dsv41_aot.manifest import abi_id
-from dsv41_aot.runtime import loader
+from dsv41_aot.runtime import bands, loader, state
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 K1 = "k1@gfx950:s=4,tp=4,r=1"
@@ -77,7 +77,7 @@ def _bind_refused(d: Path, error, match: str, key: str = K1):
     with pytest.raises(error, match=match) as e:
         dsv41_aot.load_key(key, prebuilt=d).bind()
     assert isinstance(e.value, LoadError)  # what the vLLM plugin's fallback catches
-    assert _memfds() == before and not loader._state.libraries
+    assert _memfds() == before and not state._state.libraries
     return e.value
 
 
@@ -290,7 +290,7 @@ def test_a_band_swapped_after_it_was_verified_is_not_what_is_loaded(prebuilt, fr
     monkeypatch.setenv("DSV41_FAULT_MARKER", str(marker))
     _, doc = _libs(prebuilt)
     band = libdir(prebuilt, "gfx950") / _own(doc)["file"]
-    real_unpack = loader.unpack_band
+    real_unpack = bands.unpack_band
     swapped = []
 
     def unpack_then_swap(path, data, lib, fix):
@@ -299,7 +299,7 @@ def test_a_band_swapped_after_it_was_verified_is_not_what_is_loaded(prebuilt, fr
         swapped.append(path)
         return raw
 
-    monkeypatch.setattr(loader, "unpack_band", unpack_then_swap)
+    monkeypatch.setattr(bands, "unpack_band", unpack_then_swap)
     launcher = dsv41_aot.load_key(K1, prebuilt=prebuilt)
     launcher.bind()
     assert swapped and band.read_bytes() == planted
@@ -319,7 +319,7 @@ def test_a_band_swapped_for_a_symlink_after_its_path_check_is_not_followed(prebu
     lib = _own(doc)
     band = libdir(prebuilt, "gfx950") / lib["file"]
     elsewhere = tmp_path / "planted" / lib["file"]
-    real_check = loader._band_path
+    real_check = bands._band_path
     checked = []
 
     def check_then_swap(idx, rec):
@@ -330,7 +330,7 @@ def test_a_band_swapped_for_a_symlink_after_its_path_check_is_not_followed(prebu
         checked.append(path)
         return path
 
-    monkeypatch.setattr(loader, "_band_path", check_then_swap)
+    monkeypatch.setattr(bands, "_band_path", check_then_swap)
     err = _bind_refused(prebuilt, ManifestError, "cannot open it as a plain file inside its lib/ folder")
     assert checked == [band] and band.is_symlink() and str(band) in str(err)
     assert os.strerror(errno.ELOOP) in str(err)

@@ -157,14 +157,14 @@ def stubbed(smoke_dir, tmp_path_factory):
 @pytest.mark.parametrize("release,key,narrow", CASES,
                          ids=[f"{r}-{k.partition('@')[0]}{'-narrowed' if n else ''}" for r, k, n in CASES])
 def test_every_value_arrives_in_every_slot(stubbed, fresh, monkeypatch, release, key, narrow):
-    from dsv41_aot.runtime import hip
+    from dsv41_aot.runtime import hip, state
 
     bk = BuildKey.parse(key, release)
     monkeypatch.setenv(fresh.ENV_ALLOW_SOURCE, "1")  # the installed vLLM is one release; both are launched here
     # MOCK-GPU: a device of the key's arch, not capturing; the stub's own
     # __module_init / __module_load (no device work) are called for real
-    monkeypatch.setattr(fresh._state, "device_arch", bk.arch)
-    monkeypatch.setattr(fresh._state, "device_arch_read", True)
+    monkeypatch.setattr(state._state, "device_arch", bk.arch)
+    monkeypatch.setattr(state._state, "device_arch_read", True)
     monkeypatch.setattr(hip.Hip, "stream_capturing", lambda self, stream, what="": False)
 
     launcher = fresh.load_key(key, release=release, prebuilt=stubbed)

@@ -20,7 +20,7 @@ import pytest
 
 from _smoke import OLD, REPO, copy_of, libdir, room, smoke_count
 import dsv41_aot
-from dsv41_aot.runtime import loader
+from dsv41_aot.runtime import loader, state
 from dsv41_aot.errors import (
     ArchMismatchError,
     CaptureError,
@@ -119,14 +119,14 @@ def test_every_smoke_key_loads_with_the_build_side_blocked(smoke):
     r = _run(_BLOCKED + f"""
 import json, sys
 import dsv41_aot
-from dsv41_aot.runtime import loader
+from dsv41_aot.runtime import host, loader
 out = {{}}
 for arch in ("gfx950", "gfx942"):
     for key in loader.keys(arch, prebuilt={str(smoke)!r}):
         launcher = dsv41_aot.load_key(key, prebuilt={str(smoke)!r})
         launcher.bind()  # band sha256 x2, memfd, dlopen, entry, ABI vs export metadata
         out[key] = [launcher.kernel_name, launcher._call is not None]
-assert loader._installed_vllm()[0] is not None  # the source check ran on the installed vLLM
+assert host._installed_vllm()[0] is not None  # the source check ran on the installed vLLM
 maps = open("/proc/self/maps").read()
 bands = sorted({{l.split("/memfd:")[1].split(" ")[0] for l in maps.splitlines() if "/memfd:libdsv41_" in l}})
 print(json.dumps(out))
@@ -193,8 +193,10 @@ def test_stream_handles(smoke, fresh):
 
     import ctypes
 
-    assert loader._stream_handle(None) == 0 and loader._stream_handle(TorchLikeStream()) == 1234
-    assert loader._stream_handle(ctypes.c_void_p(77)) == 77 and loader._stream_handle(5) == 5
+    from dsv41_aot.runtime.launcher import _stream_handle
+
+    assert _stream_handle(None) == 0 and _stream_handle(TorchLikeStream()) == 1234
+    assert _stream_handle(ctypes.c_void_p(77)) == 77 and _stream_handle(5) == 5
 
 
 # ---------------------------------------------------------------- preload / capture
@@ -218,7 +220,7 @@ def test_preload_loads_each_module_once_on_the_device(smoke, fresh, monkeypatch)
 
     launcher = dsv41_aot.load_key(K1, prebuilt=smoke)
     launcher.bind()  # for real: band sha256, memfd dlopen, entry, ABI against the export metadata
-    assert launcher._lib is fresh._state.libraries[launcher.library]
+    assert launcher._lib is state._state.libraries[launcher.library]
     calls = []
 
     def device_call(step):
@@ -230,8 +232,8 @@ def test_preload_loads_each_module_once_on_the_device(smoke, fresh, monkeypatch)
     # MOCK-GPU: a gfx950 device, not capturing, on which the entry's own
     # __module_init / __module_load (the two C calls that reach the device)
     # succeed; everything else is the real bound library
-    monkeypatch.setattr(fresh._state, "device_arch", "gfx950")
-    monkeypatch.setattr(fresh._state, "device_arch_read", True)
+    monkeypatch.setattr(state._state, "device_arch", "gfx950")
+    monkeypatch.setattr(state._state, "device_arch_read", True)
     monkeypatch.setattr(hip.Hip, "stream_capturing", lambda self, stream, what="": False)
     for step in ("__module_init", "__module_load"):
         monkeypatch.setattr(launcher._lib, launcher.entry + step, device_call(step))
@@ -250,8 +252,8 @@ def test_preload_loads_each_module_once_on_the_device(smoke, fresh, monkeypatch)
 
 def test_device_of_another_arch_is_refused_at_first_load(smoke, fresh, monkeypatch):
     # MOCK-GPU: the current device is a gfx942
-    monkeypatch.setattr(fresh._state, "device_arch", "gfx942")
-    monkeypatch.setattr(fresh._state, "device_arch_read", True)
+    monkeypatch.setattr(state._state, "device_arch", "gfx942")
+    monkeypatch.setattr(state._state, "device_arch_read", True)
     with pytest.raises(ArchMismatchError, match="built for gfx950, but the current device is gfx942"):
         dsv41_aot.preload([K1], prebuilt=smoke)
 
@@ -343,7 +345,7 @@ def test_a_flipped_byte_in_a_band_refuses_bind_and_preload(smoke, fresh, tmp_pat
         launcher.bind()  # what its first call or preload does first
     with pytest.raises(IntegrityError, match="does not match the sha256"):
         dsv41_aot.preload([K1], prebuilt=d)
-    assert not fresh._state.libraries  # nothing opened
+    assert not state._state.libraries  # nothing opened
 
 
 def test_manifest_problems(smoke, fresh, tmp_path):
@@ -351,8 +353,8 @@ def test_manifest_problems(smoke, fresh, tmp_path):
     here = room(d, "gfx950")
 
     def forget():  # read the rooms again, and pick the running vLLM's again
-        fresh._state.indexes.clear()
-        fresh._state.picked.clear()
+        state._state.indexes.clear()
+        state._state.picked.clear()
 
     (here / "libs.json").write_text("{not json")
     with pytest.raises(ManifestError, match="malformed JSON"):
@@ -410,7 +412,7 @@ def test_an_object_rebuilt_after_the_link_names_it_and_relink_fixes_it(smoke, fr
     (cmd,) = _fix_command(e.value)
     r = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *cmd], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
-    fresh._state.indexes.clear()
+    state._state.indexes.clear()
     dsv41_aot.load_key(K1, prebuilt=d).bind()
 
 
@@ -428,7 +430,7 @@ def test_an_altered_manifest_entry_names_it_and_its_fix_rebuilds(smoke, fresh, t
                            else [sys.executable, "-m", "dsv41_aot.cli", *cmd], capture_output=True, text=True,
                            cwd=REPO, timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
-    fresh._state.indexes.clear()
+    state._state.indexes.clear()
     dsv41_aot.load_key(K1, prebuilt=d).bind()
 
 
@@ -462,8 +464,8 @@ def test_installed_vllm_with_other_mono_sources(smoke, tmp_path):
 def test_no_installed_vllm_means_no_source_check(smoke):
     r = subprocess.run(
         [sys.executable, "-S", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); import dsv41_aot; "
-         f"from dsv41_aot.runtime import loader; print(dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r}).key, "
-         f"loader._installed_vllm())"],
+         f"from dsv41_aot.runtime import host; print(dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r}).key, "
+         f"host._installed_vllm())"],
         capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"{K1} (None, None, None)"
@@ -520,7 +522,7 @@ def test_a_key_of_another_release_never_serves_the_running_vllm(smoke, fresh):
     with pytest.raises(ReleaseMismatchError, match="matches no prebuilt release") as e:
         dsv41_aot.load_key("k1@gfx942:s=4,tp=4,r=1", prebuilt=smoke)
     assert "vLLM 0.33.0 (" in str(e.value) and "--release 0.32.0" in e.value.fix
-    assert not any(launcher._idx.release == "0.33.0" for launcher in fresh._state.launchers.values())
+    assert not any(launcher._idx.release == "0.33.0" for launcher in state._state.launchers.values())
 
 
 def test_a_room_the_prebuilt_dir_does_not_hold(smoke, fresh, tmp_path):
@@ -585,21 +587,21 @@ def test_concurrent_first_loads_give_one_launcher(smoke, fresh):
         t.start()
     for t in threads:
         t.join()
-    assert not errors and len({id(x) for x in got}) == 1 and len(fresh._state.libraries) == 1
+    assert not errors and len({id(x) for x in got}) == 1 and len(state._state.libraries) == 1
 
 
 def test_a_forked_child_reloads_its_modules(smoke):
     r = _run(f"""
 import os
 import dsv41_aot
-from dsv41_aot.runtime import loader
+from dsv41_aot.runtime import state
 l = dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r})
 l.bind()
 l._ready = True  # as after a load in the parent
-loader._state.lock.acquire()  # another thread holding the lock at fork time
+state._state.lock.acquire()  # another thread holding the lock at fork time
 pid = os.fork()
 if pid == 0:
-    ok = l._ready is False and loader._state.lock.acquire(timeout=5)
+    ok = l._ready is False and state._state.lock.acquire(timeout=5)
     ok = ok and dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r}) is l
     os._exit(0 if ok else 3)
 _, status = os.waitpid(pid, 0)

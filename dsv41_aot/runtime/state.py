@@ -1,0 +1,51 @@
+"""The runtime's process state: one ``_state`` object holding what this
+process has indexed, opened and loaded (indexes, picked rooms, libraries and
+their descriptors, Launchers, the device arch, the vLLM digest, warnings),
+and the fork handler that resets it in a child.
+
+Every other runtime module reads it as ``state._state`` (a module
+attribute), so replacing it (tests' ``fresh`` fixture) reaches all of them.
+
+Runtime-side module: standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+
+class _State:
+    """What one process has opened and loaded; reset in a forked child."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.indexes: dict = {}  # (arch folder, release) -> _Index
+        self.picked: dict = {}  # arch folder -> the release the running vLLM is (its room)
+        self.libraries: dict = {}  # band path -> ctypes.CDLL
+        self.fds: dict = {}  # band path -> the descriptor it was dlopened through (kept open: see bands._open_library)
+        self.launchers: dict = {}  # (prebuilt dir, release, key) -> Launcher
+        self.device_arch: str | None = None
+        self.device_arch_read = False
+        self.hip_version: tuple | None = None  # (major, minor), checked once
+        self.installed_digest: tuple | None = None  # (digest or None, source.MonoSource, mono dir, error or None)
+        self.abi_checked: dict = {}  # export metadata (entry name removed) -> ABI id it was checked against
+        self.warned: set = set()
+
+
+_state = _State()
+
+
+def _after_fork_in_child() -> None:
+    """HIP modules do not survive fork: a child reloads each code object on its
+    first call. Locks are new (one held by another thread at fork would never
+    be released here)."""
+    old = _state
+    _state.lock = threading.RLock()
+    _state.device_arch, _state.device_arch_read = None, False
+    for launcher in old.launchers.values():
+        launcher._ready = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
