@@ -165,14 +165,14 @@ class Manifest:
         arch_dir = Path(arch_dir)
         path = room_dir(arch_dir, release) / MANIFEST
         arch = arch or arch_dir.name
-        fix = f"rebuild it: dsv41-aot build --arch {arch} --release {release} --out {arch_dir.parent}"
+        # a build sets a corrupt manifest aside and recovers its entries from the stored objects
+        fix = f"dsv41-aot build --arch {arch} --release {release} --out {arch_dir.parent}"
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
             if missing_ok:
                 return cls(arch_dir, arch, release=release)
             raise ManifestError(f"no manifest at {path}", fix=fix) from None
-        fix += " (it sets the corrupt manifest aside and recovers its entries from the stored objects)"
         return cls.parse(raw, path, arch_dir, arch, release, fix)
 
     @classmethod

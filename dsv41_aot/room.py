@@ -273,8 +273,9 @@ class Room:
             return []
         try:
             man = self.manifest()
-        except ManifestError as e:
-            return [Problem("manifest", str(e).split("\n  fix: ")[0], str(self.manifest_path), e.fix)]
+        except ManifestError as e:  # a build recovers it from objects/; a wheel's room is reinstalled
+            return [Problem("manifest", str(e).split("\n  fix: ")[0], str(self.manifest_path),
+                            e.fix if self.built_here else REINSTALL)]
         out = self._source_problems(man)
         if not self.libs_path.is_file() and not man.entries:
             return out  # nothing built here (only refused keys): nothing to link or load

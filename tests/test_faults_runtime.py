@@ -40,7 +40,8 @@ from dsv41_aot.errors import (
     SourceMismatchError,
 )
 from dsv41_aot.manifest import abi_id
-from dsv41_aot.runtime import bands, loader, state
+from dsv41_aot.room import Band, Room
+from dsv41_aot.runtime import loader, state
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 K1 = "k1@gfx950:s=4,tp=4,r=1"
@@ -160,7 +161,7 @@ def test_traversal_in_libs_json_file(prebuilt, fresh):
     lib["sha256"] = lib["raw_sha256"] = hashlib.sha256(data).hexdigest()
     lib["bytes"] = lib["raw_bytes"] = len(data)
     path.write_text(json.dumps(doc))
-    err = _bind_refused(prebuilt, ManifestError, "not a band file inside")
+    err = _bind_refused(prebuilt, ManifestError, "not a band file of lib/")
     assert "etc/hostname" in str(err) and lib["chunk"] in str(err)
 
 
@@ -290,16 +291,16 @@ def test_a_band_swapped_after_it_was_verified_is_not_what_is_loaded(prebuilt, fr
     monkeypatch.setenv("DSV41_FAULT_MARKER", str(marker))
     _, doc = _libs(prebuilt)
     band = libdir(prebuilt, "gfx950") / _own(doc)["file"]
-    real_unpack = bands.unpack_band
+    real_unpack = Band.unpack
     swapped = []
 
-    def unpack_then_swap(path, data, lib, fix):
-        raw = real_unpack(path, data, lib, fix)  # verified...
+    def unpack_then_swap(self, data, where, fix):
+        raw = real_unpack(self, data, where, fix)  # verified...
         band.write_bytes(planted)  # ...then another library takes the band's place on disk
-        swapped.append(path)
+        swapped.append(where)
         return raw
 
-    monkeypatch.setattr(bands, "unpack_band", unpack_then_swap)
+    monkeypatch.setattr(Band, "unpack", unpack_then_swap)
     launcher = dsv41_aot.load_key(K1, prebuilt=prebuilt)
     launcher.bind()
     assert swapped and band.read_bytes() == planted
@@ -319,18 +320,18 @@ def test_a_band_swapped_for_a_symlink_after_its_path_check_is_not_followed(prebu
     lib = _own(doc)
     band = libdir(prebuilt, "gfx950") / lib["file"]
     elsewhere = tmp_path / "planted" / lib["file"]
-    real_check = bands._band_path
+    real_check = Room.band_path
     checked = []
 
-    def check_then_swap(idx, rec):
-        path = real_check(idx, rec)  # passes: the band is still the plain file inside lib/
+    def check_then_swap(room, rec):
+        path = real_check(room, rec)  # passes: the band is still the plain file inside lib/
         elsewhere.parent.mkdir()
         shutil.move(band, elsewhere)
         band.symlink_to(elsewhere)  # the same bytes, so only the open can tell
         checked.append(path)
         return path
 
-    monkeypatch.setattr(bands, "_band_path", check_then_swap)
+    monkeypatch.setattr(Room, "band_path", check_then_swap)
     err = _bind_refused(prebuilt, ManifestError, "cannot open it as a plain file inside its lib/ folder")
     assert checked == [band] and band.is_symlink() and str(band) in str(err)
     assert os.strerror(errno.ELOOP) in str(err)

@@ -337,7 +337,7 @@ def test_a_flipped_byte_in_the_launchers_own_band_is_never_mapped(smoke, tmp_pat
 def test_a_flipped_byte_in_a_band_refuses_bind_and_preload(smoke, fresh, tmp_path):
     d = copy_of(smoke, tmp_path / "p")
     launcher = dsv41_aot.load_key(K1, prebuilt=d)  # the manifest is fine: a Launcher, unbound
-    band = libdir(d, "gfx950") / launcher._librec["file"]
+    band = libdir(d, "gfx950") / launcher._librec.file
     data = bytearray(band.read_bytes())
     data[-100] ^= 0x01
     band.write_bytes(bytes(data))

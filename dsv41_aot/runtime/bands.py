@@ -1,9 +1,8 @@
-"""Bands, the compressed libraries of a room's keys: reading one through
-one descriptor, checking its sha256 and raw sha256 (``read_band``,
-``unpack_band``), checking its path (``_band_path``), and dlopening exactly
-the checked bytes once per process (``_open_library``) from a sealed memfd,
-else from a file of the per-user cache (``cache_dir``) verified through its
-descriptor.
+"""Bands, the compressed libraries of a room's keys: dlopening exactly the
+bytes the room read and checked (``room.Room.read_band``: inside the arch's
+lib/, a plain file, its sha256 and raw sha256) once per process
+(``_open_library``) from a sealed memfd, else from a file of the per-user
+cache (``cache_dir``) verified through its descriptor.
 
 Runtime-side module: standard library only (plus hip.py's ctypes binding).
 """
@@ -18,63 +17,17 @@ from pathlib import Path
 from . import hip as _hip
 from . import state
 from .rooms import _Index
-from ..manifest import LIB, LIBS_JSON
-from ..errors import HipUnavailableError, IntegrityError, ManifestError
+from ..errors import HipUnavailableError, IntegrityError
+from ..room import Band
 
 ENV_CACHE = "DSV41_AOT_CACHE"  # where bands are unpacked when the kernel has no memfd
 
 
-def read_band(path: Path, lib: dict, *, fix: str | None = None) -> bytes:
-    """The raw library a band decompresses to, read once through one
-    descriptor and checked twice: the compressed bytes against libs.json's
-    sha256, the raw ones against its raw_sha256. IntegrityError otherwise."""
-    data = _read_file(Path(path), fix)
-    return unpack_band(Path(path), data, lib, fix)
-
-
-def _read_file(path: Path, fix: str | None) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        raise IntegrityError(f"{path} is missing", fix=fix) from None
-    except OSError as e:  # ELOOP: a symlink where a band must be
-        raise ManifestError(f"{path}: cannot open it as a plain file inside its lib/ folder ({e})", fix=fix) from None
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
-
-
-def unpack_band(path: Path, data: bytes, lib: dict, fix: str | None) -> bytes:
-    if hashlib.sha256(data).hexdigest() != lib["sha256"]:
-        raise IntegrityError(f"{path} does not match the sha256 in {LIBS_JSON} (corrupt or altered)", fix=fix)
-    import lzma  # first bind only: import dsv41_aot.runtime.loader stays small
-
-    try:
-        raw = lzma.decompress(data, format=lzma.FORMAT_XZ)
-    except lzma.LZMAError as e:  # only a libs.json whose sha256 was forged with the file gets here
-        raise IntegrityError(f"{path}: not an xz band ({e})", fix=fix) from None
-    if len(raw) != lib["raw_bytes"] or hashlib.sha256(raw).hexdigest() != lib["raw_sha256"]:
-        raise IntegrityError(f"{path} decompresses to a library whose sha256 is not the raw_sha256 in {LIBS_JSON} "
-                             f"(altered band or link record)", fix=fix)
-    return raw
-
-
-def _band_path(idx: _Index, lib: dict) -> Path:
-    """The band's path, which must resolve to a file directly inside the
-    arch folder's own lib/ (libs.json's name was checked; a symlinked band or
-    lib/ folder pointing elsewhere is caught here)."""
-    path = idx.libdir / lib["file"]
-    real = Path(os.path.realpath(path))
-    if real.parent != Path(os.path.realpath(idx.dir)) / LIB or real.name != lib["file"]:
-        raise ManifestError(f"{idx.libs_path}: library {lib['file']} resolves to {real}, outside "
-                            f"{idx.libdir}", fix=idx.fix_reinstall)
-    return path
-
-
-def _open_library(idx: _Index, lib: dict) -> ctypes.CDLL:
+def _open_library(idx: _Index, lib: Band) -> ctypes.CDLL:
     """Bind one band, once per process: check the HIP runtime, read, verify
     and decompress the band, dlopen exactly those bytes (libamdhip64 first,
     RTLD_GLOBAL: the library's hip* references bind to it)."""
-    key = str(idx.libdir / lib["file"])
+    key = str(idx.libdir / lib.file)
     handle = state._state.libraries.get(key)
     if handle is not None:
         return handle
@@ -84,8 +37,8 @@ def _open_library(idx: _Index, lib: dict) -> ctypes.CDLL:
             hip = _hip.load()
             if state._state.hip_version is None:
                 state._state.hip_version = hip.check_version()
-            path = _band_path(idx, lib)
-            raw = read_band(path, lib, fix=idx.fix_reinstall)
+            path = idx.libdir / lib.file
+            raw = idx.room.read_band(lib)  # the room's checks: inside lib/, a plain file, sha256, raw sha256
             fd = _library_fd(raw, lib)
             try:
                 handle = ctypes.CDLL(f"/proc/self/fd/{fd}", mode=os.RTLD_NOW | os.RTLD_LOCAL)
@@ -102,11 +55,11 @@ def _open_library(idx: _Index, lib: dict) -> ctypes.CDLL:
     return handle
 
 
-def _library_fd(raw: bytes, lib: dict) -> int:
+def _library_fd(raw: bytes, lib: Band) -> int:
     """A descriptor holding exactly ``raw``: a sealed memfd, else (a kernel
     without memfd) a file of the per-user cache verified through the
     descriptor it is opened by."""
-    name = lib["file"][: -len(".xz")]
+    name = lib.file[: -len(".xz")]
     try:
         fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     except (AttributeError, OSError):
@@ -135,12 +88,12 @@ def cache_dir() -> Path:
     return Path(base) / "dsv41-aot"
 
 
-def _cached_fd(raw: bytes, lib: dict) -> int:
+def _cached_fd(raw: bytes, lib: Band) -> int:
     """Open ``<cache>/<raw_sha256>.so``, read it through that descriptor and
     check its sha256; (re)write it atomically first when absent or wrong."""
     from ..manifest import atomic_write
 
-    path = cache_dir() / f"{lib['raw_sha256']}.so"
+    path = cache_dir() / f"{lib.raw_sha256}.so"
     for attempt in (0, 1):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -148,7 +101,7 @@ def _cached_fd(raw: bytes, lib: dict) -> int:
             fd = None
         if fd is not None:
             with open(fd, "rb", closefd=False) as f:
-                same = hashlib.sha256(f.read()).hexdigest() == lib["raw_sha256"]
+                same = hashlib.sha256(f.read()).hexdigest() == lib.raw_sha256
             if same:
                 return fd
             os.close(fd)

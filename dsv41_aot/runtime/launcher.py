@@ -70,13 +70,13 @@ class Launcher:
     __slots__ = ("key", "kernel_name", "entry", "abi", "library", "arch", "_abi", "_idx", "_librec", "_lib",
                  "_tls", "_call", "_pack", "_ready", "_hip")
 
-    def __init__(self, key: str, entry: dict, abi: _Abi, idx: _Index, lib: dict):
+    def __init__(self, key: str, entry: dict, abi: _Abi, idx: _Index, lib):
         self.key = key
         self.kernel_name = entry["symbol"]
         self.entry = entry["entry"]
         self.arch = entry["arch"]
         self.abi = abi.slots
-        self.library = str(idx.libdir / lib["file"])
+        self.library = str(idx.libdir / lib.file)
         self._abi = abi
         self._idx = idx
         self._librec = lib

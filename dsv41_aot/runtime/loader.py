@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 
 from . import state
-from .bands import ENV_CACHE, cache_dir, read_band, unpack_band  # noqa: F401 (re-exported)
+from .bands import ENV_CACHE, cache_dir  # noqa: F401 (re-exported)
 from .host import _ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, _check_source, resolve_arch, running_vllm  # noqa: F401
 from .launcher import Launcher
 from .rooms import _Index, _index, release_of
@@ -92,7 +92,7 @@ def load_key(key, *, release: str | None = None, prebuilt: str | os.PathLike | N
     return launcher
 
 
-def _link_mismatch(idx: _Index, key: str, entry: dict, lib: dict | None, obj_sha: str | None) -> ManifestError:
+def _link_mismatch(idx: _Index, key: str, entry: dict, lib, obj_sha: str | None) -> ManifestError:
     """Name what disagrees between the manifest and libs.json, and the fix
     that works: relink (the object was rebuilt), rebuild (the manifest entry
     no longer matches its object) or reinstall (no objects: a wheel)."""
@@ -100,7 +100,7 @@ def _link_mismatch(idx: _Index, key: str, entry: dict, lib: dict | None, obj_sha
     if lib is None:
         what = f"{key} is in {idx.manifest.path} but in no library of {libs}"
     else:
-        what = (f"{key}: {idx.manifest.path} records object sha256 {entry['sha256'][:16]}..., but {lib['file']} was "
+        what = (f"{key}: {idx.manifest.path} records object sha256 {entry['sha256'][:16]}..., but {lib.file} was "
                 f"linked from object {obj_sha[:16]}... ({libs})")
     obj = idx.dir / entry["object"]
     if not (idx.dir / OBJECTS).is_dir():

@@ -8,65 +8,34 @@ Runtime-side module: standard library only.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from pathlib import Path
 
 from . import state
 from .abi import _Abi
 from .host import _ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, _installed_vllm, _warn_once
-from ..manifest import BAND_RE, LIB, LIBS_JSON, LIBS_SCHEMA, MANIFEST, OBJECTS, Manifest, abi_id, releases_in
+from ..manifest import MANIFEST, Manifest, abi_id, releases_in
+from ..room import Room
 from ..facts.releases import NEWEST
 from ..errors import ArchMismatchError, ManifestError, ReleaseMismatchError
 
-_SHA_RE = re.compile(r"[0-9a-f]{64}")
-
-
 class _Index:
-    """One room's manifest and link record (the keys of one vLLM release on
-    one arch), read once. Its bands are in the arch's lib/."""
+    """One room (``room.Room``: the keys of one vLLM release on one arch) as
+    the loader uses it: its manifest and link record, each read once by the
+    room's own parser, and its ABIs compiled on first use."""
 
     def __init__(self, root: Path, arch: str, release: str):
-        self.root = root
-        self.arch = arch
-        self.release = release
-        self.dir = root / arch
-        self.manifest = Manifest.read(self.dir, arch, release=release)
+        self.room = Room(root, arch, release)
+        self.root, self.arch, self.release = root, arch, release
+        self.dir = self.room.arch_dir
+        self.manifest = self.room.manifest()
         self.entries = self.manifest.entries
-        self.link_cmd = f"dsv41-aot link --dir {root} --arch {arch} --release {release}"
-        fix = f"link it: {self.link_cmd}" if (self.dir / OBJECTS).is_dir() else self.fix_reinstall
-        path = self.manifest.room / LIBS_JSON
-        self.libs_path = path
-        try:
-            doc = json.loads(path.read_bytes())
-        except FileNotFoundError:
-            raise ManifestError(f"{path} is missing: the objects of {self.dir} were never linked", fix=fix) from None
-        except ValueError as e:
-            raise ManifestError(f"{path}: malformed JSON ({e})", fix=fix) from None
-        self.libdir = self.dir / LIB
-        self.lib_of: dict = {}
-        try:
-            if doc.get("arch") != arch or doc.get("release") != release:
-                raise ManifestError(f"{path}: link record for {doc.get('arch')!r} vLLM {doc.get('release')!r} in "
-                                    f"the {arch} vLLM {release} folder", fix=fix)
-            if doc.get("schema") != LIBS_SCHEMA:
-                raise ManifestError(f"{path}: link record schema {doc.get('schema')!r}, this loader reads "
-                                    f"{LIBS_SCHEMA} (compressed bands)", fix=fix)
-            for lib in doc["libraries"]:
-                name = lib["file"]
-                if not isinstance(name, str) or not BAND_RE.fullmatch(name):
-                    raise ManifestError(f"{path}: library {lib.get('chunk')!r} names file {name!r}, not a band "
-                                        f"file inside {self.libdir}", fix=fix)
-                if not all(isinstance(lib[f], str) and _SHA_RE.fullmatch(lib[f]) for f in ("sha256", "raw_sha256")) \
-                        or not all(type(lib[f]) is int for f in ("bytes", "raw_bytes")):
-                    raise ManifestError(f"{path}: library {name}: sha256 / raw_sha256 / bytes / raw_bytes malformed",
-                                        fix=fix)
-                for key, obj_sha in lib["entries"].items():
-                    self.lib_of[key] = (lib, obj_sha)
-        except (KeyError, TypeError, AttributeError):
-            raise ManifestError(f"{path}: not a dsv41-aot link record", fix=fix) from None
-        self.fix_link = fix
+        self.link_cmd = self.room.link_cmd
+        self.libs_path = self.room.libs_path
+        self.libdir = self.room.lib
+        # key -> (its Band, the object sha256 it was linked from)
+        self.lib_of = {key: (band, band.entries[key]) for key, band in self.room.links().band_of.items()}
+        self.fix_link = self.room.fix_relink
         self.abis: dict = {}
 
     def abi(self, aid: str) -> _Abi:
@@ -82,12 +51,7 @@ class _Index:
 
     @property
     def fix_reinstall(self) -> str:
-        """How to get a good copy of this arch folder: rebuild where it was
-        built (objects/ present), else reinstall the wheel it came from."""
-        if (self.dir / OBJECTS).is_dir():
-            return (f"rebuild and relink: dsv41-aot build --arch {self.arch} --release {self.release} "
-                    f"--out {self.root} && {self.link_cmd}")
-        return "reinstall the kernels: pip install --force-reinstall --no-deps dsv41-aot"
+        return self.room.fix_reinstall
 
 
 def _index(root: Path, arch: str, release: str | None = None) -> _Index:
