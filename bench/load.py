@@ -154,17 +154,15 @@ def as_old_layout(root: Path, dest: Path) -> Path:
     """The installed vLLM's rooms of ``root`` as the old tree reads a prebuilt
     dir: ``<arch>/manifest.json`` (schema 1: no release, no mono_sources) beside
     the same objects; ``bench._old.old_prebuilt`` links it with that tree."""
-    from dsv41_aot.manifest import MANIFEST, OBJECTS, arch_dirs, read_timings, room_dir
+    from dsv41_aot.manifest import MANIFEST, OBJECTS, arch_dirs
+    from dsv41_aot.room import Room
     from dsv41_aot.runtime import loader
 
     for arch_dir in arch_dirs(root):
-        release = loader.release_of(root, arch_dir.name)
-        doc = json.loads((room_dir(arch_dir, release) / MANIFEST).read_bytes())
-        doc.pop("release"), doc.pop("mono_sources")
-        doc["schema"] = 1
-        timings = read_timings(room_dir(arch_dir, release))  # schema 1 kept each key's seconds in its entry
-        for key, e in doc["entries"].items():
-            e["compile_seconds"] = timings.get(key, 0.0)
+        man = Room(root, arch_dir.name, loader.release_of(root, arch_dir.name)).manifest()
+        # schema 1: no release, no mono_sources, each key's compile seconds in its entry
+        doc = {"schema": 1, "arch": man.arch, "abis": man.abis, "refused": man.refused,
+               "entries": {k: dict(e, compile_seconds=man.timings.get(k, 0.0)) for k, e in man.entries.items()}}
         (dest / arch_dir.name).mkdir(parents=True)
         (dest / arch_dir.name / MANIFEST).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         shutil.copytree(arch_dir / OBJECTS, dest / arch_dir.name / OBJECTS)
