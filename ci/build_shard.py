@@ -9,8 +9,8 @@ inputs every cell shares: the profile's keys for the arch, of every release
 (a key's identity is (release, key): the shards cut across releases, so a
 small release does not make a short cell) and, when given, compile seconds
 recorded in earlier builds (``--seconds``; keys without a record get
-dsv41_aot.aot.matrix's estimate), balanced longest-first
-(``dsv41_aot.aot.matrix.shard``). The cell then builds exactly its keys,
+dsv41_aot.aot.shards's estimate), balanced longest-first
+(``dsv41_aot.aot.shards.shard``). The cell then builds exactly its keys,
 one ``dsv41-aot build --release R --key ...`` a release (each release from
 its own vLLM tree: the installed vllm, a ``--vllm-src`` tree, or the tree
 cache ``dsv41-aot fetch-vllm R`` fills), then checks every one of them
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dsv41_aot.aot import matrix  # noqa: E402
+from dsv41_aot.aot import matrix, shards  # noqa: E402
 from dsv41_aot.errors import AotError  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
 from dsv41_aot.manifest import atomic_write  # noqa: E402
@@ -64,8 +64,8 @@ def plan(arch: str, index: int, count: int, profile: str | None = None, matrix_p
     if not keys:
         raise AotError(f"profile {profile or m.default_profile!r} has no key for {arch}",
                        fix=f"dsv41-aot build --list --profile {profile or m.default_profile}")
-    mine = matrix.shard(keys, index, count, seconds)
-    cost = sum(float((seconds or {}).get(str(k), matrix.estimate_seconds(k))) for k in mine)
+    mine = shards.shard(keys, index, count, seconds)
+    cost = sum(float((seconds or {}).get(str(k), shards.estimate_seconds(k))) for k in mine)
     return {
         "arch": arch, "index": index, "count": count, "profile": profile or m.default_profile,
         "all_keys": by_release(keys), "keys": by_release(mine),
@@ -93,8 +93,8 @@ def main(argv=None) -> int:
     ap.add_argument("--plan-only", action="store_true", help="print the plan, build nothing")
     args = ap.parse_args(argv)
     try:
-        i, n = matrix.parse_shard(args.shard)
-        p = plan(args.arch, i, n, args.profile, args.matrix, matrix.recorded_seconds(args.seconds))
+        i, n = shards.parse_shard(args.shard)
+        p = plan(args.arch, i, n, args.profile, args.matrix, shards.recorded_seconds(args.seconds))
     except (AotError, OSError, ValueError) as e:
         print(f"ci/build_shard.py: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 2)

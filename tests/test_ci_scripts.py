@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 from ci import build_shard, merge  # noqa: E402
 from dsv41_aot.aot import matrix  # noqa: E402
+from dsv41_aot.aot.shards import estimate_seconds, recorded_seconds  # noqa: E402
 from dsv41_aot.errors import IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.facts.releases import release_facts  # noqa: E402
 
@@ -51,7 +52,7 @@ def test_plans_cover_every_full_key_exactly_once(arch, count):
     want = sorted((k.release, str(k)) for k in matrix.load().select("full") if k.arch == arch)
     assert everything == want  # every release's keys of the arch, a key being (release, key)
     costs = [p["estimated_seconds"] for p in plans]
-    assert max(costs) - min(costs) <= max(matrix.estimate_seconds(matrix.BuildKey.parse(k, r)) for r, k in everything)
+    assert max(costs) - min(costs) <= max(estimate_seconds(matrix.BuildKey.parse(k, r)) for r, k in everything)
 
 
 def test_shards_cut_across_releases():
@@ -93,20 +94,20 @@ def test_recorded_seconds_read_from_timings_manifests_and_room_folders(tmp_path)
     (arch / "manifest.json").write_text(json.dumps({"schema": 2, "arch": "gfx950", "release": "0.33.0",
                                                     "abis": {}, "entries": {}}))
     want = {("0.33.0", k1): 3.5, ("0.33.0", k2): 9.25}  # (release, key): the room's release
-    assert matrix.recorded_seconds([arch / "timings.json"]) == want
-    assert matrix.recorded_seconds([arch / "manifest.json"]) == want
-    assert matrix.recorded_seconds([arch]) == want
+    assert recorded_seconds([arch / "timings.json"]) == want
+    assert recorded_seconds([arch / "manifest.json"]) == want
+    assert recorded_seconds([arch]) == want
     old32 = room(tmp_path, "gfx950", "0.32.0")
     old32.mkdir(parents=True)
     (old32 / "timings.json").write_text(json.dumps({k2: 2.0}))
     # an arch folder: every room's, the same key string kept apart by release
-    assert matrix.recorded_seconds([arch.parent]) == {**want, ("0.32.0", k2): 2.0}
+    assert recorded_seconds([arch.parent]) == {**want, ("0.32.0", k2): 2.0}
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"schema": 1, "arch": "gfx950", "abis": {}, "entries": {k1: {"compile_seconds": 3.5}}}))
-    assert matrix.recorded_seconds([old]) == {(None, k1): 3.5}
+    assert recorded_seconds([old]) == {(None, k1): 3.5}
     (tmp_path / "bad.json").write_text(json.dumps({k1: "slow"}))
     with pytest.raises(matrix.MatrixError, match="not a number"):
-        matrix.recorded_seconds([tmp_path / "bad.json"])
+        recorded_seconds([tmp_path / "bad.json"])
 
 
 def test_bad_shard_is_refused():

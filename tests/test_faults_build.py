@@ -156,7 +156,7 @@ def test_two_clean_builds_are_byte_identical(reference, tmp_path):
         assert "compile_seconds" not in (room(ref, arch) / MANIFEST).read_text()
         timings = json.loads((room(ref, arch) / "timings.json").read_text())  # the room's side file
         assert list(timings) == [k for k in CHEAP if f"@{arch}:" in k] and all(s > 0 for s in timings.values())
-    from dsv41_aot.aot.matrix import recorded_seconds
+    from dsv41_aot.aot.shards import recorded_seconds
 
     # keyed by (release, key): the rooms' release
     assert set(recorded_seconds([room(ref, "gfx950") / MANIFEST, room(ref, "gfx942")])) == {(NEWEST, k) for k in CHEAP}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dsv41_aot.aot import matrix
+from dsv41_aot.aot.shards import shard
 from dsv41_aot.errors import MatrixError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
@@ -88,7 +89,7 @@ def test_smoke_covers_every_kind_on_both_arches(m):
 @pytest.mark.parametrize("count", [1, 2, 3, 7])
 def test_every_key_in_exactly_one_shard(m, count):
     keys = m.select("gfx942-tp4")
-    shards = [matrix.shard(keys, i, count) for i in range(count)]
+    shards = [shard(keys, i, count) for i in range(count)]
     flat = [k for s in shards for k in s]
     assert sorted(flat) == sorted(keys) and len(flat) == len(set(flat))
 
@@ -98,7 +99,7 @@ def test_shards_balance_recorded_seconds(m):
     # names a launch within its release
     keys = [k for k in m.select("gfx950-tp4") if k.release == NEWEST][:40]
     seconds = {str(k): (100.0 if i == 0 else 1.0) for i, k in enumerate(keys)}
-    a, b = (matrix.shard(keys, i, 2, seconds) for i in range(2))
+    a, b = (shard(keys, i, 2, seconds) for i in range(2))
     heavy = keys[0]
     # the 100-second key is alone against the 39 one-second ones
     assert (heavy in a and len(a) == 1) or (heavy in b and len(b) == 1)

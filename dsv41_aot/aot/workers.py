@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..keys import BuildKey
-from .matrix import estimate_seconds
+from .shards import estimate_seconds
 from .worker import PARENT_ENV
 
 RUN_PREFIX = "dsv41-aot-workers-"

@@ -1,0 +1,93 @@
+"""CI shards: the partition of a selection of keys into N parts of balanced
+compile time, from the seconds earlier builds recorded (or an estimate where
+none is), the same on every machine."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..errors import MatrixError
+from ..facts.arches import ARCHES as ARCH_FACTS
+from ..facts.kinds import KINDS as KINDS_FACTS
+from ..keys import BuildKey
+
+
+def estimate_seconds(key: BuildKey) -> float:
+    """A compile-time guess for a key with no recorded time, from the kind's
+    and the arch's facts (measured on a 2-core CPU, growing with the width)."""
+    base, per_token = KINDS_FACTS[key.kind].compile_estimate
+    return (base + per_token * key.tokens) * ARCH_FACTS[key.arch].compile_scale
+
+
+def recorded_seconds(paths) -> dict:
+    """(release, key) -> compile seconds: the shared input that makes every CI
+    cell cut the same shards. Each path is a room's ``timings.json`` (its
+    release is its folder's, ``vllm-<release>``), a room or arch folder
+    holding them, a ``manifest.json`` (its sibling timings.json, or the
+    ``compile_seconds`` manifests held before timings moved out of them), or
+    any {key: seconds} JSON file elsewhere (release None: any release's)."""
+    import json
+
+    from ..facts.releases import RELEASES as _RELEASES
+    from ..manifest import TIMINGS, read_timings
+
+    folders = {r.folder: v for v, r in _RELEASES.items()}
+    files: list = []
+    for p in paths or ():
+        p = Path(p)
+        if p.is_dir():
+            rooms = sorted(p.glob(f"vllm-*/{TIMINGS}"))
+            files += rooms if rooms and not (p / TIMINGS).is_file() else [p / TIMINGS]
+        else:
+            files.append(p)
+    out: dict = {}
+    for p in files:
+        try:
+            doc = json.loads(p.read_bytes())
+        except (OSError, ValueError) as e:
+            raise MatrixError(f"cannot read recorded seconds from {p}: {e}",
+                              fix=f"pass --seconds the {TIMINGS} (or manifest.json) a build wrote") from None
+        if not isinstance(doc, dict):
+            raise MatrixError(f"{p}: not a {{key: seconds}} mapping or a manifest",
+                              fix=f"pass --seconds the {TIMINGS} (or manifest.json) a build wrote")
+        release = folders.get(p.parent.name)
+        if isinstance(doc.get("entries"), dict):  # a manifest
+            release = doc.get("release", release)
+            found = {k: e["compile_seconds"] for k, e in doc["entries"].items()
+                     if isinstance(e, dict) and "compile_seconds" in e}
+            found.update(read_timings(p.parent))
+        else:
+            found = doc
+        for key, secs in sorted(found.items()):
+            try:
+                out[(release, key)] = float(secs)
+            except (TypeError, ValueError):
+                raise MatrixError(f"{p}: seconds of {key} is {secs!r}, not a number",
+                                  fix=f"pass --seconds the {TIMINGS} a build wrote") from None
+    return out
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)/(\d+)", text or "")
+    if not m or not (0 <= int(m[1]) < int(m[2])):
+        raise MatrixError(f"bad shard {text!r}: expected i/N with 0 <= i < N", fix="pass --shard 0/4 (shards are numbered from 0)")
+    return int(m[1]), int(m[2])
+
+
+def shard(keys: list[BuildKey], index: int, count: int, seconds: dict | None = None) -> list[BuildKey]:
+    """Shard ``index`` of ``count``: longest-first greedy over the recorded
+    compile seconds (``seconds``: (release, key string) -> s, from
+    :func:`recorded_seconds`; a release of None stands for any), or the
+    estimate where none is recorded. Deterministic: every key lands in
+    exactly one shard, the same one on every machine."""
+    seconds = {(None, k) if isinstance(k, str) else k: v for k, v in (seconds or {}).items()}  # a bare key: any release
+    cost = {k: float(seconds.get((k.release, str(k)), seconds.get((None, str(k)), estimate_seconds(k))))
+            for k in keys}
+    loads = [0.0] * count
+    out: list[list[BuildKey]] = [[] for _ in range(count)]
+    for k in sorted(keys, key=lambda k: (-cost[k], str(k), k.release)):
+        i = min(range(count), key=lambda j: (loads[j], j))
+        loads[i] += cost[k]
+        out[i].append(k)
+    return sorted(out[index])

@@ -1,0 +1,71 @@
+"""YAML with line numbers: mappings and sequences that remember the (1-based)
+line of each of their entries, so that every build matrix error can name the
+file and line of what it refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from ..errors import MatrixError
+
+
+class Node(dict):
+    """A mapping that remembers the line of each of its keys (1-based)."""
+
+    line: int = 0
+    lines: dict
+
+
+class Seq(list):
+    """A sequence that remembers the line of each of its items (1-based)."""
+
+    line: int = 0
+    lines: list
+
+
+class LineLoader(yaml.SafeLoader):
+    def construct_mapping(self, node, deep=False):
+        out = Node(super().construct_mapping(node, deep=True))
+        out.line = node.start_mark.line + 1
+        out.lines = {self.construct_object(k, deep=True): k.start_mark.line + 1 for k, _ in node.value}
+        seen = set()
+        for k, _ in node.value:
+            name = self.construct_object(k, deep=True)
+            if name in seen:
+                raise MatrixError(f"line {k.start_mark.line + 1}: key {name!r} given twice in one mapping")
+            seen.add(name)
+        return out
+
+    def construct_sequence(self, node, deep=False):
+        out = Seq(super().construct_sequence(node, deep=True))
+        out.line = node.start_mark.line + 1
+        out.lines = [n.start_mark.line + 1 for n in node.value]
+        return out
+
+
+LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, LineLoader.construct_mapping)
+LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, LineLoader.construct_sequence)
+
+
+def line_of(obj, key=None) -> int:
+    """The line of ``obj[key]``, else of ``obj`` itself (0: not known)."""
+    if key is not None and isinstance(obj, Node) and key in obj.lines:
+        return obj.lines[key]
+    if key is not None and isinstance(obj, Seq) and isinstance(key, int) and key < len(obj.lines):
+        return obj.lines[key]
+    return getattr(obj, "line", 0)
+
+
+def parse(text: str, path: Path):
+    """``text`` (the file at ``path``) as :class:`Node` and :class:`Seq`; bad
+    YAML, or a key given twice in one mapping, names the file and line."""
+    try:
+        return yaml.load(text, Loader=LineLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise MatrixError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}", fix=f"fix the YAML syntax in {path}") from None
+    except MatrixError as e:
+        raise MatrixError(f"{path}:{str(e)[len('line '):]}" if str(e).startswith("line ") else str(e)) from None
