@@ -25,7 +25,7 @@ COMMANDS: tuple[str, ...] = ("aot.inspection", "aot.verify", "aot.link", "aot.co
 
 # ---------------------------------------------------------------- build
 def _selected_keys(args) -> list:
-    from .aot import matrix
+    from .aot import matrix, shards
     from .keys import BuildKey, neighbours
 
     m = matrix.load(args.matrix)
@@ -57,10 +57,10 @@ def _selected_keys(args) -> list:
         if not keys:
             raise AotError(f"no selected key is for {', '.join(args.arch)}", fix="drop --arch or pick another profile")
     if args.shard:
-        i, n = matrix.parse_shard(args.shard)
+        i, n = shards.parse_shard(args.shard)
         # every CI cell must cut the same shards: seconds come from files all
         # cells share (--seconds), never from this cell's own output directory
-        keys = matrix.shard(keys, i, n, matrix.recorded_seconds(args.seconds))
+        keys = shards.shard(keys, i, n, shards.recorded_seconds(args.seconds))
     return keys
 
 
@@ -96,25 +96,30 @@ def cmd_build(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from .manifest import Manifest, rooms_or_error
+    from .manifest import arch_dirs, rooms_or_error
+    from .room import Room, rooms_of
 
     root = Path(args.dir)
     entries = []
     found = rooms_or_error(root, args.release)
     timings = {}
     for d, release in found:
-        m = Manifest.read(d, release=release)
+        m = Room(root, d.name, release).manifest()
         for key in sorted(m.entries):
             timings[(release, key)] = m.timings.get(key)
             entries.append(dict(m.entries[key], release=release, abi=m.abi(key)))
+    foreign = [f"{r.dir}: vllm-{r.release} is a release this dsv41-aot does not know; left as it is"
+               for d in arch_dirs(root) for r in rooms_of(d) if not r.known]
     if args.json:
-        print_json(tally(len(entries), len(entries), [], dir=str(root.resolve()), entries=entries))
+        print_json(tally(len(entries), len(entries), [], dir=str(root.resolve()), entries=entries, foreign=foreign))
         return 0
     print(f"{'release':8} {'key':44} {'bytes':>8} {'code obj':>8} {'compile s':>9}  symbol")
     for e in entries:
         secs = timings.get((e["release"], e["key"]))
         secs = f"{secs:9.2f}" if secs is not None else f"{'-':>9}"
         print(f"{e['release']:8} {e['key']:44} {e['bytes']:8d} {e['code_object_bytes']:8d} {secs}  {e['symbol']}")
+    for line in foreign:
+        print(line)
     print(f"{len(entries)} symbols in {root}")
     return 0
 

@@ -264,7 +264,7 @@ class Manifest:
         manifest's sha256 and size."""
         e = self.entries[key]
         path = self.dir / e["object"]
-        fix = f"rebuild it: dsv41-aot build --release {self.release} --key '{key}' --out {self.dir.parent}"
+        fix = f"dsv41-aot build --release {self.release} --key '{key}' --out {self.dir.parent}"
         try:
             size = path.stat().st_size
         except FileNotFoundError:

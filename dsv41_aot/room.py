@@ -357,6 +357,15 @@ def rooms_of(arch_dir: Path) -> list[Room]:
     return [Room(arch_dir.parent, arch_dir.name, v) for v in sorted(found, key=key)]
 
 
+def rooms_in(root: Path, release: str | None = None) -> list[Room]:
+    """The known rooms of a prebuilt directory (of ``release`` when given),
+    a room whose manifest is missing or unreadable included: its problem is
+    what a reader reports."""
+    root = Path(root)
+    arches = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    return [r for a in arches for r in rooms_of(a) if r.known and release in (None, r.release)]
+
+
 def named_by_rooms(arch_dir: Path) -> tuple[set, set] | None:
     """(object paths, band file names) some room of the arch names, foreign
     rooms included, read by the same parsers. None when a room's records

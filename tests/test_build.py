@@ -286,6 +286,8 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     built = Manifest.read(out / "gfx950").entries[CHEAP[0]]
     # a checkout without a version is told by its digest: it is 0.33.0's
     assert (built["source"]["vllm_version"], built["source"]["mono_sources"]) == ("unknown", src.digest)
+    # a second key of the room, built from the same tree
+    assert json.loads(run_cli(*args[:2], K1S[1], *args[3:])[1])["failed"] == 0
     layer = root / source.MONO_REL / "layer.py"
     layer.write_text(layer.read_text() + "\n# an edit\n")
     edited = source.mono_digest(root / source.MONO_REL)
@@ -297,8 +299,13 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     # a matrix recording the edited digest for 0.33.0 rebuilds what it covers
     mx = tmp_path / "build_matrix.yaml"
     mx.write_text((REPO / "build_matrix.yaml").read_text().replace(f"mono_sources: {src.digest}", f"mono_sources: {edited}"))
-    s = json.loads(run_cli(*args, "--matrix", mx)[1])
-    assert s["compiled"] == 1
+    # ... but not into a room holding another key of the old digest: refused,
+    # naming both digests (one room, one source), nothing rebuilt
+    code, _, err = run_cli(*args, "--matrix", mx, check=False)
+    assert code == 2 and edited in err and src.digest in err and "two sources" in err
+    assert Manifest.read(out / "gfx950").entries[CHEAP[0]] == built
+    s = json.loads(run_cli(*args[:2], CHEAP[0], K1S[1], *args[3:], "--matrix", mx)[1])
+    assert s["compiled"] == 2
     e = Manifest.read(out / "gfx950").entries[CHEAP[0]]
     assert e["source"]["mono_sources"] == edited
     assert e["source"]["vllm_version"] == "unknown"
@@ -322,24 +329,32 @@ def _append(path, text):
 
 
 def _only_the_changed_key_rebuilds(out, field, **run) -> str:
-    """``out`` holds K1S built by this project as it is. Under a toolchain or
-    helper change (``run``: the env / cwd the CLI runs with), building key A
-    rebuilds it, and its entry's source differs from key B's in ``field``
-    only; then A and B together rebuild B alone. Returns A's new ``field``."""
+    """``out`` holds K1S built by this project as it is, cut to a room of two
+    keys A and B. Under a toolchain or helper change (``run``: the env / cwd
+    the CLI runs with), building A alone is refused (the room would hold two
+    source identities; the message names the field that differs) and
+    changes nothing; A and B together rebuild both, their entries' source
+    differing from before in ``field`` only; again, nothing. Returns the new
+    ``field``."""
     a, b = K1S[:2]
+    m = Manifest.read(out / "gfx950")
+    for k in K1S[2:]:
+        del m.entries[k]
+    m.write()
     before = Manifest.read(out / "gfx950").entries
-    s = build_json(a, out=out, **run)
-    assert (s["compiled"], s["up_to_date"], s["failed"]) == (1, 0, 0), f"a changed {field} did not rebuild {a}"
+    code, _, err = run_cli("build", "--key", a, "--out", out, "--json", "--no-progress", check=False, **run)
+    assert code == 2 and "two sources" in err and field in err and f"--key '{a}' '{b}'" in err, err
+    assert Manifest.read(out / "gfx950").entries == before
+    s = build_json(a, b, out=out, **run)
+    assert (s["compiled"], s["up_to_date"], s["failed"]) == (2, 0, 0), f"a changed {field} did not rebuild the room"
     after = Manifest.read(out / "gfx950").entries
-    new, old = after[a]["source"], after[b]["source"]
-    assert {f for f in new if new[f] != old.get(f)} == {field}
-    assert after[b] == before[b]
+    new, old = after[a]["source"], before[a]["source"]
+    assert {f for f in new if new[f] != old.get(f)} == {field} and after[b]["source"] == new
     # the same kernel source and compile: the same GPU code (the object's own
     # bytes may differ: export_to_c records FlyDSL's version in its metadata)
     assert after[a]["code_object_sha256"] == before[a]["code_object_sha256"]
     s = build_json(a, b, out=out, **run)
-    assert (s["compiled"], s["up_to_date"], s["failed"]) == (1, 1, 0), f"{a} (new {field}) rebuilt, or {b} (old) kept"
-    assert Manifest.read(out / "gfx950").entries[b]["source"] == new
+    assert (s["compiled"], s["up_to_date"], s["failed"]) == (0, 2, 0)
     return new[field]
 
 

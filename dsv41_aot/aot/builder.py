@@ -216,7 +216,30 @@ def build(
     return summary
 
 
+def check_one_source(states: dict, keys: list, out: Path) -> None:
+    """Refuse (exit 2, before anything is written) a build that would leave a
+    room holding keys of two source identities: every key of a room built
+    from another identity must be in the build too."""
+    asked: dict = {}
+    for k in keys:
+        asked.setdefault(k.room, set()).add(str(k))
+    for room, st in states.items():
+        stale = sorted(k for k, e in st.manifest.entries.items() if e["source"] != st.ident and k not in asked[room])
+        if not stale:
+            continue
+        was = st.manifest.entries[stale[0]]["source"]
+        differ = sorted(f for f in set(was) | set(st.ident) if was.get(f) != st.ident.get(f))
+        raise AotError(
+            f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.release} on {st.arch} were built from mono sources "
+            f"{was.get('mono_sources')} (vLLM {was.get('vllm_version')}), this build's are "
+            f"{st.ident['mono_sources']} (vLLM {st.ident['vllm_version']}); {', '.join(differ)} differ. Building "
+            f"only some keys would leave the room of two sources, which no installed vLLM matches",
+            fix=f"rebuild the whole room: dsv41-aot build --release {st.release} --out {out} --key "
+                + " ".join(f"'{k}'" for k in sorted(asked[room] | set(stale))))
+
+
 def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, store, log) -> None:
+    check_one_source(states, keys, states[keys[0].room].dir.parent if keys else Path("."))
     for key in keys:
         st = states[key.room]
         known = st.manifest.refused.get(str(key))

@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import elf
-from ..errors import AotError, IntegrityError
+from ..errors import AotError, IntegrityError, ManifestError
 from ..facts.releases import NEWEST
 from ..keys import BuildKey
 from ..manifest import OBJECTS, Manifest, rooms_or_error
-from ..room import Room, orphan_objects, rooms_of
+from ..room import Room, orphan_objects, rooms_in, rooms_of
 from .codeobject import code_object_resources, manifest_figures
 from .cache import add_args, cache_dir
 from .jit import compare_jit, read_verified, verified_record, write_verified
@@ -171,15 +171,15 @@ def shard_keys(shard: str, *, profile: str | None = None, matrix_path: str | Non
     """The keys ``dsv41-aot build --shard`` (and ci/build_shard.py) gives shard
     ``i/N`` of the profile: the same selection (every release's keys, or
     ``release``'s), the same partition."""
-    from . import matrix
+    from . import matrix, shards
 
     keys = matrix.load(matrix_path).select(profile)
     if release:
         keys = [k for k in keys if k.release == release]
     if arches:
         keys = [k for k in keys if k.arch in arches]
-    i, n = matrix.parse_shard(shard)
-    return matrix.shard(keys, i, n, matrix.recorded_seconds(seconds))
+    i, n = shards.parse_shard(shard)
+    return shards.shard(keys, i, n, shards.recorded_seconds(seconds))
 
 
 def release_trees(releases, mans: dict, trees=(), matrix_path=None) -> dict:
@@ -294,8 +294,14 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
     if isinstance(vllm_src, (str, Path)):
         vllm_src = (vllm_src,)
     root = Path(root)
-    found = rooms_or_error(root, release)
-    mans = [Manifest.read(d, release=r) for d, r in found]
+    found = rooms_in(root, release) or rooms_or_error(root, release)  # none at all: bad input, naming the fix
+    reports, codes, chosen, lib_failures, warnings = {}, {}, {}, [], {}
+    mans = []
+    for room in found:
+        try:
+            mans.append(room.manifest())
+        except ManifestError:  # the room's manifest problem (with its fix); its keys cannot be checked
+            lib_failures += [dict(p.as_dict(), release=room.release) for p in room.problems(objects=False)]
     wanted = None
     if keys is not None:
         wanted = {k if isinstance(k, BuildKey) else BuildKey.parse(k, release or NEWEST) for k in keys}
@@ -307,8 +313,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             raise AotError(f"{root} does not hold {len(unknown)} of the keys asked for: {', '.join(shown)}",
                            fix=f"build them: dsv41-aot build --out {root} --release {first} --key "
                                f"{' '.join(repr(str(k)) for k in unknown[:5] if k.release == first)}")
-    reports, codes, chosen, lib_failures, warnings = {}, {}, {}, [], {}
-    for arch_dir in sorted({man.dir for man in mans}):
+    for arch_dir in sorted({room.arch_dir for room in found}):
         for orphan in orphan_objects(arch_dir):  # an arch's objects are its rooms' (once per arch)
             warnings[orphan] = f"{arch_dir.name}: stored object {orphan.name} is named by no room (left by an older or interrupted build)"
         for foreign in rooms_of(arch_dir):
@@ -346,7 +351,7 @@ def _fix_for(rep: KeyReport, root: Path) -> str:
     if all(p.startswith("cannot be resident") for p in rep.problems):
         return (f"{rep.describe()} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from "
                 f"build_matrix.yaml")
-    return f"rebuild it: dsv41-aot build --release {rep.release} --key '{rep.key}' --out {root}"
+    return f"dsv41-aot build --release {rep.release} --key '{rep.key}' --out {root}"
 
 
 def register(sub) -> None:

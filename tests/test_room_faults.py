@@ -1,0 +1,207 @@
+"""One verdict, one fix that works: a table of faults in a room.
+
+Each row injects one fault into a copy of the smoke build and checks, in
+order: what ``dsv41-aot verify --json`` says (exit 1, and the problem's
+kind), what the loader says when it binds a key of the room (in a fresh
+process, the way a serving process meets it), then runs the fix verify
+printed, word for word, and checks that both accept the room afterwards.
+Problems only a builder has (a stored object missing) do not stop the
+loader: verify reports them as such (``serving`` false) and their fix
+rebuilds the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _smoke import OLD, REPO, copy_of, libdir, room, run_cli
+
+K1, K2W = "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=44,tp=4,r=1,i=1"  # two bands of gfx950's 0.33.0 room
+NEWEST = "0.33.0"
+
+
+def _libs(d: Path, release: str = NEWEST) -> tuple[Path, dict]:
+    path = room(d, "gfx950", release) / "libs.json"
+    return path, json.loads(path.read_text())
+
+
+def _band_of(doc: dict, key: str) -> dict:
+    return next(lib for lib in doc["libraries"] if key in lib["entries"])
+
+
+# ---------------------------------------------------------------- faults
+
+
+def flip_band(d, tmp):
+    _, doc = _libs(d)
+    band = libdir(d, "gfx950") / _band_of(doc, K1)["file"]
+    data = bytearray(band.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    band.write_bytes(bytes(data))
+
+
+def delete_band(d, tmp):
+    _, doc = _libs(d)
+    (libdir(d, "gfx950") / _band_of(doc, K1)["file"]).unlink()
+
+
+def delete_libs_json(d, tmp):
+    _libs(d)[0].unlink()
+
+
+def truncate_libs_json(d, tmp):
+    path, _ = _libs(d)
+    path.write_text(path.read_text()[:200])
+
+
+def forge_raw_sha256(d, tmp):
+    """libs.json's raw_sha256 changed: the band's own bytes are fine."""
+    path, doc = _libs(d)
+    _band_of(doc, K1)["raw_sha256"] = "ab" * 32
+    path.write_text(json.dumps(doc))
+
+
+def band_symlinked_outside(d, tmp):
+    """The band replaced by a symlink to identical bytes outside lib/."""
+    _, doc = _libs(d)
+    band = libdir(d, "gfx950") / _band_of(doc, K1)["file"]
+    outside = tmp / "elsewhere" / band.name
+    outside.parent.mkdir()
+    shutil.move(band, outside)
+    band.symlink_to(outside)
+
+
+def lib_folder_symlinked(d, tmp):
+    """The arch's whole lib/ folder a symlink to a copy elsewhere."""
+    lib = libdir(d, "gfx950")
+    shutil.move(lib, tmp / "lib-elsewhere")
+    lib.symlink_to(tmp / "lib-elsewhere")
+
+
+def key_under_wrong_band(d, tmp):
+    """libs.json lists K1 under the s41-48 band (which does not export it)."""
+    path, doc = _libs(d)
+    own, other = _band_of(doc, K1), _band_of(doc, K2W)
+    other["entries"][K1] = own["entries"].pop(K1)
+    path.write_text(json.dumps(doc))
+
+
+def linked_from_another_object(d, tmp):
+    path, doc = _libs(d)
+    _band_of(doc, K1)["entries"][K1] = "0" * 64
+    path.write_text(json.dumps(doc))
+
+
+def other_releases_libs_json(d, tmp):
+    shutil.copyfile(_libs(d, OLD)[0], _libs(d)[0])
+
+
+def flip_manifest_abi(d, tmp):
+    path = room(d, "gfx950") / "manifest.json"
+    doc = json.loads(path.read_text())
+    aid = doc["entries"][K1]["abi"]
+    doc["abis"][aid][0]["size"] = 4
+    path.write_text(json.dumps(doc))
+
+
+def delete_manifest(d, tmp):
+    (room(d, "gfx950") / "manifest.json").unlink()
+
+
+def mixed_sources(d, tmp):
+    """One entry altered to another mono sources digest (and the manifest's
+    own field kept): a room no installed vLLM could match."""
+    path = room(d, "gfx950") / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["entries"][K1]["source"]["mono_sources"] = "0" * 16
+    path.write_text(json.dumps(doc))
+
+
+def delete_object(d, tmp):
+    path = room(d, "gfx950") / "manifest.json"
+    obj = json.loads(path.read_text())["entries"][K1]["object"]
+    (d / "gfx950" / obj).unlink()
+
+
+# fault, the problem kind verify reports, the loader's verdict binding K1
+ROWS = [
+    (flip_band, "band", "IntegrityError"),
+    (delete_band, "band", "IntegrityError"),
+    (delete_libs_json, "libs", "ManifestError"),
+    (truncate_libs_json, "libs", "ManifestError"),
+    (forge_raw_sha256, "band", "IntegrityError"),
+    (band_symlinked_outside, "band", "ManifestError"),
+    (lib_folder_symlinked, "band", "ManifestError"),
+    (key_under_wrong_band, "band", "LoadError"),
+    (linked_from_another_object, "link", "ManifestError"),
+    (other_releases_libs_json, "libs", "ManifestError"),
+    (flip_manifest_abi, "manifest", "ManifestError"),
+    (delete_manifest, "manifest", "ReleaseMismatchError"),
+    (mixed_sources, "manifest", "ManifestError"),
+    (delete_object, "object", "ok"),
+]
+
+_BIND = """
+import sys, dsv41_aot
+from dsv41_aot.errors import AotError
+try:
+    dsv41_aot.load_key(sys.argv[1], release=sys.argv[2], prebuilt=sys.argv[3]).bind()
+except AotError as e:
+    print(type(e).__name__, type(e).__mro__[1].__name__)
+else:
+    print("ok")
+"""
+
+
+def loader_verdict(d: Path) -> str:
+    """What a fresh serving process meets binding K1 of 0.33.0 from ``d``."""
+    env = {k: v for k, v in os.environ.items() if k != "DSV41_AOT_ARCH"}
+    r = subprocess.run([sys.executable, "-c", _BIND, K1, NEWEST, str(d)], capture_output=True, text=True, env=env,
+                       cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def verify_json(d: Path) -> tuple[int, dict]:
+    code, out, err = run_cli("verify", "--dir", d, "--json", check=False)
+    return code, json.loads(out)
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("fault, kind, loader", ROWS, ids=[r[0].__name__ for r in ROWS])
+def test_fault_table(smoke_dir, tmp_path, fault, kind, loader):
+    d = copy_of(smoke_dir, tmp_path / "p")
+    assert verify_json(d)[0] == 0 and loader_verdict(d) == "ok"
+    fault(d, tmp_path)
+
+    code, doc = verify_json(d)
+    assert code == 1, doc
+    mine = [f for f in doc["failures"] if f.get("release") in (NEWEST, None) and (f.get("what") == kind
+                                                                                 or (kind == "object" and f["key"] == K1))]
+    assert mine, doc["failures"]
+    if kind == "object":  # a builder's problem: the room still serves
+        assert loader_verdict(d) == "ok"
+    else:
+        got = loader_verdict(d)
+        assert loader in got.split(), got
+
+    fixes = list(dict.fromkeys(f["fix"] for f in doc["failures"] if f.get("fix")))
+    assert fixes
+    for fix in fixes:  # word for word, each command of it
+        for command in fix.split(" && "):
+            argv = shlex.split(command)
+            assert argv[0] == "dsv41-aot", fix
+            code, out, err = run_cli(*argv[1:], check=False)
+            assert code == 0, f"{fix}\n{out}\n{err}"
+
+    code, doc = verify_json(d)
+    assert code == 0, doc["failures"]
+    assert loader_verdict(d) == "ok"

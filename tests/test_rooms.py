@@ -1,0 +1,98 @@
+"""Rooms (dsv41_aot/room.py): one owner for ``<arch>/vllm-<release>/``.
+
+- A room of a release this dsv41-aot does not know (written by a newer one)
+  survives build, link and verify byte for byte, with every object and band
+  it names, and list / verify say it is there.
+- Nothing but the room's parsers reads libs.json or manifest.json.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+from pathlib import Path
+
+from _smoke import REPO, copy_of, run_cli
+from dsv41_aot.room import Room, rooms_of
+
+PKG = REPO / "dsv41_aot"
+
+
+def _files(folder: Path) -> dict:
+    return {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_a_room_of_an_unknown_release_is_never_deleted(smoke_dir, tmp_path):
+    d = copy_of(smoke_dir, tmp_path / "p")
+    arch = d / "gfx950"
+    (arch / "vllm-0.32.0").rename(arch / "vllm-0.34.0")  # as a newer dsv41-aot would leave it
+    foreign = arch / "vllm-0.34.0"
+    doc = json.loads((foreign / "libs.json").read_bytes())
+    bands = {b["file"] for b in doc["libraries"]}
+    objects = {e["object"] for e in json.loads((foreign / "manifest.json").read_bytes())["entries"].values()}
+    before = _files(foreign)
+    named = {n: hashlib.sha256((arch / "lib" / n).read_bytes()).hexdigest() for n in bands}
+    named |= {o: hashlib.sha256((arch / o).read_bytes()).hexdigest() for o in objects}
+
+    code, out, err = run_cli("build", "--release", "0.33.0", "--arch", "gfx950", "--out", d, "--no-progress")
+    assert code == 0, err
+    assert run_cli("link", "--dir", d)[0] == 0
+    code, out, err = run_cli("verify", "--dir", d, check=False)
+    assert code == 0, out + err
+    assert "vllm-0.34.0 is a release this dsv41-aot does not know; left as it is" in err
+    code, out, err = run_cli("list", "--dir", d)
+    assert "vllm-0.34.0" in out and "does not know" in out
+
+    assert _files(foreign) == before
+    assert {n: hashlib.sha256((arch / ("lib/" + n if n in bands else n)).read_bytes()).hexdigest()
+            for n in named} == named
+    # the room itself says what it is, and judges nothing of it
+    (room,) = [r for r in rooms_of(arch) if r.release == "0.34.0"]
+    assert not room.known and room.problems() == []
+    assert [r.release for r in rooms_of(arch)] == ["0.33.0", "0.34.0"]
+
+
+def _reads(tree: ast.AST) -> list[str]:
+    """String constants naming the two room records in a module."""
+    return sorted({n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                   and n.value in ("libs.json", "manifest.json")})
+
+
+def test_only_the_rooms_parsers_read_libs_json_and_manifest_json():
+    """Every module that names libs.json or manifest.json as a file to read
+    is the room's (room.py: LinkRecord.parse; manifest.py: Manifest.parse,
+    and LIBS_JSON / MANIFEST, the names the others import), and nobody else
+    json-loads them: each other use of the constants is a path, never a
+    parse. Checked on the syntax tree: a json.load(s) call whose argument
+    mentions LIBS_JSON / MANIFEST / "libs.json" / "manifest.json"."""
+    owners = {PKG / "room.py", PKG / "manifest.py"}
+    offenders = []
+    for path in sorted(list(PKG.rglob("*.py")) + list((REPO / "ci").glob("*.py")) + list((REPO / "bench").glob("*.py"))):
+        if path in owners:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("load", "loads") \
+                    and getattr(node.func.value, "id", None) == "json":
+                text = ast.unparse(node)
+                if any(name in text for name in ("LIBS_JSON", "MANIFEST", "libs.json", "manifest.json", "libs_path",
+                                                 "manifest_path")):
+                    offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {text}")
+    assert offenders == []
+
+
+def test_the_parser_check_sees_a_second_parser(tmp_path):
+    """The check itself: a module json-loading libs.json is caught."""
+    tree = ast.parse('import json\nd = json.loads((room / "libs.json").read_bytes())\n')
+    calls = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "loads"]
+    assert calls and "libs.json" in calls[0]
+
+
+def test_a_room_is_named_by_its_release_always():
+    """No default release: a Room takes one, and says which."""
+    import inspect
+
+    sig = inspect.signature(Room)
+    assert sig.parameters["release"].default is inspect.Parameter.empty
