@@ -90,9 +90,21 @@ def test_public_vllm_name_is_the_runtime_plugin():
     assert imports_of(MODULES["dsv41_aot.vllm"]) <= {"sys", "dsv41_aot.runtime", "dsv41_aot.runtime.vllm_plugin"}
 
 
+def _cli(mod: str) -> bool:
+    return mod == "dsv41_aot.cli" or mod.startswith("dsv41_aot.cli.")
+
+
 def test_nothing_imports_the_cli():
-    users = sorted(m for m, deps in GRAPH.items() if "dsv41_aot.cli" in deps)
+    users = sorted(m for m, deps in GRAPH.items() if not _cli(m) and any(_cli(d) for d in deps))
     assert users == []
+
+
+def test_the_cli_parses_and_prints_nothing_else_does():
+    """Every command's argparse lives in the CLI package (dsv41_aot/cli/);
+    the build half and the core do the work and return what to print."""
+    parsers = sorted(m for m, p in MODULES.items() if not _cli(m) and "argparse" in imports_of(p))
+    assert parsers == []
+    assert {"dsv41_aot.cli.build", "dsv41_aot.cli.verify", "dsv41_aot.cli.link"} <= set(MODULES)
 
 
 def test_no_import_cycles():

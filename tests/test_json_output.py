@@ -125,11 +125,12 @@ def test_an_internal_error_is_still_one_json_document(monkeypatch, capsys):
     code of its own (neither 1, checks failed, nor 2, bad input)."""
     from dsv41_aot import cli
     from dsv41_aot.aot.output import INTERNAL_ERROR
+    from dsv41_aot.cli import build
 
     def broken(args):
         raise KeyError("a bug")
 
-    monkeypatch.setattr(cli, "cmd_list", broken)
+    monkeypatch.setattr(build, "cmd_list", broken)
     code = cli.main(["list", "--dir", "/nowhere", "--json"])
     out, err = capsys.readouterr()
     assert code == INTERNAL_ERROR and INTERNAL_ERROR not in (0, 1, 2)

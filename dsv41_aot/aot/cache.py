@@ -62,16 +62,6 @@ def strip_version(strip: Path) -> str:
     return " ".join(out.stdout.split()[:6]) or f"{strip} (no version)"
 
 
-def add_args(p, what: str) -> None:
-    """``--cache`` / ``--no-cache`` on a command that uses the build cache."""
-    p.add_argument("--cache", metavar="DIR",
-                   help=f"build cache of {what}, keyed by their full build identity and shared by every --out "
-                        f"(default: ${ENV_BUILD_CACHE}; none when unset)")
-    p.add_argument("--no-cache", action="store_true",
-                   help="do not take anything from the build cache: build every key for real (what it builds is "
-                        "still stored there)")
-
-
 def cache_dir(given: str | None) -> Path | None:
     """The cache folder a command uses: ``--cache DIR``, else
     ``$DSV41_AOT_BUILD_CACHE``, else none."""
@@ -164,38 +154,3 @@ def identity_digest(tools, matrix_path=None) -> str:
     doc = {"releases": releases, "helpers": compat.install_aiter_shim(),
            **BuildCache.parts(tools)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def register(sub) -> None:
-    p = sub.add_parser("cache", help="the build cache: where it is, what it holds, its identity digest")
-    p.add_argument("--cache", metavar="DIR", help=f"build cache folder (default: ${ENV_BUILD_CACHE})")
-    p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml): the releases it builds")
-    p.add_argument("--identity", action="store_true",
-                   help="print only the identity digest (what a CI cache key names: .github/workflows/wheels.yml)")
-    p.add_argument("--json", action="store_true", help="print one JSON summary")
-    p.set_defaults(func=run)
-
-
-def run(args) -> int:
-    from . import toolchain
-    from .output import print_json, tally
-
-    folder = cache_dir(args.cache)
-    digest = identity_digest(toolchain.find(), args.matrix)
-    if args.identity:
-        print(digest)
-        return 0
-    counts, size = {"compile": 0, "jit": 0}, 0
-    if folder is not None and (folder / LAYOUT).is_dir():
-        for what in counts:
-            counts[what] = sum(1 for _ in (folder / LAYOUT / what).glob("*/*.json"))
-        size = sum(p.stat().st_size for p in (folder / LAYOUT).rglob("*") if p.is_file())
-    if args.json:
-        print_json(tally(0, 0, [], cache=str(folder) if folder else None, identity=digest,
-                         objects=counts["compile"], jit_proofs=counts["jit"], bytes=size))
-    elif folder is None:
-        print(f"no build cache (pass --cache DIR or set {ENV_BUILD_CACHE}); identity {digest}")
-    else:
-        print(f"{folder}: {counts['compile']} compiled objects, {counts['jit']} JIT code objects, "
-              f"{size / 1e6:.1f} MB; identity {digest}")
-    return 0

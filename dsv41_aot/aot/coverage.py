@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import AotError
 from ..facts.arches import ARCHES
-from ..facts.releases import NEWEST, RELEASES, release_facts, version_order
+from ..facts.releases import NEWEST, release_facts, version_order
 from ..keys import DEFAULTS, BuildKey
 from ..manifest import MANIFEST, prebuilt_dir, releases_in, room_dir
 from ..room import Room
@@ -315,60 +315,3 @@ def _parse_draft(text: str | None, routing: dict) -> tuple | None:
         raise CoverageInputError(f"--draft {text!r}: expected experts,topk,swa_width or a routing preset "
                                  f"({', '.join(routing)})", fix="--draft 128,3,192  (or --draft dspark)")
     return parts
-
-
-def register(sub) -> None:
-    p = sub.add_parser("coverage", help="the keys each vLLM release can ask for on a deployment, checked against "
-                                        "prebuilt kernels")
-    p.add_argument("--arch", required=True, help=" or ".join(f"{a.name} ({a.products})" for a in ARCHES.values()))
-    p.add_argument("--tp", type=int, required=True, help="tensor parallel size (vLLM's mono path: " + "; ".join(
-        f"{rel.version} {arch}: {' or '.join(map(str, d.tp_sizes))}"
-        for rel in RELEASES.values() for arch, d in rel.arches.items()) + ")")
-    p.add_argument("--max-rows", type=int, help="largest decode step in rows (default and cap: " + ", ".join(
-        f"{rel.version} {arch} {d.max_rows}" for rel in RELEASES.values() for arch, d in rel.arches.items()) + ")")
-    p.add_argument("--draft", help="the DSpark draft's experts,topk,swa_width (e.g. 128,3,192) or a matrix "
-                                   "routing preset name (dspark); omit without a draft")
-    p.add_argument("--release", help="only this vLLM release (default: every release of the matrix; one that "
-                                     "does not run the deployment is skipped)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--dir", help="prebuilt directory to check (default: what the loader uses)")
-    src.add_argument("--profile", help="check a build matrix profile instead, without building")
-    p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml): routing presets, profiles")
-    p.add_argument("--json", action="store_true", help='print {"reports": [{"release", "required", "missing", '
-                                                       '"unlinked", ...} per release], "skipped": [...], ...}')
-    p.set_defaults(func=run)
-
-
-def run(args) -> int:
-    reports, skipped = check_all(args.arch, args.tp, max_rows=args.max_rows, draft_text=args.draft,
-                                 release=args.release, root=args.dir, profile=args.profile, matrix_path=args.matrix)
-    bad = any(r["missing"] or r["unlinked"] for r in reports)
-    if args.json:
-        from .output import print_json, tally
-
-        failures = [{"key": k, "release": r["release"], "error": why} for r in reports
-                    for keys, why in ((r["missing"], "missing"), (r["unlinked"], "not linked")) for k in keys]
-        required = sum(len(r["required"]) for r in reports)
-        print_json(tally(required, required - len(failures), failures, reports=reports, skipped=skipped))
-        return 1 if bad else 0
-    out = args.dir or "kernels_prebuilt"
-    for s in skipped:
-        print(f"skipped  vLLM {s['release']}: {s['reason']}")
-    for rep in reports:
-        rel = rep["release"]
-        missing, unlinked = set(rep["missing"]), set(rep["unlinked"])
-        for k in rep["required"]:
-            mark = "MISSING " if k in missing else "UNLINKED" if k in unlinked else "ok      "
-            print(f"{mark} {rel} {k}")
-        c = rep["counts"]
-        print(f"{rep['deployment']}: {len(rep['required'])} keys (K1 {c['k1']}, K2 {c['k2']}, FFN {c['ffn']}) "
-              f"checked against {rep['against']}: {len(rep['missing'])} missing, {len(rep['unlinked'])} not linked")
-        shown = " ".join(repr(k) for k in rep["missing"][:3]) + (" ..." if len(rep["missing"]) > 3 else "")
-        if rep["missing"] and args.profile:
-            print(f"  fix: make profile {args.profile!r} select vLLM {rel}'s {shown} (edit the matrix; check with "
-                  f"dsv41-aot build --list --profile {args.profile} --release {rel})")
-        elif rep["missing"]:
-            print(f"  fix: dsv41-aot build --release {rel} --key {shown} --out {out} && dsv41-aot link --dir {out}")
-        elif rep["unlinked"]:
-            print(f"  fix: dsv41-aot link --dir {out}")
-    return 1 if bad else 0

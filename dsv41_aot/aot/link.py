@@ -53,7 +53,7 @@ from pathlib import Path
 from .elf import Elf
 from ..errors import AotError, ManifestError, ToolchainError
 from ..keys import BuildKey
-from ..manifest import BAND_SUFFIX, LIB, LIBS_JSON, LIBS_SCHEMA, Manifest, atomic_write, prebuilt_dir, rooms, sha256_file
+from ..manifest import BAND_SUFFIX, LIB, LIBS_JSON, LIBS_SCHEMA, Manifest, atomic_write, rooms, sha256_file
 from ..room import Band, Room, named_by_rooms
 
 XZ_PRESET = 6  # measured: preset 9, extreme and an x86 BCJ filter gain under 1% on these libraries
@@ -248,39 +248,3 @@ def link_dir(root: Path, arches=None, *, release: str | None = None, log=None) -
         with arch_lock(d, "link"):
             out.append(link_room(d, r, log=log))
     return out
-
-
-# ------------------------------------------------------------------ CLI
-
-
-def register(subparsers) -> None:
-
-    p = subparsers.add_parser(
-        "link",
-        help="link stored objects into loadable libraries (<dir>/<arch>/lib/, one libs.json a release)",
-        description="Link each room's (arch and vLLM release) stored export objects into shared libraries, one per "
-                    "TP and band of eight step widths, stored xz-compressed (<arch>/lib/*.so.xz, shared by the "
-                    "arch's releases; <arch>/vllm-<release>/libs.json); up-to-date bands are kept. No "
-                    "libamdhip64 SONAME is recorded.",
-    )
-    p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
-    p.add_argument("--arch", action="append", help="link only this arch (repeatable)")
-    p.add_argument("--release", help="link only this vLLM release's rooms")
-    p.add_argument("--json", action="store_true", help="print one JSON document with per-room summaries")
-    p.set_defaults(func=run)
-
-
-def run(args) -> int:
-    out = link_dir(Path(args.dir), args.arch, release=args.release, log=None if args.json else print)
-    if args.json:
-        from .output import print_json, tally
-
-        keys = sum(s["keys"] for s in out)
-        print_json(tally(keys, keys, [], dir=str(Path(args.dir).resolve()), arches=out,
-                         libraries=sum(s["libraries"] for s in out), linked=sum(s["linked"] for s in out),
-                         up_to_date=sum(s["up_to_date"] for s in out)))
-    else:
-        for s in out:
-            print(f"{s['arch']} vLLM {s['release']}: {s['libraries']} libraries ({s['linked']} linked, {s['up_to_date']} up to date) "
-                  f"in {s['seconds']} s")
-    return 0

@@ -1,32 +1,21 @@
-"""``dsv41-aot``: every command a user runs.
-
-Exit codes: 0 ok, 1 checks failed (a key failed to compile, an artifact is
-wrong), 2 bad input (the command line, the matrix, the environment). Commands
-that a script parses take ``--json``: one JSON document on stdout, also on an
-error (``dsv41_aot.aot.output`` has the shared vocabulary). Each command lives in its module, which
-provides ``register(subparsers)``; the subparser's ``func(args) -> int`` runs it.
-"""
+"""``dsv41-aot build``, ``list`` and ``fetch-vllm``: their arguments and their
+output (the work is ``dsv41_aot.aot.builder``, ``dsv41_aot.room`` and
+``dsv41_aot.source``)."""
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
 from pathlib import Path
 
-from .aot.output import INTERNAL_ERROR, error_doc, internal_error_doc, print_json, tally
-from .errors import AotError
-from .manifest import prebuilt_dir
-
-# command modules beside the build commands below
-COMMANDS: tuple[str, ...] = ("aot.inspection", "aot.verify", "aot.link", "aot.coverage", "aot.cache")
-
+from ..aot.output import print_json, tally
+from ..errors import AotError
+from ..manifest import prebuilt_dir
 
 
 # ---------------------------------------------------------------- build
 def _selected_keys(args) -> list:
-    from .aot import matrix, shards
-    from .keys import BuildKey, neighbours
+    from ..aot import matrix, shards
+    from ..keys import BuildKey, neighbours
 
     m = matrix.load(args.matrix)
     if args.key:
@@ -49,7 +38,7 @@ def _selected_keys(args) -> list:
                 raise AotError(f"profile {args.profile or m.default_profile!r} selects no vLLM {args.release} key",
                                fix=f"drop --release, or pick another profile (releases: {', '.join(m.releases)})")
     if args.arch:
-        from .aot import toolchain
+        from ..aot import toolchain
 
         for a in args.arch:
             toolchain.check_arch(a)
@@ -73,7 +62,7 @@ def cmd_build(args) -> int:
             for k in keys:
                 print(f"{k.release:8} {k}")
         return 0
-    from .aot import builder, cache, matrix
+    from ..aot import builder, cache, matrix
 
     # each release's mono sources digest as the matrix the keys came from records it
     digests = {v: e.mono_sources for v, e in matrix.load(args.matrix).releases.items()}
@@ -96,8 +85,8 @@ def cmd_build(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from .manifest import arch_dirs, rooms_or_error
-    from .room import Room, rooms_of
+    from ..manifest import arch_dirs, rooms_or_error
+    from ..room import Room, rooms_of
 
     root = Path(args.dir)
     entries = []
@@ -125,8 +114,8 @@ def cmd_list(args) -> int:
 
 
 def cmd_fetch_vllm(args) -> int:
-    from . import source
-    from .facts.releases import release_facts
+    from .. import source
+    from ..facts.releases import release_facts
 
     release_facts(args.release)
     src = source.fetch(args.release, Path(args.dest) if args.dest else None,
@@ -138,8 +127,8 @@ def cmd_fetch_vllm(args) -> int:
     return 0
 
 
-def _add_build(sub) -> None:
-    from .aot import cache
+def register(sub) -> None:
+    from .cache import add_args
 
     p = sub.add_parser("build", help="compile launch symbols ahead of time (no GPU needed)")
     p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml)")
@@ -164,7 +153,7 @@ def _add_build(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON summary at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-link", action="store_true", help="store objects only; skip `dsv41-aot link`")
-    cache.add_args(p, "compiled objects")
+    add_args(p, "compiled objects")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("list", help="what a prebuilt directory holds")
@@ -180,46 +169,3 @@ def _add_build(sub) -> None:
                                   "or ~/.cache/dsv41-aot/vllm/<release>)")
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.set_defaults(func=cmd_fetch_vllm)
-
-
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dsv41-aot", description="Ahead-of-time kernels for vLLM's DeepSeek-V4.1 mono decode layer")
-    sub = ap.add_subparsers(dest="command", required=True)
-    _add_build(sub)
-    for name in COMMANDS:
-        importlib.import_module(f"dsv41_aot.{name}").register(sub)
-    return ap
-
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as e:  # argparse's usage error (exit 2), already on stderr
-        if e.code == 2 and "--json" in argv:
-            print_json(error_doc(next((a for a in argv if not a.startswith("-")), ""), AotError("bad command line (see the usage above)",
-                                                                  fix="dsv41-aot --help")))
-        raise
-    try:
-        return args.func(args)
-    except AotError as e:
-        print(f"dsv41-aot {args.command}: error: {e}", file=sys.stderr)
-        if getattr(args, "json", False):
-            print_json(error_doc(args.command, e))
-        return e.exit_code
-    except KeyboardInterrupt:
-        print(f"dsv41-aot {args.command}: interrupted (rerun to resume)", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - a bug: still one JSON document, and its own exit code
-        import traceback
-
-        traceback.print_exc()
-        print(f"dsv41-aot {args.command}: internal error: {type(e).__name__}: {e} (a bug: please report it with "
-              f"the traceback above)", file=sys.stderr)
-        if getattr(args, "json", False):
-            print_json(internal_error_doc(args.command, e))
-        return INTERNAL_ERROR
-
-
-if __name__ == "__main__":
-    sys.exit(main())

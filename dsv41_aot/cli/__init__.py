@@ -1,0 +1,60 @@
+"""``dsv41-aot``: every command a user runs.
+
+Exit codes: 0 ok, 1 checks failed (a key failed to compile, an artifact is
+wrong), 2 bad input (the command line, the matrix, the environment). Commands
+that a script parses take ``--json``: one JSON document on stdout, also on an
+error (``dsv41_aot.aot.output`` has the shared vocabulary). Each command's
+arguments and printing live in a module of this package, which provides
+``register(subparsers)``; the subparser's ``func(args) -> int`` runs it, and
+the work itself is the build half's (``dsv41_aot.aot``) or the shared core's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..aot.output import INTERNAL_ERROR, error_doc, internal_error_doc, print_json
+from ..errors import AotError
+
+# the command modules of this package, each with register(subparsers)
+COMMANDS: tuple[str, ...] = ("build", "inspect", "verify", "link", "coverage", "cache")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dsv41-aot", description="Ahead-of-time kernels for vLLM's DeepSeek-V4.1 mono decode layer")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"dsv41_aot.cli.{name}").register(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:  # argparse's usage error (exit 2), already on stderr
+        if e.code == 2 and "--json" in argv:
+            print_json(error_doc(next((a for a in argv if not a.startswith("-")), ""), AotError("bad command line (see the usage above)",
+                                                                  fix="dsv41-aot --help")))
+        raise
+    try:
+        return args.func(args)
+    except AotError as e:
+        print(f"dsv41-aot {args.command}: error: {e}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print_json(error_doc(args.command, e))
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"dsv41-aot {args.command}: interrupted (rerun to resume)", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - a bug: still one JSON document, and its own exit code
+        import traceback
+
+        traceback.print_exc()
+        print(f"dsv41-aot {args.command}: internal error: {type(e).__name__}: {e} (a bug: please report it with "
+              f"the traceback above)", file=sys.stderr)
+        if getattr(args, "json", False):
+            print_json(internal_error_doc(args.command, e))
+        return INTERNAL_ERROR

@@ -1,0 +1,51 @@
+"""``dsv41-aot inspect``: its arguments and its output (the work is ``dsv41_aot.aot.inspection``)."""
+
+from __future__ import annotations
+
+from ..aot.inspection import plot, report, summary_lines
+from ..aot.residency import MONO_THREADS
+from ..manifest import prebuilt_dir
+
+# ---------------------------------------------------------------- CLI
+
+
+def register(sub) -> None:
+    p = sub.add_parser("inspect", help="residency of every prebuilt symbol: resources against the arch's limits, spills, headroom")
+    p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
+    p.add_argument("--json", action="store_true", help='print one JSON document: {"threads", "limits", "rows", "summary"}')
+    p.add_argument("--plot", metavar="FILE.png", help="write a PNG of LDS / VGPR (AGPR, SGPR where they bind) use against "
+                                                      "step width, per arch and vLLM release")
+    p.add_argument("--release", help="only this vLLM release's rooms (default: every room)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Exit 1 when any symbol cannot be resident, else 0 (a spill is shown, not failed)."""
+    doc = report(args.dir, args.release)
+    rows = doc["rows"]
+    if args.plot:
+        plot(rows, args.plot)
+    if args.json:
+        from ..aot.output import print_json, tally
+
+        failures = [{"key": r["key"], "release": r["release"], "error": "; ".join(r["problems"])}
+                    for r in rows if not r["resident"]]
+        print_json(tally(len(rows), len(rows) - len(failures), failures, **doc))
+    else:
+        print(f"{'release':7} {'key':44} {'VGPR':>4} {'AGPR':>4} {'SGPR':>4} {'LDS':>7} {'scratch':>7} {'kernarg':>7} {'wave':>4} {'w/SIMD':>6}  resident")
+        for r in rows:
+            x = r["resources"]
+            print(
+                f"{r['release']:7} {r['key']:44} {x['vgpr_count']:4d} {x['agpr_count']:4d} {x['sgpr_count']:4d} {x['lds_bytes']:7d}"
+                f" {x['scratch_bytes']:7d} {x['kernarg_bytes']:7d} {x['wavefront_size']:4d} {r['waves_per_simd']:6d}"
+                f"  {'yes' if r['resident'] else 'NO'}{', spills' if r['spills'] else ''}"
+            )
+            for note in r["problems"] + r["spills"]:
+                print(f"    {note}")
+        bad = sum(not r["resident"] for r in rows)
+        spilled = sum(bool(r["spills"]) for r in rows)
+        print(f"{len(rows)} symbol{'s' if len(rows) != 1 else ''}, {bad} cannot be resident one {MONO_THREADS}-thread CTA per CU, {spilled} spilling"
+              + (f"; plot: {args.plot}" if args.plot else ""))
+        print()
+        print("\n".join(summary_lines(doc["summary"])))
+    return 1 if any(not r["resident"] for r in rows) else 0

@@ -1,0 +1,43 @@
+"""``dsv41-aot link``: its arguments and its output (the work is ``dsv41_aot.aot.link``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..aot.link import link_dir
+from ..manifest import prebuilt_dir
+
+# ------------------------------------------------------------------ CLI
+
+
+def register(subparsers) -> None:
+
+    p = subparsers.add_parser(
+        "link",
+        help="link stored objects into loadable libraries (<dir>/<arch>/lib/, one libs.json a release)",
+        description="Link each room's (arch and vLLM release) stored export objects into shared libraries, one per "
+                    "TP and band of eight step widths, stored xz-compressed (<arch>/lib/*.so.xz, shared by the "
+                    "arch's releases; <arch>/vllm-<release>/libs.json); up-to-date bands are kept. No "
+                    "libamdhip64 SONAME is recorded.",
+    )
+    p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
+    p.add_argument("--arch", action="append", help="link only this arch (repeatable)")
+    p.add_argument("--release", help="link only this vLLM release's rooms")
+    p.add_argument("--json", action="store_true", help="print one JSON document with per-room summaries")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    out = link_dir(Path(args.dir), args.arch, release=args.release, log=None if args.json else print)
+    if args.json:
+        from ..aot.output import print_json, tally
+
+        keys = sum(s["keys"] for s in out)
+        print_json(tally(keys, keys, [], dir=str(Path(args.dir).resolve()), arches=out,
+                         libraries=sum(s["libraries"] for s in out), linked=sum(s["linked"] for s in out),
+                         up_to_date=sum(s["up_to_date"] for s in out)))
+    else:
+        for s in out:
+            print(f"{s['arch']} vLLM {s['release']}: {s['libraries']} libraries ({s['linked']} linked, {s['up_to_date']} up to date) "
+                  f"in {s['seconds']} s")
+    return 0

@@ -1,0 +1,102 @@
+"""``dsv41-aot verify``: its arguments and its output (the work is ``dsv41_aot.aot.verify``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..aot.cache import cache_dir
+from ..aot.verify import shard_keys, verify
+from ..errors import AotError
+from .cache import add_args
+
+
+def register(sub) -> None:
+    from ..manifest import prebuilt_dir
+
+    p = sub.add_parser("verify", help="check prebuilt objects; with --against-jit, against vLLM's own JIT build")
+    p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
+    p.add_argument("--against-jit", action="store_true",
+                   help="rebuild keys through vLLM's runner and FlyDSL's JIT (compile only) and compare code objects")
+    pick = p.add_mutually_exclusive_group()
+    pick.add_argument("--sample", type=int, metavar="N", help="with --against-jit: N keys per (arch, release), seeded")
+    pick.add_argument("--key", action="extend", nargs="+", metavar="KEY", help="only these keys (--key A B, or --key A --key B)")
+    pick.add_argument("--shard", metavar="i/N",
+                      help="only the keys `dsv41-aot build --shard i/N` builds (with the same --profile/--arch/--seconds)")
+    p.add_argument("--release", help="only this vLLM release's rooms; with --key: the release the keys name "
+                                     "(default: every room; keys of the newest release)")
+    p.add_argument("--profile", help="with --shard: matrix profile (default: the matrix's default_profile)")
+    p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml): --shard's keys, and each "
+                                    "release's mono sources digest --against-jit checks its vLLM tree against")
+    p.add_argument("--arch", action="append", help="with --shard: only keys of this arch (repeatable)")
+    p.add_argument("--seconds", nargs="+", default=[], metavar="MANIFEST",
+                   help="with --shard: the files whose recorded compile seconds balanced the build's shards")
+    p.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
+    p.add_argument("--jobs", "-j", type=int, default=None, help="with --against-jit: JIT worker processes (default: CPU count)")
+    p.add_argument("--key-timeout", type=float, default=None, metavar="SECONDS",
+                   help="with --against-jit: fail a key whose JIT build takes longer (default 600)")
+    p.add_argument("--record", action="store_true",
+                   help="with --against-jit: write <arch>/vllm-<release>/verified.json, the proof of each key that passed")
+    p.add_argument("--vllm-src", action="append", metavar="PATH",
+                   help="with --against-jit: a vLLM tree (folder holding vllm/) to JIT-build its release's keys from "
+                        "(repeatable: one a release); default: the installed vllm, then the tree cache "
+                        "(dsv41-aot fetch-vllm)")
+    p.add_argument("--json", action="store_true", help="print one JSON report")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_args(p, "vLLM's JIT code objects (with --against-jit)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.sample is not None and args.sample < 1:
+        raise AotError(f"--sample {args.sample}: must be at least 1", fix="pass --sample N with N >= 1")
+    if args.record and not args.against_jit:
+        raise AotError("--record writes the proof of a JIT comparison", fix="pass --against-jit --record")
+    keys = args.key
+    if args.shard:
+        keys = shard_keys(args.shard, profile=args.profile, matrix_path=args.matrix, arches=args.arch,
+                          seconds=args.seconds, release=args.release)
+    elif args.profile or args.arch or args.seconds:
+        raise AotError("--profile, --arch and --seconds choose a shard's keys", fix="pass them with --shard i/N")
+    report = verify(Path(args.dir), against_jit=args.against_jit, keys=keys, sample=args.sample, seed=args.seed,
+                    vllm_src=args.vllm_src or (), progress=args.against_jit and not args.no_progress,
+                    jobs=args.jobs, key_timeout=args.key_timeout, record=args.record, release=args.release,
+                    matrix_path=args.matrix, cache=cache_dir(args.cache) if args.against_jit else None,
+                    reuse=not args.no_cache)
+    if args.json:
+        from ..aot.output import print_json
+
+        print_json(report)
+        for w in report["warnings"]:
+            print(f"warning: {w}", file=sys.stderr)
+    else:
+        for r in report["reports"]:
+            status = "ok" if r["ok"] else "FAILED"
+            jit = f"  jit {r['jit_seconds']:.1f} s" if r["jit_seconds"] is not None else ""
+            jit += " (build cache)" if r["jit_cached"] else ""
+            print(f"{status:6} {r['release']:7} {r['key']:44} {'+'.join(r['checks'])}{jit}")
+            for prob in r["problems"]:
+                print(f"         {prob}")
+        libs = [f for f in report["failures"] if f["file"] is not None]
+        for f in libs:
+            print(f"FAILED {f['file']} (vLLM {f['release']}): {f['error']}")
+        for w in report["warnings"]:
+            print(f"warning: {w}", file=sys.stderr)
+        print(f"{report['keys']} keys checked ({report['jit_checked']} against vLLM's JIT, "
+              f"{report['jit_cached']} of those from the build cache): "
+              f"{report['keys'] - report['ok']} failed; {len(libs)} library problems")
+        resident = sorted(f"{r['key']} (vLLM {r['release']})" for r in report["reports"]
+                          if any(p.startswith("cannot be resident") for p in r["problems"]))
+        rebuild: dict = {}
+        for r in report["reports"]:
+            if any(not p.startswith("cannot be resident") for p in r["problems"]):
+                rebuild.setdefault(r["release"], []).append(r["key"])
+        for rel, ks in rebuild.items():
+            print(f"fix: rebuild them: dsv41-aot build --release {rel} --key {' '.join(repr(k) for k in ks)} "
+                  f"--out {args.dir}", file=sys.stderr)
+        if resident:
+            print(f"fix: {', '.join(resident)} cannot launch as a persistent kernel (see dsv41-aot inspect):"
+                  " remove it from build_matrix.yaml", file=sys.stderr)
+        for fix in dict.fromkeys(f["fix"] for f in libs):
+            print(f"fix: {fix}", file=sys.stderr)
+    return 1 if report["failed"] else 0
