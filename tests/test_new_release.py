@@ -1,0 +1,104 @@
+"""Adding a vLLM release is data: a copy of this project gains a release
+0.33.1 (0.33.0's kernel tree with one comment added, so a mono sources digest
+of its own) by one facts entry and one matrix entry (``like: "0.33.0"``), and
+with no code edit: ``build --list`` lists its keys, ``coverage`` checks its
+deployments, the wheel gate ships a room of it, and the loader serves that
+room to a running 0.33.1 (picked by its digest)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from _smoke import REPO, copy_of, run_cli
+from dsv41_aot import source
+
+NEW, LIKE = "0.33.1", "0.33.0"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """(the project copy, the 0.33.1 tree's mono folder, its digest)."""
+    tmp = tmp_path_factory.mktemp("new-release")
+    root = tmp / "project"
+    shutil.copytree(REPO / "dsv41_aot", root / "dsv41_aot", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "ci", root / "ci", ignore=shutil.ignore_patterns("__pycache__"))
+    mono = tmp / "vllm-0.33.1" / source.MONO_REL
+    shutil.copytree(source.find().mono_dir, mono, ignore=shutil.ignore_patterns("__pycache__"))
+    (mono / "layer.py").write_text((mono / "layer.py").read_text() + "\n# vLLM 0.33.1\n")
+    digest = source.mono_digest(mono)
+    # the facts entry: 0.33.0's facts under the new version
+    facts = root / "dsv41_aot" / "facts" / "releases.py"
+    text = facts.read_text()
+    anchor = "\ndef version_order("
+    assert anchor in text
+    facts.write_text(text.replace(anchor, f'\nRELEASES["{NEW}"] = replace(RELEASES["{LIKE}"], version="{NEW}")\n'
+                                          + anchor, 1).replace("from dataclasses import dataclass, field",
+                                                               "from dataclasses import dataclass, field, replace"))
+    # the matrix entry: like 0.33.0, with its own digest
+    matrix = (REPO / "build_matrix.yaml").read_text()
+    assert "\nreleases:\n" in matrix
+    (root / "build_matrix.yaml").write_text(matrix.replace(
+        "\nreleases:\n", f'\nreleases:\n  "{NEW}":\n    like: "{LIKE}"\n    mono_sources: {digest}\n', 1))
+    return root, mono, digest
+
+
+def test_build_lists_the_new_release_as_its_model(project):
+    root, _, _ = project
+    new = json.loads(run_cli("build", "--list", "--profile", "full", "--release", NEW, "--json", cwd=root)[1])
+    old = json.loads(run_cli("build", "--list", "--profile", "full", "--release", LIKE, "--json", cwd=root)[1])
+    assert new["keys"] == old["keys"] > 1000
+    assert sorted(e["key"] for e in new["entries"]) == sorted(e["key"] for e in old["entries"])
+    assert {e["release"] for e in new["entries"]} == {NEW}
+
+
+def test_coverage_checks_the_new_releases_deployments(project):
+    root, _, _ = project
+    code, out, err = run_cli("coverage", "--arch", "gfx950", "--tp", 4, "--release", NEW, "--profile", "full",
+                             "--json", cwd=root, check=False)
+    assert code == 0, out + err
+    (rep,) = json.loads(out)["reports"]
+    assert rep["release"] == NEW and len(rep["required"]) > 500 and rep["missing"] == []
+
+
+def _relabel(d, digest):
+    """gfx950's 0.33.0 room of ``d`` as a 0.33.1 build would write it: the same
+    objects and bands (the kernels did not change), its own release and digest."""
+    old, new = d / "gfx950" / f"vllm-{LIKE}", d / "gfx950" / f"vllm-{NEW}"
+    shutil.copytree(old, new)
+    man = json.loads((new / "manifest.json").read_text())
+    man["release"], man["mono_sources"] = NEW, digest
+    for e in man["entries"].values():
+        e["source"].update(mono_sources=digest, vllm_version=NEW)
+    (new / "manifest.json").write_text(json.dumps(man))
+    libs = json.loads((new / "libs.json").read_text())
+    libs["release"] = NEW
+    (new / "libs.json").write_text(json.dumps(libs))
+    (new / "verified.json").unlink(missing_ok=True)
+
+
+def test_the_wheel_gate_and_the_loader_take_the_new_room(project, smoke_dir, tmp_path):
+    root, mono, digest = project
+    d = copy_of(smoke_dir, tmp_path / "p")
+    _relabel(d, digest)
+    gate = subprocess.run([sys.executable, str(root / "ci" / "prebuilt.py"), str(d)], capture_output=True, text=True,
+                          cwd=root)
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+    assert f"gfx950/vllm-{NEW}" in gate.stdout
+    code, out, err = run_cli("verify", "--dir", d, cwd=root, check=False)
+    assert code == 0, out + err
+    # a process running the 0.33.1 tree is served the 0.33.1 room, by its digest
+    probe = (
+        "import sys; from dsv41_aot.runtime import loader, rooms\n"
+        f"loader.running_vllm({str(mono)!r})\n"
+        f"print(rooms.release_of(__import__('pathlib').Path({str(d)!r}), 'gfx950'))\n"
+        f"launcher = loader.load_key('k1@gfx950:s=4,tp=4,r=1', prebuilt={str(d)!r})\n"
+        "launcher.bind(); print(launcher._idx.release)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [NEW, NEW]
