@@ -1,8 +1,9 @@
 """Bands, the compressed libraries of a room's keys: dlopening exactly the
 bytes the room read and checked (``room.Room.read_band``: inside the arch's
 lib/, a plain file, its sha256 and raw sha256) once per process
-(``_open_library``) from a sealed memfd, else from a file of the per-user
-cache (``cache_dir``) verified through its descriptor.
+(``_open_library``, under the band's own lock) from a sealed memfd, else from
+a file of the per-user cache (``cache_dir``) verified through its descriptor;
+``bind_all``, many Launchers' bands at once (a thread a band).
 
 Runtime-side module: standard library only (plus hip.py's ctypes binding).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 from . import hip as _hip
@@ -25,13 +27,20 @@ ENV_CACHE = "DSV41_AOT_CACHE"  # where bands are unpacked when the kernel has no
 
 def _open_library(idx: _Index, lib: Band) -> ctypes.CDLL:
     """Bind one band, once per process: check the HIP runtime, read, verify
-    and decompress the band, dlopen exactly those bytes (libamdhip64 first,
-    RTLD_GLOBAL: the library's hip* references bind to it)."""
-    key = str(idx.libdir / lib.file)
+    and decompress the band (``Room.read_band``), dlopen exactly those bytes
+    (libamdhip64 first, RTLD_GLOBAL: the library's hip* references bind to it).
+
+    Under the band's own lock, never the process-wide one: two bands bind at
+    once (xz, sha256 and the memfd write release the GIL), two threads asking
+    for one band open it once. Lock order: whoever holds ``state.lock`` may
+    take a band's lock, never the other way round (nothing here takes it)."""
+    key = idx.band_paths[lib.file]
     handle = state._state.libraries.get(key)
     if handle is not None:
         return handle
-    with state._state.lock:
+    with state._state.band_locks_guard:
+        band_lock = state._state.band_locks.setdefault(key, threading.Lock())
+    with band_lock:
         handle = state._state.libraries.get(key)
         if handle is None:
             hip = _hip.load()
@@ -40,6 +49,7 @@ def _open_library(idx: _Index, lib: Band) -> ctypes.CDLL:
             path = idx.libdir / lib.file
             raw = idx.room.read_band(lib)  # the room's checks: inside lib/, a plain file, sha256, raw sha256
             fd = _library_fd(raw, lib)
+            del raw  # the memfd holds the library now: a deployment bound at once keeps one copy of each
             try:
                 handle = ctypes.CDLL(f"/proc/self/fd/{fd}", mode=os.RTLD_NOW | os.RTLD_LOCAL)
             except OSError as e:
@@ -51,8 +61,43 @@ def _open_library(idx: _Index, lib: Band) -> ctypes.CDLL:
             # kept open: glibc knows a library by the path it was opened by, and
             # a closed descriptor's number (so its /proc/self/fd/N) is reused
             state._state.fds[key] = fd
-            state._state.libraries[key] = handle
+            state._state.libraries[key] = handle  # last: a handle seen here is whole
     return handle
+
+
+def bind_all(launchers, workers: int | None = None) -> None:
+    """Bind ``launchers`` (``Launcher.bind``), their bands concurrently: one
+    thread a band up to ``workers`` (default: this process's CPUs), each
+    band read, checked, decompressed and dlopened by ``_open_library`` under
+    its own lock; then each entry resolved and its ABI checked. The first
+    error (in the order the launchers came) is raised once every band has
+    been tried; bands that bound stay bound."""
+    launchers = list(launchers)
+    first: dict = {}  # band path -> its first Launcher not bound yet
+    for launcher in launchers:
+        if launcher._lib is None:
+            first.setdefault(launcher.library, launcher)
+    todo = [(l._idx, l._librec) for path, l in first.items() if path not in state._state.libraries]
+    if workers is None:
+        try:
+            workers = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            workers = os.cpu_count() or 1
+    workers = max(1, min(workers, len(todo)))
+    errors: dict = {}
+    if workers > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(workers, thread_name_prefix="dsv41-aot-bind") as pool:
+            futures = {idx.band_paths[lib.file]: pool.submit(_open_library, idx, lib) for idx, lib in todo}
+        for path, fut in futures.items():
+            if fut.exception() is not None:
+                errors[path] = fut.exception()
+    for launcher in launchers:
+        error = errors.get(launcher.library)
+        if error is not None:
+            raise error
+        launcher.bind()  # its band is open (or, one worker, opened here): the entry and its ABI
 
 
 def _library_fd(raw: bytes, lib: Band) -> int:

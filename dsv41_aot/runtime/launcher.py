@@ -76,7 +76,7 @@ class Launcher:
         self.entry = entry["entry"]
         self.arch = entry["arch"]
         self.abi = abi.slots
-        self.library = str(idx.libdir / lib.file)
+        self.library = idx.band_paths[lib.file]
         self._abi = abi
         self._idx = idx
         self._librec = lib
@@ -86,13 +86,15 @@ class Launcher:
 
     def bind(self) -> None:
         """Verify and open this key's band, resolve its C entry, check its ABI;
-        no GPU work. Idempotent and thread-safe; every failure is a LoadError."""
+        no GPU work. Idempotent and thread-safe; every failure is a LoadError.
+        The band is opened under its own lock (``_open_library``), so
+        Launchers of different bands bind concurrently (``bind_all``)."""
         if self._lib is not None:
             return
+        lib = _open_library(self._idx, self._librec)
         with state._state.lock:
             if self._lib is not None:
                 return
-            lib = _open_library(self._idx, self._librec)
             try:
                 fn = getattr(lib, self.entry)
             except AttributeError:

@@ -33,12 +33,12 @@ import os
 from pathlib import Path
 
 from . import state
-from .bands import ENV_CACHE, cache_dir  # noqa: F401 (re-exported)
+from .bands import ENV_CACHE, bind_all, cache_dir  # noqa: F401 (re-exported)
 from .host import _ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, _check_source, resolve_arch, running_vllm  # noqa: F401
 from .launcher import Launcher
-from .rooms import _Index, _index, release_of
+from .rooms import _Index, _index, _root, release_of
 from ..manifest import (  # noqa: F401 (ENV_PREBUILT: the plugin reads it here)
-    ENV_PREBUILT, OBJECTS, prebuilt_dir, releases_in, sha256_file,
+    ENV_PREBUILT, OBJECTS, releases_in, sha256_file,
 )
 from ..facts.releases import NEWEST
 from ..errors import KeyNotPrebuiltError, ManifestError
@@ -49,19 +49,32 @@ from ..errors import KeyNotPrebuiltError, ManifestError
 
 def load_key(key, *, release: str | None = None, prebuilt: str | os.PathLike | None = None) -> Launcher:
     """The Launcher of one key: a BuildKey (of its release), or its string
-    naming a launch of ``release`` (default: the running vLLM's, :func:`release_of`)."""
-    text = key if isinstance(key, str) else str(key)
-    if not isinstance(key, str):
+    naming a launch of ``release`` (default: the running vLLM's, :func:`release_of`).
+    A key asked for again is a dict lookup: the directory, the running room
+    and the Launcher are each found once per process."""
+    root = _root(prebuilt)
+    st = state._state
+    if isinstance(key, str):
+        text = key
+        arch = text.partition("@")[2].partition(":")[0]
+        if release is None:
+            release = st.picked.get((root, arch))
+            if release is None and _ARCH_RE.fullmatch(arch):
+                release = release_of(root, arch)
+    else:
+        text = str(key)
         release = key.release
-    root = Path(prebuilt).resolve() if prebuilt is not None else prebuilt_dir()
-    arch = text.partition("@")[2].partition(":")[0]
-    if release is None and _ARCH_RE.fullmatch(arch):
-        release = release_of(root, arch)
-    launcher = state._state.launchers.get((root, release, text))
+    launcher = st.launchers.get((root, release, text))
     if launcher is not None:
         return launcher
+    return _new_launcher(key, text, root, release)
+
+
+def _new_launcher(key, text: str, root: Path, release: str | None) -> Launcher:
+    """load_key's first time for a key: find it in its room, check it, make its Launcher."""
+    arch = text.partition("@")[2].partition(":")[0]
     # a canonical key of a room already indexed needs no parsing
-    idx = state._state.indexes.get((root / arch, release))
+    idx = state._state.indexes.get((root, arch, release))
     entry = idx.entries.get(text) if idx is not None else None
     if entry is None:
         from ..keys import BuildKey
@@ -118,6 +131,13 @@ def _link_mismatch(idx: _Index, key: str, entry: dict, lib, obj_sha: str | None)
     )
 
 
+def prebuilt_dir() -> Path:
+    """The prebuilt directory the loader reads by default, absolute:
+    ``$DSV41_AOT_PREBUILT``, else the installed package's ``kernels_prebuilt/``
+    (``manifest.prebuilt_dir``), resolved once per value of the variable."""
+    return _root(None)
+
+
 def load(kind: str, *, tokens: int, tp: int, ratio: int, fold: bool = True, index: bool = False,
          experts: int = 384, topk: int = 6, ug_groups: int = 2, swa_width: int = 128, timeline: bool = False,
          arch: str | None = None, release: str | None = None, prebuilt: str | os.PathLike | None = None) -> Launcher:
@@ -127,21 +147,32 @@ def load(kind: str, *, tokens: int, tp: int, ratio: int, fold: bool = True, inde
     from ..keys import BuildKey
 
     arch = resolve_arch(arch)
-    root = Path(prebuilt).resolve() if prebuilt is not None else prebuilt_dir()
+    root = _root(prebuilt)
     key = BuildKey(kind=kind, arch=arch, tokens=tokens, tp=tp, ratio=ratio, fold=fold, index=index,
                    experts=experts, topk=topk, ug_groups=ug_groups, swa_width=swa_width, timeline=timeline,
                    release=release or release_of(root, arch))
     return load_key(key, prebuilt=root)
 
 
+def bind(keys, *, release: str | None = None, prebuilt: str | os.PathLike | None = None,
+         workers: int | None = None) -> list:
+    """Bind the Launchers of ``keys`` (strings, BuildKeys or Launchers) now,
+    with no GPU work (``Launcher.bind``: each band read, verified,
+    decompressed and dlopened once, each entry resolved and its ABI checked),
+    their bands concurrently: one thread a band, up to ``workers`` (default:
+    the CPUs this process may run on)."""
+    out = [k if isinstance(k, Launcher) else load_key(k, release=release, prebuilt=prebuilt) for k in keys]
+    bind_all(out, workers)
+    return out
+
+
 def preload(keys, *, release: str | None = None, prebuilt: str | os.PathLike | None = None, stream=None) -> list:
     """Load the code objects of ``keys`` (strings, BuildKeys or Launchers) on
-    the current device now, so no first call pays for it (or meets a capture)."""
-    out = []
-    for k in keys:
-        launcher = k if isinstance(k, Launcher) else load_key(k, release=release, prebuilt=prebuilt)
+    the current device now, so no first call pays for it (or meets a capture):
+    :func:`bind` first (the bands concurrently), then each code object."""
+    out = bind(keys, release=release, prebuilt=prebuilt)
+    for launcher in out:
         launcher.load_module(stream)
-        out.append(launcher)
     return out
 
 
@@ -149,11 +180,11 @@ def keys(arch: str | None = None, *, release: str | None = None,
          prebuilt: str | os.PathLike | None = None) -> list[str]:
     """Every prebuilt key of ``arch`` (default: as :func:`load`) in vLLM
     ``release`` (default: the running vLLM's)."""
-    root = Path(prebuilt).resolve() if prebuilt is not None else prebuilt_dir()
+    root = _root(prebuilt)
     return sorted(_index(root, resolve_arch(arch), release).entries)
 
 
 def releases(arch: str | None = None, *, prebuilt: str | os.PathLike | None = None) -> list[str]:
     """The vLLM releases with prebuilt kernels for ``arch``, oldest first."""
-    root = Path(prebuilt).resolve() if prebuilt is not None else prebuilt_dir()
+    root = _root(prebuilt)
     return releases_in(root / resolve_arch(arch))

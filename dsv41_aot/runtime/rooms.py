@@ -1,7 +1,8 @@
-"""The rooms (one vLLM release's keys on one arch): ``_Index``, a room's
-manifest and link record read once; ``_index``, the room of a release, made
-once per process; ``_no_room``, what to say when there is none; and
-``release_of``, the room that serves the running vLLM.
+"""The rooms (one vLLM release's keys on one arch): ``_root``, the prebuilt
+directory resolved once per way of naming it; ``_Index``, a room's manifest
+and link record read once; ``_index``, the room of a release, made once per
+process; ``_no_room``, what to say when there is none; and ``release_of``,
+the room that serves the running vLLM, picked once per directory and arch.
 
 Runtime-side module: standard library only.
 """
@@ -14,18 +15,42 @@ from pathlib import Path
 from . import state
 from .abi import _Abi
 from .host import _ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, _installed_vllm, _warn_once
-from ..manifest import MANIFEST, Manifest, abi_id, releases_in
+from ..manifest import ENV_PREBUILT, MANIFEST, Manifest, abi_id, prebuilt_dir, releases_in
 from ..room import Room
 from ..facts.releases import NEWEST
 from ..errors import ArchMismatchError, ManifestError, ReleaseMismatchError
+
+
+def _root(prebuilt=None) -> Path:
+    """The absolute prebuilt directory: ``prebuilt`` resolved, else
+    ``manifest.prebuilt_dir()`` ($DSV41_AOT_PREBUILT, else the package's).
+    Resolved once per process for each way of naming it (the argument, or the
+    variable's value; a relative one with the working directory), so a key's
+    Launcher costs a dict lookup, not a ``Path.resolve`` a call. A symlink
+    re-pointed while the process runs is not followed again."""
+    if prebuilt is None:
+        named = os.environ.get(ENV_PREBUILT)
+        how = ("env", named)
+    else:
+        named = os.fspath(prebuilt)
+        how = ("arg", named)
+    if named and not os.path.isabs(named):
+        how += (os.getcwd(),)
+    root = state._state.roots.get(how)
+    if root is None:
+        root = prebuilt_dir() if prebuilt is None else Path(named).resolve()
+        state._state.roots[how] = root
+    return root
+
 
 class _Index:
     """One room (``room.Room``: the keys of one vLLM release on one arch) as
     the loader uses it: its manifest and link record, each read once by the
     room's own parser, and its ABIs compiled on first use."""
 
-    def __init__(self, root: Path, arch: str, release: str):
-        self.room = Room(root, arch, release)
+    def __init__(self, root: Path, arch: str, release: str, room: Room | None = None):
+        # ``room``: one whose manifest release_of just read (the same file, unchanged): not parsed twice
+        self.room = room or Room(root, arch, release)
         self.root, self.arch, self.release = root, arch, release
         self.dir = self.room.arch_dir
         self.manifest = self.room.manifest()
@@ -34,7 +59,10 @@ class _Index:
         self.libs_path = self.room.libs_path
         self.libdir = self.room.lib
         # key -> (its Band, the object sha256 it was linked from)
-        self.lib_of = {key: (band, band.entries[key]) for key, band in self.room.links().band_of.items()}
+        links = self.room.links()
+        self.lib_of = {key: (band, band.entries[key]) for key, band in links.band_of.items()}
+        # band file -> its path as a string (the Launcher's ``library``, the key of the band's handle)
+        self.band_paths = {band.file: str(self.libdir / band.file) for band in links.bands}
         self.fix_link = self.room.fix_relink
         self.abis: dict = {}
 
@@ -59,19 +87,30 @@ def _index(root: Path, arch: str, release: str | None = None) -> _Index:
     if not isinstance(arch, str) or not _ARCH_RE.fullmatch(arch):  # never a path: no "/", no ".."
         raise ManifestError(f"arch {arch!r} is not a GPU arch name (gfx...): refusing to look for it under {root}",
                             fix=f"name it like gfx950: {ENV_ARCH}=gfx950 (or arch=...)")
-    folder = root / arch
     if release is None:
         release = release_of(root, arch)
-    idx = state._state.indexes.get((folder, release))
+    idx = state._state.indexes.get((root, arch, release))
     if idx is None:
         with state._state.lock:
-            idx = state._state.indexes.get((folder, release))
+            idx = state._state.indexes.get((root, arch, release))
             if idx is None:
-                held = releases_in(folder)
+                held = releases_in(root / arch)
                 if release not in held:
                     _no_room(root, arch, release, held)
-                idx = state._state.indexes[(folder, release)] = _Index(root, arch, release)
+                read = state._state.read_rooms.pop((root, arch, release), None)
+                room = read[0] if read and read[1] is not None and read[1] == _file_version(read[0].manifest_path) \
+                    else None
+                idx = state._state.indexes[(root, arch, release)] = _Index(root, arch, release, room)
     return idx
+
+
+def _file_version(path: Path) -> tuple | None:
+    """What tells a file rewritten since (inode, size, mtime), None when absent."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _no_room(root: Path, arch: str, release: str, held: list) -> None:
@@ -98,10 +137,10 @@ def release_of(root: Path, arch: str) -> str:
     vLLM whose digest no room has is a ReleaseMismatchError, or with
     DSV41_AOT_ALLOW_SOURCE_MISMATCH=1 the room of its version (else the newest),
     with a warning."""
-    folder = root / arch
-    picked = state._state.picked.get(folder)
+    picked = state._state.picked.get((root, arch))
     if picked is not None:
         return picked
+    folder = root / arch
     held = releases_in(folder)
     if not held:
         _no_room(root, arch, NEWEST, held)
@@ -110,18 +149,25 @@ def release_of(root: Path, arch: str) -> str:
         pick = held[-1]
     else:
         digests, broken = {}, {}
-        for release in held:
+        for release in reversed(held):  # newest first: the newest room of the digest is the pick
+            room = Room(root, arch, release)
+            seen = _file_version(room.manifest_path)
             try:
-                digests[release] = Manifest.read(folder, arch, release=release).mono_sources
+                digests[release] = room.manifest().mono_sources
             except ManifestError as e:
                 broken[release] = e  # a corrupt room is reported when it is the one asked for
-        match = [r for r, d in digests.items() if d == digest]
+                continue
+            if digests[release] == digest:
+                # the room about to be indexed: _index takes this parse over (once, if the file is unchanged)
+                state._state.read_rooms[(root, arch, release)] = (room, seen)
+                break
+        match = [r for r in held if digests.get(r) == digest]
         if match:
             pick = match[-1]
         elif src.version in broken:  # the running release's own room is corrupt: say so, not "no release"
             raise broken[src.version]
         else:
-            have = ", ".join(f"vLLM {r} ({d})" for r, d in digests.items()) or "none readable"
+            have = ", ".join(f"vLLM {r} ({digests[r]})" for r in held if r in digests) or "none readable"
             msg = (f"running vLLM {src.version} mono sources ({mono}) digest {digest} matches no prebuilt "
                    f"release in {folder}: {have}")
             fallback = src.version if src.version in held else held[-1]
@@ -132,5 +178,5 @@ def release_of(root: Path, arch: str) -> str:
                              f"anyway with {ENV_ALLOW_SOURCE}=1")
             _warn_once(("release", digest), f"{msg}; using vLLM {fallback}'s ({ENV_ALLOW_SOURCE}=1)")
             pick = fallback
-    state._state.picked[folder] = pick
+    state._state.picked[(root, arch)] = pick
     return pick

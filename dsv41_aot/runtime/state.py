@@ -20,9 +20,18 @@ class _State:
 
     def __init__(self):
         self.lock = threading.RLock()
-        self.indexes: dict = {}  # (arch folder, release) -> _Index
-        self.picked: dict = {}  # arch folder -> the release the running vLLM is (its room)
+        # what the loader resolves once: (how the directory was named, cwd if relative) -> absolute prebuilt dir
+        self.roots: dict = {}
+        self.indexes: dict = {}  # (prebuilt dir, arch, release) -> _Index
+        self.picked: dict = {}  # (prebuilt dir, arch) -> the release the running vLLM is (its room)
+        # (prebuilt dir, arch, release) -> (room.Room, its manifest's file version): the room release_of
+        # parsed to pick it, taken over once by rooms._index
+        self.read_rooms: dict = {}
         self.libraries: dict = {}  # band path -> ctypes.CDLL
+        # band path -> the lock its first bind holds (reading, checking, decompressing, dlopening it), so
+        # bands bind concurrently; never held while taking ``lock`` (see bands._open_library)
+        self.band_locks: dict = {}
+        self.band_locks_guard = threading.Lock()  # only around band_locks.setdefault
         self.fds: dict = {}  # band path -> the descriptor it was dlopened through (kept open: see bands._open_library)
         self.launchers: dict = {}  # (prebuilt dir, release, key) -> Launcher
         self.device_arch: str | None = None
@@ -42,6 +51,7 @@ def _after_fork_in_child() -> None:
     be released here)."""
     old = _state
     _state.lock = threading.RLock()
+    _state.band_locks, _state.band_locks_guard = {}, threading.Lock()
     _state.device_arch, _state.device_arch_read = None, False
     for launcher in old.launchers.values():
         launcher._ready = False
