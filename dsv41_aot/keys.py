@@ -10,7 +10,8 @@ manifest, logs, errors; the release is said beside it)::
     k1@gfx950:s=6,tp=4,r=0,f=0,e=128,k=3,g=1,w=192
 
 ``s``, ``tp`` and ``r`` always appear; ``f``, ``i``, ``e``, ``k``, ``g``, ``w``
-and ``tl`` only where they differ from MonoBuild's defaults. Each kind keeps
+and ``tl`` only where they differ from the release's MonoBuild defaults
+(``Release.defaults`` in ``facts/releases.py``). Each kind keeps
 only the fields its builder reads, and only those its release's ``MonoBuild``
 has (vLLM 0.32.0's has tokens, tp, ratio and timeline alone). In 0.33.0
 (``mono/layer.py``):
@@ -40,11 +41,9 @@ ARCHES = tuple(_arches.ARCHES)
 NEWEST = _releases.NEWEST
 RATIOS = (0, 1, 2)  # models/deepseek_v41/attention.py refuses any other ratio
 
-# MonoBuild's defaults (mono/layer.py; EXPERTS, TOPK from stages/moe_shape.py,
-# WINDOW from attention/plan.py)
-DEFAULTS = dict(
-    fold=True, index=False, experts=384, topk=6, ug_groups=2, swa_width=128, timeline=False
-)
+# the newest release's MonoBuild defaults; a key reads its own release's
+# (facts/releases.py Release.defaults)
+DEFAULTS = _releases.release_facts(NEWEST).defaults
 
 # short name in the key string -> MonoBuild field
 _SHORT = dict(
@@ -61,7 +60,7 @@ _SHORT = dict(
 )
 _LONG = {v: k for k, v in _SHORT.items()}
 _BOOLS = ("fold", "index", "timeline")
-_OPTIONAL_ORDER = ("fold", "index", "experts", "topk", "ug_groups", "swa_width", "timeline")
+_OPTIONAL_ORDER = _releases.DEFAULTED  # the optional fields, in key order
 _KEY_RE = re.compile(r"^(?P<kind>[a-z0-9]+)@(?P<arch>gfx[0-9a-f]+):(?P<fields>.*)$")
 
 
@@ -71,8 +70,10 @@ def pinned(kind: str, release: str = NEWEST) -> dict:
     those its builder does not read (pinned to what vLLM passes) and those the
     release's MonoBuild does not have (pinned to the value it behaves as)."""
     rel = _releases.release_facts(release)
-    out = {name: DEFAULTS[name] for name in DEFAULTS if not rel.reads(name)}
-    out.update(_kinds.kind_facts(kind).pinned)
+    facts = _kinds.kind_facts(kind)
+    out = dict(facts.fixed)
+    out.update((name, rel.defaults[name]) for name in _releases.DEFAULTED
+               if not rel.reads(name) or name in facts.unread)
     return out
 
 
@@ -81,24 +82,30 @@ FIX_KEY = "write keys as KIND@ARCH:s=N,tp=N,r=N[,f=0|1,i=0|1,e=N,k=N,g=N,w=N,tl=
 
 @dataclass(frozen=True, order=True)
 class BuildKey:
+    """One launch of one vLLM release. A field left None takes the release's
+    MonoBuild default (``Release.defaults``)."""
+
     kind: str
     arch: str
     tokens: int
     tp: int
     ratio: int
-    fold: bool = True
-    index: bool = False
-    experts: int = 384
-    topk: int = 6
-    ug_groups: int = 2
-    swa_width: int = 128
-    timeline: bool = False
+    fold: bool | None = None
+    index: bool | None = None
+    experts: int | None = None
+    topk: int | None = None
+    ug_groups: int | None = None
+    swa_width: int | None = None
+    timeline: bool | None = None
     release: str = NEWEST  # the vLLM release whose MonoBuild this is (not in the string form)
 
     def __post_init__(self):
         _kinds.kind_facts(self.kind)
         _arches.arch_facts(self.arch)
         rel = _releases.release_facts(self.release)
+        for name, default in rel.defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
         rel.deploy(self.arch)  # UnknownArchError: this release's mono path does not run there
         if not 1 <= self.tokens <= rel.max_tokens:
             raise KeyFormatError(f"{self}: step width s={self.tokens} outside 1..{rel.max_tokens} "
@@ -118,9 +125,11 @@ class BuildKey:
     # -------------------------------------------------------------- string form
     def __str__(self) -> str:
         parts = [f"s={self.tokens}", f"tp={self.tp}", f"r={self.ratio}"]
+        defaults = _releases.release_facts(self.release).defaults
+        fixed = pinned(self.kind, self.release)
         for name in _OPTIONAL_ORDER:
             value = getattr(self, name)
-            if value != DEFAULTS[name] and name not in pinned(self.kind, self.release):
+            if value != defaults[name] and name not in fixed:
                 parts.append(f"{_LONG[name]}={int(value)}")
         return f"{self.kind}@{self.arch}:{','.join(parts)}"
 
@@ -195,10 +204,11 @@ class BuildKey:
         """The GPU kernel's symbol as vLLM's ``kernel_symbol`` names it
         (``_ZN5aiter{len}{stem}_{signature}E``), computed without vLLM."""
         params: dict = {}
-        for p in _releases.release_facts(self.release).symbol_params[self.kind]:
+        rel = _releases.release_facts(self.release)
+        for p in rel.symbol_params[self.kind]:
             short = p.lstrip("?")
             value = getattr(self, _SHORT[short])
-            if p.startswith("?") and value == DEFAULTS[_SHORT[short]]:
+            if p.startswith("?") and value == rel.defaults[_SHORT[short]]:
                 continue
             params[short] = value
         sig = "_".join(f"{k}{int(v) if isinstance(v, bool) else v}".replace("-", "_") for k, v in params.items())

@@ -153,3 +153,43 @@ def test_a_key_string_names_a_launch_within_its_release():
     # neighbours never cross releases: a 0.33.0 key is no neighbour of a 0.32.0 one
     assert neighbours(BuildKey.parse("k2@gfx950:s=5,tp=4,r=1", OLD), [new]) == []
     assert neighbours(BuildKey.parse("k2@gfx950:s=5,tp=4,r=1", OLD), [old]) == [str(old)]
+
+
+# ---------------------------------------------------------------- MonoBuild's defaults: one table
+
+
+def test_every_release_states_monobuilds_defaults_and_routing():
+    from dsv41_aot.facts.releases import DEFAULTED, RELEASES, ROUTING
+
+    for rel in RELEASES.values():
+        assert set(rel.defaults) == set(DEFAULTED), rel.version
+        assert set(rel.target) <= {f for f in ROUTING if rel.reads(f)}, rel.version
+        whole_drafts = any(d.draft_layers == "whole" for d in rel.arches.values())
+        assert (rel.draft_ug_groups is not None) == whole_drafts, rel.version
+
+
+def test_a_key_reads_its_releases_defaults_from_the_facts(monkeypatch):
+    import dataclasses
+
+    from dsv41_aot.facts import releases
+
+    rel = releases.RELEASES["0.33.0"]
+    # a release whose MonoBuild defaults to 256 experts: keys.py repeats no default
+    monkeypatch.setitem(releases.RELEASES, "0.33.0", dataclasses.replace(rel, defaults=dict(rel.defaults, experts=256)))
+    plain = BuildKey("k1", "gfx950", 4, 4, 1)
+    assert plain.experts == 256 and str(plain) == "k1@gfx950:s=4,tp=4,r=1"
+    assert "_e" not in plain.kernel_symbol  # "?e": named only off the default
+    wide = BuildKey.parse("k1@gfx950:s=4,tp=4,r=1,e=384")
+    assert wide.experts == 384 and str(wide) == "k1@gfx950:s=4,tp=4,r=1,e=384" and "_e384" in wide.kernel_symbol
+    # a launch that does not read a field is pinned to the release's default
+    assert BuildKey("ffn", "gfx950", 4, 4, 0, swa_width=64).swa_width == 128
+    monkeypatch.setitem(releases.RELEASES, "0.33.0", dataclasses.replace(rel, defaults=dict(rel.defaults, swa_width=96)))
+    assert BuildKey("ffn", "gfx950", 4, 4, 0, swa_width=64).swa_width == 96
+
+
+def test_a_field_left_out_takes_the_default_and_compares_equal():
+    assert BuildKey("k2", "gfx950", 4, 4, 1) == BuildKey("k2", "gfx950", 4, 4, 1, fold=True, index=False, experts=384,
+                                                         topk=6, ug_groups=2, swa_width=128, timeline=False)
+    assert BuildKey("k2", "gfx950", 4, 4, 1, experts=None).experts == 384
+    old = BuildKey("k1", "gfx950", 4, 4, 1, release=OLD)
+    assert (old.fold, old.index, old.experts, old.topk, old.ug_groups, old.swa_width) == (True, False, 384, 6, 2, 128)

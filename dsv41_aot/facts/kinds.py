@@ -16,10 +16,12 @@ from ..errors import KeyFormatError
 class Kind:
     name: str  # the key's KIND
     builder: str  # mono/layer.py function: build_mono_<kind>(MonoBuild) -> launcher
-    # MonoBuild fields the launch does not read, pinned to what vLLM passes
-    # (one symbol, one key); the key string omits them. A field the release's
-    # MonoBuild lacks is pinned too (facts/releases.py)
-    pinned: dict = field(default_factory=dict)
+    # MonoBuild fields the launch does not read: pinned to the release's
+    # MonoBuild default (one symbol, one key); the key string omits them. A
+    # field the release's MonoBuild lacks is pinned too (facts/releases.py)
+    unread: tuple = ()
+    # fields vLLM always builds the launch with one value of (ffn_kernel: ratio 0)
+    fixed: dict = field(default_factory=dict)
     # the runner method that asks for it (mono/runner.py DSV41MonoLayer) and,
     # for kernels(), which of its (K1, K2) results
     runner_method: str = "kernels"
@@ -34,11 +36,11 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("k1", "build_mono_k1",
          runner_method="kernels", runner_index=0, compile_estimate=(1.7, 0.04),
          what="attention seam + attention front (fold is read only by K1's seam: stages/seam.py)"),
-    Kind("k2", "build_mono_k2", pinned={"fold": True},
+    Kind("k2", "build_mono_k2", unread=("fold",),
          runner_method="kernels", runner_index=1, compile_estimate=(6.5, 0.12),
          what="attention back + FFN seam + MoE, both TP all-reduces inside"),
     Kind("ffn", "build_mono_ffn",
-         pinned={"ratio": 0, "fold": True, "index": False, "ug_groups": 2, "swa_width": 128},
+         unread=("fold", "index", "ug_groups", "swa_width"), fixed={"ratio": 0},
          runner_method="ffn_kernel", compile_estimate=(4.0, 0.08),
          what="the FFN alone, for a layer whose attention vLLM runs: "
               "ffn_kernel builds MonoBuild(tokens, tp, 0, timeline, experts=, topk=)"),

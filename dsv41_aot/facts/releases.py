@@ -5,7 +5,7 @@ in that release).
 A release's kernels are named by its own keys: the fields of its
 ``MonoBuild`` (``amd/mono/layer.py``), which its runner module builds every
 launch from. A field a release's ``MonoBuild`` does not have is pinned to the
-value the launch behaves as (``keys.DEFAULTS``): one launch, one key. The
+value the launch behaves as (its ``defaults``): one launch, one key. The
 release a process runs is told apart by its mono sources digest
 (``source.mono_digest``), recorded per release in each manifest.
 
@@ -23,6 +23,10 @@ from ..errors import KeyFormatError, UnknownArchError
 
 # every MonoBuild field any release has, in key order (keys.BuildKey)
 ALL_FIELDS = ("tokens", "tp", "ratio", "fold", "index", "experts", "topk", "ug_groups", "swa_width", "timeline")
+# the MonoBuild fields that have a default (all but tokens, tp, ratio)
+DEFAULTED = ALL_FIELDS[3:]
+# MonoBuild's routing fields: the ones a runner is built with
+ROUTING = ("experts", "topk", "ug_groups", "swa_width")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,15 @@ class Release:
     # the FFN launch (amd/mono_decode.py MonoDecodeLayer._create)
     whole_ratios: tuple = (0, 1, 2)
     max_tokens: int = 48  # amd/mono/layer.py MAX_TOKENS
+    # MonoBuild's default of each field in DEFAULTED (amd/mono/layer.py). A
+    # field the release's MonoBuild lacks holds the value its launch behaves as
+    defaults: dict = field(default_factory=dict)
+    # the routing (ROUTING fields) the target model's runner is built with
+    # (amd/mono_decode.py _mono_runner); a field MonoBuild lacks is ignored
+    target: dict = field(default_factory=dict)
+    # ug_groups of the DSpark draft's own runner (amd/mono_decode.py
+    # DRAFT_UG_GROUPS); None when no draft layer runs whole on the mono path
+    draft_ug_groups: int | None = None
     source: str = ""
     notes: tuple = field(default_factory=tuple)
 
@@ -72,6 +85,10 @@ class Release:
         return f"vllm-{self.version}"
 
 
+# vLLM 0.33.0's MonoBuild defaults (amd/mono/layer.py): EXPERTS, TOPK = 384, 6
+# (stages/moe_shape.py), ug_groups=2, swa_width=WINDOW = 128 (attention/plan.py)
+_MONO_0_33_0 = dict(fold=True, index=False, experts=384, topk=6, ug_groups=2, swa_width=128, timeline=False)
+
 RELEASES: dict[str, Release] = {r.version: r for r in (
     Release(
         "0.33.0",
@@ -90,6 +107,13 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
             "k2": ("s", "tp", "r", "tl", "i", "?e", "?k", "?g", "?w"),
             "ffn": ("s", "tp", "tl", "?e"),
         },
+        defaults=_MONO_0_33_0,
+        # amd/mono_decode.py MonoDecodeLayer._create: ``experts, topk = 384, 6``;
+        # _mono_runner leaves ug_groups and swa_width at MonoBuild's defaults
+        target=dict(experts=384, topk=6, ug_groups=2, swa_width=128),
+        # amd/mono_decode.py DRAFT_UG_GROUPS = 1: _mono_runner(draft=...) builds
+        # the draft's runner with it and the draft's experts / topk / swa_width
+        draft_ug_groups=1,
         source="amd/mono/layer.py, amd/mono/runner.py, amd/mono_decode.py",
     ),
     Release(
@@ -105,6 +129,10 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
         # amd/mono_decode.py: a layer runs whole with compress ratio 1 or 2 and no
         # compressor / indexer / Engram; any other mono layer takes ffn_kernel(tokens)
         whole_ratios=(1, 2),
+        # MonoBuild(tokens, tp, ratio, timeline=False): the fields it lacks
+        # behave as 0.33.0's defaults (384 experts, top 6: stages/moe_shape.py)
+        defaults=_MONO_0_33_0,
+        target={},  # no routing fields: the runner has one routing
         source="amd/mono/layer.py, amd/mono/runner.py, amd/mono_decode.py",
     ),
 )}
