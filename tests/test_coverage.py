@@ -23,7 +23,7 @@ def sched():
 
 
 def keys_of(arch, tp, sched, max_rows=None, draft=None, release="0.33.0") -> list[BuildKey]:
-    return coverage.required(coverage.deployment(arch, tp, max_rows, draft, release), sched)
+    return coverage.required(coverage.deployment(arch, tp, max_rows, draft, release=release), sched)
 
 
 def only(doc: dict, release: str) -> dict:
@@ -75,7 +75,7 @@ def test_max_rows_caps_and_is_capped(sched):
 @pytest.mark.parametrize("arch,tp", [("gfx942", 2), ("gfx950", 8), ("gfx90a", 4), ("gfx950", 1)])
 def test_deployments_vllm_refuses_are_bad_input(arch, tp):
     with pytest.raises(coverage.CoverageInputError) as e:
-        coverage.deployment(arch, tp)
+        coverage.deployment(arch, tp, release="0.33.0")
     assert e.value.exit_code == 2
     r = cli("coverage", "--arch", arch, "--tp", tp, "--profile", "full")
     assert r.returncode == 2 and "error" in r.stderr
@@ -222,7 +222,7 @@ def _room(root, arch: str, release: str, keys: list, linked: list | None = None)
 def test_rooms_are_read_per_release(sched, tmp_path):
     dep32 = coverage.deployment("gfx950", 4, 2, release="0.32.0")
     need32 = [str(k) for k in coverage.required(dep32, sched)]
-    need33 = [str(k) for k in coverage.required(coverage.deployment("gfx950", 4, 2), sched)]
+    need33 = [str(k) for k in coverage.required(coverage.deployment("gfx950", 4, 2, release="0.33.0"), sched)]
     assert len(need32) == 2 * (2 + 2 + 1)
     # the 0.33.0 room holds every 0.32.0 string (and its own keys), linked; the
     # 0.32.0 room one key, not linked

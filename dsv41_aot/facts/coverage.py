@@ -1,0 +1,205 @@
+"""The launches vLLM can ask for on one deployment: each release's runner
+rules, written as code from its sources (paths relative to
+``vllm/models/deepseek_v41/``). ``dsv41-aot coverage`` and ``dsv41-aot
+doctor`` both call :func:`required`; neither needs the build matrix.
+
+The facts they read are :mod:`releases`' (per release and arch: TP sizes,
+row cap, whole-layer ratios, how draft layers run, MonoBuild's defaults, the
+target's routing, the draft runner's ug_groups).
+
+Shared core: standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import AotError
+from ..keys import BuildKey
+from .arches import ARCHES
+from .kinds import KINDS
+from .releases import release_facts
+
+# amd/mono_decode.py _mono_runner: every runner is built with timeline=False
+TIMELINE = False
+
+
+class CoverageInputError(AotError):
+    """A deployment coverage cannot describe (unknown arch, unsupported TP...)."""
+
+
+class NotDeployed(CoverageInputError):
+    """A deployment one release's mono path does not run (arch or TP): skipped
+    when every release is checked, bad input when that release is named."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One vLLM deployment of the mono path: release, arch, TP size, step rows
+    at most, and the DSpark draft's (experts, topk, swa_width) when it has one."""
+
+    release: str
+    arch: str
+    tp: int
+    max_rows: int
+    draft: tuple | None = None
+
+    def describe(self) -> str:
+        if self.draft is None:
+            d = "no draft"
+        elif release_facts(self.release).deploy(self.arch).draft_layers is None:
+            d = "draft layers off the mono path"
+        else:
+            d = "draft e=%d k=%d w=%d" % self.draft
+        return f"vLLM {self.release} {self.arch} TP{self.tp}, steps of 1..{self.max_rows} rows, {d}"
+
+
+def deployment(arch: str, tp: int, max_rows: int | None = None, draft: tuple | None = None, *,
+               release: str) -> Deployment:
+    """Check a deployment against vLLM ``release``'s own refusals:
+    CoverageInputError (exit 2) when it is wrong, NotDeployed when the
+    release does not run the arch or TP."""
+    rel = release_facts(release)
+    runs = "; ".join(f"{a}: TP {' or '.join(map(str, d.tp_sizes))}" for a, d in rel.arches.items())
+    fix = f"dsv41-aot coverage --release {release} --arch {next(iter(rel.arches))} --tp 4  ({runs})"
+    if arch not in ARCHES:
+        raise CoverageInputError(f"unknown arch {arch!r}: dsv41-aot knows {', '.join(ARCHES)}", fix=fix)
+    if arch not in rel.arches:
+        raise NotDeployed(f"vLLM {release}'s mono path does not run on {arch} (amd/mono_decode.py: it runs on "
+                          f"{', '.join(rel.arches)})", fix=fix)
+    dep = rel.deploy(arch)
+    if tp not in dep.tp_sizes:
+        raise NotDeployed(
+            f"vLLM {release}'s mono path refuses {arch} at TP {tp} (amd/mono_decode.py MonoDecodeLayer._create: "
+            f"{arch} takes tensor parallel size {' or '.join(map(str, dep.tp_sizes))})",
+            fix=fix,
+        )
+    if max_rows is None:
+        max_rows = dep.max_rows
+    if max_rows < 1:
+        raise CoverageInputError(f"--max-rows {max_rows}: a step has at least one row", fix="pass --max-rows 1..48")
+    if draft is not None:
+        if len(draft) != 3 or any(not isinstance(v, int) or v < 1 for v in draft):
+            raise CoverageInputError(f"--draft {draft}: expected three positive integers experts,topk,swa_width",
+                                     fix="--draft 128,3,192  (or --draft dspark: the matrix's routing preset)")
+    return Deployment(release, arch, tp, min(max_rows, dep.max_rows), tuple(draft) if draft else None)
+
+
+def parse_draft(text: str | None, presets: dict | None = None) -> tuple | None:
+    """``--draft``: ``experts,topk,swa_width``, or the name of one of
+    ``presets`` ({name: {"experts", "topk", "swa_width", ...}}: the build
+    matrix's routing presets, when the caller has the matrix)."""
+    if text is None:
+        return None
+    presets = presets or {}
+    if text in presets:
+        r = presets[text]
+        return (r["experts"], r["topk"], r["swa_width"])
+    try:
+        parts = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != 3:
+        named = f" or a routing preset ({', '.join(presets)})" if presets else ""
+        raise CoverageInputError(f"--draft {text!r}: expected experts,topk,swa_width{named}",
+                                 fix="--draft 128,3,192  (V4.1-Flash's DSpark draft)")
+    return parts
+
+
+def layer_kinds(release: str) -> dict:
+    """Every (ratio, fold, index) vLLM ``release``'s runner runs a whole layer
+    with, for the target ("backbone") and the draft. 0.33.0's target: any
+    compress ratio attention.py allows, fold True or False (False on the
+    first layer and after an Engram write), index only on a compressed layer
+    (runner.forward ``assert not index or ratio``); its draft: no compressed
+    keys, no indexer (mono_decode._create), fold False on the first layer.
+    0.32.0: ratio 1 or 2 only, no fold or index field (pinned), no draft
+    layer on the mono path. A field the release's MonoBuild lacks takes its
+    default."""
+    rel = release_facts(release)
+    folds = (False, True) if rel.reads("fold") else (rel.defaults["fold"],)
+    indexes = (False, True) if rel.reads("index") else (rel.defaults["index"],)
+    whole_drafts = any(d.draft_layers == "whole" for d in rel.arches.values())
+    return {
+        "backbone": [(r, f, i) for r in rel.whole_ratios for f in folds for i in indexes if r or not i],
+        "draft": [(0, f, False) for f in folds] if whole_drafts else [],
+    }
+
+
+def _key(kind: str, release: str, **fields) -> BuildKey:
+    """A key of ``release`` from the fields its MonoBuild has (the others
+    keep their defaults)."""
+    rel = release_facts(release)
+    return BuildKey(kind=kind, release=release, **{k: v for k, v in fields.items() if k == "arch" or rel.reads(k)})
+
+
+def _k1_k2(dep: Deployment, tokens: int, ratio: int, fold: bool, index: bool, routing: dict) -> list[BuildKey]:
+    """runner.py DSV41MonoLayer.kernels(): K1 = build_mono_k1(b), K2 =
+    build_mono_k2(b), or (0.33.0 on gfx942) build_mono_k2(replace(b, index=False))."""
+    b = dict(arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=ratio, fold=fold, index=index, timeline=TIMELINE, **routing)
+    k2 = b if release_facts(dep.release).deploy(dep.arch).k2_reads_index else dict(b, index=False)
+    return [_key("k1", dep.release, **b), _key("k2", dep.release, **k2)]
+
+
+def _ffn(dep: Deployment, tokens: int, routing: dict) -> BuildKey:
+    """runner.py DSV41MonoLayer.ffn_kernel(): 0.33.0 MonoBuild(tokens, tp, 0,
+    timeline, experts=, topk=), 0.32.0 MonoBuild(tokens, tp, 0); ug_groups /
+    swa_width stay MonoBuild's."""
+    fields = {k: routing[k] for k in ("experts", "topk") if k in routing}
+    return _key("ffn", dep.release, arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=0, timeline=TIMELINE, **fields)
+
+
+def required(dep: Deployment) -> list[BuildKey]:
+    """Every key vLLM ``dep.release`` can build for ``dep``, sorted."""
+    rel = release_facts(dep.release)
+    facts = rel.deploy(dep.arch)
+    kinds = layer_kinds(dep.release)
+    keys: set = set()
+    for tokens in range(1, dep.max_rows + 1):
+        # the target's whole layers (MonoDecodeLayer.__call__ -> runner.forward
+        # -> kernels(M, attn.compress_ratio[, fold, select is not None]))
+        for ratio, fold, index in kinds["backbone"]:
+            keys.update(_k1_k2(dep, tokens, ratio, fold, index, rel.target))
+        # any other mono layer (0.33.0: an MXFP8 KV cache, another indexer;
+        # 0.32.0: ratio 0, a compressor / indexer, Engram): MonoDecodeLayer(
+        # ffn_only=True).ffn -> ffn_kernel(M[, gate_w rows = 384, 6])
+        keys.add(_ffn(dep, tokens, rel.target))
+        if dep.draft is None or facts.draft_layers is None:
+            continue  # 0.32.0 mono_decode._create: a "draft layer" leaves the mono path
+        experts, topk, swa_width = dep.draft
+        if facts.draft_layers == "ffn":
+            # 0.33.0 mono_decode._create: "On gfx942 the DSpark draft layers take
+            # the FFN launch, built for the draft's routing" on the target's runner
+            keys.add(_ffn(dep, tokens, dict(experts=experts, topk=topk)))
+        else:
+            # the draft's own runner: DSV41MonoLayer(experts, topk,
+            # ug_groups=DRAFT_UG_GROUPS, swa_width) running whole draft layers
+            routing = dict(experts=experts, topk=topk, ug_groups=rel.draft_ug_groups, swa_width=swa_width)
+            for ratio, fold, index in kinds["draft"]:
+                keys.update(_k1_k2(dep, tokens, ratio, fold, index, routing))
+    return sorted(keys)
+
+
+# ---------------------------------------------------------------- against what is there
+
+
+def held(room) -> tuple[set, set | None]:
+    """(keys in a room's manifest, keys its libs.json links -- None when
+    nothing is linked) of a ``room.Room``, read by the room's parsers."""
+    have = set(room.manifest().entries)
+    linked = set(room.links().band_of) if room.libs_path.is_file() else None
+    return have, linked
+
+
+def compare(dep: Deployment, have: set, linked: set | None, against: str) -> dict:
+    """The coverage report of ``dep`` against the key strings ``have`` of
+    its release, of which ``linked`` are linked (None: none): required,
+    missing (absent) and unlinked (present, not linked: the loader would
+    refuse them)."""
+    need = required(dep)
+    texts = [str(k) for k in need]
+    missing = [t for t in texts if t not in have]
+    unlinked = [t for t in texts if t in have and (linked is None or t not in linked)]
+    counts = {kind: sum(1 for k in need if k.kind == kind) for kind in KINDS}
+    return {"release": dep.release, "arch": dep.arch, "tp": dep.tp, "deployment": dep.describe(),
+            "against": against, "counts": counts, "required": texts, "missing": missing, "unlinked": unlinked}
