@@ -15,7 +15,7 @@ from pathlib import Path
 from . import state
 from .abi import _Abi
 from .host import _ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, _installed_vllm, _warn_once
-from ..manifest import ENV_PREBUILT, MANIFEST, Manifest, abi_id, prebuilt_dir, releases_in
+from ..manifest import ENV_PREBUILT, MANIFEST, abi_id, prebuilt_dir, releases_in
 from ..room import Room
 from ..facts.releases import NEWEST
 from ..errors import ArchMismatchError, ManifestError, ReleaseMismatchError
