@@ -1,28 +1,36 @@
-"""Runtime figures: the prebuilt loader beside FlyDSL's own JIT paths, one run.
+"""Runtime figures on a real deployment, beside FlyDSL's JIT (the anchor), one run.
 
-    python bench/load.py --dir DIR [--arch gfx950] [--flydsl-keys 3] [--old-ref REF]
+    .venv/bin/python bench/load.py [--dir DIR] [--runs 5] [--flydsl-keys 3] [--no-runner]
 
-Prints, for the keys of one arch in DIR (a built and linked prebuilt folder)
-of the installed vLLM's release (its room, picked by its mono sources digest):
+DIR is the shared full deployment by default (``../shared/prebuilt-gfx950-tp4``
+beside the repository: what the gfx950 TP4 wheel installs, 1,152 keys of vLLM
+0.33.0 and 0.32.0); any built and linked prebuilt folder works, a smoke build
+too (``dsv41-aot build --profile smoke --out D && dsv41-aot link --dir D``).
 
-- import time of the runtime (``import dsv41_aot.runtime.loader`` in a fresh process)
-  beside the import FlyDSL's path needs (flydsl, torch, vLLM's mono layer);
-- a fresh process to Launchers for every key of DIR/ARCH (manifest read,
-  checks), then binding: the first band alone (read, sha256, xz, sha256,
-  memfd, dlopen, entry, ABI check), every band of one deployment (the first
-  key's TP), then every band of the room; beside the same on the old layout
-  (git ``--old-ref``: one manifest an arch, raw .so libraries, sha256 of the
-  file then dlopen of its path), linked by that tree from the same objects
-  (the room's manifest written back as that tree's schema 1);
-- Python-side cost of one launch up to the C call: the real
-  ``Launcher.__call__`` on the real library, the module marked loaded without
-  a device, so the C entry returns FLYDSL_AOT_ERR_NOT_INITIALIZED with no HIP
-  call; shown as pack + C call into one shared buffer (the old, racy path),
-  the same through this thread's buffer (the new path: a threading.local
-  lookup more), and the whole ``__call__`` including the LaunchError it
-  then raises;
-- FlyDSL's JIT compile of the same keys (cold cache), and the first call from
-  its warm disk cache, timed up to where it fails for want of a GPU.
+Prints the issue-21 table, each figure the median (min-max) of ``--runs``
+fresh processes beside its goal and the load average (1 min) it was measured
+under, for the arch's room of the running vLLM (picked by its mono sources
+digest, as in a vLLM process):
+
+- ``import dsv41_aot``;
+- Launchers for every key of that room: ``keys()`` + ``load_key`` each, from
+  right after ``import dsv41_aot`` (so the loader's own first import is in it),
+  broken down;
+- the first bind: the first key vLLM asks for (K1 s=1 TP4 ratio 0 when the
+  room has it), its band read, checked, decompressed and dlopened, entry and
+  ABI checked; the libamdhip64 dlopen before it shown apart (a torch-ROCm
+  process has it mapped already);
+- every band of the deployment bound (``dsv41_aot.bind`` of every Launcher
+  of the room, a fresh process: a thread a band, as many as the CPUs);
+- vLLM's own runner (0.33.0), patched strict by the plugin: every launcher it
+  can ask for at TP4 handed out and bound, one at a time as vLLM asks (the
+  runner module's import, torch and FlyDSL, not counted), with the CPU and
+  memory of its first band and of all of them.
+
+Then the anchor, measured in the same run: FlyDSL's JIT compile of the first
+keys vLLM asks for (cold cache), their first call from its warm disk cache
+(timed up to where it stops for want of a GPU: loading the HIP module), both
+extrapolated to the room's key count; and one launch's Python side.
 
 No timing is asserted anywhere; these are measurements on this machine.
 """
@@ -32,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -43,133 +50,164 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+SHARED = REPO.parent / "shared" / "prebuilt-gfx950-tp4"
+FIRST_KEY = "k1@{arch}:s=1,tp=4,r=0"  # the first launch vLLM's runner asks for at TP4
 
 
-def py(code: str, env: dict | None = None, timeout: int = 1800) -> str:
+def py(code: str, *args, env: dict | None = None, timeout: int = 1800) -> dict:
+    """``code`` in a fresh process: its last stdout line, as JSON."""
     full = dict(os.environ, PYTHONPATH=str(REPO))
     full.setdefault("DSV41_AOT_ALLOW_HIP_VERSION", "5.2")  # this CPU machine's Debian HIP stand-in
     full.update(env or {})
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full,
-                       timeout=timeout, cwd=full["PYTHONPATH"])  # the cwd comes first on sys.path
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], capture_output=True,
+                       text=True, env=full, timeout=timeout, cwd=REPO, check=False)
     if r.returncode:
-        raise SystemExit(f"bench subprocess failed:\n{r.stderr[-4000:]}")
-    return r.stdout.strip().splitlines()[-1]
+        raise RuntimeError(f"bench subprocess failed:\n{r.stderr[-4000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def median_of(n: int, code: str, env: dict | None = None) -> float:
-    return statistics.median(float(py(code, env)) for _ in range(n))
+def runs(n: int, code: str, *args, env: dict | None = None) -> tuple[list, tuple]:
+    """``n`` fresh processes of ``code``, and the 1-minute load average before and after them."""
+    before = os.getloadavg()[0]
+    out = [py(code, *args, env=env) for _ in range(n)]
+    return out, (before, os.getloadavg()[0])
 
 
-# a serving process imported these long before the loader runs (vLLM and torch
-# do): the second timing leaves out their first import
-VLLM_STDLIB = "import dataclasses, inspect, pathlib, re, hashlib, ctypes, struct, threading, logging, difflib, json\n"
-
-READY = """
-import json, os, time
+# one fresh process: Launchers for every key of the running vLLM's room, then
+# either the first key's bind or every band's (MODE), libamdhip64 timed apart
+PROCESS = """
+import json, os, sys, time
+root, arch, first, mode = sys.argv[1:5]
 t0 = time.perf_counter()
 import dsv41_aot
-from dsv41_aot.runtime import hip, host, loader
 t1 = time.perf_counter()
-host._installed_vllm()
-tv = time.perf_counter()
-keys = loader.keys(ARCH, prebuilt=ROOT)
+from dsv41_aot.runtime import host, loader  # what the first dsv41_aot.keys() imports
 t2 = time.perf_counter()
-ls = [dsv41_aot.load_key(k, prebuilt=ROOT) for k in keys]
+host._installed_vllm()  # the installed vLLM's mono sources digest (release_of computes it first thing)
 t3 = time.perf_counter()
-ls2 = [dsv41_aot.load_key(k, prebuilt=ROOT) for k in keys]
+keys = dsv41_aot.keys(arch, prebuilt=root)  # picks the room, reads its manifest and libs.json
 t4 = time.perf_counter()
-# what first calls (or preload) add before their GPU work: libamdhip64, then
-# each band (or old library) verified and dlopened, each entry resolved
-hip.load()
-th = time.perf_counter()
-ls[0].bind()
-tb = time.perf_counter()
-tp = ls[0].key.split("tp=")[1].split(",")[0]
-deployment = [l for l in ls if l.key.split("tp=")[1].split(",")[0] == tp]
-for l in deployment:
-    l.bind()
-td = time.perf_counter()
-for l in ls:
-    l.bind()
+launchers = [dsv41_aot.load_key(k, prebuilt=root) for k in keys]
 t5 = time.perf_counter()
-libs = {l.library for l in ls}
-dep_libs = {l.library for l in deployment}
-print(json.dumps(dict(keys=len(keys), import_s=t1 - t0, vllm_digest_s=tv - t1, index_s=t2 - tv,
-                      launchers_s=t3 - t2, again_s=t4 - t3, total_s=t3 - t0, hip_s=th - t4,
-                      first_band_s=tb - th, deployment=f"tp={tp}", deployment_keys=len(deployment),
-                      deployment_bands=len(dep_libs), deployment_s=td - th, bind_s=t5 - th,
-                      libraries=len(libs), library_bytes=sum(os.path.getsize(p) for p in libs))))
+from dsv41_aot.runtime import hip
+hip.load()
+t6 = time.perf_counter()
+if mode == "first":
+    dsv41_aot.load_key(first if first in keys else keys[0], prebuilt=root).bind()
+else:
+    dsv41_aot.bind(launchers)
+t7 = time.perf_counter()
+bands = {l.library for l in launchers}
+print(json.dumps(dict(import_s=t1 - t0, loader_import_s=t2 - t1, digest_s=t3 - t2, room_s=t4 - t3,
+                      load_key_s=t5 - t4, launchers_s=t5 - t1, hip_s=t6 - t5, bind_s=t7 - t6, keys=len(keys),
+                      release=launchers[0]._idx.release, bands=len(bands),
+                      bound=sum(l._lib is not None for l in launchers))))
+"""
+
+# vLLM's own runner module, patched strict by the plugin before its import (as
+# in a vLLM process), asked for every launch it can build at TP4
+RUNNER = """
+import json, os, resource, sys, time, warnings
+warnings.simplefilter("ignore")
+from pathlib import Path
+root, arch, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+from dsv41_aot import source, vllm as plugin
+from dsv41_aot.aot import compat
+compat.install_aiter_shim()  # aiter's FlyDSL helpers are not installable here: the project's stand-ins
+plugin.install("strict", prebuilt=root, arch=arch)
+t0 = time.perf_counter()
+mod = source.import_mono(source.find(), "runner")
+t1 = time.perf_counter()
+
+def memory():
+    # RSS, and the bytes of the memfds the bound bands live in (shared memory, in RSS only where touched)
+    from dsv41_aot.runtime import state
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {"rss": int(fields["VmRSS"].split()[0]) * 1024,
+            "memfd": sum(os.fstat(fd).st_size for fd in state._state.fds.values())}
+
+def runner(fields):
+    r = object.__new__(mod.DSV41MonoLayer)  # no GPU: only what kernels() / ffn_kernel() read
+    for name, value in {**dict(tp=4, timeline=False, experts=384, topk=6, ug_groups=2, swa_width=128), **fields}.items():
+        setattr(r, name, value)
+    r._kernels = {}
+    return r
+
+runners, handed = {}, 0
+def ask(call):
+    fields = call.pop() if isinstance(call[-1], dict) else {}
+    which = json.dumps(fields, sort_keys=True)  # one runner a set of fields, as vLLM has one a layer kind
+    r = runners.get(which)
+    if r is None:
+        r = runners[which] = runner(fields)
+    got = r.kernels(*call[1:]) if call[0] == "kernels" else r.ffn_kernel(*call[1:])
+    return got if isinstance(got, tuple) else (got,)
+
+m0, c0 = memory(), time.process_time()
+t2 = time.perf_counter()
+handed += len(ask(calls[0]))
+t3 = time.perf_counter()
+m1, c1 = memory(), time.process_time()
+for call in calls[1:]:
+    handed += len(ask(call))
+t4 = time.perf_counter()
+m2, c2 = memory(), time.process_time()
+from dsv41_aot.runtime import state
+print(json.dumps(dict(import_s=t1 - t0, first_s=t3 - t2, all_s=t4 - t2, launchers=handed,
+                      bands=len(state._state.libraries), served=plugin.installed(),
+                      first_cpu_s=c1 - c0, all_cpu_s=c2 - c0,
+                      first_rss=m1["rss"] - m0["rss"], all_rss=m2["rss"] - m0["rss"],
+                      first_memfd=m1["memfd"] - m0["memfd"], all_memfd=m2["memfd"] - m0["memfd"])))
 """
 
 
-def runtime_side(root: Path, arch: str, tree: Path = REPO) -> dict:
-    out = {}
-    env = {"PYTHONPATH": str(tree)}
-    out["import_s"] = median_of(5, """
-        import time; t = time.perf_counter(); import dsv41_aot.runtime.loader; print(time.perf_counter() - t)""", env)
-    consts = f"ARCH, ROOT = {arch!r}, {str(root)!r}\n"
-    out["ready"] = json.loads(py(consts + READY, env))
-    out["ready_in_vllm"] = json.loads(py(VLLM_STDLIB + consts + READY, env))
-    if tree != REPO:
-        return out
-    call = json.loads(py(f"""
-        import ctypes, json, timeit
-        import dsv41_aot
-        from dsv41_aot.errors import LaunchError
-        out = {{}}
-        every = __import__("dsv41_aot.runtime.loader").runtime.loader.keys({arch!r}, prebuilt={str(root)!r})
-        # the call path depends on the ABI only: time one key of each launch kind
-        sample = {{k.split("@")[0]: k for k in every}}.values()
-        for k in sample:
-            l = dsv41_aot.load_key(k, prebuilt={str(root)!r})
-            l.bind()
-            l._ready = True  # no device: the C entry answers -1 (not initialized) without any HIP call
-            args = list(range(len(l.abi) - 1))
-            abi, pack, c = l._abi, l._pack, l._call
-            shared = ctypes.create_string_buffer(abi.struct.size)
-            argv = abi.argv_type(*[ctypes.addressof(shared) + off for off in abi.offsets])
-            assert c(argv) == -1
-            l._thread_buffer()
-            tls = l._tls
-            def old():  # one buffer per Launcher: what two threads raced on
-                pack(shared, 0, *args, 0); c(argv)
-            def new():  # this thread's buffer
-                b, v = tls.args
-                pack(b, 0, *args, 0); c(v)
-            def full():
-                try:
-                    l(*args, stream=0)
-                except LaunchError:
-                    pass
-            n = 100000
-            best = lambda f: min(timeit.repeat(f, number=n, repeat=3)) / n * 1e6
-            out[k] = dict(slots=len(l.abi), shared_us=best(old), thread_us=best(new), call_raise_us=best(full))
-        print(json.dumps(out))
-    """))
-    out["call"] = call
-    return out
+def runner_calls(arch: str) -> list:
+    """Every launch vLLM 0.33.0's runner can ask for at TP4 (runner.py /
+    mono_decode.py): whole target layers at ratio 0, 1, 2, fold either way,
+    index only with a ratio; the FFN launch; the DSpark draft's own runner
+    (ug_groups 1, the dspark routing of build_matrix.yaml) at ratio 0. The
+    first call is the first key vLLM asks for (K1/K2 s=1, ratio 0)."""
+    from dsv41_aot.aot import matrix
+
+    d = matrix.load().releases["0.33.0"].routing["dspark"]
+    draft = {"experts": d["experts"], "topk": d["topk"], "ug_groups": 1, "swa_width": d["swa_width"]}
+    calls: list = []
+    for s in range(1, 49):
+        calls += [["kernels", s, r, f, i] for r in (0, 1, 2) for f in (True, False) for i in (False, True)
+                  if r or not i]
+        calls.append(["ffn", s, 384, 6])
+        calls += [["kernels", s, 0, f, False, draft] for f in (True, False)]
+    return calls
 
 
-def as_old_layout(root: Path, dest: Path) -> Path:
-    """The installed vLLM's rooms of ``root`` as the old tree reads a prebuilt
-    dir: ``<arch>/manifest.json`` (schema 1: no release, no mono_sources) beside
-    the same objects; ``bench._old.old_prebuilt`` links it with that tree."""
-    from dsv41_aot.manifest import MANIFEST, OBJECTS, arch_dirs
-    from dsv41_aot.room import Room
-    from dsv41_aot.runtime import loader
-
-    for arch_dir in arch_dirs(root):
-        man = Room(root, arch_dir.name, loader.release_of(root, arch_dir.name)).manifest()
-        # schema 1: no release, no mono_sources, each key's compile seconds in its entry
-        doc = {"schema": 1, "arch": man.arch, "abis": man.abis, "refused": man.refused,
-               "entries": {k: dict(e, compile_seconds=man.timings.get(k, 0.0)) for k, e in man.entries.items()}}
-        (dest / arch_dir.name).mkdir(parents=True)
-        (dest / arch_dir.name / MANIFEST).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-        shutil.copytree(arch_dir / OBJECTS, dest / arch_dir.name / OBJECTS)
-    return dest
+CALL = """
+import json, sys, timeit
+import dsv41_aot
+from dsv41_aot.errors import LaunchError
+root, arch = sys.argv[1:3]
+every = dsv41_aot.keys(arch, prebuilt=root)
+out = {}
+for k in {k.split("@")[0]: k for k in every}.values():  # the call path depends on the ABI: a key a kind
+    l = dsv41_aot.load_key(k, prebuilt=root)
+    l.bind()
+    l._ready = True  # no device: the C entry answers -1 (not initialized) without any HIP call
+    args = list(range(len(l.abi) - 1))
+    def call():
+        try:
+            l(*args, stream=0)
+        except LaunchError:
+            pass
+    n = 100000
+    out[k] = dict(slots=len(l.abi), us=min(timeit.repeat(call, number=n, repeat=3)) / n * 1e6)
+print(json.dumps(out))
+"""
 
 
 def flydsl_side(arch: str, keys: list[str]) -> dict:
+    """FlyDSL's JIT of ``keys`` (cold cache, each compiled without launching),
+    then their first call from its warm disk cache in a new process, timed up
+    to where it stops without a GPU (the HIP module load)."""
     from dsv41_aot.aot import compiler, toolchain
 
     tc = toolchain.find()
@@ -198,7 +236,7 @@ def flydsl_side(arch: str, keys: list[str]) -> dict:
             k = BuildKey.parse(k)
             return getattr(layer, KINDS[k.kind].builder)(layer.MonoBuild(**k.build_fields()))
     """
-    cold = json.loads(py(prelude + """
+    cold = py(prelude + """
         out = {}
         for k in keys:
             t = time.perf_counter()
@@ -206,8 +244,8 @@ def flydsl_side(arch: str, keys: list[str]) -> dict:
             f._compile_or_execute(typed_args(f), {}, execute=False)
             out[k] = time.perf_counter() - t
         print(json.dumps(dict(import_s=import_s, compile_s=out)))
-    """, env))
-    warm = json.loads(py(prelude + """
+    """, env=env)
+    warm = py(prelude + """
         out, errs = {}, {}
         for k in keys:
             f = launcher(k)
@@ -216,71 +254,116 @@ def flydsl_side(arch: str, keys: list[str]) -> dict:
             try:
                 f(*range(n), stream=None)
             except BaseException as e:  # no GPU: the launch itself fails after the cache load
-                errs[k] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+                errs[k] = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
             out[k] = time.perf_counter() - t
         print(json.dumps(dict(import_s=import_s, first_call_s=out, stopped_at=errs)))
-    """, warm_env))
-    return {"cold": cold, "warm": warm, "cache": cache}
+    """, env=warm_env)
+    return {"cold": cold, "warm": warm}
+
+
+def figure(values: list, scale: float = 1e3, unit: str = "ms") -> str:
+    med = statistics.median(values) * scale
+    lo, hi = min(values) * scale, max(values) * scale
+    digits = 1 if hi < 100 else 0
+    return f"{med:.{digits}f} {unit} ({lo:.{digits}f}-{hi:.{digits}f})"
+
+
+def load(pair: tuple) -> str:
+    return f"{pair[0]:.2f}-{pair[1]:.2f}"
 
 
 def main() -> int:
-    from bench._old import OLD_REF, old_prebuilt, old_tree
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", required=True, help="a built and linked prebuilt directory")
+    ap.add_argument("--dir", default=str(SHARED), help=f"a built and linked prebuilt directory (default {SHARED})")
     ap.add_argument("--arch", default="gfx950")
-    ap.add_argument("--flydsl-keys", type=int, default=3, help="keys to JIT through FlyDSL (seconds each; 0: skip)")
-    ap.add_argument("--old-ref", default=OLD_REF, help=f"git ref of the old raw-library layout (default {OLD_REF})")
+    ap.add_argument("--runs", type=int, default=5, help="fresh processes a figure (default 5)")
+    ap.add_argument("--flydsl-keys", type=int, default=3, help="keys FlyDSL JITs for the anchor (0: skip)")
+    ap.add_argument("--no-runner", action="store_true", help="skip vLLM's runner (it imports torch and FlyDSL)")
     args = ap.parse_args()
     root = Path(args.dir).resolve()
+    arch, n = args.arch, args.runs
+    from dsv41_aot.room import rooms_of
 
-    rt = runtime_side(root, args.arch)
-    tmp = Path(tempfile.mkdtemp(prefix="dsv41-bench-load-old-"))
-    old_src = old_tree(args.old_ref, tmp / "src")
-    old = runtime_side(old_prebuilt(old_src, as_old_layout(root, tmp / "old-layout"), tmp / "prebuilt"), args.arch,
-                       old_src)
-    ready, calls, o = rt["ready"], rt["call"], old["ready"]
-    by_kind = {}
-    for k in sorted(calls):
-        by_kind.setdefault(k.split("@")[0], k)
-    sample = list(by_kind.values())[: args.flydsl_keys]
-    fly = flydsl_side(args.arch, sample) if sample else None
+    rooms = rooms_of(root / arch)
+    held = {r.release: len(r.manifest().entries) for r in rooms if r.manifest_path.is_file()}
+    bands = {b.file: b for r in rooms if r.libs_path.is_file() for b in r.links().bands}
+    first = FIRST_KEY.format(arch=arch)
 
-    ms = lambda s: f"{s * 1e3:9.1f} ms"  # noqa: E731
-    print(f"dsv41-aot runtime, {args.arch}, {ready['keys']} prebuilt keys in {root}")
-    print(f"  (python {sys.version.split()[0]}, {os.cpu_count()} CPUs, no GPU; old = git {args.old_ref})\n")
-    print(f"{'':52}{'old':>12}{'new':>12}")
-    print(f"{'import (fresh process)':52}{ms(old['import_s']):>12}{ms(rt['import_s']):>12}")
-    print(f"{'launchers for every key, fresh process':52}{ms(o['total_s']):>12}{ms(ready['total_s']):>12}"
-          f"   target <= 50 ms")
-    w, wo = rt["ready_in_vllm"], old["ready_in_vllm"]
-    print(f"{'  the same where vLLM already imported the stdlib':52}{ms(wo['total_s']):>12}{ms(w['total_s']):>12}")
-    print(f"  of which (new): import {ready['import_s']*1e3:.1f} ms, vLLM mono digest {ready['vllm_digest_s']*1e3:.1f} ms, "
-          f"manifest {ready['index_s']*1e3:.1f} ms, load_key x {ready['keys']} {ready['launchers_s']*1e3:.1f} ms")
-    print(f"{'libamdhip64 dlopen (none in a torch-ROCm process)':52}{ms(o['hip_s']):>12}{ms(ready['hip_s']):>12}")
-    print(f"{'bind the first band (one key)':52}{ms(o['first_band_s']):>12}{ms(ready['first_band_s']):>12}"
-          f"   target <= 50 ms")
-    dep = f"bind a deployment ({ready['deployment']}: {ready['deployment_keys']} keys, {ready['deployment_bands']} bands)"
-    print(f"{dep:52}{ms(o['deployment_s']):>12}{ms(ready['deployment_s']):>12}   target <= 300 ms")
-    print(f"{'bind every key of the arch (' + str(ready['libraries']) + ' bands)':52}{ms(o['bind_s']):>12}"
-          f"{ms(ready['bind_s']):>12}   files read: old {o['library_bytes'] / 1e6:.2f} MB raw, "
-          f"new {ready['library_bytes'] / 1e6:.2f} MB xz")
-    print(f"{'load_key per key':52}{o['launchers_s'] / o['keys'] * 1e6:9.0f} us{ready['launchers_s'] / ready['keys'] * 1e6:9.0f} us")
-    print("\nPython-side cost of one launch (real Launcher, real library; C entry returns -1, no HIP call):")
-    for k, c in sorted(calls.items()):
-        print(f"  {k:34} {c['slots']:3} slots   pack + C call: shared buffer (old, racy) {c['shared_us']:5.2f} us, "
-              f"this thread's buffer (new) {c['thread_us']:5.2f} us;  __call__ incl. raising LaunchError "
-              f"{c['call_raise_us']:5.2f} us")
-    if fly:
-        per_key_cold = sum(fly["cold"]["compile_s"].values()) / len(sample)
-        print(f"\nFlyDSL JIT anchor: import flydsl + torch + mono layer {fly['cold']['import_s']:.2f} s; per key "
-              f"(cold compile s / first call from warm cache ms, stopped at):")
+    print(f"dsv41-aot runtime on {root}: {arch}, {sum(held.values()):,} keys "
+          f"({', '.join(f'vLLM {v}: {k}' for v, k in held.items())}), {len(bands)} bands "
+          f"({sum(b.bytes for b in bands.values()) / 1e6:.1f} MB xz, {sum(b.raw_bytes for b in bands.values()) / 1e6:.0f} "
+          f"MB raw)")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, no GPU; each figure: median (min-max) of {n} "
+          f"fresh processes; load: 1-minute load average before-after\n")
+
+    firsts, load_first = runs(n, PROCESS, root, arch, first, "first")
+    alls, load_all = runs(n, PROCESS, root, arch, first, "all")
+    f0 = firsts[0]
+    rows = [("figure", "goal", "measured", "load"), ("---", "---", "---", "---")]
+    both = firsts + alls
+    rows.append(("import dsv41_aot", "<= 30 ms", figure([r["import_s"] for r in firsts]), load(load_first)))
+    rows.append((f"Launchers for every key of {arch} ({f0['keys']} of the running vLLM's room, {f0['release']}): "
+                 f"`keys()` + `load_key` each", "<= 50 ms", figure([r["launchers_s"] for r in both]),
+                 f"{load(load_first)}, {load(load_all)}"))
+    for name, field in (("the loader's first import (stdlib modules included)", "loader_import_s"),
+                        ("the installed vLLM's mono sources digest", "digest_s"),
+                        ("the room picked and read (manifest.json, libs.json)", "room_s"),
+                        (f"`load_key` x {f0['keys']}", "load_key_s")):
+        rows.append((f"&nbsp;&nbsp;of which {name}", "", figure([r[field] for r in both]), ""))
+    rows.append(("libamdhip64 dlopen (apart; a torch-ROCm process has it already)", "-",
+                 figure([r["hip_s"] for r in both]), f"{load(load_first)}, {load(load_all)}"))
+    rows.append((f"first bind: `{first}` (its band: read, sha256, xz, raw sha256, memfd, dlopen; entry, ABI)",
+                 "<= 50 ms", figure([r["bind_s"] for r in firsts]), load(load_first)))
+    a0 = alls[0]
+    rows.append((f"every band of the TP4 deployment bound ({a0['bound']} keys, {a0['bands']} bands, "
+                 f"`dsv41_aot.bind`: {os.cpu_count()} threads)", "<= 300 ms",
+                 figure([r["bind_s"] for r in alls]), load(load_all)))
+    runner = None
+    if not args.no_runner:
+        try:
+            got, load_runner = runs(n, RUNNER, root, arch, json.dumps(runner_calls(arch)),
+                                    env={"ARCH": arch, "FLYDSL_GPU_ARCH": arch})
+            runner = got[0]
+            rows.append((f"vLLM 0.33.0's runner, strict: all {runner['launchers']:,} launchers of {arch} TP4 "
+                         f"(every layer kind, DSpark draft) handed out and bound as asked ({runner['bands']} bands)",
+                         "-", figure([r["all_s"] for r in got]), load(load_runner)))
+            rows.append(("&nbsp;&nbsp;of which its first call (K1 and K2 of s=1, ratio 0: the first band)", "",
+                         figure([r["first_s"] for r in got]), ""))
+        except RuntimeError as e:
+            rows.append(("vLLM 0.33.0's runner, strict", "-", f"not measured: {str(e).splitlines()[-1][:80]}", ""))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    if runner is not None:
+        print(f"\nvLLM's runner: its module's import (torch, FlyDSL, the mono package) "
+              f"{figure([r['import_s'] for r in got], 1, 's')}, not counted above. Binding as asked: the first band "
+              f"costs {runner['first_cpu_s'] * 1e3:.0f} ms CPU, {runner['first_memfd'] / 1e6:.1f} MB of memfd "
+              f"(RSS +{runner['first_rss'] / 1e6:.1f} MB); all {runner['bands']} bands {runner['all_cpu_s'] * 1e3:.0f} "
+              f"ms CPU, {runner['all_memfd'] / 1e6:.1f} MB of memfd (RSS +{runner['all_rss'] / 1e6:.1f} MB): "
+              f"in each vLLM process (one a GPU)")
+
+    call = py(CALL, root, arch)
+    print("\nOne launch's Python side (real Launcher and library, the C entry answering -1 without a device): "
+          + ", ".join(f"{k.split('@')[0]} {c['us']:.2f} us ({c['slots']} slots)" for k, c in call.items()))
+
+    if args.flydsl_keys:
+        room_keys = set(py("import json, sys, dsv41_aot; print(json.dumps(dsv41_aot.keys(sys.argv[2], "
+                           "prebuilt=sys.argv[1])))", root, arch))
+        sample = [k for k in (first, first.replace("k1@", "k2@"), f"ffn@{arch}:s=1,tp=4,r=0") if k in room_keys]
+        sample = (sample or sorted(room_keys)[:1])[: args.flydsl_keys]
+        load_before = os.getloadavg()[0]
+        fly = flydsl_side(arch, sample)
+        load_fly = (load_before, os.getloadavg()[0])
+        cold = fly["cold"]["compile_s"]
+        warm = fly["warm"]["first_call_s"]
+        print(f"\nAnchor, FlyDSL's JIT (what vLLM does without dsv41-aot), the same run (load {load(load_fly)}): "
+              f"import of flydsl + torch + the mono layer {fly['cold']['import_s']:.2f} s, then")
+        print("| key | JIT compile (cold cache) | first call from its warm disk cache, up to the HIP module load |")
+        print("| --- | --- | --- |")
         for k in sample:
-            print(f"  {k:34} {fly['cold']['compile_s'][k]:6.2f} s   {fly['warm']['first_call_s'][k] * 1e3:7.1f} ms   "
-                  f"{fly['warm']['stopped_at'].get(k, 'returned')}")
-        print(f"  launchers for every key by JIT: {per_key_cold * ready['keys']:.0f} s")
-    print("\ntargets: first bind of a band <= 50 ms, a deployment's bands <= 300 ms, launchers for every key <= 50 ms,"
-          " one launch <= 3 us (Python side)")
+            print(f"| `{k}` | {cold[k]:.2f} s | {warm[k] * 1e3:.0f} ms ({fly['warm']['stopped_at'].get(k, 'returned')}) |")
+        keys = f0["keys"]
+        print(f"| every key of the room ({keys}), extrapolated | {statistics.mean(cold.values()) * keys / 60:.0f} min "
+              f"| {statistics.mean(warm.values()) * keys:.0f} s |")
     return 0
 
 
