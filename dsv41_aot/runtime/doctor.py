@@ -1,0 +1,333 @@
+"""``dsv41-aot doctor``'s work: will this serving host get prebuilt kernels,
+and if not, why.
+
+It asks the runtime's own judges and never loads a kernel: the installed
+vLLM and its mono sources digest (``host._installed_vllm``), the room the
+loader would pick (``rooms.release_of``), the HIP runtime's verdict
+(``hip.Hip.check_version``), the plugin's entry point and mode, the room's
+problems (``room.Room.problems``: every band read and checked by sha256, not
+bound), and for a deployment the launches vLLM can ask for
+(``facts.coverage.required``, the rules ``dsv41-aot coverage`` uses).
+
+Runtime-side module: standard library only (plus hip.py's ctypes binding).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import AotError, HipUnavailableError, HipVersionError
+from ..facts.arches import ARCHES
+from ..facts.coverage import CoverageInputError, compare, deployment, held
+from ..facts.releases import NEWEST, RELEASES
+from ..manifest import ENV_PREBUILT
+from ..room import Room
+from . import hip, host, loader, rooms, vllm_plugin
+
+ENTRY_GROUP = "vllm.general_plugins"
+ENTRY_VALUE = "dsv41_aot.vllm:register"
+FIX_PLUGIN = "pip install --force-reinstall --no-deps dsv41-aot"
+SHOWN = 8  # keys named in a failing coverage line (--json lists them all)
+
+
+@dataclass
+class Check:
+    """One line of the report. ``status``: "ok", "fail" (exit 1), "warn" or
+    "info" (neither changes the exit code)."""
+
+    name: str
+    status: str
+    text: str
+    fix: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"check": self.name, "status": self.status, "text": self.text, "fix": self.fix}
+
+
+@dataclass
+class Report:
+    checks: list = field(default_factory=list)
+    facts: dict = field(default_factory=dict)  # what each check found, for --json
+    coverage: dict | None = None
+
+    def add(self, name: str, status: str, text: str, fix: str | None = None) -> None:
+        self.checks.append(Check(name, status, text, fix))
+
+    def fail(self, name: str, err: AotError | str, fix: str | None = None) -> None:
+        text = str(err).split("\n  fix: ")[0] if isinstance(err, AotError) else err
+        self.add(name, "fail", text, fix or getattr(err, "fix", None))
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(c.status == "fail" for c in self.checks) else 0
+
+
+def diagnose(tp: int | None = None, max_rows: int | None = None, draft: tuple | None = None) -> Report:
+    """Every check, in order. CoverageInputError (exit 2) for a deployment
+    vLLM does not run or bad arguments; every other finding is a line."""
+    runs = sorted({t for r in RELEASES.values() for d in r.arches.values() for t in d.tp_sizes})
+    if tp is not None and tp not in runs:
+        raise CoverageInputError(f"--tp {tp}: no vLLM release's mono path runs TP {tp} (they run TP "
+                                 f"{' or '.join(map(str, runs))})", fix=f"dsv41-aot doctor --tp {runs[-1]}")
+    if max_rows is not None and max_rows < 1:
+        raise CoverageInputError(f"--max-rows {max_rows}: a step has at least one row", fix="pass --max-rows 1..48")
+    rep = Report()
+    src, digest = _vllm(rep)
+    arch = _arch(rep)
+    _hip(rep, arch)
+    mode = _plugin(rep)
+    root = loader.prebuilt_dir()
+    rep.facts["prebuilt"] = str(root)
+    room = _room(rep, root, arch, src, digest) if arch else None
+    problems = _bands(rep, room) if room else None
+    if tp is not None:
+        _coverage(rep, root, arch, room, src, problems, mode, tp, max_rows, draft)
+    return rep
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def _vllm(rep: Report) -> tuple:
+    """(source.MonoSource, its mono sources digest) of the installed vLLM,
+    found without importing it; (None, None) when there is none."""
+    try:
+        digest, src, _mono = host._installed_vllm()
+    except AotError as e:
+        rep.fail("vllm", e)
+        return None, None
+    if src is None:
+        rep.fail("vllm", "no vLLM with the DeepSeek-V4.1 mono package is installed: nothing to serve",
+                 fix='pip install "dsv41-aot[vllm]"')
+        return None, None
+    rep.facts["vllm"] = {"version": src.version, "root": str(src.root), "mono_sources": digest}
+    known = "" if src.version in RELEASES else f" (a release dsv41-aot does not know: it knows {', '.join(RELEASES)})"
+    rep.add("vllm", "ok", f"vLLM {src.version}{known} at {src.root}, mono sources {digest}")
+    return src, digest
+
+
+def _arch(rep: Report) -> str | None:
+    """The arch the plugin serves: DSV41_AOT_ARCH, else the KFD topology's
+    one GPU arch (as the plugin reads it), else the HIP device's."""
+    named = os.environ.get(host.ENV_ARCH)
+    if named:
+        arch, where = named, host.ENV_ARCH
+    else:
+        found = vllm_plugin.kfd_arches()
+        if len(found) > 1:
+            rep.fail("arch", f"GPUs of several archs ({', '.join(found)}): the plugin serves none of them",
+                     fix=f"name the one vLLM runs on: {host.ENV_ARCH}={found[0]}")
+            return None
+        arch, where = (found[0], "the KFD topology") if found else (_device_arch(), "the HIP device")
+        if arch is None:
+            rep.fail("arch", "no GPU found (no KFD GPU node, no HIP device) and DSV41_AOT_ARCH is not set",
+                     fix=f"run on the serving host, or name its arch: {host.ENV_ARCH}=gfx950")
+            return None
+    rep.facts["arch"] = {"arch": arch, "from": where}
+    if arch not in ARCHES:
+        rep.fail("arch", f"{arch} (from {where}) is not an arch dsv41-aot builds ({', '.join(ARCHES)}): "
+                         f"vLLM keeps FlyDSL JIT", fix=f"run on {' or '.join(a.products for a in ARCHES.values())}, "
+                                                       f"or correct {host.ENV_ARCH}")
+        return None
+    runner = os.environ.get("ARCH", "").lower().split(":")[0]  # what vLLM's runner (FlyDSL) compiles for
+    if runner and runner != arch:
+        rep.fail("arch", f"vLLM's runner compiles for ARCH={runner}, the plugin serves {arch} (from {where}): "
+                         f"the plugin refuses that runner",
+                 fix=f"unset ARCH, or set ARCH={arch}")
+        return None
+    rep.add("arch", "ok", f"{arch} ({ARCHES[arch].products}), from {where}")
+    return arch
+
+
+def _device_arch() -> str | None:
+    try:
+        return hip.load().arch()
+    except (AotError, OSError):
+        return None
+
+
+def _hip(rep: Report, arch: str | None) -> None:
+    """The HIP runtime the bands bind against, and its verdict (the loader's check)."""
+    try:
+        h = hip.load()
+    except HipUnavailableError as e:
+        rep.fail("hip", e)
+        return
+    rep.facts["hip"] = {"library": h.path}
+    try:
+        major, minor = h.check_version()
+    except (HipUnavailableError, HipVersionError) as e:
+        rep.fail("hip", e)
+    else:
+        allowed = not (hip.ACCEPTED[0] <= (major, minor) < hip.ACCEPTED[1])
+        how = f"accepted by {hip.ENV_ALLOW_VERSION}={major}.{minor}" if allowed else "accepted"
+        rep.facts["hip"].update(version=f"{major}.{minor}", allowed_by_env=allowed)
+        rep.add("hip", "ok", f"HIP {major}.{minor} ({h.path}): {how}")
+    status, count = h.device_count()
+    if status != hip.HIP_SUCCESS or count < 1:
+        rep.facts["hip"]["devices"] = 0
+        rep.add("device", "info", f"no GPU device visible to HIP ({h.error_name(status)}): nothing was checked on "
+                                  f"a device; the arch is {arch or 'unknown'}")
+    else:
+        rep.facts["hip"]["devices"] = count
+        rep.add("device", "info", f"{count} GPU device(s) visible to HIP, the current one {h.arch() or 'unknown'}")
+
+
+def _plugin(rep: Report) -> str | None:
+    """The ``vllm.general_plugins`` entry point vLLM calls, and the mode it
+    would enable (vllm_plugin.enable's variables). None when vLLM would not
+    call it or it would not serve."""
+    from importlib.metadata import entry_points
+
+    eps = [ep for ep in entry_points(group=ENTRY_GROUP) if ep.value == ENTRY_VALUE]
+    if not eps:
+        rep.fail("plugin", f"no {ENTRY_GROUP} entry point {ENTRY_VALUE} is installed: vLLM never calls dsv41-aot",
+                 fix=FIX_PLUGIN)
+        return None
+    ep = eps[0]
+    dist = getattr(ep, "dist", None)
+    rep.facts["plugin"] = {"entry_point": f"{ep.name} = {ep.value}",
+                           "distribution": f"{dist.name} {dist.version}" if dist else None}
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and ep.name not in allowed.split(","):
+        rep.fail("plugin", f"VLLM_PLUGINS={allowed} leaves out {ep.name}: vLLM does not call the plugin",
+                 fix=f"VLLM_PLUGINS={allowed},{ep.name}  (or unset VLLM_PLUGINS)")
+        return None
+    disable = os.environ.get(vllm_plugin.ENV_DISABLE, "")
+    if disable not in ("", "0"):
+        rep.facts["plugin"]["mode"] = "disabled"
+        rep.fail("plugin", f"disabled by {vllm_plugin.ENV_DISABLE}={disable}: vLLM JIT-compiles every launch",
+                 fix=f"unset {vllm_plugin.ENV_DISABLE}")
+        return None
+    mode = os.environ.get(vllm_plugin.ENV_MODE) or "strict"
+    if mode not in vllm_plugin.MODES:
+        rep.fail("plugin", f"{vllm_plugin.ENV_MODE}={mode!r} is not one of {', '.join(vllm_plugin.MODES)}: "
+                           f"the plugin stays off", fix=f"{vllm_plugin.ENV_MODE}=strict (or fallback)")
+        return None
+    rep.facts["plugin"]["mode"] = mode
+    what = ("a launch not prebuilt stops vLLM with the loader's error" if mode == "strict"
+            else "a launch not prebuilt is JIT-compiled by FlyDSL, one warning each")
+    rep.add("plugin", "ok", f"entry point {ep.name} = {ep.value}"
+                            f"{f' ({dist.name} {dist.version})' if dist else ''}; mode {mode}: {what}")
+    return mode
+
+
+def _room(rep: Report, root: Path, arch: str, src, digest: str | None) -> Room | None:
+    """The room the loader picks for the installed vLLM (``rooms.release_of``)."""
+    try:
+        release = rooms.release_of(root, arch)
+        room = Room(root, arch, release)
+        man = room.manifest()
+    except AotError as e:
+        rep.fail("room", e)
+        return None
+    rep.facts["room"] = {"dir": str(room.dir), "release": release, "keys": len(man.entries),
+                         "mono_sources": man.mono_sources}
+    text = f"vLLM {release}'s room {room.dir} ({len(man.entries)} keys, mono sources {man.mono_sources})"
+    if src is None:
+        rep.add("room", "info", f"{text}: the loader's pick with no vLLM installed (the newest room)")
+    elif man.mono_sources != digest:
+        rep.add("room", "warn", f"{text} serves vLLM {src.version} (mono sources {digest}) only because "
+                                f"{host.ENV_ALLOW_SOURCE}=1: the kernels were built from other sources",
+                fix=f"install the vLLM they were built from: pip install --no-deps vllm=={release}")
+    else:
+        rep.add("room", "ok", f"{text} serves it")
+    return room
+
+
+def _bands(rep: Report, room: Room) -> list:
+    """The room's serving problems (its own checks: every band read,
+    decompressed and checked by sha256, nothing bound)."""
+    problems = [p for p in room.problems(objects=False) if p.serving]
+    try:
+        bands = len(room.links().bands)
+    except AotError:
+        bands = 0
+    rep.facts["bands"] = {"checked": bands, "problems": [p.as_dict() for p in problems]}
+    for p in problems:
+        rep.fail("bands", p.message, p.fix)
+    if not problems:
+        rep.add("bands", "ok", f"{bands} band(s) of {room.lib} sound (sha256, decompressed, raw sha256, every key's "
+                               f"entry exported); nothing bound")
+    return problems
+
+
+def _refused(room: Room, problems: list) -> dict:
+    """key -> the serving problem that makes the loader refuse it."""
+    out: dict = {}
+    try:
+        links = room.links()
+        everything = set(room.manifest().entries) | set(links.band_of)
+    except AotError:
+        return out
+    for p in problems:
+        if p.key:
+            keys = {p.key}
+        elif p.band:
+            keys = {k for k, band in links.band_of.items() if band.file == p.band}
+        else:
+            keys = everything  # the room's own records: every key
+        for k in keys:
+            out.setdefault(k, p)
+    return out
+
+
+def _coverage(rep: Report, root: Path, arch: str | None, room: Room | None, src, problems, mode,
+              tp: int, max_rows: int | None, draft: tuple | None) -> None:
+    """The launches vLLM can ask for on the deployment, and how many of them
+    the room serves (the coverage rules: facts.coverage)."""
+    if arch is None:
+        rep.fail("coverage", f"TP {tp}: not counted, the arch is unknown (see the arch line)",
+                 fix=f"{host.ENV_ARCH}=gfx950 dsv41-aot doctor --tp {tp}")
+        return
+    release = room.release if room else (src.version if src and src.version in RELEASES else NEWEST)
+    dep = deployment(arch, tp, max_rows, draft, release=release)  # CoverageInputError: exit 2
+    have, linked = set(), None
+    if room is not None:
+        try:
+            have, linked = held(room)
+        except AotError:  # libs.json is broken (its bands line says so): nothing is linked
+            have = set(room.manifest().entries)
+    report = compare(dep, have, linked, str(room.dir) if room else "no room")
+    refused = _refused(room, problems or []) if room else {}
+    bad = set(report["missing"]) | set(report["unlinked"])
+    report["refused"] = [k for k in report["required"] if k not in bad and k in refused]
+    report["served"] = len(report["required"]) - len(bad) - len(report["refused"])
+    rep.coverage = report
+    c = report["counts"]
+    counts = f"K1 {c['k1']}, K2 {c['k2']}, FFN {c['ffn']}"
+    need = len(report["required"])
+    if report["served"] == need:
+        rep.add("coverage", "ok", f"{dep.describe()}: all {need} launches vLLM can ask for are prebuilt ({counts})")
+        return
+    parts = [f"{len(v)} {what}" for v, what in ((report["missing"], "not prebuilt"),
+                                                (report["unlinked"], "not linked"),
+                                                (report["refused"], "refused (see the bands lines)")) if v]
+    then = ("vLLM stops at the first one it asks for (strict)" if mode == "strict" else
+            "vLLM JIT-compiles them (fallback)" if mode == "fallback" else "vLLM JIT-compiles them")
+    names = report["missing"] + report["unlinked"] + report["refused"]
+    shown = ", ".join(names[:SHOWN]) + (f", ... ({len(names) - SHOWN} more: --json lists them)"
+                                         if len(names) > SHOWN else "")
+    rep.fail("coverage", f"{dep.describe()}: {report['served']} of {need} launches prebuilt ({counts}); "
+                         f"{', '.join(parts)}: {then}: {shown}",
+             fix=_fix_coverage(report, room, dep, root, mode))
+
+
+def _fix_coverage(report: dict, room: Room | None, dep, root: Path, mode) -> str:
+    """The command that makes the room serve every launch."""
+    missing = report["missing"]
+    if room is not None and room.built_here:
+        what = ("--key " + " ".join(f"'{k}'" for k in missing) if len(missing) <= 3
+                else f"--profile full --arch {dep.arch}")
+        fix = (f"dsv41-aot build --release {dep.release} {what} --out {root}" if missing
+               else room.fix_relink if report["unlinked"] else "see the bands lines")
+    elif missing or room is None:
+        fix = (f"dsv41-aot build --release {dep.release} --profile full --arch {dep.arch} --out DIR, then serve "
+               f"with {ENV_PREBUILT}=DIR (or install a dsv41-aot wheel built for TP {dep.tp})")
+    else:
+        fix = room.fix_relink
+    if mode == "strict":
+        fix += f"; meanwhile {vllm_plugin.ENV_MODE}=fallback lets vLLM JIT-compile them"
+    return fix
