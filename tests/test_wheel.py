@@ -288,7 +288,7 @@ REFUSALS = {
     "missing_object": "is missing",
     "orphan_object": "no room's manifest names",
     "missing_library": "is missing",
-    "unlinked": "room gfx950/vllm-0.33.0 was never linked",
+    "unlinked": "vllm-0.33.0/libs.json is missing: the objects of",
     "mixed_source": "mixes 2 source identities",
 }
 # the room each refusal must name (the wheel holds several rooms of an arch)
