@@ -16,7 +16,8 @@ import io
 from pathlib import Path
 
 from ..facts.arches import arch_facts
-from ..keys import DEFAULTS, BuildKey
+from ..facts.releases import release_facts
+from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write, rooms_or_error
 from .codeobject import code_object_resources
 from .elf import exported_parts
@@ -60,7 +61,8 @@ def series(key: BuildKey) -> str:
     parts = [key.kind] if key.kind == "ffn" else [key.kind, f"r{key.ratio}"]
     if key.index:
         parts.append("index")
-    if (key.experts, key.topk) != (DEFAULTS["experts"], DEFAULTS["topk"]):
+    target = release_facts(key.release).defaults  # the key's own release's MonoBuild defaults
+    if (key.experts, key.topk) != (target["experts"], target["topk"]):
         parts.append(f"e{key.experts}/k{key.topk}")
     return " ".join(parts)
 
