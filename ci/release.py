@@ -1,0 +1,440 @@
+"""The release path's stages: one subcommand a step of .github/workflows/wheels.yml.
+
+    python ci/release.py check-tag                      version: a tag is v + dsv41_aot.__version__
+    python ci/release.py cache-key                      shard: the build cache's key and restore keys
+    python ci/release.py shard --out DIR                shard: build one shard's keys, prove them (verified.json)
+    python ci/release.py merge --shards DIR --out DIR --report DIR
+                                                        merge: merge + link, check, residency, compile seconds
+    python ci/release.py prewheel PREBUILT              wheel: every room checked, auditwheel on the raw libraries
+    python ci/release.py build-wheel PREBUILT OUT       the suite's stand-in for the cibuildwheel step
+    python ci/release.py checkwheel --prebuilt PREBUILT WHEELHOUSE [--require-proofs]
+                                                        wheel: check_wheel, twine check, the wheel's report
+    python ci/release.py wheel PREBUILT OUT             prewheel + build-wheel + checkwheel (ci/wheels.sh)
+    python ci/release.py attach --prebuilt DIR --residency DIR --out DIR
+                                                        release: assets to the GitHub release of the tag (gh)
+
+The workflow gives each cell its coordinates in the environment (``ARCH``,
+``SHARD``, ``SHARDS``, ``PROFILE``) and GitHub gives the ref
+(``GITHUB_REF_TYPE``, ``GITHUB_REF_NAME``) and the step's output file
+(``GITHUB_OUTPUT``); each is also an option, so every stage runs the same on
+a laptop. tests/test_release.py runs the workflow's own steps, in order, on
+the smoke profile (two shards an arch), then serves the wheel from a real
+package index and lets vLLM find the plugin. No logic of the release lives
+only in YAML: what a step does is here (or in the scripts this calls:
+ci/build_shard.py, ci/merge.py, ci/prebuilt.py, ci/check_wheel.py).
+
+Exit codes: 0 ok, 1 a check failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PY = sys.executable
+CACHE_PREFIX = "dsv41-build"
+
+
+class StageError(Exception):
+    """A stage refused: the message names what and the fix."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def _run(cmd: list, **kw) -> int:
+    """Run one command, its output through; its exit code."""
+    print("+ " + " ".join(map(str, cmd)), file=sys.stderr, flush=True)
+    return subprocess.run([str(c) for c in cmd], **kw).returncode
+
+
+def _must(rc: int, what: str) -> None:
+    if rc:
+        raise StageError(f"{what} failed (exit {rc})", rc)
+
+
+def _cli(*args) -> list:
+    """``dsv41-aot ARGS`` as this interpreter runs it."""
+    return [PY, "-m", "dsv41_aot.cli", *map(str, args)]
+
+
+# ---------------------------------------------------------------- check-tag
+
+
+def package_version(root: Path = ROOT) -> str:
+    """``dsv41_aot.__version__`` read as setuptools reads it (a literal in
+    dsv41_aot/__init__.py; pyproject.toml's dynamic version), without
+    importing the package."""
+    init = root / "dsv41_aot" / "__init__.py"
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise StageError(f"{init} assigns no literal __version__", 2)
+
+
+def check_tag(ref_type: str | None, ref_name: str | None, version: str) -> str:
+    """The line to print; StageError when a tag is not ``v`` + version."""
+    if ref_type != "tag":
+        return f"not a tag ({ref_type or 'no ref type'} {ref_name or ''}): nothing to check; version {version}".strip()
+    want = f"v{version}"
+    if ref_name != want:
+        raise StageError(
+            f"tag {ref_name!r} is not v + dsv41_aot.__version__ ({want!r}): refusing to build a release whose "
+            f"wheel would say {version}\n  fix: tag the commit {want}, or set __version__ = \"{str(ref_name)[1:]}\" "
+            f"in dsv41_aot/__init__.py, commit, and tag that commit")
+    return f"tag {ref_name} = v + dsv41_aot.__version__ ({version}): ok"
+
+
+def cmd_check_tag(args) -> int:
+    print(check_tag(args.ref_type, args.ref_name, package_version()))
+    return 0
+
+
+# ---------------------------------------------------------------- cache-key
+
+
+def cache_keys(arch: str, shard: str, identity: str) -> tuple[str, list]:
+    """(key, restore keys): the shard's own cache first, then the arch's."""
+    return f"{CACHE_PREFIX}-{arch}-{shard}-{identity}", [f"{CACHE_PREFIX}-{arch}-{shard}-", f"{CACHE_PREFIX}-{arch}-"]
+
+
+def write_outputs(outputs: dict, path: str | None) -> None:
+    """Step outputs: appended to ``$GITHUB_OUTPUT`` (multi-line values in
+    its heredoc form), and printed."""
+    lines = []
+    for name, value in outputs.items():
+        if "\n" in value:
+            delim = "EOF_" + hashlib.sha256(value.encode()).hexdigest()[:16]
+            lines += [f"{name}<<{delim}", value, delim]
+        else:
+            lines.append(f"{name}={value}")
+    text = "\n".join(lines) + "\n"
+    if path:
+        with open(path, "a") as f:
+            f.write(text)
+    sys.stdout.write(text)
+
+
+def cmd_cache_key(args) -> int:
+    r = subprocess.run(_cli("cache", "--identity"), capture_output=True, text=True, cwd=ROOT)
+    if r.returncode:
+        sys.stderr.write(r.stderr)
+        raise StageError("dsv41-aot cache --identity failed", r.returncode)
+    key, restore = cache_keys(args.arch, str(args.shard), r.stdout.strip())
+    write_outputs({"key": key, "restore-keys": "\n".join(restore)}, os.environ.get("GITHUB_OUTPUT"))
+    return 0
+
+
+# ---------------------------------------------------------------- shard
+
+
+def recorded_seconds_files(arch: str, folder: Path) -> list:
+    """The compile seconds an earlier run recorded for the arch
+    (``ci/seconds/<arch>-<release>.json``: what the merge job's seconds
+    artifact holds), sorted."""
+    return sorted(str(p) for p in Path(folder).glob(f"{arch}-*.json"))
+
+
+def cmd_shard(args) -> int:
+    from ci import build_shard
+
+    shard = args.shard if "/" in str(args.shard) else f"{args.shard}/{args.shards}"
+    # absolute: ci/build_shard.py runs its builds from the checkout's root
+    argv = ["--arch", args.arch, "--shard", shard, "--out", str(Path(args.out).resolve())]
+    if args.profile:
+        argv += ["--profile", args.profile]
+    seconds = recorded_seconds_files(args.arch, Path(args.seconds_dir))
+    if seconds:
+        argv += ["--seconds", *seconds]
+    print(f"+ ci/build_shard.py {' '.join(argv)}", file=sys.stderr, flush=True)
+    _must(build_shard.main(argv), "ci/build_shard.py")
+    return 0
+
+
+# ---------------------------------------------------------------- merge
+
+
+def shard_dirs(folder: Path) -> list:
+    """The shard artifacts downloaded into ``folder`` (one subfolder each)."""
+    dirs = sorted(p for p in Path(folder).iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not dirs:
+        raise StageError(f"{folder} holds no shard folder (download the shard artifacts into it)", 2)
+    return dirs
+
+
+def copy_seconds(merged: Path, dest: Path) -> list:
+    """Each room's timings.json as ``<dest>/<arch>-<release>.json``: the
+    files ci/seconds/ takes for the next run's shard balance."""
+    from dsv41_aot.manifest import TIMINGS, rooms
+
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for adir, release in rooms(merged):
+        src = adir / f"vllm-{release}" / TIMINGS
+        if src.is_file():
+            target = dest / f"{adir.name}-{release}.json"
+            shutil.copyfile(src, target)
+            out.append(target)
+    return out
+
+
+def cmd_merge(args) -> int:
+    from ci import merge, prebuilt
+    from dsv41_aot.manifest import arch_dirs
+
+    out, report = Path(args.out).resolve(), Path(args.report).resolve()  # dsv41-aot runs from the checkout's root
+    shards = shard_dirs(Path(args.shards).resolve())
+    _must(merge.main(["--require-verified", "--out", str(out), *map(str, shards)]), "ci/merge.py")
+    arches = [args.arch] if args.arch else [d.name for d in arch_dirs(out)]
+    _must(prebuilt.main([str(out), *arches]), "ci/prebuilt.py")
+    report.mkdir(parents=True, exist_ok=True)
+    name = "residency-" + "-".join(arches)
+    with open(report / f"{name}.txt", "w") as txt:
+        _must(_run(_cli("inspect", "--dir", out, "--plot", report / f"{name}.png"), stdout=txt, cwd=ROOT),
+              "dsv41-aot inspect --plot (a key that cannot be resident fails here)")
+    with open(report / f"{name}.json", "w") as js:
+        _must(_run(_cli("inspect", "--dir", out, "--json"), stdout=js, cwd=ROOT), "dsv41-aot inspect --json")
+    print("\n".join((report / f"{name}.txt").read_text().splitlines()[-40:]))
+    for p in copy_seconds(out, report / "seconds"):
+        print(f"compile seconds for the next balance: {p}")
+    return 0
+
+
+# ---------------------------------------------------------------- wheel
+
+
+def cmd_prewheel(args) -> int:
+    from ci import check_wheel, prebuilt
+
+    _must(prebuilt.main([args.prebuilt]), "ci/prebuilt.py")
+    _must(check_wheel.main(["--audit-prebuilt", args.prebuilt]), "ci/check_wheel.py --audit-prebuilt")
+    return 0
+
+
+def build_wheel(prebuilt: Path, out: Path, frontend: str = "build") -> Path:
+    """The kernels wheel of ``prebuilt`` into ``out`` (emptied first), built
+    from a copy of the files a wheel build reads (never this checkout's
+    build/ folder) with the frontend cibuildwheel uses (``build``, no
+    isolation: nothing is fetched), then the cibuildwheel repair step's
+    check (``check_wheel.py --audit-only``)."""
+    from ci.check_wheel import source_tree
+
+    prebuilt, out = Path(prebuilt).resolve(), Path(out).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = dict(os.environ, DSV41_AOT_PREBUILT=str(prebuilt))
+    with tempfile.TemporaryDirectory(prefix="dsv41-wheel-src-") as tmp:
+        src = source_tree(Path(tmp) / "src")
+        if frontend == "build":
+            cmd = [PY, "-m", "build", "--wheel", "--no-isolation", "--outdir", out, src]
+        else:
+            cmd = [PY, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", out, src]
+        _must(_run(cmd, env=env, stdout=sys.stderr), f"the wheel build ({frontend})")
+    wheels = sorted(out.glob("*.whl"))
+    if len(wheels) != 1:
+        raise StageError(f"{out}: {len(wheels)} wheels built, expected one")
+    _must(_run([PY, ROOT / "ci" / "check_wheel.py", "--audit-only", wheels[0]]), "check_wheel.py --audit-only")
+    return wheels[0]
+
+
+def cmd_build_wheel(args) -> int:
+    print(build_wheel(Path(args.prebuilt), Path(args.out), args.frontend))
+    return 0
+
+
+def twine_check(wheels: list) -> int:
+    """``twine check --strict``: the metadata and long description an index
+    will show."""
+    exe = shutil.which("twine") or str(Path(PY).with_name("twine"))
+    if not Path(exe).exists() and not shutil.which(exe):
+        raise StageError("twine is not installed (pip install -e .[test])", 2)
+    return _run([exe, "check", "--strict", *wheels])
+
+
+def cmd_checkwheel(args) -> int:
+    from ci import check_wheel
+
+    folder = Path(args.wheelhouse)
+    wheels = sorted(folder.glob("*.whl")) if folder.is_dir() else [folder]
+    if len(wheels) != 1:
+        raise StageError(f"{folder}: {len(wheels)} wheels, expected the one kernels wheel", 2)
+    _must(check_wheel.main(["--prebuilt", args.prebuilt, str(wheels[0])]), "ci/check_wheel.py")
+    _must(twine_check(wheels), "twine check --strict")
+    report = ["--report", str(wheels[0])] + (["--require-proofs"] if args.require_proofs else [])
+    _must(check_wheel.main(report), "ci/check_wheel.py --report (every key proven)" if args.require_proofs
+          else "ci/check_wheel.py --report")
+    return 0
+
+
+def cmd_wheel(args) -> int:
+    args.prebuilt = str(Path(args.prebuilt).resolve())
+    cmd_prewheel(args)
+    wheel = build_wheel(Path(args.prebuilt), Path(args.out), args.frontend)
+    args.wheelhouse = str(wheel.parent)
+    return cmd_checkwheel(args)
+
+
+# ---------------------------------------------------------------- attach
+
+
+def release_assets(prebuilt: Path, residency: Path, out: Path) -> list:
+    """Gather what the GitHub release carries into ``out`` (emptied first):
+    each arch's residency picture and summaries (``residency-<arch>.png``,
+    ``.txt``, ``.json``), each room's proofs against vLLM's JIT as
+    ``verified-<arch>-vllm-<release>.json``, and SHA256SUMS of them all."""
+    from dsv41_aot.aot.jit import VERIFIED
+    from dsv41_aot.manifest import rooms
+
+    out = Path(out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    files = []
+    pictures = sorted(p for p in Path(residency).glob("residency-*") if p.suffix in (".png", ".txt", ".json"))
+    if not any(p.suffix == ".png" for p in pictures):
+        raise StageError(f"{residency}: no residency picture (residency-<arch>.png from the merge job)", 2)
+    for p in pictures:
+        shutil.copyfile(p, out / p.name)
+        files.append(out / p.name)
+    proofs = 0
+    for adir, release in rooms(Path(prebuilt)):
+        src = adir / f"vllm-{release}" / VERIFIED
+        if not src.is_file():
+            raise StageError(f"{src.parent}: no {VERIFIED} (every released room carries its proofs; "
+                             f"ci/merge.py --require-verified writes it)")
+        target = out / f"verified-{adir.name}-vllm-{release}.json"
+        shutil.copyfile(src, target)
+        files.append(target)
+        proofs += 1
+    if not proofs:
+        raise StageError(f"{prebuilt}: no room (<arch>/vllm-<release>/)", 2)
+    sums = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in files)
+    (out / "SHA256SUMS").write_text(sums)
+    return files + [out / "SHA256SUMS"]
+
+
+def gh_commands(tag: str, files: list, exists: bool, repo: str | None) -> list:
+    """The ``gh`` call that puts ``files`` on the release of ``tag``: upload
+    (replacing same-named assets) when the release exists, else create it
+    from the existing tag."""
+    where = ["--repo", repo] if repo else []
+    if exists:
+        return [["gh", "release", "upload", tag, *map(str, files), "--clobber", *where]]
+    notes = (f"dsv41-aot {tag[1:]}: `pip install dsv41-aot=={tag[1:]}`. Attached: each arch's residency picture "
+             f"and summaries, each room's verified.json (its proofs against vLLM's JIT), SHA256SUMS. "
+             f"Checking a downloaded wheel: docs/releases.md.")
+    return [["gh", "release", "create", tag, *map(str, files), "--verify-tag", "--title", tag, "--notes", notes,
+             *where]]
+
+
+def cmd_attach(args) -> int:
+    tag = args.tag or os.environ.get("GITHUB_REF_NAME")
+    if not args.tag and os.environ.get("GITHUB_REF_TYPE") != "tag":
+        raise StageError("not a tag: a GitHub release belongs to a tag (pass --tag TAG)", 2)
+    check_tag("tag", tag, package_version())
+    files = release_assets(Path(args.prebuilt), Path(args.residency), Path(args.out))
+    for f in files:
+        print(f"asset: {f.name} ({f.stat().st_size} bytes)")
+    repo = os.environ.get("GITHUB_REPOSITORY")
+    if args.dry_run:
+        for cmd in gh_commands(tag, files, False, repo):
+            print("would run: " + " ".join(cmd))
+        return 0
+    gh = shutil.which("gh")
+    if gh is None:
+        raise StageError("gh (GitHub's CLI) is not on PATH", 2)
+    view = subprocess.run([gh, "release", "view", tag, *(["--repo", repo] if repo else [])],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for cmd in gh_commands(tag, files, view.returncode == 0, repo):
+        _must(_run([gh, *cmd[1:]]), " ".join(cmd[:3]))
+    return 0
+
+
+# ---------------------------------------------------------------- main
+
+
+def parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    ap = argparse.ArgumentParser(prog="ci/release.py", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("check-tag", help="a tag must be v + dsv41_aot.__version__ (else: nothing to check)")
+    p.add_argument("--ref-type", default=env("GITHUB_REF_TYPE"), help="default: $GITHUB_REF_TYPE")
+    p.add_argument("--ref-name", default=env("GITHUB_REF_NAME"), help="default: $GITHUB_REF_NAME")
+    p.set_defaults(func=cmd_check_tag)
+
+    p = sub.add_parser("cache-key", help="the build cache's key and restore keys (to $GITHUB_OUTPUT)")
+    p.add_argument("--arch", default=env("ARCH"), required=not env("ARCH"))
+    p.add_argument("--shard", default=env("SHARD"), required=not env("SHARD"))
+    p.set_defaults(func=cmd_cache_key)
+
+    p = sub.add_parser("shard", help="build one shard of one arch's keys and prove them against vLLM's JIT")
+    p.add_argument("--arch", default=env("ARCH"), required=not env("ARCH"))
+    p.add_argument("--shard", default=env("SHARD"), required=not env("SHARD"), help="i (with --shards N) or i/N")
+    p.add_argument("--shards", default=env("SHARDS", "1"), help="N (default: $SHARDS)")
+    p.add_argument("--profile", default=env("PROFILE"), help="matrix profile (default: $PROFILE, else the matrix's)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seconds-dir", default=str(ROOT / "ci" / "seconds"),
+                   help="recorded compile seconds, <arch>-<release>.json (default: ci/seconds/)")
+    p.set_defaults(func=cmd_shard)
+
+    p = sub.add_parser("merge", help="merge + link an arch's shards, check, residency picture, compile seconds")
+    p.add_argument("--shards", required=True, help="folder holding one folder a shard")
+    p.add_argument("--out", required=True, help="the merged prebuilt dir")
+    p.add_argument("--report", required=True, help="residency-<arch>.png/.txt/.json and seconds/ go here")
+    p.add_argument("--arch", default=env("ARCH"))
+    p.set_defaults(func=cmd_merge)
+
+    p = sub.add_parser("prewheel", help="check every room, auditwheel on the raw libraries")
+    p.add_argument("prebuilt")
+    p.set_defaults(func=cmd_prewheel)
+
+    for name, func, what in (("build-wheel", cmd_build_wheel, "build the wheel (the suite's cibuildwheel step)"),
+                             ("wheel", cmd_wheel, "prewheel + build-wheel + checkwheel")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("prebuilt")
+        p.add_argument("out")
+        p.add_argument("--frontend", choices=("build", "pip"), default=env("DSV41_AOT_WHEEL_FRONTEND", "build"))
+        if name == "wheel":
+            p.add_argument("--require-proofs", action="store_true", help="as checkwheel --require-proofs")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("checkwheel", help="check_wheel.py against the prebuilt dir, twine check, the wheel's report")
+    p.add_argument("--prebuilt", required=True)
+    p.add_argument("wheelhouse", help="the folder holding the one wheel (or the wheel)")
+    p.add_argument("--require-proofs", action="store_true",
+                   help="every key of every room must carry its proof against vLLM's JIT (verified.json)")
+    p.set_defaults(func=cmd_checkwheel)
+
+    p = sub.add_parser("attach", help="residency pictures, summaries and verified.json to the tag's GitHub release")
+    p.add_argument("--prebuilt", required=True)
+    p.add_argument("--residency", required=True)
+    p.add_argument("--out", required=True, help="the assets are gathered here")
+    p.add_argument("--tag", help="default: $GITHUB_REF_NAME (on a tag)")
+    p.add_argument("--dry-run", action="store_true", help="gather and print the gh command; upload nothing")
+    p.set_defaults(func=cmd_attach)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except StageError as e:
+        print(f"ci/release.py {args.command}: error: {e}", file=sys.stderr)
+        return e.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
