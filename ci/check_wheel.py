@@ -3,6 +3,8 @@
     python ci/check_wheel.py WHEEL [--prebuilt DIR] [--no-auditwheel] [--json]
     python ci/check_wheel.py --audit-only WHEEL      (cibuildwheel's repair step)
     python ci/check_wheel.py --audit-prebuilt DIR    (before packing: the raw libraries of DIR's bands)
+    python ci/check_wheel.py --report WHEEL [--json] [--require-proofs]
+                                                     (what a downloaded wheel holds, checked offline)
 
 - name, tag: a kernels wheel is ``dsv41_aot-<version>-py3-none-manylinux_2_28_x86_64``
   (host shared libraries, no Python extension), with no local version label;
@@ -303,6 +305,115 @@ def source_tree(dest: Path, root: Path = Path(__file__).resolve().parents[1]) ->
     return dest
 
 
+# ---------------------------------------------------------------- the wheel's report
+
+
+def report(wheel: Path) -> dict:
+    """What a (downloaded) kernels wheel holds and whether it holds together,
+    offline, with the room's own parsers and nothing else (no auditwheel, no
+    FlyDSL, torch or vLLM): per (arch, vLLM release, TP) the keys, their
+    kinds and token widths and how many carry a proof against vLLM's JIT
+    (the room's verified.json: a proof counts when it names the code object
+    the room's manifest holds); every band checked against its room's
+    libs.json (sha256 of the xz bytes and of the library inside), every key
+    linked from its own object into a band that exports its entry, no band
+    with a DT_NEEDED. ``problems`` lists what is wrong (empty: the wheel
+    holds together); ``unproven`` the keys without a matching proof."""
+    from dsv41_aot.errors import AotError
+    from dsv41_aot.keys import BuildKey
+
+    out = {"wheel": Path(wheel).name, "bytes": Path(wheel).stat().st_size, "rooms": [], "bands": [],
+           "problems": [], "unproven": []}
+    problems = out["problems"]
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        dist_info = next((n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")), None)
+        if dist_info is None:
+            problems.append("no .dist-info: not a wheel")
+            return out
+        meta = email.parser.Parser().parsestr(z.read(f"{dist_info}/METADATA").decode())
+        out.update(name=meta["Name"], version=meta["Version"])
+        try:
+            contents = wheel_bands(z)
+        except AotError as e:
+            problems.append(str(e).splitlines()[0])
+            return out
+        if not contents:
+            problems.append(f"no room under {PKG}: a wheel without kernels")
+        for arch, (rooms_, raw) in contents.items():
+            base = f"{PKG}{arch}/"
+            for band_file, data in sorted(raw.items()):
+                needed = dynamic_info(data)["needed"]
+                if needed:
+                    problems.append(f"{base}lib/{band_file}: DT_NEEDED {needed}")
+            for release, (man, links) in rooms_.items():
+                where = f"{arch}/vllm-{release}"
+                proofs = {}
+                vpath = f"{base}vllm-{release}/verified.json"
+                if vpath in names:
+                    try:  # the proof record (aot/jit.py write_verified), not a room file the loader reads
+                        doc = json.loads(z.read(vpath))
+                        proofs = dict(doc.get("keys", {})) if isinstance(doc, dict) else {}
+                    except ValueError as e:
+                        problems.append(f"{vpath}: malformed JSON ({e})")
+                linked = {}
+                for band in links.bands:
+                    if band.file not in raw:
+                        problems.append(f"{base}lib/{band.file} named by {where}/libs.json is not in the wheel")
+                        continue
+                    linked.update(band.entries)
+                    out["bands"].append({"room": where, "file": f"{arch}/lib/{band.file}", "bytes": band.bytes,
+                                         "raw_bytes": band.raw_bytes, "keys": len(band.entries)})
+                by_tp: dict = {}
+                for key, e in sorted(man.entries.items()):
+                    k = BuildKey.parse(key, release)
+                    band = links.band_of.get(key)
+                    if linked.get(key) != e["sha256"]:
+                        problems.append(f"{key} (vLLM {release}): not linked from its object in {where}/libs.json")
+                    elif band is not None and band.file in raw and (e["entry"].encode() + b"\0") not in raw[band.file]:
+                        problems.append(f"{key} (vLLM {release}): {band.file} does not export {e['entry']}")
+                    rec = proofs.get(key)
+                    proven = isinstance(rec, dict) and rec.get("code_object_sha256") == e.get("code_object_sha256")
+                    if not proven:
+                        out["unproven"].append(f"{key} (vLLM {release})")
+                    t = by_tp.setdefault(k.tp, {"keys": 0, "proven": 0, "kinds": {}, "tokens": [k.tokens, k.tokens]})
+                    t["keys"] += 1
+                    t["proven"] += proven
+                    t["kinds"][k.kind] = t["kinds"].get(k.kind, 0) + 1
+                    t["tokens"] = [min(t["tokens"][0], k.tokens), max(t["tokens"][1], k.tokens)]
+                out["rooms"].append({
+                    "arch": arch, "release": release, "mono_sources": man.mono_sources, "keys": len(man.entries),
+                    "proven": sum(t["proven"] for t in by_tp.values()), "verified_json": vpath in names,
+                    "tp": {str(tp): by_tp[tp] for tp in sorted(by_tp)},
+                })
+    return out
+
+
+def print_report(r: dict, require_proofs: bool = False) -> int:
+    """The report as text; exit 1 when something is wrong (or, with
+    ``require_proofs``, a key carries no proof)."""
+    print(f"{r['wheel']}: {r.get('name')} {r.get('version')}, {r['bytes'] / 1e6:.2f} MB")
+    for room in r["rooms"]:
+        print(f"  {room['arch']} vLLM {room['release']} (mono sources {room['mono_sources']}): {room['keys']} keys, "
+              f"{room['proven']} proven against vLLM's JIT"
+              f"{'' if room['verified_json'] else ' (no verified.json)'}")
+        for tp, t in room["tp"].items():
+            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(t["kinds"].items()))
+            print(f"    TP{tp}: {t['keys']} keys ({kinds}), tokens {t['tokens'][0]}-{t['tokens'][1]}, "
+                  f"{t['proven']} proven")
+    for b in r["bands"]:
+        print(f"  band {b['file']} ({b['room']}): {b['keys']} keys, {b['bytes']} bytes xz -> {b['raw_bytes']} bytes, "
+              f"sha256 ok")
+    for p in r["problems"]:
+        print(f"  problem: {p}")
+    bad_proofs = require_proofs and r["unproven"]
+    if r["unproven"]:
+        print(f"  unproven: {len(r['unproven'])} key(s), e.g. {r['unproven'][0]}")
+    verdict = "FAILED" if r["problems"] or bad_proofs else "ok"
+    print(f"{r['wheel']}: {verdict}")
+    return 1 if verdict == "FAILED" else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("wheels", nargs="*")
@@ -310,8 +421,20 @@ def main(argv=None) -> int:
     ap.add_argument("--no-auditwheel", action="store_true")
     ap.add_argument("--audit-only", action="store_true", help="only auditwheel on the raw libraries")
     ap.add_argument("--audit-prebuilt", metavar="DIR", help="auditwheel on the raw libraries of DIR's bands")
+    ap.add_argument("--report", metavar="WHEEL", help="what WHEEL holds per (arch, release, TP), its proofs, its "
+                                                      "bands checked offline")
+    ap.add_argument("--require-proofs", action="store_true", help="with --report: a key without a proof fails")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.report:
+        if not Path(args.report).is_file():
+            print(f"ci/check_wheel.py: error: no wheel at {args.report}", file=sys.stderr)
+            return 2
+        r = report(Path(args.report))
+        if args.json:
+            print(json.dumps(r, indent=1))
+            return 1 if r["problems"] or (args.require_proofs and r["unproven"]) else 0
+        return print_report(r, args.require_proofs)
     if args.audit_prebuilt:
         return audit_prebuilt(Path(args.audit_prebuilt))
     if not args.wheels:
