@@ -167,7 +167,11 @@ def cmd_shard(args) -> int:
 
 
 def shard_dirs(folder: Path) -> list:
-    """The shard artifacts downloaded into ``folder`` (one subfolder each)."""
+    """The shard artifacts downloaded into ``folder``: one subfolder each,
+    or ``folder`` itself when it is the one shard (download-artifact
+    extracts a single matching artifact into its path directly)."""
+    if list(Path(folder).glob("shard-*of*.json")):
+        return [Path(folder)]
     dirs = sorted(p for p in Path(folder).iterdir() if p.is_dir() and not p.name.startswith("."))
     if not dirs:
         raise StageError(f"{folder} holds no shard folder (download the shard artifacts into it)", 2)

@@ -8,8 +8,8 @@ what a step writes stays in the workspace) and runs its steps:
 
 - ``run:`` is executed as written, with bash (GitHub's ``bash -e {0}``), in
   the workspace, with the workflow's, job's and step's ``env`` (their
-  ``${{ }}`` expressions evaluated), ``python`` on PATH the bare interpreter
-  (setup-python's), the ``GITHUB_*`` variables of a tag push
+  ``${{ }}`` expressions evaluated), ``python`` on PATH an interpreter with
+  nothing installed (setup-python's), the ``GITHUB_*`` variables of a tag push
   and a ``GITHUB_OUTPUT`` file whose ``name=value`` lines become the step's
   outputs. Two steps are stood in for, by name in ``STAND_INS``, each with
   its reason: ``ci/bootstrap.sh`` (ci/test.sh ran it before pytest started:
@@ -92,12 +92,13 @@ class Run:
     def __post_init__(self):
         self.artifacts = self.root / "artifacts"
         self.artifacts.mkdir(parents=True, exist_ok=True)
-        self.bin = self.root / "bin"  # setup-python: `python` is a bare interpreter (no venv: what it gives)
-        self.bin.mkdir(exist_ok=True)
-        for name in ("python", "python3"):
-            link = self.bin / name
-            if not link.exists():
-                link.symlink_to(Path(getattr(sys, "_base_executable", sys.executable)).resolve())
+        # setup-python: `python` is an interpreter with the standard library and nothing installed (a venv
+        # of the base interpreter without pip), as a job that runs no ci/bootstrap.sh has
+        bare = self.root / "setup-python"
+        if not (bare / "bin" / "python").exists():
+            subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip",
+                            str(bare)], check=True, timeout=120)
+        self.bin = bare / "bin"
 
     # ------------------------------------------------------------ expressions
 
@@ -188,7 +189,7 @@ class Run:
                 (ws / entry).symlink_to(REPO / entry)
             (ws / ".venv").symlink_to(Path(sys.prefix))  # ci/bootstrap.sh's venv: the one running the suite
         elif action == "actions/setup-python":
-            pass  # PATH starts with self.bin (this interpreter)
+            pass  # PATH starts with self.bin (an interpreter with nothing installed)
         elif action == "actions/cache/restore":
             target = ws / with_["path"]
             if not target.exists():
@@ -264,10 +265,10 @@ class Run:
         target = ws / with_.get("path", ".")
         if "name" in with_:
             chosen = [self.artifacts / with_["name"]]
-            merge = True
         else:
             chosen = sorted(p for p in self.artifacts.iterdir() if fnmatch.fnmatch(p.name, with_["pattern"]))
-            merge = with_.get("merge-multiple", False)
+        # download-artifact v8: one folder an artifact, unless by name, merge-multiple, or one artifact matched
+        merge = "name" in with_ or with_.get("merge-multiple", False) or len(chosen) == 1
         assert chosen and all(c.is_dir() for c in chosen), f"no artifact for {with_}"
         for art in chosen:
             shutil.copytree(art, target if merge else target / art.name, dirs_exist_ok=True)

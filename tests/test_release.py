@@ -217,6 +217,16 @@ def test_a_wrong_tag_fails_before_anything_is_built(tmp_path, doc):
     assert r.returncode == 0 and "nothing to check" in r.stdout
 
 
+def test_merge_takes_one_folder_a_shard_or_the_one_shard_itself(tmp_path):
+    for i in (0, 1):
+        (tmp_path / "many" / f"shard-gfx950-{i}").mkdir(parents=True)
+    assert release.shard_dirs(tmp_path / "many") == [tmp_path / "many" / f"shard-gfx950-{i}" for i in (0, 1)]
+    one = tmp_path / "one"  # download-artifact extracts a single matching artifact into its path
+    (one / "gfx950").mkdir(parents=True)
+    (one / "shard-gfx950-0of1.json").write_text("{}")
+    assert release.shard_dirs(one) == [one]
+
+
 def test_github_outputs_round_trip(tmp_path):
     out = tmp_path / "o"
     release.write_outputs({"key": "k", "restore-keys": "a-\nb-"}, str(out))
