@@ -16,9 +16,12 @@ the room and key or folder named:
   shard that holds a key its plan did not give it, or a shard with no plan.
 
 Each shard room's ``verified.json`` (proofs against vLLM's JIT, written by
-``dsv41-aot verify --against-jit --record``) is merged too, keeping the proofs
-of the merged objects; ``--require-verified`` refuses a key of any room
-without one.
+``dsv41-aot verify --against-jit --record``; read through its one parser,
+``room.Proof``: an unreadable one is refused, naming it) is merged too,
+keeping the proofs of the merged objects; ``--require-verified`` refuses a
+key of any room without a proof that matches its entry and carries what only
+a JIT run produced (a proof of the old format, or copied from the manifest,
+carries none).
 
 The result is what one build of all the keys writes: each room's manifest
 through dsv41_aot.manifest (sorted, so same entries, same bytes), each object
@@ -45,10 +48,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
-from dsv41_aot.aot.jit import VERIFIED, read_verified, write_verified  # noqa: E402
+from dsv41_aot.aot.jit import VERIFIED, write_verified  # noqa: E402
 from dsv41_aot.aot.link import link_room  # noqa: E402
 from dsv41_aot.facts.releases import release_facts, version_order  # noqa: E402
-from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest, room_dir, rooms  # noqa: E402
+from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest, rooms  # noqa: E402
+from dsv41_aot.room import NO_EVIDENCE, PROVEN, Room  # noqa: E402
 from ci.build_shard import pairs  # noqa: E402
 
 
@@ -110,18 +114,27 @@ def _check_plans(arch: str, plans: list, held: dict, held_by: dict) -> None:
 
 
 def _proofs(room: str, rooms: list, entries: dict, require: bool) -> dict:
-    """The shard rooms' verified.json records of the merged entries' code objects."""
+    """The shard rooms' proofs (room.Proof, key -> KeyProof) of the merged
+    entries' code objects, a proof with JIT-only evidence preferred."""
     proofs: dict = {}
-    for rdir in rooms:
-        for key, rec in read_verified(rdir).items():
-            if key in entries and rec["code_object_sha256"] == entries[key]["code_object_sha256"]:
-                proofs[key] = rec
-    missing = sorted(set(entries) - set(proofs))
-    if require and missing:
-        raise MergeError(f"room {room}: {len(missing)} key(s) carry no proof against vLLM's JIT ({VERIFIED}), "
-                         f"e.g. {missing[0]}",
-                         fix="rerun its shard with ci/build_shard.py (it verifies), or: dsv41-aot verify --against-jit"
-                             " --record --dir SHARD")
+    for r in rooms:
+        for key, p in r.proof().keys.items():
+            state = p.verdict(entries[key]) if key in entries else None
+            if state == PROVEN or (state == NO_EVIDENCE and key not in proofs):
+                proofs[key] = p
+    if require:
+        bare = sorted(k for k, p in proofs.items() if p.verdict(entries[k]) == NO_EVIDENCE)
+        missing = sorted(set(entries) - set(proofs))
+        shard = str(rooms[0].root) if len(rooms) == 1 else "SHARD"  # every shard of the room
+        fix = (f"rerun its shard with ci/build_shard.py (it verifies), or: dsv41-aot verify --against-jit --record "
+               f"--dir {shard} --release {rooms[0].release}")
+        if missing:
+            raise MergeError(f"room {room}: {len(missing)} key(s) carry no proof against vLLM's JIT ({VERIFIED}), "
+                             f"e.g. {missing[0]}", fix=fix)
+        if bare:
+            raise MergeError(f"room {room}: {len(bare)} key(s) carry a proof without evidence only a JIT run "
+                             f"produced (the old format of {VERIFIED}, or copied from the manifest), e.g. {bare[0]}",
+                             fix=fix)
     return proofs
 
 
@@ -154,7 +167,7 @@ def _merge_room(arch: str, release: str, adirs: list, held: dict, held_by: dict,
         raise MergeError(f"room {room}: shards built from {len(sources)} source identities (e.g. {ex[0]} from "
                          f"{origin[ex[0]]}, {ex[1]} from {origin[ex[1]]})",
                          fix=f"rebuild every shard from one vLLM {release} / FlyDSL (ci/build_shard.py), then merge")
-    proofs = _proofs(room, [room_dir(a, release) for a in adirs], entries, require_verified)
+    proofs = _proofs(room, [Room(a.parent, arch, release) for a in adirs], entries, require_verified)
     return entries, abis, origin, timings, proofs
 
 
@@ -199,8 +212,9 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, requir
                 man.write()
                 if proofs:
                     write_verified(man, proofs)
+                proven = sum(p.verdict(entries[k]) == PROVEN for k, p in proofs.items())
                 arch_summary["rooms"][release] = {"keys": len(entries), "shards": len(by_room[arch, release]),
-                                                  "verified": len(proofs)}
+                                                  "verified": proven, "without_evidence": len(proofs) - proven}
             arch_summary["keys"] = sum(r["keys"] for r in arch_summary["rooms"].values())
             if link:  # every room's manifest is written first: the bands are the arch's, shared by its rooms
                 for release in by_release:
@@ -212,7 +226,10 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, requir
     if log:
         for arch, a in summary["arches"].items():
             for release, r in a["rooms"].items():
-                log(f"{arch} vLLM {release}: {r['keys']} keys from {r['shards']} shard(s), {r['verified']} verified")
+                bare = f" ({r['without_evidence']} more of the old format, without JIT evidence)" \
+                    if r["without_evidence"] else ""
+                log(f"{arch} vLLM {release}: {r['keys']} keys from {r['shards']} shard(s), {r['verified']} verified"
+                    + bare)
             if link:
                 log(f"{arch}: linked")
     return summary

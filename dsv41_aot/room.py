@@ -3,9 +3,10 @@ one arch, and the one judge of whether it can serve.
 
 A room owns its paths (manifest.json, libs.json, timings.json, verified.json
 in its folder; the arch's ``objects/`` and ``lib/``, shared with the arch's
-other rooms), reads manifest.json and libs.json once each through one strict
-parser each (``Manifest.read``; :meth:`LinkRecord.parse`, which also reads a
-wheel's bytes), and answers :meth:`Room.problems`: every problem it can
+other rooms), reads manifest.json, libs.json and verified.json once each
+through one strict parser each (``Manifest.read``; :meth:`LinkRecord.parse`,
+which also reads a wheel's bytes; :meth:`Proof.parse`), and answers
+:meth:`Room.problems`: every problem it can
 have, typed, each naming its file (and key) and carrying the command that
 fixes it. Everything that reads a room asks it:
 
@@ -31,6 +32,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from .errors import AotError, IntegrityError, ManifestError
@@ -133,6 +135,164 @@ class LinkRecord:
         return cls(arch, release, tuple(bands), band_of)
 
 
+# ---------------------------------------------------------------- verified.json
+
+
+PROOF_VERSION = 2  # 2: each proof carries its JIT run's evidence (null: a version-1 proof kept); 1: none
+# what a key's proof says of its current manifest entry (Proof.verdict)
+PROVEN = "proven"  # same code object and vLLM sources, and evidence only a JIT run produced
+NO_EVIDENCE = "no_evidence"  # same code object, but nothing a JIT run alone produced (version 1, or copied)
+STALE = "stale"  # a proof of another code object (rebuilt since) or of other vLLM sources
+PROOF_STATES = (PROVEN, NO_EVIDENCE, STALE)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What only the JIT run that made a proof produced (``aot/jit.py``'s
+    worker): the sha256 of the artifact FlyDSL's JIT wrote to its own disk
+    cache, the sha256 of that compile's FlyDSL cache key, and when it ran.
+    Nothing in the manifest holds them, so a proof copied from the manifest
+    cannot carry them."""
+
+    artifact_sha256: str
+    cache_key_sha256: str
+    at: str  # UTC, ISO 8601 ("2026-03-01T12:00:00Z")
+
+    def as_dict(self) -> dict:
+        return {"artifact_sha256": self.artifact_sha256, "cache_key_sha256": self.cache_key_sha256, "at": self.at}
+
+
+@dataclass(frozen=True)
+class KeyProof:
+    """One key's proof: vLLM's JIT built ``code_object_sha256`` (the code
+    object the room's entry was byte-identical to), under ``jit`` (the JIT
+    worker's identity: release, vllm_version, mono_sources, mono_dir,
+    flydsl_version), with ``evidence`` of that run (None: a proof of the
+    old format, recorded before proofs carried any)."""
+
+    key: str
+    code_object_sha256: str
+    jit: dict = field(hash=False)
+    evidence: Evidence | None = None
+
+    def as_dict(self) -> dict:
+        return {"code_object_sha256": self.code_object_sha256, "jit": dict(self.jit),
+                "evidence": self.evidence.as_dict() if self.evidence else None}
+
+    def verdict(self, entry: dict) -> str:
+        """PROVEN, NO_EVIDENCE or STALE against a manifest entry of its key."""
+        source = entry.get("source") or {}
+        if self.code_object_sha256 != entry.get("code_object_sha256"):
+            return STALE
+        if any(f in self.jit and self.jit[f] != source.get(f) for f in ("mono_sources", "flydsl_version")):
+            return STALE
+        ev = self.evidence
+        if ev is None or {ev.artifact_sha256, ev.cache_key_sha256} & {entry.get("sha256"), self.code_object_sha256}:
+            return NO_EVIDENCE  # nothing, or the manifest's own digests passed off as the JIT's
+        return PROVEN
+
+
+@dataclass(frozen=True)
+class Proof:
+    """A room's verified.json: per key, its proof against vLLM's JIT
+    (written by ``dsv41-aot verify --against-jit --record``, carried by
+    ``ci/merge.py``; the loader never reads it)."""
+
+    arch: str
+    release: str
+    keys: dict  # key -> KeyProof
+    version: int = PROOF_VERSION
+
+    @classmethod
+    def parse(cls, data: bytes, where: str, arch: str, release: str, fix: str) -> "Proof":
+        """The one parser of verified.json: ManifestError naming ``where``
+        for anything but a version-1 or -2 record of ``arch`` / ``release``
+        whose proofs name keys of the arch, well-formed digests, a JIT of the
+        room's release and (version 2) its evidence or null. Version 1 (every
+        proof without evidence) stays readable: its proofs count as
+        NO_EVIDENCE until proven again."""
+        try:
+            doc = json.loads(data)
+        except ValueError as e:
+            raise ManifestError(f"{where}: malformed JSON ({e})", fix=fix) from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("keys"), dict):
+            raise ManifestError(f"{where}: not a dsv41-aot proof record (verified.json)", fix=fix)
+        version = doc.get("version")
+        if type(version) is not int or version not in (1, PROOF_VERSION):
+            raise ManifestError(f"{where}: proof record version {version!r}, this dsv41-aot reads 1 and "
+                                f"{PROOF_VERSION}", fix=fix)
+        if doc.get("arch") != arch or doc.get("release") != release:
+            raise ManifestError(f"{where}: proof record for {doc.get('arch')!r} vLLM {doc.get('release')!r} in the "
+                                f"{arch} vLLM {release} folder", fix=fix)
+        keys = {}
+        for key, rec in doc["keys"].items():
+            what = f"{where}: proof of {key}"
+            if f"@{arch}:" not in key:
+                raise ManifestError(f"{what}: not a key of {arch}", fix=fix)
+            if not isinstance(rec, dict) or not isinstance(rec.get("code_object_sha256"), str) \
+                    or not _SHA_RE.fullmatch(rec["code_object_sha256"]) or not isinstance(rec.get("jit"), dict):
+                raise ManifestError(f"{what}: code_object_sha256 / jit missing or malformed", fix=fix)
+            jit = rec["jit"]
+            if "release" in jit and jit["release"] != release:
+                raise ManifestError(f"{what}: proven against vLLM {jit['release']!r}'s JIT, in the vLLM {release} "
+                                    f"folder", fix=fix)
+            evidence = None
+            if version == 1:
+                if set(rec) != {"code_object_sha256", "jit"}:
+                    raise ManifestError(f"{what}: fields {sorted(rec)} are not a version-1 proof's", fix=fix)
+            else:
+                if set(rec) != {"code_object_sha256", "jit", "evidence"}:
+                    raise ManifestError(f"{what}: fields {sorted(rec)} are not a version-{version} proof's", fix=fix)
+                if jit.get("release") != release or not all(isinstance(jit.get(f), str) for f in (
+                        "vllm_version", "mono_sources", "flydsl_version")):
+                    raise ManifestError(f"{what}: jit must name its release, vllm_version, mono_sources and "
+                                        f"flydsl_version", fix=fix)
+                if rec["evidence"] is not None:
+                    evidence = _evidence(rec["evidence"], rec["code_object_sha256"], what, fix)
+            keys[key] = KeyProof(key, rec["code_object_sha256"], dict(jit), evidence)
+        return cls(arch, release, keys, version)
+
+    def to_bytes(self) -> bytes:
+        """verified.json as written: always this version, keys sorted."""
+        doc = {"version": PROOF_VERSION, "arch": self.arch, "release": self.release,
+               "keys": {k: self.keys[k].as_dict() for k in sorted(self.keys)}}
+        return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+
+    def verdict(self, key: str, entry: dict) -> str | None:
+        """What ``key``'s proof says of its current manifest ``entry`` (None: no proof)."""
+        p = self.keys.get(key)
+        return p.verdict(entry) if p else None
+
+    def counts(self, entries: dict) -> dict:
+        """How many of ``entries`` (key -> manifest entry) carry a proof of
+        each state, and how many none (``unproven``)."""
+        out = dict.fromkeys(PROOF_STATES, 0)
+        for key, e in entries.items():
+            state = self.verdict(key, e)
+            if state:
+                out[state] += 1
+        return dict(keys=len(entries), **out, unproven=len(entries) - sum(out.values()))
+
+
+def _evidence(ev, code_sha: str, what: str, fix: str) -> Evidence:
+    if not isinstance(ev, dict) or set(ev) != {"artifact_sha256", "cache_key_sha256", "at"} \
+            or not all(isinstance(ev[f], str) and _SHA_RE.fullmatch(ev[f]) for f in ("artifact_sha256",
+                                                                                      "cache_key_sha256")) \
+            or not isinstance(ev["at"], str):
+        raise ManifestError(f"{what}: evidence must be artifact_sha256, cache_key_sha256 (sha256 digests) and at",
+                            fix=fix)
+    try:
+        when = datetime.fromisoformat(ev["at"].replace("Z", "+00:00"))
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise ManifestError(f"{what}: evidence time {ev['at']!r} is not a UTC ISO 8601 time", fix=fix)
+    if code_sha in (ev["artifact_sha256"], ev["cache_key_sha256"]):
+        raise ManifestError(f"{what}: its evidence repeats the code object's sha256: not what a JIT run produced",
+                            fix=fix)
+    return Evidence(ev["artifact_sha256"], ev["cache_key_sha256"], ev["at"])
+
+
 # ---------------------------------------------------------------- problems
 
 
@@ -177,6 +337,17 @@ class Room:
         self.verified_path = self.dir / VERIFIED
         self._manifest: Manifest | None = None
         self._links: LinkRecord | None = None
+        self._proof: Proof | None = None
+
+    @classmethod
+    def at(cls, folder: Path) -> "Room":
+        """The room whose folder is ``folder`` (``<root>/<arch>/vllm-<release>``)."""
+        folder = Path(folder)
+        m = ROOM_RE.fullmatch(folder.name)
+        if not m:
+            raise ManifestError(f"{folder} is not a room folder (<arch>/vllm-<release>)",
+                                fix="name the folder of one vLLM release's keys, <dir>/<arch>/vllm-<release>")
+        return cls(folder.parent.parent, folder.parent.name, m.group(1))
 
     def __repr__(self) -> str:
         return f"Room({self.arch}/vllm-{self.release} in {self.root})"
@@ -201,6 +372,18 @@ class Room:
     @property
     def build_cmd(self) -> str:
         return f"dsv41-aot build --arch {self.arch} --release {self.release} --out {self.root}"
+
+    @property
+    def prove_cmd(self) -> str:
+        """Proves the room's keys against vLLM's JIT again and rewrites its
+        verified.json (an unreadable one is set aside first)."""
+        return f"dsv41-aot verify --against-jit --record --dir {self.root} --release {self.release}"
+
+    @property
+    def fix_proof(self) -> str:
+        """Prove it again where it was built (objects/ present: the JIT is
+        compared with them), else reinstall the wheel."""
+        return self.prove_cmd if self.built_here else REINSTALL
 
     @property
     def fix_relink(self) -> str:
@@ -229,6 +412,17 @@ class Room:
                                     fix=self.fix_relink) from None
             self._links = LinkRecord.parse(data, str(self.libs_path), self.arch, self.release, self.fix_relink)
         return self._links
+
+    def proof(self) -> Proof:
+        """The room's verified.json (an empty record when there is none)."""
+        if self._proof is None:
+            try:
+                data = self.verified_path.read_bytes()
+            except FileNotFoundError:
+                self._proof = Proof(self.arch, self.release, {})
+            else:
+                self._proof = Proof.parse(data, str(self.verified_path), self.arch, self.release, self.fix_proof)
+        return self._proof
 
     def band_path(self, band: Band) -> Path:
         """The band's path, which must resolve to a file directly inside the
@@ -264,11 +458,13 @@ class Room:
 
     # the verdict
 
-    def problems(self, *, bands: bool = True, objects: bool = True) -> list[Problem]:
+    def problems(self, *, bands: bool = True, objects: bool = True, proof: bool = True) -> list[Problem]:
         """Every problem of this room: the manifest's, the link record's
         against it, each band's (``bands``: read, decompressed and checked
         to export its keys' entries), the stored objects' (``objects``;
-        builder-only problems). Empty for a sound room."""
+        builder-only problems), an unreadable verified.json (``proof``; a
+        builder's problem too: the loader never reads it). Empty for a
+        sound room."""
         if not self.known:
             return []
         try:
@@ -277,6 +473,8 @@ class Room:
             return [Problem("manifest", str(e).split("\n  fix: ")[0], str(self.manifest_path),
                             e.fix if self.built_here else REINSTALL)]
         out = self._source_problems(man)
+        if proof:
+            out += self.proof_problems()
         if not self.libs_path.is_file() and not man.entries:
             return out  # nothing built here (only refused keys): nothing to link or load
         try:
@@ -317,6 +515,14 @@ class Room:
                                            f"key under the wrong band", str(self.libs_path), self.fix_relink,
                                    key=key, band=band.file))
         return out
+
+    def proof_problems(self) -> list[Problem]:
+        """An unreadable verified.json (its fix proves the room again)."""
+        try:
+            self.proof()
+        except ManifestError as e:
+            return [Problem("proof", str(e).split("\n  fix: ")[0], str(self.verified_path), e.fix, serving=False)]
+        return []
 
     def object_problems(self, man: Manifest) -> list[Problem]:
         """Stored objects missing or altered: a builder's problem (the room

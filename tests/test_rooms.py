@@ -3,7 +3,8 @@
 - A room of a release this dsv41-aot does not know (written by a newer one)
   survives build, link and verify byte for byte, with every object and band
   it names, and list / verify say it is there.
-- Nothing but the room's parsers reads libs.json or manifest.json.
+- Nothing but the room's parsers reads libs.json, manifest.json or
+  verified.json.
 """
 
 from __future__ import annotations
@@ -61,12 +62,12 @@ def _reads(tree: ast.AST) -> list[str]:
 
 
 def test_only_the_rooms_parsers_read_libs_json_and_manifest_json():
-    """Every module that names libs.json or manifest.json as a file to read
-    is the room's (room.py: LinkRecord.parse; manifest.py: Manifest.parse,
-    and LIBS_JSON / MANIFEST, the names the others import), and nobody else
-    json-loads them: each other use of the constants is a path, never a
-    parse. Checked on the syntax tree: a json.load(s) call whose argument
-    mentions LIBS_JSON / MANIFEST / "libs.json" / "manifest.json"."""
+    """Every module that names libs.json, manifest.json or verified.json as
+    a file to read is the room's (room.py: LinkRecord.parse, Proof.parse;
+    manifest.py: Manifest.parse, and LIBS_JSON / MANIFEST / VERIFIED, the
+    names the others import), and nobody else json-loads them: each other
+    use of the constants is a path, never a parse. Checked on the syntax
+    tree: a json.load(s) call whose argument mentions one of them."""
     owners = {PKG / "room.py", PKG / "manifest.py"}
     offenders = []
     for path in sorted(list(PKG.rglob("*.py")) + list((REPO / "ci").glob("*.py")) + list((REPO / "bench").glob("*.py"))):
@@ -78,7 +79,7 @@ def test_only_the_rooms_parsers_read_libs_json_and_manifest_json():
                     and getattr(node.func.value, "id", None) == "json":
                 text = ast.unparse(node)
                 if any(name in text for name in ("LIBS_JSON", "MANIFEST", "libs.json", "manifest.json", "libs_path",
-                                                 "manifest_path")):
+                                                 "manifest_path", "VERIFIED", "verified.json", "verified_path")):
                     offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {text}")
     assert offenders == []
 

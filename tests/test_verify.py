@@ -61,8 +61,9 @@ def test_against_jit_passes_on_smoke(copy):
     for arch, release in {(k.arch, k.release) for k in SMOKE}:
         recs = jit.read_verified(room_dir(copy / arch, release))
         assert set(recs) == {str(k) for k in SMOKE if (k.arch, k.release) == (arch, release)}
-        assert {r["jit"]["mono_sources"] for r in recs.values()} == {m.releases[release].mono_sources}
-        assert {r["jit"]["release"] for r in recs.values()} == {release}
+        assert {r.jit["mono_sources"] for r in recs.values()} == {m.releases[release].mono_sources}
+        assert {r.jit["release"] for r in recs.values()} == {release}
+        assert all(r.evidence is not None for r in recs.values())  # what only the JIT run produced
     assert not (copy / "gfx950" / jit.VERIFIED).exists()
 
 

@@ -9,6 +9,7 @@ worker stopped with SIGSTOP, a killed build a real SIGKILL.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -185,9 +186,9 @@ def test_verify_on_two_jobs_proves_every_smoke_key(smoke, tmp_path):
         recs = jit.read_verified(room(d, arch_dir.name, release))
         assert set(recs) == set(man.entries)
         for k, rec in recs.items():
-            assert rec["code_object_sha256"] == man.entries[k]["code_object_sha256"]
+            assert rec.code_object_sha256 == man.entries[k]["code_object_sha256"]
             # each release proven against its own vLLM's JIT
-            assert rec["jit"]["vllm_version"] == man.entries[k]["source"]["vllm_version"] == release
+            assert rec.jit["vllm_version"] == man.entries[k]["source"]["vllm_version"] == release
         proven |= {(release, k) for k in recs}
     assert sorted(proven) == SMOKE_ALL
     assert runs(tmp_path) == []
@@ -242,12 +243,18 @@ def test_merge_carries_the_proofs_and_can_require_them(smoke, tmp_path):
     from ci import merge
     from ci.prebuilt import check_arch
 
+    from dsv41_aot.room import Evidence, KeyProof
+
     d = Path(shutil.copytree(smoke, tmp_path / "shard"))
     recs = {}
     for arch_dir, release in rooms(d):
         man = Manifest.read(arch_dir, release=release)
-        recs[arch_dir.name, release] = {
-            k: {"code_object_sha256": e["code_object_sha256"], "jit": {"vllm_version": release}}
+        recs[arch_dir.name, release] = {  # well formed, with (made-up) evidence of a JIT run
+            k: KeyProof(k, e["code_object_sha256"],
+                        {"release": release, "vllm_version": release, "mono_sources": e["source"]["mono_sources"],
+                         "flydsl_version": e["source"]["flydsl_version"]},
+                        Evidence(hashlib.sha256(k.encode()).hexdigest(), hashlib.sha256(k.encode() * 2).hexdigest(),
+                                 "2026-01-02T03:04:05Z"))
             for k, e in man.entries.items()}
         jit.write_verified(man, recs[arch_dir.name, release])
     unproven = sorted(recs["gfx942", "0.33.0"])[0]

@@ -33,7 +33,7 @@ from .compiler import worker_env
 from ..errors import AotError, IntegrityError, ManifestError, OutputDirError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write, sha256_file
-from ..room import orphan_objects
+from ..room import STALE, Room, orphan_objects
 from .lock import arch_lock
 from .residency import spill_notes
 from .workers import check_jobs, check_key_timeout
@@ -59,6 +59,9 @@ class Summary:
     # {"key", "release", "scratch_bytes", "vgpr_spills", "sgpr_spills"}
     spills: list = field(default_factory=list)
     recovered: list = field(default_factory=list)  # corrupt manifests set aside: recover.recover's reports
+    # per built room holding a verified.json: how many of its keys carry a
+    # proof matching their entry (room.Proof.counts), or its "error"
+    proofs: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         """The --json summary (aot/output.py's vocabulary)."""
@@ -75,6 +78,7 @@ class Summary:
             libraries=self.libraries,
             spills=self.spills,
             recovered=self.recovered,
+            proofs=self.proofs,
         )
 
 
@@ -292,6 +296,30 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         for st in states.values():
             if st.manifest.entries:
                 summary.libraries += link_room(st.dir, st.release)["libraries"]
+    for st in states.values():
+        _proofs_of(st, summary, log)
+
+
+def _proofs_of(st: _RoomState, summary: Summary, log) -> None:
+    """Read the room's verified.json (room.Proof, its one parser) after the
+    build: how many keys still carry a proof matching their entry; a proof
+    the build made stale (a key rebuilt to another code object), or an
+    unreadable file, is a warning naming the command that proves them again.
+    The build never writes it."""
+    room = Room(st.dir.parent, st.arch, st.release)
+    if not room.verified_path.is_file():
+        return
+    head = {"arch": st.arch, "release": st.release}
+    try:
+        counts = room.proof().counts(st.manifest.entries)
+    except ManifestError as e:
+        summary.proofs.append(dict(head, keys=len(st.manifest.entries), error=str(e).split("\n  fix: ")[0]))
+        print(f"warning: {str(e).splitlines()[0]}; fix: {e.fix}", file=log)
+        return
+    summary.proofs.append(dict(head, **counts))
+    if counts[STALE]:
+        print(f"warning: {room.verified_path}: {counts[STALE]} proof(s) against vLLM's JIT are of another code object "
+              f"than their key's entry now (rebuilt); prove them again: {room.prove_cmd}", file=log)
 
 
 def _from_cache(store, st: _RoomState, key: BuildKey) -> bool:

@@ -20,7 +20,11 @@ Layout (``<cache>/v1/``)::
 
     blobs/<sha256>                  bytes, named by their own sha256
     compile/<id[:2]>/<id>.json      {"key", "release", "sha256", "export_bytes", "seconds"}
-    jit/<id[:2]>/<id>.json          {"key", "release", "sha256", "params", "identity", "seconds"}
+    jit/<id[:2]>/<id>.json          {"key", "release", "sha256", "params", "identity", "evidence", "seconds"}
+
+A JIT record keeps its run's evidence (``room.Evidence``: the artifact and
+cache key sha256 FlyDSL's JIT produced, and when), so a proof recorded from
+the cache carries what the JIT run that built it produced.
 
 ``id`` is the sha256 of the identity. Every file is written atomically (a
 blob before the record naming it), so concurrent builders sharing a cache
@@ -135,10 +139,18 @@ class BuildCache:
     # a JIT proof: the GPU code object vLLM's JIT built for the key
 
     def get_jit(self, key: BuildKey, ident: dict) -> tuple[dict, bytes] | None:
-        return self._get("jit", key, ident)
+        """(record, JIT code object) of ``key``, or None; a record without
+        its run's evidence is a miss (the key is JIT-built again)."""
+        hit = self._get("jit", key, ident)
+        if hit is not None and not isinstance(hit[0].get("evidence"), dict):
+            self.hits -= 1
+            return None
+        return hit
 
-    def put_jit(self, key: BuildKey, ident: dict, code: bytes, params: list, identity: dict, seconds: float) -> None:
-        self._put("jit", key, ident, code, params=params, identity=identity, seconds=round(float(seconds or 0), 3))
+    def put_jit(self, key: BuildKey, ident: dict, code: bytes, params: list, identity: dict, evidence: dict,
+                seconds: float) -> None:
+        self._put("jit", key, ident, code, params=params, identity=identity, evidence=evidence,
+                  seconds=round(float(seconds or 0), 3))
 
 
 # ---------------------------------------------------------------- command

@@ -13,6 +13,10 @@ that cache's pickled artifact (its IR's ``gpu.binary``), not from
 ``export_to_c``. The parent compares bytes, kernel name and kernarg layout
 with the prebuilt code object, and the launcher's parameters with the ABI.
 
+The worker also reports what only its run produced (``room.Evidence``: the
+sha256 of that artifact file, of FlyDSL's cache key, and when): a proof in
+verified.json carries it, so a proof copied from the manifest is told apart.
+
 FlyDSL internals are used here (compile without launch, the disk cache's
 file naming): FlyDSL is pinned exactly and tests/test_flydsl_pin.py fails
 loudly when they drift.
@@ -21,7 +25,6 @@ loudly when they drift.
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 from pathlib import Path
 
@@ -30,14 +33,15 @@ from ..errors import AotError
 from ..facts.kinds import kind_facts
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write
+from ..room import VERIFIED, Evidence, KeyProof, Proof, Room
 from .codeobject import code_object_resources
 
 # FlyDSL annotation class name -> the ABI ctype export_to_c records
 CTYPES = {"Int64": "int64", "Int32": "int32"}
-# per room (<arch>/vllm-<release>/), beside manifest.json: per key, the JIT
-# code object it was proven byte-identical to and the vLLM / FlyDSL it was
-# compared under (the loader never reads it)
-VERIFIED = "verified.json"
+# VERIFIED (room.py's): per room (<arch>/vllm-<release>/), beside manifest.json,
+# per key the JIT code object it was proven byte-identical to, the vLLM /
+# FlyDSL it was compared under and the JIT run's evidence (room.Proof; the
+# loader never reads it)
 # a runner method's parameter -> the key field it is given (mono/runner.py)
 RUNNER_ARGS = ("tokens", "ratio", "fold", "index", "experts", "topk")
 
@@ -103,28 +107,36 @@ class VllmJit:
         got = method(*(getattr(key, p) for p in params))
         return got[kind.runner_index] if kind.runner_index is not None else got
 
-    def code_object(self, key: BuildKey) -> tuple[bytes, list]:
-        """The GPU code object FlyDSL's JIT builds for ``key``, and the
-        launcher's parameters as [name, annotation class name]."""
+    def code_object(self, key: BuildKey) -> tuple[bytes, list, dict]:
+        """The GPU code object FlyDSL's JIT builds for ``key``, the
+        launcher's parameters as [name, annotation class name], and the
+        run's evidence (``room.Evidence`` fields: the sha256 of the artifact
+        file FlyDSL's JIT wrote to its disk cache, of its cache key, and the
+        UTC time of the compile)."""
         import inspect
         import pickle
+        from datetime import datetime, timezone
 
         from .compiler import typed_args
 
         launcher = self.launcher(key)
         params = [[p.name, getattr(p.annotation, "__name__", str(p.annotation))]
                   for p in inspect.signature(launcher.func).parameters.values()]
+        at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         launcher._compile_or_execute(typed_args(launcher), {}, execute=False)
         cache_key, _ = launcher._last_compiled
         mgr = launcher.cache_manager
         if mgr is None:
             raise RuntimeError("FlyDSL's disk cache is off: FLYDSL_RUNTIME_CACHE_DIR / ENABLE_CACHE not honoured")
-        pkl = mgr._cache_file(launcher._cache_key_to_str(cache_key))
+        key_text = launcher._cache_key_to_str(cache_key)
+        pkl = mgr._cache_file(key_text)
         if not pkl.is_file():
             raise RuntimeError(f"FlyDSL wrote no cache artifact at {pkl}")
-        with open(pkl, "rb") as f:
-            artifact = pickle.load(f)
-        return gpu_binary(artifact._ir_text), params
+        raw = pkl.read_bytes()
+        artifact = pickle.loads(raw)
+        evidence = {"artifact_sha256": hashlib.sha256(raw).hexdigest(),
+                    "cache_key_sha256": hashlib.sha256(key_text.encode()).hexdigest(), "at": at}
+        return gpu_binary(artifact._ir_text), params, evidence
 
 
 def gpu_binary(ir_text: str) -> bytes:
@@ -155,11 +167,11 @@ def _worker_main(argv: list[str]) -> int:
     arch, release, folder, vllm_root = argv[0], argv[1], Path(argv[2]), argv[3]
 
     def answer(jit: VllmJit, key: BuildKey) -> dict:
-        code, params = jit.code_object(key)
+        code, params, evidence = jit.code_object(key)
         path = folder / f"{key.entry}.jit.co"
         ensure_parent()
         path.write_bytes(code)
-        return {"code": str(path), "params": params}
+        return {"code": str(path), "params": params, "evidence": evidence}
 
     return serve(arch, lambda: VllmJit(arch, release, vllm_root), answer, ready=lambda jit: {"identity": jit.identity},
                  release=release)
@@ -237,30 +249,28 @@ def compare_jit(man: Manifest, key: str, prebuilt: bytes, answer: dict) -> list[
 # ---------------------------------------------------------------- verified.json
 
 
-def read_verified(room: Path) -> dict:
-    """key -> record from a room's ``verified.json`` ({} when absent)."""
-    path = Path(room) / VERIFIED
-    try:
-        doc = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return {}
-    except ValueError as e:
-        raise AotError(f"{path}: malformed JSON ({e})",
-                       fix=f"delete it and rerun: dsv41-aot verify --against-jit --record --dir {Path(room).parents[1]}")
-    return dict(doc.get("keys", {}))
+def read_verified(room) -> dict:
+    """key -> ``room.KeyProof`` of a room's verified.json ({} when absent),
+    through its one parser (``room.Proof.parse``: ManifestError naming the
+    file). ``room``: a ``room.Room`` or its folder."""
+    room = room if isinstance(room, Room) else Room.at(room)
+    return dict(room.proof().keys)
 
 
 def write_verified(man: Manifest, records: dict) -> None:
-    """Write ``records`` (key -> record) to ``man``'s room, keeping only keys
-    whose manifest entry still holds the code object the record proved."""
-    keep = {k: r for k, r in sorted(records.items())
-            if k in man.entries and man.entries[k]["code_object_sha256"] == r["code_object_sha256"]}
-    doc = {"version": 1, "arch": man.arch, "release": man.release, "keys": keep}
-    atomic_write(man.room / VERIFIED, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+    """Write ``records`` (key -> KeyProof) as ``man``'s room's verified.json,
+    keeping only keys whose manifest entry still holds the code object the
+    proof is of."""
+    keep = {k: p for k, p in records.items()
+            if k in man.entries and man.entries[k]["code_object_sha256"] == p.code_object_sha256}
+    atomic_write(man.room / VERIFIED, Proof(man.arch, man.release, keep).to_bytes())
 
 
-def verified_record(code: bytes, identity: dict | None) -> dict:
-    return {"code_object_sha256": hashlib.sha256(code).hexdigest(), "jit": dict(identity or {})}
+def verified_record(key: str, code: bytes, identity: dict | None, evidence: dict) -> KeyProof:
+    """The proof of ``key``: its prebuilt code object ``code`` was what
+    vLLM's JIT built under ``identity`` in the run ``evidence`` describes."""
+    return KeyProof(key, hashlib.sha256(code).hexdigest(), dict(identity or {}),
+                    Evidence(evidence["artifact_sha256"], evidence["cache_key_sha256"], evidence["at"]))
 
 
 if __name__ == "__main__":

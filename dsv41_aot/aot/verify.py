@@ -20,7 +20,16 @@ Per room (``<arch>/vllm-<release>/``: one vLLM release's keys on one arch):
   kernarg layout and launcher parameters are compared with the prebuilt one.
   ``--shard i/N`` checks the keys ``dsv41-aot build --shard i/N`` builds (same
   selection across releases, same partition, same ``--seconds`` files);
-  ``--record`` writes the proof, the room's ``verified.json`` (``jit.VERIFIED``).
+  ``--record`` writes the proof, the room's ``verified.json`` (``room.Proof``:
+  per key the code object, the JIT's identity and its run's evidence; an
+  unreadable one is set aside and written again).
+
+Every room's verified.json is read through its one parser (an unreadable one
+is the room's problem) and ``proofs`` says per room how many keys carry a
+proof matching their current entry: ``proven`` (with evidence only a JIT run
+produced), ``no_evidence`` (the old format, version 1, recorded without any:
+readable, counted apart, a warning names the command that proves them again),
+``stale`` (a proof of another code object), ``unproven`` (none).
 
 Every report and failure carries its key's release.
 """
@@ -40,9 +49,9 @@ from ..errors import AotError, IntegrityError, ManifestError
 from ..facts.releases import NEWEST
 from ..keys import BuildKey
 from ..manifest import OBJECTS, Manifest, rooms_or_error
-from ..room import Room, orphan_objects, rooms_in, rooms_of
+from ..room import NO_EVIDENCE, STALE, Room, orphan_objects, rooms_in, rooms_of
 from .codeobject import code_object_resources, manifest_figures
-from .jit import compare_jit, read_verified, verified_record, write_verified
+from .jit import compare_jit, verified_record, write_verified
 from .output import tally
 from .residency import residency_problems
 
@@ -231,7 +240,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         todo = [k for k in todo if k not in cached]
         for why in store.dropped:
             print(f"warning: {why}", file=sys.stderr)
-    proofs = {room: read_verified(man.room) for room, man in mans.items()} if record else {}
+    proofs = {room: _proofs_to_record(man) for room, man in mans.items()} if record else {}
     bar = None
     if progress and (todo or hits):
         from tqdm import tqdm
@@ -246,11 +255,13 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         rep.jit_cached = bool(msg.get("cached"))
         if store is not None and msg.get("ok") and not msg.get("cached"):
             store.put_jit(key, idents[key.release], Path(msg["code"]).read_bytes(), msg["params"],
-                          msg.get("identity") or {}, msg.get("seconds"))
+                          msg.get("identity") or {}, msg.get("evidence"), msg.get("seconds"))
         rep.problems += compare_jit(man, str(key), code, msg)
+        if "error" not in msg and not isinstance(msg.get("evidence"), dict):
+            rep.problems.append("the JIT answer carries no evidence of its run (artifact / cache key sha256, time)")
         if record:
             if rep.ok:
-                proofs[key.room][str(key)] = verified_record(code, msg.get("identity"))
+                proofs[key.room][str(key)] = verified_record(str(key), code, msg.get("identity"), msg["evidence"])
             else:
                 proofs[key.room].pop(str(key), None)
         if bar is not None:
@@ -262,7 +273,8 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
                 path = Path(tmp) / f"{k.entry}.jit.co"
                 path.write_bytes(data)
                 on_answer(k, {"ok": True, "key": str(k), "code": str(path), "params": rec["params"],
-                              "identity": rec.get("identity"), "seconds": rec.get("seconds"), "cached": True})
+                              "identity": rec.get("identity"), "evidence": rec["evidence"],
+                              "seconds": rec.get("seconds"), "cached": True})
         if todo:
             jit.run(todo, on_answer, jobs=jobs, key_timeout=key_timeout, sources=sources)
     finally:
@@ -270,6 +282,46 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
             bar.close()
         for room, recs in proofs.items():
             write_verified(mans[room], recs)
+
+
+def _proofs_to_record(man: Manifest) -> dict:
+    """The proofs ``--record`` starts from: the room's verified.json
+    (through its parser); an unreadable one is set aside (never over an
+    earlier one) and the room's proofs are recorded anew."""
+    from .recover import set_aside
+
+    room = Room(man.dir.parent, man.arch, man.release)
+    try:
+        return dict(room.proof().keys)
+    except ManifestError as e:
+        aside = set_aside(room.verified_path)
+        print(f"warning: {str(e).splitlines()[0]}; set aside as {aside}: the keys proven now are recorded anew",
+              file=sys.stderr)
+        return {}
+
+
+def proof_counts(root: Path, man: Manifest) -> tuple[dict, list, str | None]:
+    """(``proofs`` entry, room problems, warning) of one room's verified.json
+    against its manifest: how many keys carry a proof in each state, or the
+    problem of an unreadable file."""
+    room = Room(root, man.arch, man.release)
+    head = {"arch": man.arch, "release": man.release}
+    bad = room.proof_problems()
+    if bad:
+        return dict(head, keys=len(man.entries), error=bad[0].message), bad, None
+    counts = room.proof().counts(man.entries)
+    notes = []
+    if counts[NO_EVIDENCE]:
+        notes.append(f"{counts[NO_EVIDENCE]} proof(s) carry no evidence only a JIT run produced (verified.json "
+                     f"version 1, written by an older dsv41-aot, or copied)")
+    if counts[STALE]:
+        notes.append(f"{counts[STALE]} proof(s) are of another code object or vLLM source than the manifest's "
+                     f"(rebuilt since)")
+    how = (f"prove them again: {room.prove_cmd}" if room.built_here else
+           f"the room ships without objects/: prove them again where it was built, dsv41-aot verify --against-jit "
+           f"--record --dir BUILT_DIR --release {man.release}")
+    warning = f"{room.verified_path}: {'; '.join(notes)}; {how}" if notes else None
+    return dict(head, **counts), [], warning
 
 
 # ---------------------------------------------------------------- command
@@ -322,7 +374,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
     for man in mans:
         room = Room(root, man.arch, man.release)
         # the room's one verdict (what the loader refuses); stored objects are checked key by key below
-        lib_failures += [dict(p.as_dict(), release=man.release) for p in room.problems(objects=False)]
+        lib_failures += [dict(p.as_dict(), release=man.release) for p in room.problems(objects=False, proof=False)]
         names = [k for k in sorted(man.entries) if wanted is None or BuildKey.parse(k, man.release) in wanted]
         for k in names:
             rep, code = check_entry(man, k)
@@ -336,6 +388,13 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
     if against_jit:
         _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, trees=vllm_src,
                      matrix_path=matrix_path, progress=progress, record=record, cache=cache, reuse=reuse)
+    proofs = []
+    for man in mans:  # after --record wrote them
+        counts, bad, warning = proof_counts(root, man)
+        proofs.append(counts)
+        lib_failures += [dict(p.as_dict(), release=man.release) for p in bad]
+        if warning:
+            warnings[Room(root, man.arch, man.release).verified_path] = warning
     order = list(reports.values())
     failures = [{"key": r.key, "release": r.release, "file": None, "error": "; ".join(r.problems),
                  "fix": _fix_for(r, root)} for r in order if not r.ok] + lib_failures
@@ -343,7 +402,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                  jit_checked=sum(len(v) for v in chosen.values()),
                  jit_cached=sum(r.jit_cached for r in order), jobs=jobs,
                  wall_seconds=round(time.perf_counter() - t0, 3), warnings=list(warnings.values()),
-                 reports=[r.as_dict() for r in order])
+                 proofs=proofs, reports=[r.as_dict() for r in order])
 
 
 def _fix_for(rep: KeyReport, root: Path) -> str:

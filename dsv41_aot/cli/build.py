@@ -79,6 +79,11 @@ def cmd_build(args) -> int:
             f"{summary.up_to_date} up to date, "
             f"{summary.failed} failed in {summary.wall_seconds:.1f} s -> {Path(args.out).resolve()}"
         )
+        for p in summary.proofs:
+            if "error" not in p:
+                print(f"  proofs {p['arch']} vLLM {p['release']}: {p['proven']} of {p['keys']} keys carry a proof "
+                      f"against vLLM's JIT matching their entry ({p['no_evidence']} more of the old format, "
+                      f"{p['stale']} stale)")
         for f in summary.failures:
             print(f"  FAILED {f['key']}: {f['error']}", file=sys.stderr)
     return 1 if summary.failed else 0
@@ -89,28 +94,57 @@ def cmd_list(args) -> int:
     from ..room import Room, rooms_of
 
     root = Path(args.dir)
-    entries = []
+    entries, proofs, warnings = [], [], []
     found = rooms_or_error(root, args.release)
     timings = {}
     for d, release in found:
-        m = Room(root, d.name, release).manifest()
+        room = Room(root, d.name, release)
+        m = room.manifest()
+        proof = _room_proofs(room, m, proofs, warnings)
         for key in sorted(m.entries):
             timings[(release, key)] = m.timings.get(key)
-            entries.append(dict(m.entries[key], release=release, abi=m.abi(key)))
+            entries.append(dict(m.entries[key], release=release, abi=m.abi(key),
+                                proof=proof.verdict(key, m.entries[key]) if proof else None))
     foreign = [f"{r.dir}: vllm-{r.release} is a release this dsv41-aot does not know; left as it is"
                for d in arch_dirs(root) for r in rooms_of(d) if not r.known]
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     if args.json:
-        print_json(tally(len(entries), len(entries), [], dir=str(root.resolve()), entries=entries, foreign=foreign))
+        print_json(tally(len(entries), len(entries), [], dir=str(root.resolve()), entries=entries, foreign=foreign,
+                         proofs=proofs))
         return 0
-    print(f"{'release':8} {'key':44} {'bytes':>8} {'code obj':>8} {'compile s':>9}  symbol")
+    short = {"proven": "jit", "no_evidence": "old", "stale": "stale", None: "-"}
+    print(f"{'release':8} {'key':44} {'bytes':>8} {'code obj':>8} {'compile s':>9} {'proof':>5}  symbol")
     for e in entries:
         secs = timings.get((e["release"], e["key"]))
         secs = f"{secs:9.2f}" if secs is not None else f"{'-':>9}"
-        print(f"{e['release']:8} {e['key']:44} {e['bytes']:8d} {e['code_object_bytes']:8d} {secs}  {e['symbol']}")
+        print(f"{e['release']:8} {e['key']:44} {e['bytes']:8d} {e['code_object_bytes']:8d} {secs} "
+              f"{short[e['proof']]:>5}  {e['symbol']}")
     for line in foreign:
         print(line)
     print(f"{len(entries)} symbols in {root}")
+    for p in proofs:
+        if "error" not in p:
+            print(f"proofs {p['arch']} vLLM {p['release']}: {p['proven']} of {p['keys']} proven against vLLM's JIT "
+                  f"(jit), {p['no_evidence']} of the old format without JIT evidence (old), {p['stale']} stale")
     return 0
+
+
+def _room_proofs(room, man, proofs: list, warnings: list):
+    """The room's verified.json (room.Proof) for list, its counts appended
+    to ``proofs``; None when it is unreadable (a warning naming the file and
+    its fix: list still lists)."""
+    from ..errors import ManifestError
+
+    try:
+        proof = room.proof()
+    except ManifestError as e:
+        warnings.append(str(e).replace("\n  fix: ", "; fix: "))
+        proofs.append({"arch": room.arch, "release": room.release, "keys": len(man.entries),
+                       "error": str(e).split("\n  fix: ")[0]})
+        return None
+    proofs.append({"arch": room.arch, "release": room.release, **proof.counts(man.entries)})
+    return proof
 
 
 def cmd_fetch_vllm(args) -> int:

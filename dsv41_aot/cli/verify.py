@@ -80,6 +80,15 @@ def run(args) -> int:
         libs = [f for f in report["failures"] if f["file"] is not None]
         for f in libs:
             print(f"FAILED {f['file']} (vLLM {f['release']}): {f['error']}")
+        for p in report["proofs"]:
+            if "error" in p:
+                print(f"proofs {p['arch']} vLLM {p['release']}: verified.json unreadable")
+                continue
+            more = "".join(f", {p[f]} {what}" for f, what in (
+                ("no_evidence", "without JIT-only evidence (old format)"), ("stale", "of another code object"))
+                if p[f])
+            print(f"proofs {p['arch']} vLLM {p['release']}: {p['proven']} of {p['keys']} keys carry a proof against "
+                  f"vLLM's JIT matching their entry{more}")
         for w in report["warnings"]:
             print(f"warning: {w}", file=sys.stderr)
         print(f"{report['keys']} keys checked ({report['jit_checked']} against vLLM's JIT, "

@@ -1,0 +1,314 @@
+"""A room's verified.json (room.Proof): the proof that each key's prebuilt
+code object is what vLLM's JIT builds, read by one strict parser everywhere
+(verify, verify --against-jit --record, list, build, ci/merge.py).
+
+- A malformed record, or one of another arch or release, is refused naming
+  the file (exit 1), with a fix that works; ``--record`` sets an unreadable
+  one aside and records anew.
+- Each proof carries what only its JIT run produced (the sha256 of FlyDSL's
+  cache artifact and cache key, and when), the build cache's JIT records
+  too: a proof copied from the manifest carries none and is told apart
+  (``merge --require-verified`` refuses it, ``verify`` counts it apart).
+- Proofs of the old format (version 1, no evidence: the shared deployment's)
+  stay readable and are reported as such, never a failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from _smoke import REPO, copy_of, room
+from dsv41_aot.errors import ManifestError
+from dsv41_aot.facts.releases import NEWEST
+from dsv41_aot.manifest import Manifest, rooms
+from dsv41_aot.room import NO_EVIDENCE, PROVEN, STALE, Evidence, KeyProof, Proof, Room
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from ci import merge  # noqa: E402
+
+SHARED = Path("/work/shared/prebuilt-gfx950-tp4")
+K = "k1@gfx950:s=4,tp=4,r=1"  # the cheapest smoke key to JIT-build
+
+
+def cli(*argv, **kw):
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *map(str, argv)], cwd=REPO, capture_output=True,
+                          text=True, **kw)
+
+
+def forged(man: Manifest, key: str, *, version: int = 2, evidence: dict | None | str = "jit") -> dict:
+    """A proof record of ``key`` as verified.json holds it: version 1 (no
+    evidence), or 2 with made-up JIT evidence (``"jit"``), ``None``, or
+    the given dict."""
+    e = man.entries[key]
+    jit = {"release": man.release, "vllm_version": e["source"]["vllm_version"],
+           "mono_sources": e["source"]["mono_sources"], "flydsl_version": e["source"]["flydsl_version"],
+           "mono_dir": "/somewhere/mono"}
+    rec = {"code_object_sha256": e["code_object_sha256"], "jit": jit}
+    if version == 2:
+        if evidence == "jit":
+            evidence = {"artifact_sha256": hashlib.sha256(f"artifact {key}".encode()).hexdigest(),
+                        "cache_key_sha256": hashlib.sha256(f"cache key {key}".encode()).hexdigest(),
+                        "at": "2026-01-02T03:04:05Z"}
+        rec["evidence"] = evidence
+    return rec
+
+
+def write_proofs(man: Manifest, recs: dict, version: int = 2, **doc) -> Path:
+    path = man.room / "verified.json"
+    path.write_text(json.dumps(dict({"version": version, "arch": man.arch, "release": man.release, "keys": recs},
+                                    **doc)))
+    return path
+
+
+# ---------------------------------------------------------------- the parser
+
+
+def _good(version=2) -> dict:
+    rec = {"code_object_sha256": "a" * 64, "jit": {"release": NEWEST, "vllm_version": NEWEST,
+                                                   "mono_sources": "0123456789abcdef", "flydsl_version": "0.4.2"}}
+    if version == 2:
+        rec["evidence"] = {"artifact_sha256": "b" * 64, "cache_key_sha256": "c" * 64, "at": "2026-01-02T03:04:05Z"}
+    return {"version": version, "arch": "gfx950", "release": NEWEST, "keys": {K: rec}}
+
+
+def _with(change) -> bytes:
+    doc = _good()
+    change(doc)
+    return json.dumps(doc).encode()
+
+
+def _set(path, value):
+    def change(doc):
+        *head, last = path
+        d = doc
+        for p in head:
+            d = d[p]
+        if value is KeyError:
+            del d[last]
+        else:
+            d[last] = value
+    return change
+
+
+BAD = {
+    "not json": b'{"keys": ',
+    "a list": b"[]",
+    "keys a list": json.dumps({"version": 2, "arch": "gfx950", "release": NEWEST, "keys": [K]}).encode(),
+    "no version": _with(_set(["version"], KeyError)),
+    "version 3": _with(_set(["version"], 3)),
+    "other arch": _with(_set(["arch"], "gfx942")),
+    "other release": _with(_set(["release"], "0.32.0")),
+    "key of another arch": _with(lambda d: d["keys"].update({"k1@gfx942:s=4,tp=4,r=1": d["keys"].pop(K)})),
+    "no code_object_sha256": _with(_set(["keys", K, "code_object_sha256"], KeyError)),
+    "short code_object_sha256": _with(_set(["keys", K, "code_object_sha256"], "abc")),
+    "jit of another release": _with(_set(["keys", K, "jit", "release"], "0.32.0")),
+    "no evidence field": _with(_set(["keys", K, "evidence"], KeyError)),
+    "evidence not a digest": _with(_set(["keys", K, "evidence", "artifact_sha256"], "xyz")),
+    "evidence without a time": _with(_set(["keys", K, "evidence", "at"], "yesterday")),
+    "evidence repeating the code object": _with(_set(["keys", K, "evidence", "artifact_sha256"], "a" * 64)),
+    "version 1 with evidence": json.dumps(dict(_good(), version=1)).encode(),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_malformed_proof_record_is_refused_naming_its_file(case):
+    with pytest.raises(ManifestError) as e:
+        Proof.parse(BAD[case], "/d/gfx950/vllm-0.33.0/verified.json", "gfx950", NEWEST, fix="FIX")
+    assert str(e.value).startswith("/d/gfx950/vllm-0.33.0/verified.json: ") and e.value.fix == "FIX"
+    assert e.value.exit_code == 1
+
+
+def test_both_versions_parse_and_say_what_they_prove():
+    v2 = Proof.parse(json.dumps(_good()).encode(), "f", "gfx950", NEWEST, "FIX")
+    v1 = Proof.parse(json.dumps(_good(1)).encode(), "f", "gfx950", NEWEST, "FIX")
+    assert v2.keys[K].evidence == Evidence("b" * 64, "c" * 64, "2026-01-02T03:04:05Z") and v1.keys[K].evidence is None
+    entry = {"sha256": "d" * 64, "code_object_sha256": "a" * 64,
+             "source": {"mono_sources": "0123456789abcdef", "flydsl_version": "0.4.2"}}
+    assert v2.verdict(K, entry) == PROVEN and v1.verdict(K, entry) == NO_EVIDENCE
+    assert v2.verdict(K, dict(entry, code_object_sha256="e" * 64)) == STALE
+    assert v2.verdict(K, dict(entry, source=dict(entry["source"], mono_sources="f" * 16))) == STALE
+    # evidence that is the manifest's own object sha256 is no evidence
+    assert v2.verdict(K, dict(entry, sha256="b" * 64)) == NO_EVIDENCE
+    assert v2.verdict("k2@gfx950:s=4,tp=4,r=1", entry) is None
+    assert v2.counts({K: entry, "k2@gfx950:s=4,tp=4,r=1": entry}) == \
+        {"keys": 2, PROVEN: 1, NO_EVIDENCE: 0, STALE: 0, "unproven": 1}
+    # written back: always the newest version, a version-1 proof kept without evidence
+    again = Proof.parse(Proof("gfx950", NEWEST, {K: v1.keys[K]}).to_bytes(), "f", "gfx950", NEWEST, "FIX")
+    assert again.version == 2 and again.keys[K] == KeyProof(K, "a" * 64, v1.keys[K].jit, None)
+
+
+# ---------------------------------------------------------------- every reader
+
+
+@pytest.fixture
+def copy(smoke_dir, tmp_path) -> Path:
+    return copy_of(smoke_dir, tmp_path / "p")
+
+
+@pytest.mark.parametrize("case", ["a list", "keys a list", "no code_object_sha256", "other arch", "other release"])
+def test_merge_refuses_a_malformed_proof_naming_it(copy, tmp_path, case, capsys):
+    """ci/merge.py reads each shard room's verified.json through the parser:
+    exit 1 naming the file (a traceback before), nothing written."""
+    man = Manifest.read(copy / "gfx950")
+    doc = json.loads(BAD[case]) if case != "no code_object_sha256" else None
+    if doc is None:
+        recs = {k: forged(man, k) for k in man.entries}
+        del recs[K]["code_object_sha256"]
+        doc = {"version": 2, "arch": man.arch, "release": man.release, "keys": recs}
+    elif isinstance(doc, dict) and isinstance(doc.get("keys"), dict):
+        doc["keys"] = {k: forged(man, k) for k in man.entries}
+    path = man.room / "verified.json"
+    path.write_text(json.dumps(doc))
+    code = merge.main([str(copy), "--out", str(tmp_path / "out"), "--no-link"])
+    err = capsys.readouterr().err
+    assert code == 1 and f"{path}: " in err and "Traceback" not in err, err
+    assert f"dsv41-aot verify --against-jit --record --dir {copy} --release {NEWEST}" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_verify_reads_every_rooms_proof(copy):
+    """verify without --against-jit refuses an unreadable verified.json
+    (exit 1, the file and its fix), and reports the other rooms' counts."""
+    path = room(copy, "gfx942") / "verified.json"
+    path.write_text('{"keys": ["k1@gfx942:s=4,tp=4,r=1"]}')
+    proc = cli("verify", "--dir", copy, "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    (bad,) = [f for f in report["failures"] if f["file"] == str(path)]
+    assert bad["fix"] == f"dsv41-aot verify --against-jit --record --dir {copy} --release {NEWEST}"
+    by_room = {(p["arch"], p["release"]): p for p in report["proofs"]}
+    assert set(by_room) == {(d.name, r) for d, r in rooms(copy)}
+    assert "error" in by_room["gfx942", NEWEST]
+    assert by_room["gfx950", NEWEST]["unproven"] == by_room["gfx950", NEWEST]["keys"] > 0
+
+
+def test_record_replaces_an_unreadable_proof_and_verify_counts_per_room(copy):
+    """verify --against-jit --record on a room whose verified.json is `[]`
+    (a traceback before): set aside, the key proven now recorded with its
+    JIT run's evidence, the room's count says 1 proven; the printed fix of
+    the unreadable file is this very command."""
+    path = room(copy, "gfx950") / "verified.json"
+    path.write_text("[]")
+    proc = cli("verify", "--dir", copy, "--against-jit", "--record", "--key", K, "--json", "--jobs", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert path.with_name("verified.json.corrupt").read_text() == "[]" and "set aside" in proc.stderr
+    report = json.loads(proc.stdout)
+    counts = {(p["arch"], p["release"]): p for p in report["proofs"]}[("gfx950", NEWEST)]
+    man = Manifest.read(copy / "gfx950")
+    assert counts == {"arch": "gfx950", "release": NEWEST, "keys": len(man.entries), PROVEN: 1, NO_EVIDENCE: 0,
+                      STALE: 0, "unproven": len(man.entries) - 1}
+    proof = Room(copy, "gfx950", NEWEST).proof()
+    (p,) = proof.keys.values()
+    e = man.entries[K]
+    assert p.key == K and p.code_object_sha256 == e["code_object_sha256"] and proof.verdict(K, e) == PROVEN
+    assert not {p.evidence.artifact_sha256, p.evidence.cache_key_sha256} & {e["sha256"], e["code_object_sha256"]}
+    when = datetime.fromisoformat(p.evidence.at.replace("Z", "+00:00"))
+    assert abs((datetime.now(timezone.utc) - when).total_seconds()) < 24 * 3600  # the session's build cache's run
+    # the text report says it per room too
+    text = cli("verify", "--dir", copy)
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert f"proofs gfx950 vLLM {NEWEST}: 1 of {len(man.entries)} keys carry a proof" in text.stdout
+
+
+def test_proofs_copied_from_the_manifest_are_told_apart(copy, tmp_path):
+    """Proofs made from the manifest's own digests (version 1, or version 2
+    whose "evidence" is the object's sha256) pass no --require-verified and
+    verify counts them apart; proofs carrying JIT evidence pass."""
+    mans = [Manifest.read(d, release=r) for d, r in rooms(copy)]
+    for man in mans:
+        write_proofs(man, {k: forged(man, k, version=1) for k in man.entries}, version=1)
+    with pytest.raises(merge.MergeError, match="without evidence only a JIT run produced"):
+        merge.merge([copy], tmp_path / "refused", link=False, log=None, require_verified=True)
+    report = json.loads(cli("verify", "--dir", copy, "--json").stdout)
+    assert report["failed"] == 0
+    assert all(p[NO_EVIDENCE] == p["keys"] and p[PROVEN] == 0 for p in report["proofs"]), report["proofs"]
+    assert any("carry no evidence only a JIT run produced" in w for w in report["warnings"])
+
+    for man in mans:  # "evidence" that is the manifest's object sha256
+        write_proofs(man, {k: forged(man, k, evidence={"artifact_sha256": e["sha256"], "cache_key_sha256": e["sha256"],
+                                                       "at": "2026-01-02T03:04:05Z"})
+                           for k, e in man.entries.items()})
+    with pytest.raises(merge.MergeError, match="without evidence"):
+        merge.merge([copy], tmp_path / "refused", link=False, log=None, require_verified=True)
+
+    for man in mans:
+        write_proofs(man, {k: forged(man, k) for k in man.entries})
+    s = merge.merge([copy], tmp_path / "ok", link=False, log=None, require_verified=True)
+    for man in mans:
+        assert s["arches"][man.arch]["rooms"][man.release]["verified"] == len(man.entries)
+        got = Room(tmp_path / "ok", man.arch, man.release).proof()
+        assert got.keys == Room(copy, man.arch, man.release).proof().keys
+
+
+def test_list_and_build_read_the_proofs(copy):
+    """list says each key's proof; build says each room's count and warns
+    of a proof its rebuild made stale (here: a proof of another object)."""
+    man = Manifest.read(copy / "gfx950")
+    recs = {k: forged(man, k) for k in man.entries}
+    other = sorted(recs)[0]
+    recs[other]["code_object_sha256"] = "0" * 64
+    old = sorted(recs)[1]
+    recs[old] = forged(man, old, evidence=None)
+    write_proofs(man, recs)
+    doc = json.loads(cli("list", "--dir", copy, "--json").stdout)
+    states = {(e["release"], e["key"]): e["proof"] for e in doc["entries"]}
+    assert states[NEWEST, other] == STALE and states[NEWEST, old] == NO_EVIDENCE
+    assert {states[NEWEST, k] for k in man.entries if k not in (other, old)} == {PROVEN}
+    assert all(v is None for (r, k), v in states.items() if (r, k[k.index("@"):k.index(":")]) != (NEWEST, "@gfx950"))
+    n = len(man.entries)
+    r = cli("build", "--arch", "gfx950", "--release", NEWEST, "--profile", "smoke", "--out", copy, "--json",
+            "--no-progress")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["compiled"] == 0
+    assert s["proofs"] == [{"arch": "gfx950", "release": NEWEST, "keys": n, PROVEN: n - 2, NO_EVIDENCE: 1, STALE: 1,
+                            "unproven": 0}]
+    assert f"{man.room / 'verified.json'}: 1 proof(s) against vLLM's JIT are of another code object" in r.stderr
+
+
+def test_a_cached_jit_result_keeps_its_runs_evidence(copy, tmp_path):
+    """The build cache's JIT record holds the evidence of the run that made
+    it; a proof recorded from the cache carries that run's evidence."""
+    cache = tmp_path / "cache"
+    second = copy_of(copy, tmp_path / "second")
+    got = []
+    for d in (copy, second):
+        proc = cli("verify", "--dir", d, "--against-jit", "--record", "--key", K, "--json", "--cache", cache,
+                   "--jobs", "1")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        got.append((json.loads(proc.stdout)["jit_cached"], Room(d, "gfx950", NEWEST).proof().keys[K]))
+    (first_cached, a), (second_cached, b) = got
+    assert (first_cached, second_cached) == (0, 1)
+    assert a == b and a.evidence is not None
+    (rec,) = [json.loads(p.read_text()) for p in (cache / "v1" / "jit").rglob("*.json")]
+    assert rec["evidence"] == a.evidence.as_dict()
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} (the shared full deployment) is not on this machine")
+def test_the_shared_deployments_old_proofs_are_read_and_reported(tmp_path):
+    """The full gfx950-tp4 deployment's verified.json files are version 1
+    (no evidence): verify passes, counting every key's proof as one without
+    JIT-only evidence and saying so; list says it per key. Nothing migrates
+    them (evidence cannot be made after the fact): proving again does."""
+    d = Path(shutil.copytree(SHARED, tmp_path / "dep"))
+    before = {p: p.read_bytes() for p in d.rglob("verified.json")}
+    proc = cli("verify", "--dir", d, "--json")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    for p in report["proofs"]:
+        assert p[NO_EVIDENCE] == p["keys"] > 0 and (p[PROVEN], p[STALE], p["unproven"]) == (0, 0, 0), p
+    assert sorted(p["release"] for p in report["proofs"]) == ["0.32.0", "0.33.0"]
+    assert sum("carry no evidence only a JIT run produced" in w for w in report["warnings"]) == 2
+    doc = json.loads(cli("list", "--dir", d, "--json").stdout)
+    assert {e["proof"] for e in doc["entries"]} == {NO_EVIDENCE}
+    assert {p: p.read_bytes() for p in d.rglob("verified.json")} == before
