@@ -105,8 +105,12 @@ def identity(src: source.MonoSource, tools: toolchain.Toolchain) -> dict:
 
 
 def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:
+    """The key's entry is what a clean build writes: same source identity,
+    its stored object intact, and whole (``export_bytes``, FlyDSL's
+    unstripped size, is in no stored object: an entry recovered from
+    objects/ lacks it until the key comes from the build cache or compiles)."""
     e = m.entries.get(str(key))
-    if e is None or e.get("source") != ident:
+    if e is None or e.get("source") != ident or type(e.get("export_bytes")) is not int:
         return False
     try:
         m.check_object(str(key))
@@ -135,7 +139,9 @@ class _RoomState:
             summary.recovered.append(report)
             print(f"dsv41-aot build: {str(e).splitlines()[0]}\n  set aside as {report['set_aside']}; "
                   f"{report['recovered']} entries recovered from {self.dir / 'objects'}"
-                  + (f", {len(report['skipped'])} objects not (their keys compile again)" if report["skipped"] else ""),
+                  + (f", {len(report['skipped'])} objects not (their keys compile again)" if report["skipped"] else "")
+                  + ("; no object holds FlyDSL's unstripped export size (export_bytes): the recovered keys are taken "
+                     "from the build cache or compiled again" if report["recovered"] else ""),
                   file=log, flush=True)
         self.pending: collections.deque = collections.deque()
         self.dirty = self.manifest.migrated  # compile seconds still in the manifest: move them out
