@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import REPO, SMOKE_RELEASE_KEYS, room
+from _smoke import REPO, SMOKE_RELEASE_KEYS, copy_of, room
 
 from dsv41_aot.aot import jit, verify
 from dsv41_aot.aot.workers import RUN_PREFIX
@@ -139,6 +139,37 @@ def test_killed_build_leaves_no_live_worker_and_next_run_cleans(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert not run.exists(), "the next run did not remove the killed run's folder"
     assert runs(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", ["build", "link"])
+def test_the_next_lock_holder_removes_a_killed_runs_worker_folder(smoke, tmp_path, command):
+    """A killed build's run folder ($TMPDIR/dsv41-aot-workers-*, its
+    owner.lock held by nobody) is removed by the next command that takes an
+    arch lock, whatever it does: a build that compiles nothing (no worker
+    pool), a link. A live run's folder (its owner.lock held) stays."""
+    import fcntl
+
+    from dsv41_aot.aot.workers import OWNER_LOCK
+
+    d = copy_of(smoke, tmp_path / "p")
+    tmp = tmp_path / "tmp"
+    dead = tmp / f"{RUN_PREFIX}killed"
+    (dead / "gfx950-vllm-0.33.0-0" / "tmp").mkdir(parents=True)
+    (dead / "gfx950-vllm-0.33.0-0" / "worker.log").write_text("dsv41-aot worker 1: k1@gfx950:s=4,tp=4,r=1\n")
+    (dead / OWNER_LOCK).write_text("")  # the flock died with its run
+    live = tmp / f"{RUN_PREFIX}live"
+    live.mkdir()
+    with open(live / OWNER_LOCK, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if command == "build":
+            r = dsv("build", "--profile", "smoke", "--out", d, "--no-progress", "--json", tmp=tmp)
+            assert r.returncode == 0, r.stderr
+            assert json.loads(r.stdout)["compiled"] == 0
+        else:
+            r = dsv("link", "--dir", d, tmp=tmp)
+            assert r.returncode == 0, r.stderr
+        assert not dead.exists(), f"{command} left the killed run's folder"
+        assert live.is_dir() and (live / OWNER_LOCK).is_file()
 
 
 def test_a_hung_compile_times_out_and_the_build_goes_on(tmp_path):

@@ -11,6 +11,10 @@ waiting message.
 Holding the lock makes this process the folder's only writer, so any
 temporary left in it (an ``atomic_write`` temp file, a ``lib/.link-*``
 folder) belongs to a writer that was killed: it is removed on acquiring.
+So are the worker pool's run folders of killed builds and verifies
+(``$TMPDIR/dsv41-aot-workers-*`` whose ``owner.lock`` nobody holds,
+``workers.clean_stale_runs``), whatever the command taking the lock does
+(a build that compiles nothing starts no pool to clean them).
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ def arch_lock(arch_dir: Path, what: str = "build", log=None):
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         remove_leftovers(arch_dir)
+        from .workers import clean_stale_runs
+
+        clean_stale_runs()
         yield
     finally:
         os.close(fd)  # releases the flock

@@ -15,9 +15,10 @@
 - Workers die with this process (``worker.serve`` asks the kernel for SIGKILL
   at the parent's death and checks the parent before every write). Their logs,
   FlyDSL caches and temp files live in one run folder,
-  ``$TMPDIR/dsv41-aot-workers-*``, removed at the end of the run, or by the
-  next run when this one was killed (an ``owner.lock`` flock held for the
-  run's life tells a dead run's folder from a live one's).
+  ``$TMPDIR/dsv41-aot-workers-*``, removed at the end of the run, or, when
+  this one was killed, by the next run or the next command taking an arch
+  lock (``lock.arch_lock``): an ``owner.lock`` flock held for the run's life
+  tells a dead run's folder from a live one's, and it appears already held.
 """
 
 from __future__ import annotations
@@ -96,13 +97,16 @@ def clean_stale_runs(tmp: Path | None = None) -> list[Path]:
 
 
 class RunFolder:
-    """This run's folder under $TMPDIR, locked for the run's life."""
+    """This run's folder under $TMPDIR, locked for the run's life. Its
+    ``owner.lock`` is flocked under another name and renamed into place, so
+    another process's ``clean_stale_runs`` never sees it unheld."""
 
     def __init__(self):
         clean_stale_runs()
         self.path = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
-        self._lock = open(self.path / OWNER_LOCK, "w")
+        self._lock = open(self.path / f".{OWNER_LOCK}.new", "w")
         fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(self.path / f".{OWNER_LOCK}.new", self.path / OWNER_LOCK)
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
