@@ -477,6 +477,27 @@ def test_keys_that_cannot_run_fail_alone(tmp_path):
     assert {f["key"]: f["error"] for f in s["failures"]} == errors and all(f["known"] for f in s["failures"])
 
 
+def test_seconds_without_shard_and_an_unknown_release_exit_2(tmp_path, capsys):
+    """--seconds only balances --shard's shards (verify refuses the same);
+    --release names a release dsv41-aot knows, else "unknown vLLM release"
+    naming the known ones (not "profile selects no key"). Nothing written."""
+    out = tmp_path / "out"
+    seconds = tmp_path / "timings.json"
+    seconds.write_text(json.dumps({CHEAP[0]: 1.0}))
+    for argv in (["build", "--list", "--profile", "smoke", "--seconds", str(seconds)],
+                 ["build", "--key", CHEAP[0], "--seconds", str(seconds), "--out", str(out), "--no-progress"]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "--seconds" in err and "--shard i/N" in err, err
+    for argv in (["build", "--release", "0.99.0", "--out", str(out)],
+                 ["build", "--release", "0.99.0", "--profile", "smoke", "--list"],
+                 ["build", "--release", "0.99.0", "--key", CHEAP[0], "--out", str(out)]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "unknown vLLM release '0.99.0'" in err and NEWEST in err and OLD in err, err
+    assert not out.exists()
+
+
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     blocker = tmp_path / "a-file"

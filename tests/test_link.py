@@ -163,6 +163,25 @@ def test_link_of_a_folder_without_a_build_is_bad_input(tmp_path):
     assert r.returncode == 2 and "dsv41-aot build" in r.stderr
 
 
+@pytest.mark.parametrize("args, words", [(["--arch", "gfx999"], "unknown arch 'gfx999'"),
+                                         (["--release", "0.99.0"], "unknown vLLM release '0.99.0'"),
+                                         (["--arch", "gfx950", "--arch", "gfx999"], "unknown arch 'gfx999'")])
+def test_link_of_an_unknown_arch_or_release_names_the_known_ones(smoke, tmp_path, args, words):
+    """Not "no built room" with a smoke build as the fix: exit 2 naming what
+    dsv41-aot knows; nothing relinked."""
+    from dsv41_aot.facts.arches import ARCHES
+    from dsv41_aot.facts.releases import RELEASES
+
+    d = copy_of(smoke, tmp_path / "p")
+    before = {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
+    r = cli("link", "--dir", d, *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    known = ARCHES if "arch" in words else RELEASES
+    assert words in r.stderr and all(k in r.stderr for k in known), r.stderr
+    assert "no built room" not in r.stderr
+    assert {p: p.read_bytes() for p in d.rglob("*") if p.is_file()} == before
+
+
 # the library's own metadata (read back through dlopen/dlsym) against vLLM's
 # launcher parameters, each side in its own process
 _READ_METADATA = r"""

@@ -236,8 +236,14 @@ def link_dir(root: Path, arches=None, *, release: str | None = None, log=None) -
     """Link every room of a prebuilt directory (or the named arches' / the
     release's), each under its arch lock (aot/lock.py: waits for a build
     writing it)."""
+    from ..facts.arches import arch_facts
+    from ..facts.releases import release_facts
     from .lock import arch_lock
 
+    for a in arches or ():
+        arch_facts(a)  # "unknown arch", naming the known ones (exit 2), not "no built room"
+    if release is not None:
+        release_facts(release)
     found = [(d, r) for d, r in rooms(Path(root), release) if not arches or d.name in arches]
     if not found:
         raise AotError(f"no built room (<arch>/vllm-<release>/manifest.json) under {root}"

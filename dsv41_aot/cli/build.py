@@ -17,6 +17,13 @@ def _selected_keys(args) -> list:
     from ..aot import matrix, shards
     from ..keys import BuildKey, neighbours
 
+    if args.seconds and not args.shard:
+        raise AotError("--seconds only balances the shards of --shard (its files' compile seconds cut them)",
+                       fix="pass it with --shard i/N, or drop --seconds")
+    if args.release:
+        from ..facts.releases import release_facts
+
+        release_facts(args.release)  # an unknown release: "unknown vLLM release", naming the known ones (exit 2)
     m = matrix.load(args.matrix)
     if args.key:
         keys = [BuildKey.parse(k, args.release or m.newest) for k in args.key]
