@@ -436,8 +436,12 @@ def test_identity_change_makes_a_key_stale(tmp_path):
     obj.parent.mkdir(parents=True)
     obj.write_bytes(b"object")
     ident = {"vllm_version": "0.33.0", "mono_sources": "a", "helpers": {}, "flydsl_version": "0.4.2", "linker": "l"}
-    m.put({"key": str(key), "object": "objects/x.o", "bytes": 6, "sha256": sha256_file(obj), "source": ident}, [])
+    m.put({"key": str(key), "object": "objects/x.o", "bytes": 6, "sha256": sha256_file(obj), "source": ident,
+           "export_bytes": 60}, [])
     assert builder.up_to_date(m, key, ident)
+    del m.entries[str(key)]["export_bytes"]  # as a recovery from objects/ leaves it: not a clean build's entry
+    assert not builder.up_to_date(m, key, ident)
+    m.entries[str(key)]["export_bytes"] = 60
     assert not builder.up_to_date(m, key, dict(ident, flydsl_version="0.5.0"))
     assert not builder.up_to_date(m, key, dict(ident, mono_sources="b"))
     assert not builder.up_to_date(m, key, dict(ident, linker="m"))
