@@ -313,14 +313,16 @@ def report(wheel: Path) -> dict:
     offline, with the room's own parsers and nothing else (no auditwheel, no
     FlyDSL, torch or vLLM): per (arch, vLLM release, TP) the keys, their
     kinds and token widths and how many carry a proof against vLLM's JIT
-    (the room's verified.json: a proof counts when it names the code object
-    the room's manifest holds); every band checked against its room's
+    (the room's verified.json, read by its one parser, room.Proof: a proof
+    counts when its verdict on the manifest entry is PROVEN: the same code
+    object and sources, and evidence only a JIT run produced); every band checked against its room's
     libs.json (sha256 of the xz bytes and of the library inside), every key
     linked from its own object into a band that exports its entry, no band
     with a DT_NEEDED. ``problems`` lists what is wrong (empty: the wheel
     holds together); ``unproven`` the keys without a matching proof."""
     from dsv41_aot.errors import AotError
     from dsv41_aot.keys import BuildKey
+    from dsv41_aot.room import NO_EVIDENCE, PROVEN, VERIFIED, Proof
 
     out = {"wheel": Path(wheel).name, "bytes": Path(wheel).stat().st_size, "rooms": [], "bands": [],
            "problems": [], "unproven": []}
@@ -348,14 +350,13 @@ def report(wheel: Path) -> dict:
                     problems.append(f"{base}lib/{band_file}: DT_NEEDED {needed}")
             for release, (man, links) in rooms_.items():
                 where = f"{arch}/vllm-{release}"
-                proofs = {}
-                vpath = f"{base}vllm-{release}/verified.json"
+                proof = Proof(arch, release, {})
+                vpath = f"{base}vllm-{release}/{VERIFIED}"
                 if vpath in names:
-                    try:  # the proof record (aot/jit.py write_verified), not a room file the loader reads
-                        doc = json.loads(z.read(vpath))
-                        proofs = dict(doc.get("keys", {})) if isinstance(doc, dict) else {}
-                    except ValueError as e:
-                        problems.append(f"{vpath}: malformed JSON ({e})")
+                    try:  # its one parser (room.Proof)
+                        proof = Proof.parse(z.read(vpath), vpath, arch, release, "rebuild the wheel from proven rooms")
+                    except AotError as e:
+                        problems.append(str(e).splitlines()[0])
                 linked = {}
                 for band in links.bands:
                     if band.file not in raw:
@@ -372,10 +373,12 @@ def report(wheel: Path) -> dict:
                         problems.append(f"{key} (vLLM {release}): not linked from its object in {where}/libs.json")
                     elif band is not None and band.file in raw and (e["entry"].encode() + b"\0") not in raw[band.file]:
                         problems.append(f"{key} (vLLM {release}): {band.file} does not export {e['entry']}")
-                    rec = proofs.get(key)
-                    proven = isinstance(rec, dict) and rec.get("code_object_sha256") == e.get("code_object_sha256")
+                    state = proof.verdict(key, e)  # PROVEN, NO_EVIDENCE (no JIT-only evidence), STALE or None
+                    proven = state == PROVEN
                     if not proven:
-                        out["unproven"].append(f"{key} (vLLM {release})")
+                        out["unproven"].append(f"{key} (vLLM {release})"
+                                               + (": its proof carries no JIT-only evidence" if state == NO_EVIDENCE
+                                                  else ": its proof names another code object" if state else ""))
                     t = by_tp.setdefault(k.tp, {"keys": 0, "proven": 0, "kinds": {}, "tokens": [k.tokens, k.tokens]})
                     t["keys"] += 1
                     t["proven"] += proven
