@@ -418,11 +418,12 @@ def installed(rehearsal, tmp_path_factory):
 
 @pytest.mark.slow
 def test_pip_installs_from_the_index_only_and_the_server_logs_the_download(installed, rehearsal):
-    py, out, log = installed
+    _, out, log = installed
     _, index = rehearsal
     assert f"Looking in indexes: {index.url}/simple/" in out and "Looking in links" not in out, out
     wheel = index.uploads[0].name
-    assert f'"GET /simple/dsv41-aot/ HTTP/1.1" 200' in log, log
+    assert '"GET /simple/dsv41-aot/ HTTP/1.1" 200' in log, log
+    assert '" 303 ' not in log and '" 302 ' not in log  # never sent to another index
     assert f'"GET /packages/{wheel} HTTP/1.1" 200' in log, log
     assert f"Successfully installed dsv41-aot-{VERSION}" in out
 
