@@ -48,9 +48,10 @@ from ci.prebuilt import admits  # noqa: E402
 from dsv41_aot.aot.link import dynamic_info  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
 from dsv41_aot.manifest import TIMINGS, arch_dirs, releases_in, rooms  # noqa: E402
+from dsv41_aot.aot.wheel import PKG, report, rooms_in_wheel as _rooms, wheel_bands  # noqa: E402,F401
+from dsv41_aot.cli.verify import print_wheel_report as print_report  # noqa: E402
 
 PLAT = "manylinux_2_28_x86_64"
-PKG = "dsv41_aot/kernels_prebuilt/"
 HEAVY = ("flydsl", "torch", "vllm")
 ALLOWED_EXTERNAL = ("libamdhip64.so",)  # prefix: any SONAME version of the host's HIP runtime
 
@@ -91,43 +92,6 @@ def audit_raw(libraries: dict) -> list:
                 record.append(f"{member.filename},,")  # auditwheel walks the files RECORD lists
             z.writestr(f"{info}/RECORD", "\n".join(record + [f"{info}/RECORD,,"]) + "\n")
         return auditwheel_externals(wheel)[0]
-
-
-def _rooms(names) -> dict:
-    """{arch: [release, ...]} of the rooms (``<arch>/vllm-<release>/manifest.json``) a wheel holds."""
-    out: dict = {}
-    for n in names:
-        parts = n[len(PKG):].split("/") if n.startswith(PKG) else []
-        if len(parts) == 3 and parts[1].startswith("vllm-") and parts[2] == "manifest.json":
-            out.setdefault(parts[0], []).append(parts[1][len("vllm-"):])
-    return {a: sorted(r, key=version_order) for a, r in sorted(out.items())}
-
-
-def wheel_bands(z: zipfile.ZipFile) -> dict:
-    """{arch: ({release: (Manifest, LinkRecord)}, {band file: raw library})}
-    of a wheel, read by the room's own parsers from the wheel's bytes, each
-    band checked against the libs.json naming it (AotError otherwise)."""
-    from dsv41_aot.manifest import Manifest
-    from dsv41_aot.room import LinkRecord
-
-    names = set(z.namelist())
-    out = {}
-    fix = "rebuild the wheel from a prebuilt dir that passes: python ci/prebuilt.py DIR"
-    for arch, releases in _rooms(names).items():
-        base = f"{PKG}{arch}/"
-        rooms, raw = {}, {}
-        for release in releases:
-            where = f"{base}vllm-{release}/"
-            man = Manifest.parse(z.read(where + "manifest.json"), where + "manifest.json", Path(base), arch, release,
-                                 fix)
-            links = LinkRecord.parse(z.read(where + "libs.json"), where + "libs.json", arch, release, fix)
-            rooms[release] = (man, links)
-            for band in links.bands:
-                path = f"{base}lib/{band.file}"
-                if path in names and band.file not in raw:
-                    raw[band.file] = band.unpack(z.read(path), Path(path), fix)
-        out[arch] = (rooms, raw)
-    return out
 
 
 def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) -> dict:
@@ -303,118 +267,6 @@ def source_tree(dest: Path, root: Path = Path(__file__).resolve().parents[1]) ->
         else:
             shutil.copyfile(src, dest / name)
     return dest
-
-
-# ---------------------------------------------------------------- the wheel's report
-
-
-def report(wheel: Path) -> dict:
-    """What a (downloaded) kernels wheel holds and whether it holds together,
-    offline, with the room's own parsers and nothing else (no auditwheel, no
-    FlyDSL, torch or vLLM): per (arch, vLLM release, TP) the keys, their
-    kinds and token widths and how many carry a proof against vLLM's JIT
-    (the room's verified.json, read by its one parser, room.Proof: a proof
-    counts when its verdict on the manifest entry is PROVEN: the same code
-    object and sources, and evidence only a JIT run produced); every band checked against its room's
-    libs.json (sha256 of the xz bytes and of the library inside), every key
-    linked from its own object into a band that exports its entry, no band
-    with a DT_NEEDED. ``problems`` lists what is wrong (empty: the wheel
-    holds together); ``unproven`` the keys without a matching proof."""
-    from dsv41_aot.errors import AotError
-    from dsv41_aot.keys import BuildKey
-    from dsv41_aot.room import NO_EVIDENCE, PROVEN, VERIFIED, Proof
-
-    out = {"wheel": Path(wheel).name, "bytes": Path(wheel).stat().st_size, "rooms": [], "bands": [],
-           "problems": [], "unproven": []}
-    problems = out["problems"]
-    with zipfile.ZipFile(wheel) as z:
-        names = set(z.namelist())
-        dist_info = next((n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")), None)
-        if dist_info is None:
-            problems.append("no .dist-info: not a wheel")
-            return out
-        meta = email.parser.Parser().parsestr(z.read(f"{dist_info}/METADATA").decode())
-        out.update(name=meta["Name"], version=meta["Version"])
-        try:
-            contents = wheel_bands(z)
-        except AotError as e:
-            problems.append(str(e).splitlines()[0])
-            return out
-        if not contents:
-            problems.append(f"no room under {PKG}: a wheel without kernels")
-        for arch, (rooms_, raw) in contents.items():
-            base = f"{PKG}{arch}/"
-            for band_file, data in sorted(raw.items()):
-                needed = dynamic_info(data)["needed"]
-                if needed:
-                    problems.append(f"{base}lib/{band_file}: DT_NEEDED {needed}")
-            for release, (man, links) in rooms_.items():
-                where = f"{arch}/vllm-{release}"
-                proof = Proof(arch, release, {})
-                vpath = f"{base}vllm-{release}/{VERIFIED}"
-                if vpath in names:
-                    try:  # its one parser (room.Proof)
-                        proof = Proof.parse(z.read(vpath), vpath, arch, release, "rebuild the wheel from proven rooms")
-                    except AotError as e:
-                        problems.append(str(e).splitlines()[0])
-                linked = {}
-                for band in links.bands:
-                    if band.file not in raw:
-                        problems.append(f"{base}lib/{band.file} named by {where}/libs.json is not in the wheel")
-                        continue
-                    linked.update(band.entries)
-                    out["bands"].append({"room": where, "file": f"{arch}/lib/{band.file}", "bytes": band.bytes,
-                                         "raw_bytes": band.raw_bytes, "keys": len(band.entries)})
-                by_tp: dict = {}
-                for key, e in sorted(man.entries.items()):
-                    k = BuildKey.parse(key, release)
-                    band = links.band_of.get(key)
-                    if linked.get(key) != e["sha256"]:
-                        problems.append(f"{key} (vLLM {release}): not linked from its object in {where}/libs.json")
-                    elif band is not None and band.file in raw and (e["entry"].encode() + b"\0") not in raw[band.file]:
-                        problems.append(f"{key} (vLLM {release}): {band.file} does not export {e['entry']}")
-                    state = proof.verdict(key, e)  # PROVEN, NO_EVIDENCE (no JIT-only evidence), STALE or None
-                    proven = state == PROVEN
-                    if not proven:
-                        out["unproven"].append(f"{key} (vLLM {release})"
-                                               + (": its proof carries no JIT-only evidence" if state == NO_EVIDENCE
-                                                  else ": its proof names another code object" if state else ""))
-                    t = by_tp.setdefault(k.tp, {"keys": 0, "proven": 0, "kinds": {}, "tokens": [k.tokens, k.tokens]})
-                    t["keys"] += 1
-                    t["proven"] += proven
-                    t["kinds"][k.kind] = t["kinds"].get(k.kind, 0) + 1
-                    t["tokens"] = [min(t["tokens"][0], k.tokens), max(t["tokens"][1], k.tokens)]
-                out["rooms"].append({
-                    "arch": arch, "release": release, "mono_sources": man.mono_sources, "keys": len(man.entries),
-                    "proven": sum(t["proven"] for t in by_tp.values()), "verified_json": vpath in names,
-                    "tp": {str(tp): by_tp[tp] for tp in sorted(by_tp)},
-                })
-    return out
-
-
-def print_report(r: dict, require_proofs: bool = False) -> int:
-    """The report as text; exit 1 when something is wrong (or, with
-    ``require_proofs``, a key carries no proof)."""
-    print(f"{r['wheel']}: {r.get('name')} {r.get('version')}, {r['bytes'] / 1e6:.2f} MB")
-    for room in r["rooms"]:
-        print(f"  {room['arch']} vLLM {room['release']} (mono sources {room['mono_sources']}): {room['keys']} keys, "
-              f"{room['proven']} proven against vLLM's JIT"
-              f"{'' if room['verified_json'] else ' (no verified.json)'}")
-        for tp, t in room["tp"].items():
-            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(t["kinds"].items()))
-            print(f"    TP{tp}: {t['keys']} keys ({kinds}), tokens {t['tokens'][0]}-{t['tokens'][1]}, "
-                  f"{t['proven']} proven")
-    for b in r["bands"]:
-        print(f"  band {b['file']} ({b['room']}): {b['keys']} keys, {b['bytes']} bytes xz -> {b['raw_bytes']} bytes, "
-              f"sha256 ok")
-    for p in r["problems"]:
-        print(f"  problem: {p}")
-    bad_proofs = require_proofs and r["unproven"]
-    if r["unproven"]:
-        print(f"  unproven: {len(r['unproven'])} key(s), e.g. {r['unproven'][0]}")
-    verdict = "FAILED" if r["problems"] or bad_proofs else "ok"
-    print(f"{r['wheel']}: {verdict}")
-    return 1 if verdict == "FAILED" else 0
 
 
 def main(argv=None) -> int:

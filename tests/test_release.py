@@ -487,7 +487,8 @@ def test_a_user_downloads_the_wheel_and_checks_it_offline(rehearsal, installed, 
                        capture_output=True, text=True, env=isolated_env(), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     (wheel,) = tmp_path.glob("*.whl")
-    r = subprocess.run([PY, "ci/check_wheel.py", "--report", str(wheel), "--require-proofs", "--json"],
+    # what a user runs: dsv41-aot verify --wheel (the release's checks run the same report: ci/check_wheel.py)
+    r = subprocess.run([PY, "-m", "dsv41_aot.cli", "verify", "--wheel", str(wheel), "--json"],
                        capture_output=True, text=True, cwd=REPO, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(r.stdout)
@@ -499,8 +500,8 @@ def test_a_user_downloads_the_wheel_and_checks_it_offline(rehearsal, installed, 
             if mine:
                 room = held[arch, release]
                 assert room["keys"] == room["proven"] == len(mine) and room["tp"]["4"]["keys"] == len(mine)
-    text = subprocess.run([PY, "ci/check_wheel.py", "--report", str(wheel)], capture_output=True, text=True,
-                          cwd=REPO).stdout
+    text = subprocess.run([PY, "-m", "dsv41_aot.cli", "verify", "--wheel", str(wheel)], capture_output=True,
+                          text=True, cwd=REPO).stdout
     assert "gfx950 vLLM 0.33.0" in text and "TP4:" in text and "sha256 ok" in text and text.rstrip().endswith(": ok")
     # a band altered inside the wheel: named, and the report fails
     bad = tmp_path / "altered" / wheel.name

@@ -18,6 +18,10 @@ def register(sub) -> None:
     p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
     p.add_argument("--against-jit", action="store_true",
                    help="rebuild keys through vLLM's runner and FlyDSL's JIT (compile only) and compare code objects")
+    p.add_argument("--wheel", metavar="FILE",
+                   help="check a kernels wheel (e.g. from pip download) offline instead of a folder: what it holds per "
+                        "(arch, vLLM release, TP), its proofs against vLLM's JIT, every band; exit 1 unless every key "
+                        "is proven and every band sound")
     pick = p.add_mutually_exclusive_group()
     pick.add_argument("--sample", type=int, metavar="N", help="with --against-jit: N keys per (arch, release), seeded")
     pick.add_argument("--key", action="extend", nargs="+", metavar="KEY", help="only these keys (--key A B, or --key A --key B)")
@@ -48,6 +52,20 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    if args.wheel:
+        from ..aot.wheel import report
+
+        if not Path(args.wheel).is_file():
+            raise AotError(f"--wheel {args.wheel}: no such file", fix="pip download --no-deps dsv41-aot, then pass its file")
+        r = report(Path(args.wheel))
+        if args.json:
+            from ..aot.output import print_json, tally
+
+            print_json(tally(sum(room["keys"] for room in r["rooms"]), sum(room["proven"] for room in r["rooms"]),
+                             [{"key": None, "error": p} for p in r["problems"]]
+                             + [{"key": k, "error": "no proof against vLLM's JIT"} for k in r["unproven"]], **r))
+            return 1 if r["problems"] or r["unproven"] else 0
+        return print_wheel_report(r, require_proofs=True)
     if args.sample is not None and args.sample < 1:
         raise AotError(f"--sample {args.sample}: must be at least 1", fix="pass --sample N with N >= 1")
     if args.record and not args.against_jit:
@@ -109,3 +127,28 @@ def run(args) -> int:
         for fix in dict.fromkeys(f["fix"] for f in libs):
             print(f"fix: {fix}", file=sys.stderr)
     return 1 if report["failed"] else 0
+
+
+def print_wheel_report(r: dict, require_proofs: bool = False) -> int:
+    """The report as text; exit 1 when something is wrong (or, with
+    ``require_proofs``, a key carries no proof)."""
+    print(f"{r['wheel']}: {r.get('name')} {r.get('version')}, {r['bytes'] / 1e6:.2f} MB")
+    for room in r["rooms"]:
+        print(f"  {room['arch']} vLLM {room['release']} (mono sources {room['mono_sources']}): {room['keys']} keys, "
+              f"{room['proven']} proven against vLLM's JIT"
+              f"{'' if room['verified_json'] else ' (no verified.json)'}")
+        for tp, t in room["tp"].items():
+            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(t["kinds"].items()))
+            print(f"    TP{tp}: {t['keys']} keys ({kinds}), tokens {t['tokens'][0]}-{t['tokens'][1]}, "
+                  f"{t['proven']} proven")
+    for b in r["bands"]:
+        print(f"  band {b['file']} ({b['room']}): {b['keys']} keys, {b['bytes']} bytes xz -> {b['raw_bytes']} bytes, "
+              f"sha256 ok")
+    for p in r["problems"]:
+        print(f"  problem: {p}")
+    bad_proofs = require_proofs and r["unproven"]
+    if r["unproven"]:
+        print(f"  unproven: {len(r['unproven'])} key(s), e.g. {r['unproven'][0]}")
+    verdict = "FAILED" if r["problems"] or bad_proofs else "ok"
+    print(f"{r['wheel']}: {verdict}")
+    return 1 if verdict == "FAILED" else 0

@@ -1,0 +1,133 @@
+"""What a kernels wheel holds, read offline from its bytes by the room's own
+parsers (``Manifest.parse``, ``room.LinkRecord``, ``room.Proof``):
+``dsv41-aot verify --wheel FILE`` and the release's wheel checks
+(``ci/check_wheel.py``). No auditwheel, FlyDSL, torch or vLLM."""
+
+from __future__ import annotations
+
+import email.parser
+import zipfile
+from pathlib import Path
+
+from ..errors import AotError
+from ..facts.releases import version_order
+from ..keys import BuildKey
+from ..manifest import Manifest
+from ..room import NO_EVIDENCE, PROVEN, VERIFIED, LinkRecord, Proof
+from .link import dynamic_info
+
+PKG = "dsv41_aot/kernels_prebuilt/"  # where a wheel carries its rooms
+
+
+def rooms_in_wheel(names) -> dict:
+    """{arch: [release, ...]} of the rooms (``<arch>/vllm-<release>/manifest.json``) a wheel holds."""
+    out: dict = {}
+    for n in names:
+        parts = n[len(PKG):].split("/") if n.startswith(PKG) else []
+        if len(parts) == 3 and parts[1].startswith("vllm-") and parts[2] == "manifest.json":
+            out.setdefault(parts[0], []).append(parts[1][len("vllm-"):])
+    return {a: sorted(r, key=version_order) for a, r in sorted(out.items())}
+
+
+def wheel_bands(z: zipfile.ZipFile) -> dict:
+    """{arch: ({release: (Manifest, LinkRecord)}, {band file: raw library})}
+    of a wheel, read by the room's own parsers from the wheel's bytes, each
+    band checked against the libs.json naming it (AotError otherwise)."""
+    names = set(z.namelist())
+    out = {}
+    fix = "rebuild the wheel from a prebuilt dir that passes: python ci/prebuilt.py DIR"
+    for arch, releases in rooms_in_wheel(names).items():
+        base = f"{PKG}{arch}/"
+        rooms, raw = {}, {}
+        for release in releases:
+            where = f"{base}vllm-{release}/"
+            man = Manifest.parse(z.read(where + "manifest.json"), where + "manifest.json", Path(base), arch, release,
+                                 fix)
+            links = LinkRecord.parse(z.read(where + "libs.json"), where + "libs.json", arch, release, fix)
+            rooms[release] = (man, links)
+            for band in links.bands:
+                path = f"{base}lib/{band.file}"
+                if path in names and band.file not in raw:
+                    raw[band.file] = band.unpack(z.read(path), Path(path), fix)
+        out[arch] = (rooms, raw)
+    return out
+
+
+def report(wheel: Path) -> dict:
+    """What a (downloaded) kernels wheel holds and whether it holds together,
+    offline, with the room's own parsers and nothing else (no auditwheel, no
+    FlyDSL, torch or vLLM): per (arch, vLLM release, TP) the keys, their
+    kinds and token widths and how many carry a proof against vLLM's JIT
+    (the room's verified.json, read by its one parser, room.Proof: a proof
+    counts when its verdict on the manifest entry is PROVEN: the same code
+    object and sources, and evidence only a JIT run produced); every band checked against its room's
+    libs.json (sha256 of the xz bytes and of the library inside), every key
+    linked from its own object into a band that exports its entry, no band
+    with a DT_NEEDED. ``problems`` lists what is wrong (empty: the wheel
+    holds together); ``unproven`` the keys without a matching proof."""
+    out = {"wheel": Path(wheel).name, "bytes": Path(wheel).stat().st_size, "rooms": [], "bands": [],
+           "problems": [], "unproven": []}
+    problems = out["problems"]
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        dist_info = next((n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")), None)
+        if dist_info is None:
+            problems.append("no .dist-info: not a wheel")
+            return out
+        meta = email.parser.Parser().parsestr(z.read(f"{dist_info}/METADATA").decode())
+        out.update(name=meta["Name"], version=meta["Version"])
+        try:
+            contents = wheel_bands(z)
+        except AotError as e:
+            problems.append(str(e).splitlines()[0])
+            return out
+        if not contents:
+            problems.append(f"no room under {PKG}: a wheel without kernels")
+        for arch, (rooms_, raw) in contents.items():
+            base = f"{PKG}{arch}/"
+            for band_file, data in sorted(raw.items()):
+                needed = dynamic_info(data)["needed"]
+                if needed:
+                    problems.append(f"{base}lib/{band_file}: DT_NEEDED {needed}")
+            for release, (man, links) in rooms_.items():
+                where = f"{arch}/vllm-{release}"
+                proof = Proof(arch, release, {})
+                vpath = f"{base}vllm-{release}/{VERIFIED}"
+                if vpath in names:
+                    try:  # its one parser (room.Proof)
+                        proof = Proof.parse(z.read(vpath), vpath, arch, release, "rebuild the wheel from proven rooms")
+                    except AotError as e:
+                        problems.append(str(e).splitlines()[0])
+                linked = {}
+                for band in links.bands:
+                    if band.file not in raw:
+                        problems.append(f"{base}lib/{band.file} named by {where}/libs.json is not in the wheel")
+                        continue
+                    linked.update(band.entries)
+                    out["bands"].append({"room": where, "file": f"{arch}/lib/{band.file}", "bytes": band.bytes,
+                                         "raw_bytes": band.raw_bytes, "keys": len(band.entries)})
+                by_tp: dict = {}
+                for key, e in sorted(man.entries.items()):
+                    k = BuildKey.parse(key, release)
+                    band = links.band_of.get(key)
+                    if linked.get(key) != e["sha256"]:
+                        problems.append(f"{key} (vLLM {release}): not linked from its object in {where}/libs.json")
+                    elif band is not None and band.file in raw and (e["entry"].encode() + b"\0") not in raw[band.file]:
+                        problems.append(f"{key} (vLLM {release}): {band.file} does not export {e['entry']}")
+                    state = proof.verdict(key, e)  # PROVEN, NO_EVIDENCE (no JIT-only evidence), STALE or None
+                    proven = state == PROVEN
+                    if not proven:
+                        out["unproven"].append(f"{key} (vLLM {release})"
+                                               + (": its proof carries no JIT-only evidence" if state == NO_EVIDENCE
+                                                  else ": its proof names another code object" if state else ""))
+                    t = by_tp.setdefault(k.tp, {"keys": 0, "proven": 0, "kinds": {}, "tokens": [k.tokens, k.tokens]})
+                    t["keys"] += 1
+                    t["proven"] += proven
+                    t["kinds"][k.kind] = t["kinds"].get(k.kind, 0) + 1
+                    t["tokens"] = [min(t["tokens"][0], k.tokens), max(t["tokens"][1], k.tokens)]
+                out["rooms"].append({
+                    "arch": arch, "release": release, "mono_sources": man.mono_sources, "keys": len(man.entries),
+                    "proven": sum(t["proven"] for t in by_tp.values()), "verified_json": vpath in names,
+                    "tp": {str(tp): by_tp[tp] for tp in sorted(by_tp)},
+                })
+    return out
