@@ -250,16 +250,15 @@ def runner_calls(release: str) -> list:
     0.32.0: kernels(tokens, ratio) with ratio 1 or 2, ffn_kernel(tokens)."""
     from dsv41_aot.aot import matrix
 
+    if release == OLD:
+        return [call for s in range(1, 49) for call in (["kernels", s, 1], ["kernels", s, 2], ["ffn", s])]
+    d = matrix.load().releases[NEW].routing["dspark"]
+    draft = {"experts": d["experts"], "topk": d["topk"], "ug_groups": 1, "swa_width": d["swa_width"]}
     calls: list = []
     for s in range(1, 49):
-        if release == OLD:
-            calls += [["kernels", s, 1], ["kernels", s, 2], ["ffn", s]]
-            continue
         calls += [["kernels", s, r, f, i] for r in (0, 1, 2) for f in (False, True) for i in (False, True)
                   if r or not i]
         calls.append(["ffn", s, 384, 6])
-        d = matrix.load().releases[NEW].routing["dspark"]
-        draft = {"experts": d["experts"], "topk": d["topk"], "ug_groups": 1, "swa_width": d["swa_width"]}
         calls += [["kernels", s, 0, f, False, draft] for f in (False, True)]
     return calls
 
