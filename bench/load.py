@@ -54,9 +54,16 @@ SHARED = REPO.parent / "shared" / "prebuilt-gfx950-tp4"
 FIRST_KEY = "k1@{arch}:s=1,tp=4,r=0"  # the first launch vLLM's runner asks for at TP4
 
 
+# compiled bytecode, as an installed wheel has it (pip compiles it): this
+# environment's PYTHONDONTWRITEBYTECODE would make every process compile the
+# project's modules again (room.py alone ~6 ms); kept out of the tree
+PYCACHE = tempfile.mkdtemp(prefix="dsv41-bench-pycache-")
+
+
 def py(code: str, *args, env: dict | None = None, timeout: int = 1800) -> dict:
     """``code`` in a fresh process: its last stdout line, as JSON."""
-    full = dict(os.environ, PYTHONPATH=str(REPO))
+    full = dict(os.environ, PYTHONPATH=str(REPO), PYTHONPYCACHEPREFIX=PYCACHE)
+    full.pop("PYTHONDONTWRITEBYTECODE", None)
     full.setdefault("DSV41_AOT_ALLOW_HIP_VERSION", "5.2")  # this CPU machine's Debian HIP stand-in
     full.update(env or {})
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], capture_output=True,
@@ -67,7 +74,10 @@ def py(code: str, *args, env: dict | None = None, timeout: int = 1800) -> dict:
 
 
 def runs(n: int, code: str, *args, env: dict | None = None) -> tuple[list, tuple]:
-    """``n`` fresh processes of ``code``, and the 1-minute load average before and after them."""
+    """``n`` fresh processes of ``code`` (after one not counted: bytecode
+    written, files in the page cache), and the 1-minute load average before
+    and after them."""
+    py(code, *args, env=env)
     before = os.getloadavg()[0]
     out = [py(code, *args, env=env) for _ in range(n)]
     return out, (before, os.getloadavg()[0])
@@ -296,7 +306,8 @@ def main() -> int:
           f"({sum(b.bytes for b in bands.values()) / 1e6:.1f} MB xz, {sum(b.raw_bytes for b in bands.values()) / 1e6:.0f} "
           f"MB raw)")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, no GPU; each figure: median (min-max) of {n} "
-          f"fresh processes; load: 1-minute load average before-after\n")
+          f"fresh processes (after one not counted; bytecode cached, as installed); load: 1-minute load average "
+          f"before-after\n")
 
     firsts, load_first = runs(n, PROCESS, root, arch, first, "first")
     alls, load_all = runs(n, PROCESS, root, arch, first, "all")
