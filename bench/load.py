@@ -38,8 +38,10 @@ No timing is asserted anywhere; these are measurements on this machine.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -58,6 +60,7 @@ FIRST_KEY = "k1@{arch}:s=1,tp=4,r=0"  # the first launch vLLM's runner asks for 
 # environment's PYTHONDONTWRITEBYTECODE would make every process compile the
 # project's modules again (room.py alone ~6 ms); kept out of the tree
 PYCACHE = tempfile.mkdtemp(prefix="dsv41-bench-pycache-")
+atexit.register(shutil.rmtree, PYCACHE, True)
 
 
 def py(code: str, *args, env: dict | None = None, timeout: int = 1800) -> dict:
@@ -224,6 +227,7 @@ def flydsl_side(arch: str, keys: list[str]) -> dict:
 
     tc = toolchain.find()
     cache = tempfile.mkdtemp(prefix="dsv41-bench-flydsl-")
+    atexit.register(shutil.rmtree, cache, True)
     env = compiler.worker_env(arch, str(tc.rocm_path), cache)
     env["FLYDSL_RUNTIME_ENABLE_CACHE"] = "1"
     # FlyDSL's JIT runtime needs libamdhip64.so.7 to get as far as the launch;
