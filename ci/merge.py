@@ -17,7 +17,7 @@ the room and key or folder named:
 
 Each shard room's ``verified.json`` (proofs against vLLM's JIT, written by
 ``dsv41-aot verify --against-jit --record``; read through its one parser,
-``room.Proof``: an unreadable one is refused, naming it) is merged too,
+``records.Proof``: an unreadable one is refused, naming it) is merged too,
 keeping the proofs of the merged objects; ``--require-verified`` refuses a
 key of any room without a proof that matches its entry and carries what only
 a JIT run produced (a proof of the old format, or copied from the manifest,
@@ -52,7 +52,8 @@ from dsv41_aot.aot.jit import VERIFIED, write_verified  # noqa: E402
 from dsv41_aot.aot.link import link_room  # noqa: E402
 from dsv41_aot.facts.releases import release_facts, version_order  # noqa: E402
 from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest, rooms  # noqa: E402
-from dsv41_aot.room import NO_EVIDENCE, PROVEN, Room  # noqa: E402
+from dsv41_aot.room import Room  # noqa: E402
+from dsv41_aot.records import NO_EVIDENCE, PROVEN  # noqa: E402
 from ci.build_shard import pairs  # noqa: E402
 
 
@@ -114,7 +115,7 @@ def _check_plans(arch: str, plans: list, held: dict, held_by: dict) -> None:
 
 
 def _proofs(room: str, rooms: list, entries: dict, require: bool) -> dict:
-    """The shard rooms' proofs (room.Proof, key -> KeyProof) of the merged
+    """The shard rooms' proofs (records.Proof, key -> KeyProof) of the merged
     entries' code objects, a proof with JIT-only evidence preferred."""
     proofs: dict = {}
     for r in rooms:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata as md
 import json
-import os
 import sys
 import warnings
 

@@ -5,7 +5,6 @@ and matrix profiles."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 

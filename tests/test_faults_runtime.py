@@ -40,7 +40,8 @@ from dsv41_aot.errors import (
     SourceMismatchError,
 )
 from dsv41_aot.manifest import abi_id
-from dsv41_aot.room import Band, Room
+from dsv41_aot.room import Room
+from dsv41_aot.records import Band
 from dsv41_aot.runtime import loader, state
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]

@@ -1,4 +1,4 @@
-"""A room's verified.json (room.Proof): the proof that each key's prebuilt
+"""A room's verified.json (records.Proof): the proof that each key's prebuilt
 code object is what vLLM's JIT builds, read by one strict parser everywhere
 (verify, verify --against-jit --record, list, build, ci/merge.py).
 
@@ -28,7 +28,9 @@ from _smoke import REPO, copy_of, room
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.manifest import Manifest, rooms
-from dsv41_aot.room import NO_EVIDENCE, PROVEN, STALE, Evidence, KeyProof, Proof, Room
+from dsv41_aot.room import Room
+
+from dsv41_aot.records import NO_EVIDENCE, PROVEN, STALE, Evidence, KeyProof, Proof
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))

@@ -274,7 +274,7 @@ def test_merge_carries_the_proofs_and_can_require_them(smoke, tmp_path):
     from ci import merge
     from ci.prebuilt import check_arch
 
-    from dsv41_aot.room import Evidence, KeyProof
+    from dsv41_aot.records import Evidence, KeyProof
 
     d = Path(shutil.copytree(smoke, tmp_path / "shard"))
     recs = {}

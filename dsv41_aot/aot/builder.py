@@ -33,7 +33,8 @@ from .compiler import worker_env
 from ..errors import AotError, IntegrityError, ManifestError, OutputDirError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write, sha256_file
-from ..room import STALE, Room, orphan_objects
+from ..room import Room, orphan_objects
+from ..records import STALE
 from .lock import arch_lock
 from .residency import spill_notes
 from .workers import check_jobs, check_key_timeout
@@ -60,7 +61,7 @@ class Summary:
     spills: list = field(default_factory=list)
     recovered: list = field(default_factory=list)  # corrupt manifests set aside: recover.recover's reports
     # per built room holding a verified.json: how many of its keys carry a
-    # proof matching their entry (room.Proof.counts), or its "error"
+    # proof matching their entry (records.Proof.counts), or its "error"
     proofs: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -307,7 +308,7 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
 
 
 def _proofs_of(st: _RoomState, summary: Summary, log) -> None:
-    """Read the room's verified.json (room.Proof, its one parser) after the
+    """Read the room's verified.json (records.Proof, its one parser) after the
     build: how many keys still carry a proof matching their entry; a proof
     the build made stale (a key rebuilt to another code object), or an
     unreadable file, is a warning naming the command that proves them again.

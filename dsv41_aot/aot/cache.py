@@ -22,7 +22,7 @@ Layout (``<cache>/v1/``)::
     compile/<id[:2]>/<id>.json      {"key", "release", "sha256", "export_bytes", "seconds"}
     jit/<id[:2]>/<id>.json          {"key", "release", "sha256", "params", "identity", "evidence", "seconds"}
 
-A JIT record keeps its run's evidence (``room.Evidence``: the artifact and
+A JIT record keeps its run's evidence (``records.Evidence``: the artifact and
 cache key sha256 FlyDSL's JIT produced, and when), so a proof recorded from
 the cache carries what the JIT run that built it produced.
 

@@ -13,7 +13,7 @@ that cache's pickled artifact (its IR's ``gpu.binary``), not from
 ``export_to_c``. The parent compares bytes, kernel name and kernarg layout
 with the prebuilt code object, and the launcher's parameters with the ABI.
 
-The worker also reports what only its run produced (``room.Evidence``: the
+The worker also reports what only its run produced (``records.Evidence``: the
 sha256 of that artifact file, of FlyDSL's cache key, and when): a proof in
 verified.json carries it, so a proof copied from the manifest is told apart.
 
@@ -33,14 +33,15 @@ from ..errors import AotError
 from ..facts.kinds import kind_facts
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write
-from ..room import VERIFIED, Evidence, KeyProof, Proof, Room
+from ..room import Room
+from ..records import VERIFIED, Evidence, KeyProof, Proof
 from .codeobject import code_object_resources
 
 # FlyDSL annotation class name -> the ABI ctype export_to_c records
 CTYPES = {"Int64": "int64", "Int32": "int32"}
 # VERIFIED (room.py's): per room (<arch>/vllm-<release>/), beside manifest.json,
 # per key the JIT code object it was proven byte-identical to, the vLLM /
-# FlyDSL it was compared under and the JIT run's evidence (room.Proof; the
+# FlyDSL it was compared under and the JIT run's evidence (records.Proof; the
 # loader never reads it)
 # a runner method's parameter -> the key field it is given (mono/runner.py)
 RUNNER_ARGS = ("tokens", "ratio", "fold", "index", "experts", "topk")
@@ -110,7 +111,7 @@ class VllmJit:
     def code_object(self, key: BuildKey) -> tuple[bytes, list, dict]:
         """The GPU code object FlyDSL's JIT builds for ``key``, the
         launcher's parameters as [name, annotation class name], and the
-        run's evidence (``room.Evidence`` fields: the sha256 of the artifact
+        run's evidence (``records.Evidence`` fields: the sha256 of the artifact
         file FlyDSL's JIT wrote to its disk cache, of its cache key, and the
         UTC time of the compile)."""
         import inspect
@@ -250,8 +251,8 @@ def compare_jit(man: Manifest, key: str, prebuilt: bytes, answer: dict) -> list[
 
 
 def read_verified(room) -> dict:
-    """key -> ``room.KeyProof`` of a room's verified.json ({} when absent),
-    through its one parser (``room.Proof.parse``: ManifestError naming the
+    """key -> ``records.KeyProof`` of a room's verified.json ({} when absent),
+    through its one parser (``records.Proof.parse``: ManifestError naming the
     file). ``room``: a ``room.Room`` or its folder."""
     room = room if isinstance(room, Room) else Room.at(room)
     return dict(room.proof().keys)

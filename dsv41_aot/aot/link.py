@@ -54,7 +54,9 @@ from .elf import Elf
 from ..errors import AotError, ManifestError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import BAND_SUFFIX, LIB, LIBS_JSON, LIBS_SCHEMA, Manifest, atomic_write, rooms, sha256_file
-from ..room import Band, Room, named_by_rooms
+from ..room import Room, named_by_rooms
+
+from ..records import Band
 
 XZ_PRESET = 6  # measured: preset 9, extreme and an x86 BCJ filter gain under 1% on these libraries
 BAND = 8  # step widths per chunk

@@ -20,7 +20,7 @@ Per room (``<arch>/vllm-<release>/``: one vLLM release's keys on one arch):
   kernarg layout and launcher parameters are compared with the prebuilt one.
   ``--shard i/N`` checks the keys ``dsv41-aot build --shard i/N`` builds (same
   selection across releases, same partition, same ``--seconds`` files);
-  ``--record`` writes the proof, the room's ``verified.json`` (``room.Proof``:
+  ``--record`` writes the proof, the room's ``verified.json`` (``records.Proof``:
   per key the code object, the JIT's identity and its run's evidence; an
   unreadable one is set aside and written again).
 
@@ -49,7 +49,8 @@ from ..errors import AotError, IntegrityError, ManifestError
 from ..facts.releases import NEWEST
 from ..keys import BuildKey
 from ..manifest import OBJECTS, Manifest, rooms_or_error
-from ..room import NO_EVIDENCE, STALE, Room, orphan_objects, rooms_in, rooms_of
+from ..room import Room, orphan_objects, rooms_in, rooms_of
+from ..records import NO_EVIDENCE, STALE
 from .codeobject import code_object_resources, manifest_figures
 from .jit import compare_jit, verified_record, write_verified
 from .output import tally

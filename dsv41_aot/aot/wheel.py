@@ -1,5 +1,5 @@
 """What a kernels wheel holds, read offline from its bytes by the room's own
-parsers (``Manifest.parse``, ``room.LinkRecord``, ``room.Proof``):
+parsers (``Manifest.parse``, ``records.LinkRecord``, ``records.Proof``):
 ``dsv41-aot verify --wheel FILE`` and the release's wheel checks
 (``ci/check_wheel.py``). No auditwheel, FlyDSL, torch or vLLM."""
 
@@ -13,7 +13,7 @@ from ..errors import AotError
 from ..facts.releases import version_order
 from ..keys import BuildKey
 from ..manifest import Manifest
-from ..room import NO_EVIDENCE, PROVEN, VERIFIED, LinkRecord, Proof
+from ..records import NO_EVIDENCE, PROVEN, VERIFIED, LinkRecord, Proof
 from .link import dynamic_info
 
 PKG = "dsv41_aot/kernels_prebuilt/"  # where a wheel carries its rooms
@@ -58,7 +58,7 @@ def report(wheel: Path) -> dict:
     offline, with the room's own parsers and nothing else (no auditwheel, no
     FlyDSL, torch or vLLM): per (arch, vLLM release, TP) the keys, their
     kinds and token widths and how many carry a proof against vLLM's JIT
-    (the room's verified.json, read by its one parser, room.Proof: a proof
+    (the room's verified.json, read by its one parser, records.Proof: a proof
     counts when its verdict on the manifest entry is PROVEN: the same code
     object and sources, and evidence only a JIT run produced); every band checked against its room's
     libs.json (sha256 of the xz bytes and of the library inside), every key
@@ -94,7 +94,7 @@ def report(wheel: Path) -> dict:
                 proof = Proof(arch, release, {})
                 vpath = f"{base}vllm-{release}/{VERIFIED}"
                 if vpath in names:
-                    try:  # its one parser (room.Proof)
+                    try:  # its one parser (records.Proof)
                         proof = Proof.parse(z.read(vpath), vpath, arch, release, "rebuild the wheel from proven rooms")
                     except AotError as e:
                         problems.append(str(e).splitlines()[0])

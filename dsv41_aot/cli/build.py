@@ -138,7 +138,7 @@ def cmd_list(args) -> int:
 
 
 def _room_proofs(room, man, proofs: list, warnings: list):
-    """The room's verified.json (room.Proof) for list, its counts appended
+    """The room's verified.json (records.Proof) for list, its counts appended
     to ``proofs``; None when it is unreadable (a warning naming the file and
     its fix: list still lists)."""
     from ..errors import ManifestError

@@ -20,7 +20,7 @@ from . import hip as _hip
 from . import state
 from .rooms import _Index
 from ..errors import HipUnavailableError, IntegrityError
-from ..room import Band
+from ..records import Band
 
 ENV_CACHE = "DSV41_AOT_CACHE"  # where bands are unpacked when the kernel has no memfd
 

@@ -1,0 +1,271 @@
+"""A room's records besides its manifest: ``libs.json`` (:class:`LinkRecord`,
+which band links which key; :class:`Band`, one band and its checks) and
+``verified.json`` (:class:`Proof`, the room's proofs against vLLM's JIT).
+Each has one strict parser, reading a folder's file or a wheel's member from
+its bytes; ``room.Room`` reads them and judges a room by them.
+
+Shared core: standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from .errors import IntegrityError, ManifestError
+from .manifest import BAND_RE, LIBS_JSON, LIBS_SCHEMA
+
+VERIFIED = "verified.json"
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
+
+
+# ---------------------------------------------------------------- libs.json
+
+
+@dataclass(frozen=True)
+class Band:
+    """One linked library of a room, as libs.json records it: the .so.xz in
+    the arch's lib/ and the keys it links (key -> object sha256)."""
+
+    chunk: str
+    file: str
+    sha256: str
+    bytes: int
+    raw_sha256: str
+    raw_bytes: int
+    entries: dict = field(hash=False, compare=True)
+
+    def check_compressed(self, data: bytes, where: Path, fix: str) -> None:
+        """The band's bytes as read must be the ones libs.json recorded."""
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise IntegrityError(f"{where} does not match the sha256 in {LIBS_JSON} (corrupt or altered)", fix=fix)
+
+    def unpack(self, data: bytes, where: Path, fix: str) -> bytes:
+        """The library inside the band's (checked) bytes, checked against
+        raw_sha256 and raw_bytes."""
+        import lzma  # only when a band is read: importing the room stays cheap
+
+        self.check_compressed(data, where, fix)
+        try:
+            raw = lzma.decompress(data, format=lzma.FORMAT_XZ)
+        except lzma.LZMAError as e:  # only a libs.json whose sha256 was forged with the file gets here
+            raise IntegrityError(f"{where}: not an xz band ({e})", fix=fix) from None
+        if len(raw) != self.raw_bytes or hashlib.sha256(raw).hexdigest() != self.raw_sha256:
+            raise IntegrityError(f"{where} decompresses to a library whose sha256 is not the raw_sha256 in "
+                                 f"{LIBS_JSON} (altered band or link record)", fix=fix)
+        return raw
+
+
+@dataclass(frozen=True)
+class LinkRecord:
+    """A room's libs.json: which band links which key."""
+
+    arch: str
+    release: str
+    bands: tuple
+    band_of: dict  # key -> Band
+
+    @classmethod
+    def parse(cls, data: bytes, where: str, arch: str, release: str, fix: str) -> "LinkRecord":
+        """The one parser of libs.json (a folder's file or a wheel's member):
+        ManifestError naming ``where`` for anything but a schema-2 link
+        record of ``arch`` / ``release`` whose bands are plain file names
+        with well-formed digests, each key linked once."""
+        try:
+            doc = json.loads(data)
+        except ValueError as e:
+            raise ManifestError(f"{where}: malformed JSON ({e})", fix=fix) from None
+        if not isinstance(doc, dict):
+            raise ManifestError(f"{where}: not a dsv41-aot link record", fix=fix)
+        if doc.get("arch") != arch or doc.get("release") != release:
+            raise ManifestError(f"{where}: link record for {doc.get('arch')!r} vLLM {doc.get('release')!r} in the "
+                                f"{arch} vLLM {release} folder", fix=fix)
+        if doc.get("schema") != LIBS_SCHEMA:
+            raise ManifestError(f"{where}: link record schema {doc.get('schema')!r}, this dsv41-aot reads "
+                                f"{LIBS_SCHEMA} (compressed bands)", fix=fix)
+        bands, band_of = [], {}
+        try:
+            for lib in doc["libraries"]:
+                name = lib["file"]
+                if not isinstance(name, str) or not BAND_RE.fullmatch(name):
+                    raise ManifestError(f"{where}: library {lib.get('chunk')!r} names file {name!r}, not a band "
+                                        f"file of lib/", fix=fix)
+                if not all(isinstance(lib[f], str) and _SHA_RE.fullmatch(lib[f]) for f in ("sha256", "raw_sha256")) \
+                        or not all(type(lib[f]) is int for f in ("bytes", "raw_bytes")) \
+                        or not isinstance(lib["chunk"], str) or not isinstance(lib["entries"], dict):
+                    raise ManifestError(f"{where}: library {name}: chunk / sha256 / raw_sha256 / bytes / raw_bytes / "
+                                        f"entries malformed", fix=fix)
+                band = Band(lib["chunk"], name, lib["sha256"], lib["bytes"], lib["raw_sha256"], lib["raw_bytes"],
+                            dict(lib["entries"]))
+                for key, sha in band.entries.items():
+                    if key in band_of:
+                        raise ManifestError(f"{where}: {key} is linked by {band_of[key].file} and {name}", fix=fix)
+                    if not (isinstance(sha, str) and _SHA_RE.fullmatch(sha)):
+                        raise ManifestError(f"{where}: {name} links {key} from object {sha!r}, not a sha256", fix=fix)
+                    band_of[key] = band
+                bands.append(band)
+        except (KeyError, TypeError, AttributeError):
+            raise ManifestError(f"{where}: not a dsv41-aot link record", fix=fix) from None
+        return cls(arch, release, tuple(bands), band_of)
+
+
+# ---------------------------------------------------------------- verified.json
+
+
+PROOF_VERSION = 2  # 2: each proof carries its JIT run's evidence (null: a version-1 proof kept); 1: none
+# what a key's proof says of its current manifest entry (Proof.verdict)
+PROVEN = "proven"  # same code object and vLLM sources, and evidence only a JIT run produced
+NO_EVIDENCE = "no_evidence"  # same code object, but nothing a JIT run alone produced (version 1, or copied)
+STALE = "stale"  # a proof of another code object (rebuilt since) or of other vLLM sources
+PROOF_STATES = (PROVEN, NO_EVIDENCE, STALE)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What only the JIT run that made a proof produced (``aot/jit.py``'s
+    worker): the sha256 of the artifact FlyDSL's JIT wrote to its own disk
+    cache, the sha256 of that compile's FlyDSL cache key, and when it ran.
+    Nothing in the manifest holds them, so a proof copied from the manifest
+    cannot carry them."""
+
+    artifact_sha256: str
+    cache_key_sha256: str
+    at: str  # UTC, ISO 8601 ("2026-03-01T12:00:00Z")
+
+    def as_dict(self) -> dict:
+        return {"artifact_sha256": self.artifact_sha256, "cache_key_sha256": self.cache_key_sha256, "at": self.at}
+
+
+@dataclass(frozen=True)
+class KeyProof:
+    """One key's proof: vLLM's JIT built ``code_object_sha256`` (the code
+    object the room's entry was byte-identical to), under ``jit`` (the JIT
+    worker's identity: release, vllm_version, mono_sources, mono_dir,
+    flydsl_version), with ``evidence`` of that run (None: a proof of the
+    old format, recorded before proofs carried any)."""
+
+    key: str
+    code_object_sha256: str
+    jit: dict = field(hash=False)
+    evidence: Evidence | None = None
+
+    def as_dict(self) -> dict:
+        return {"code_object_sha256": self.code_object_sha256, "jit": dict(self.jit),
+                "evidence": self.evidence.as_dict() if self.evidence else None}
+
+    def verdict(self, entry: dict) -> str:
+        """PROVEN, NO_EVIDENCE or STALE against a manifest entry of its key."""
+        source = entry.get("source") or {}
+        if self.code_object_sha256 != entry.get("code_object_sha256"):
+            return STALE
+        if any(f in self.jit and self.jit[f] != source.get(f) for f in ("mono_sources", "flydsl_version")):
+            return STALE
+        ev = self.evidence
+        if ev is None or {ev.artifact_sha256, ev.cache_key_sha256} & {entry.get("sha256"), self.code_object_sha256}:
+            return NO_EVIDENCE  # nothing, or the manifest's own digests passed off as the JIT's
+        return PROVEN
+
+
+@dataclass(frozen=True)
+class Proof:
+    """A room's verified.json: per key, its proof against vLLM's JIT
+    (written by ``dsv41-aot verify --against-jit --record``, carried by
+    ``ci/merge.py``; the loader never reads it)."""
+
+    arch: str
+    release: str
+    keys: dict  # key -> KeyProof
+    version: int = PROOF_VERSION
+
+    @classmethod
+    def parse(cls, data: bytes, where: str, arch: str, release: str, fix: str) -> "Proof":
+        """The one parser of verified.json: ManifestError naming ``where``
+        for anything but a version-1 or -2 record of ``arch`` / ``release``
+        whose proofs name keys of the arch, well-formed digests, a JIT of the
+        room's release and (version 2) its evidence or null. Version 1 (every
+        proof without evidence) stays readable: its proofs count as
+        NO_EVIDENCE until proven again."""
+        try:
+            doc = json.loads(data)
+        except ValueError as e:
+            raise ManifestError(f"{where}: malformed JSON ({e})", fix=fix) from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("keys"), dict):
+            raise ManifestError(f"{where}: not a dsv41-aot proof record (verified.json)", fix=fix)
+        version = doc.get("version")
+        if type(version) is not int or version not in (1, PROOF_VERSION):
+            raise ManifestError(f"{where}: proof record version {version!r}, this dsv41-aot reads 1 and "
+                                f"{PROOF_VERSION}", fix=fix)
+        if doc.get("arch") != arch or doc.get("release") != release:
+            raise ManifestError(f"{where}: proof record for {doc.get('arch')!r} vLLM {doc.get('release')!r} in the "
+                                f"{arch} vLLM {release} folder", fix=fix)
+        keys = {}
+        for key, rec in doc["keys"].items():
+            what = f"{where}: proof of {key}"
+            if f"@{arch}:" not in key:
+                raise ManifestError(f"{what}: not a key of {arch}", fix=fix)
+            if not isinstance(rec, dict) or not isinstance(rec.get("code_object_sha256"), str) \
+                    or not _SHA_RE.fullmatch(rec["code_object_sha256"]) or not isinstance(rec.get("jit"), dict):
+                raise ManifestError(f"{what}: code_object_sha256 / jit missing or malformed", fix=fix)
+            jit = rec["jit"]
+            if "release" in jit and jit["release"] != release:
+                raise ManifestError(f"{what}: proven against vLLM {jit['release']!r}'s JIT, in the vLLM {release} "
+                                    f"folder", fix=fix)
+            evidence = None
+            if version == 1:
+                if set(rec) != {"code_object_sha256", "jit"}:
+                    raise ManifestError(f"{what}: fields {sorted(rec)} are not a version-1 proof's", fix=fix)
+            else:
+                if set(rec) != {"code_object_sha256", "jit", "evidence"}:
+                    raise ManifestError(f"{what}: fields {sorted(rec)} are not a version-{version} proof's", fix=fix)
+                if jit.get("release") != release or not all(isinstance(jit.get(f), str) for f in (
+                        "vllm_version", "mono_sources", "flydsl_version")):
+                    raise ManifestError(f"{what}: jit must name its release, vllm_version, mono_sources and "
+                                        f"flydsl_version", fix=fix)
+                if rec["evidence"] is not None:
+                    evidence = _evidence(rec["evidence"], rec["code_object_sha256"], what, fix)
+            keys[key] = KeyProof(key, rec["code_object_sha256"], dict(jit), evidence)
+        return cls(arch, release, keys, version)
+
+    def to_bytes(self) -> bytes:
+        """verified.json as written: always this version, keys sorted."""
+        doc = {"version": PROOF_VERSION, "arch": self.arch, "release": self.release,
+               "keys": {k: self.keys[k].as_dict() for k in sorted(self.keys)}}
+        return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+
+    def verdict(self, key: str, entry: dict) -> str | None:
+        """What ``key``'s proof says of its current manifest ``entry`` (None: no proof)."""
+        p = self.keys.get(key)
+        return p.verdict(entry) if p else None
+
+    def counts(self, entries: dict) -> dict:
+        """How many of ``entries`` (key -> manifest entry) carry a proof of
+        each state, and how many none (``unproven``)."""
+        out = dict.fromkeys(PROOF_STATES, 0)
+        for key, e in entries.items():
+            state = self.verdict(key, e)
+            if state:
+                out[state] += 1
+        return dict(keys=len(entries), **out, unproven=len(entries) - sum(out.values()))
+
+
+def _evidence(ev, code_sha: str, what: str, fix: str) -> Evidence:
+    if not isinstance(ev, dict) or set(ev) != {"artifact_sha256", "cache_key_sha256", "at"} \
+            or not all(isinstance(ev[f], str) and _SHA_RE.fullmatch(ev[f]) for f in ("artifact_sha256",
+                                                                                      "cache_key_sha256")) \
+            or not isinstance(ev["at"], str):
+        raise ManifestError(f"{what}: evidence must be artifact_sha256, cache_key_sha256 (sha256 digests) and at",
+                            fix=fix)
+    try:
+        when = datetime.fromisoformat(ev["at"].replace("Z", "+00:00"))
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise ManifestError(f"{what}: evidence time {ev['at']!r} is not a UTC ISO 8601 time", fix=fix)
+    if code_sha in (ev["artifact_sha256"], ev["cache_key_sha256"]):
+        raise ManifestError(f"{what}: its evidence repeats the code object's sha256: not what a JIT run produced",
+                            fix=fix)
+    return Evidence(ev["artifact_sha256"], ev["cache_key_sha256"], ev["at"])
