@@ -138,12 +138,15 @@ def prebuilt_dir() -> Path:
     return _root(None)
 
 
-def load(kind: str, *, tokens: int, tp: int, ratio: int, fold: bool = True, index: bool = False,
-         experts: int = 384, topk: int = 6, ug_groups: int = 2, swa_width: int = 128, timeline: bool = False,
+def load(kind: str, *, tokens: int, tp: int, ratio: int, fold: bool | None = None, index: bool | None = None,
+         experts: int | None = None, topk: int | None = None, ug_groups: int | None = None,
+         swa_width: int | None = None, timeline: bool | None = None,
          arch: str | None = None, release: str | None = None, prebuilt: str | os.PathLike | None = None) -> Launcher:
     """The Launcher for the launch vLLM's ``build_mono_<kind>(MonoBuild(...))``
     would build, on ``arch`` (default: DSV41_AOT_ARCH, else the current
-    device), in vLLM ``release`` (default: the running vLLM's)."""
+    device), in vLLM ``release`` (default: the running vLLM's). A field left
+    None is that release's MonoBuild default (facts/releases.py, filled by
+    BuildKey)."""
     from ..keys import BuildKey
 
     arch = resolve_arch(arch)
