@@ -28,9 +28,8 @@ from _smoke import REPO, copy_of, room
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.manifest import Manifest, rooms
-from dsv41_aot.room import Room
-
 from dsv41_aot.records import NO_EVIDENCE, PROVEN, STALE, Evidence, KeyProof, Proof
+from dsv41_aot.room import Room
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))

@@ -218,6 +218,7 @@ def build(
             held.enter_context(arch_lock(out / arch, "build", log))
         for room, arch, release in sorted({(k.room, k.arch, k.release) for k in keys}):
             states[room] = _RoomState(out, arch, release, *trees[release], summary, log)
+        check_one_source(states, keys, out)
         _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, store, log)
     summary.wall_seconds = time.perf_counter() - t_start
     if summary.compiled + summary.cached + summary.up_to_date + summary.failed != summary.keys:
@@ -250,7 +251,6 @@ def check_one_source(states: dict, keys: list, out: Path) -> None:
 
 
 def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, store, log) -> None:
-    check_one_source(states, keys, states[keys[0].room].dir.parent if keys else Path("."))
     for key in keys:
         st = states[key.room]
         known = st.manifest.refused.get(str(key))

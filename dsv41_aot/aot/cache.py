@@ -38,7 +38,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 from pathlib import Path
 
 from ..errors import AotError
@@ -61,11 +60,6 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
-def strip_version(strip: Path) -> str:
-    out = subprocess.run([str(strip), "--version"], capture_output=True, text=True, timeout=30)
-    return " ".join(out.stdout.split()[:6]) or f"{strip} (no version)"
-
-
 def cache_dir(given: str | None) -> Path | None:
     """The cache folder a command uses: ``--cache DIR``, else
     ``$DSV41_AOT_BUILD_CACHE``, else none."""
@@ -86,13 +80,14 @@ class BuildCache:
             raise AotError(f"build cache {root}: cannot create it ({e.strerror})",
                            fix=f"pass --cache DIR (or set {ENV_BUILD_CACHE}) to a writable folder, or --no-cache") from None
         self.common = self.parts(tools)
-        self.hits = 0
         self.dropped: list[str] = []  # records whose blob was missing or did not match: compiled again
 
     @staticmethod
     def parts(tools) -> dict:
         """The identity parts every key of a run shares (beside its release's)."""
-        return {"layout": LAYOUT, "code": code_digest(), "strip": strip_version(tools.strip),
+        from .toolchain import tool_version
+
+        return {"layout": LAYOUT, "code": code_digest(), "strip": tool_version(tools.strip),
                 "linker": tools.lld_version, "flydsl_version": tools.flydsl_version}
 
     def _id(self, what: str, key: BuildKey, ident: dict) -> str:
@@ -117,7 +112,6 @@ class BuildCache:
             self.dropped.append(f"{key.describe()}: cache record {path} does not match its blob; compiled again")
             path.unlink(missing_ok=True)
             return None
-        self.hits += 1
         return rec, data
 
     def _put(self, what: str, key: BuildKey, ident: dict, data: bytes, **fields) -> None:
@@ -143,7 +137,6 @@ class BuildCache:
         its run's evidence is a miss (the key is JIT-built again)."""
         hit = self._get("jit", key, ident)
         if hit is not None and not isinstance(hit[0].get("evidence"), dict):
-            self.hits -= 1
             return None
         return hit
 

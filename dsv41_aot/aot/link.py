@@ -54,9 +54,8 @@ from .elf import Elf
 from ..errors import AotError, ManifestError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import BAND_SUFFIX, LIB, LIBS_JSON, LIBS_SCHEMA, Manifest, atomic_write, rooms, sha256_file
-from ..room import Room, named_by_rooms
-
 from ..records import Band
+from ..room import Room, named_by_rooms
 
 XZ_PRESET = 6  # measured: preset 9, extreme and an x86 BCJ filter gain under 1% on these libraries
 BAND = 8  # step widths per chunk

@@ -45,7 +45,8 @@ def llvm_tool(name: str) -> Path | None:
     return next((d / name for d in _llvm_dirs() if (d / name).is_file()), None)
 
 
-def _version(tool: Path) -> str:
+def tool_version(tool: Path) -> str:
+    """The first line ``tool --version`` prints (ld.lld's and llvm-strip's identity)."""
     try:
         out = subprocess.run([str(tool), "--version"], capture_output=True, text=True, timeout=30)
     except OSError as e:
@@ -66,7 +67,7 @@ def find() -> Toolchain:
         if not found:
             raise ToolchainError("no llvm-strip found (debug info is stripped from exported objects)", fix=FIX_LLD)
         strip = Path(found)
-    lld_version = _version(lld)
+    lld_version = tool_version(lld)
     if lld.parent.parent.name == "llvm" and lld == lld.parent.parent.parent / "llvm" / "bin" / "ld.lld":
         rocm = lld.parent.parent.parent
     else:
