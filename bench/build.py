@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dsv41_aot.aot import matrix  # noqa: E402
+from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey  # noqa: E402
 from dsv41_aot.manifest import Manifest  # noqa: E402
 
@@ -56,9 +57,9 @@ def main() -> int:
     for arch in ("gfx950", "gfx942"):
         for s in widths:
             keys += [
-                BuildKey("k1", arch, s, 4, 1),
-                BuildKey("k2", arch, s, 4, 1),
-                BuildKey("ffn", arch, s, 4, 0),
+                BuildKey("k1", arch, s, 4, 1, release=NEWEST),
+                BuildKey("k2", arch, s, 4, 1, release=NEWEST),
+                BuildKey("ffn", arch, s, 4, 0, release=NEWEST),
             ]
     out = Path(args.out or tempfile.mkdtemp(prefix="dsv41-bench-")) / "kernels_prebuilt"
     print(f"sample: {len(keys)} keys (K1, K2, FFN x widths {widths} x gfx950/gfx942, TP 4), jobs={args.jobs}, out={out}")
@@ -73,7 +74,7 @@ def main() -> int:
         print(f"  refused: {f['error']}")
     entries, secs = {}, {}
     for arch in ("gfx950", "gfx942"):
-        man = Manifest.read(out / arch)  # the sample's keys are the newest release's (its room)
+        man = Manifest.read(out / arch, release=NEWEST)  # the sample's keys are the newest release's (its room)
         entries.update(man.entries)
         secs.update(man.timings)  # the room's timings.json: the manifest holds nothing measured
 
@@ -81,7 +82,7 @@ def main() -> int:
     print(f"{'kind':5} {'arch':7} " + " ".join(f"s={w:<6}" for w in widths))
     for kind in ("k1", "k2", "ffn"):
         for arch in ("gfx950", "gfx942"):
-            row = [secs.get(str(BuildKey(kind, arch, w, 4, 0 if kind == "ffn" else 1)), float("nan")) for w in widths]
+            row = [secs.get(str(BuildKey(kind, arch, w, 4, 0 if kind == "ffn" else 1, release=NEWEST)), float("nan")) for w in widths]
             # nan: the key was refused (see above); its time is not recorded
             print(f"{kind:5} {arch:7} " + " ".join(f"{x:<8.2f}" for x in row))
 
@@ -110,7 +111,7 @@ def main() -> int:
     fit = {}
     for kind in ("k1", "k2", "ffn"):
         for arch in ("gfx950", "gfx942"):
-            pts = [(w, secs[k]) for w in widths if (k := str(BuildKey(kind, arch, w, 4, 0 if kind == "ffn" else 1))) in secs]
+            pts = [(w, secs[k]) for w in widths if (k := str(BuildKey(kind, arch, w, 4, 0 if kind == "ffn" else 1, release=NEWEST))) in secs]
             if len(pts) > 1:
                 slope = (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
             else:

@@ -96,6 +96,7 @@ if mode == "stdlib":  # what a vLLM process has imported long before (vLLM, torc
 t0 = time.perf_counter()
 import dsv41_aot
 t1 = time.perf_counter()
+from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.runtime import host, loader  # what the first dsv41_aot.keys() imports
 t2 = time.perf_counter()
 host._installed_vllm()  # the installed vLLM's mono sources digest (release_of computes it first thing)
@@ -249,7 +250,7 @@ def flydsl_side(arch: str, keys: list[str]) -> dict:
         import_s = time.perf_counter() - t0
         keys = {keys!r}
         def launcher(k):
-            k = BuildKey.parse(k)
+            k = BuildKey.parse(k, NEWEST)
             return getattr(layer, KINDS[k.kind].builder)(layer.MonoBuild(**k.build_fields()))
     """
     cold = py(prelude + """

@@ -2,7 +2,7 @@
 
 A key is a launch kind (``k1``, ``k2``, ``ffn``), a GPU architecture and the
 fields of vLLM's ``MonoBuild`` that the launch's builder reads. A key belongs to one
-vLLM release (``release``, default the newest: ``facts/releases.py``); its
+vLLM release (``release``, always said: ``facts/releases.py``); its
 string form names the launch within that release and is used everywhere (CLI,
 manifest, logs, errors; the release is said beside it)::
 
@@ -29,7 +29,7 @@ Shared core (build and runtime): standard library only.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from .errors import KeyFormatError
 from .facts import arches as _arches
@@ -38,12 +38,7 @@ from .facts import releases as _releases
 
 KINDS = tuple(_kinds.KINDS)
 ARCHES = tuple(_arches.ARCHES)
-NEWEST = _releases.NEWEST
 RATIOS = (0, 1, 2)  # models/deepseek_v41/attention.py refuses any other ratio
-
-# the newest release's MonoBuild defaults; a key reads its own release's
-# (facts/releases.py Release.defaults)
-DEFAULTS = _releases.release_facts(NEWEST).defaults
 
 # short name in the key string -> MonoBuild field
 _SHORT = dict(
@@ -65,7 +60,7 @@ _KEY_RE = re.compile(r"^(?P<kind>[a-z0-9]+)@(?P<arch>gfx[0-9a-f]+):(?P<fields>.*
 
 
 
-def pinned(kind: str, release: str = NEWEST) -> dict:
+def pinned(kind: str, release: str) -> dict:
     """The MonoBuild fields a ``kind`` launch of ``release`` does not take:
     those its builder does not read (pinned to what vLLM passes) and those the
     release's MonoBuild does not have (pinned to the value it behaves as)."""
@@ -97,7 +92,9 @@ class BuildKey:
     ug_groups: int | None = None
     swa_width: int | None = None
     timeline: bool | None = None
-    release: str = NEWEST  # the vLLM release whose MonoBuild this is (not in the string form)
+    # the vLLM release whose MonoBuild this is (not in the string form):
+    # always given, by keyword, never assumed
+    release: str = field(kw_only=True)
 
     def __post_init__(self):
         _kinds.kind_facts(self.kind)
@@ -144,7 +141,7 @@ class BuildKey:
         return f"{self} (vLLM {self.release})"
 
     @classmethod
-    def parse(cls, text: str, release: str = NEWEST) -> "BuildKey":
+    def parse(cls, text: str, release: str) -> "BuildKey":
         """The key named by ``text`` within vLLM ``release`` (its canonical
         string, or one with the optional fields at their defaults written out)."""
         m = _KEY_RE.match(text.strip())

@@ -46,7 +46,7 @@ import re
 from pathlib import Path
 
 from .errors import IntegrityError, ManifestError
-from .facts.releases import NEWEST, RELEASES, release_facts, version_order
+from .facts.releases import RELEASES, release_facts, version_order
 
 SCHEMA = 2  # 2: one manifest a (arch, release) room; 1 was one a arch
 MANIFEST = "manifest.json"
@@ -129,7 +129,7 @@ class Manifest:
     (objects and bands are the arch's), ``room`` the release's folder in it."""
 
     def __init__(self, arch_dir: Path, arch: str, entries: dict | None = None, abis: dict | None = None,
-                 refused: dict | None = None, timings: dict | None = None, release: str = NEWEST):
+                 refused: dict | None = None, timings: dict | None = None, *, release: str):
         self.dir = Path(arch_dir)
         self.arch = arch
         self.release = release
@@ -160,7 +160,7 @@ class Manifest:
 
     # ---------------------------------------------------------------- io
     @classmethod
-    def read(cls, arch_dir: Path, arch: str | None = None, *, release: str = NEWEST,
+    def read(cls, arch_dir: Path, arch: str | None = None, *, release: str,
              missing_ok: bool = False) -> "Manifest":
         arch_dir = Path(arch_dir)
         path = room_dir(arch_dir, release) / MANIFEST

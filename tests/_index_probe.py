@@ -55,7 +55,8 @@ def main(keys: list) -> dict:
     from dsv41_aot.runtime.loader import Launcher
 
     compat.install_aiter_shim()  # the project's aiter helpers, from the installed wheel
-    mod = source.import_mono(source.find(), "runner")
+    src = source.find()
+    mod = source.import_mono(src, "runner")
     out["runner"] = mod.__file__
     out["patched"] = bool(getattr(mod.build_mono_k1, "__dsv41_aot__", False))
     out["gfx942"] = bool(getattr(mod, "GFX942", False))
@@ -69,7 +70,7 @@ def main(keys: list) -> dict:
     names = {f.name for f in dataclasses.fields(mod.MonoBuild)}
     got = {}
     for key in keys:
-        k = BuildKey.parse(key)
+        k = BuildKey.parse(key, src.version)  # the installed vLLM's launches
         b = mod.MonoBuild(**{n: getattr(k, n) for n in names})
         try:
             got[key] = describe(getattr(mod, f"build_mono_{k.kind}")(b))

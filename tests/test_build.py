@@ -13,14 +13,13 @@ import sys
 import time
 
 import pytest
+from _smoke import OLD, REPO, SMOKE_KEYS, SMOKE_RELEASE_KEYS, copy_of, room, run_cli
 
 from dsv41_aot import cli, source
 from dsv41_aot.aot import builder, elf, matrix, toolchain
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import BAND_SUFFIX, LIB, LIBS_JSON, Manifest, rooms, sha256_file
-
-from _smoke import OLD, REPO, SMOKE_KEYS, SMOKE_RELEASE_KEYS, copy_of, room, run_cli
 
 GOLDEN = REPO / "tests" / "data" / "golden_code_objects.txt"
 CHEAP = ["k1@gfx950:s=1,tp=2,r=0", "k1@gfx942:s=1,tp=4,r=0"]  # ~3 s each
@@ -114,7 +113,7 @@ def test_a_build_from_the_build_cache_compiles_nothing_and_gives_the_same_bytes(
     _, stdout, stderr = run_cli("build", "--profile", "smoke", "--out", second, "--no-progress")
     assert f"0 compiled, {ALL_SMOKE} from the build cache" in stdout
     assert _tree(second) == _tree(first) == _tree(smoke_dir)
-    assert Manifest.read(second / "gfx950").timings == Manifest.read(first / "gfx950").timings  # what compiles took
+    assert Manifest.read(second / "gfx950", release=NEWEST).timings == Manifest.read(first / "gfx950", release=NEWEST).timings  # what compiles took
 
 
 @pytest.mark.slow
@@ -144,10 +143,10 @@ def test_a_damaged_cache_entry_is_compiled_again_never_trusted(tmp_path):
 def test_resume_rebuilds_only_missing_or_corrupt_and_is_deterministic(smoke_dir, tmp_path):
     out = tmp_path / "pb"
     shutil.copytree(smoke_dir, out)
-    m950 = Manifest.read(out / "gfx950")
+    m950 = Manifest.read(out / "gfx950", release=NEWEST)
     dropped = m950.entries.pop("k1@gfx950:s=4,tp=4,r=1")
     m950.write()
-    m942 = Manifest.read(out / "gfx942")
+    m942 = Manifest.read(out / "gfx942", release=NEWEST)
     obj = out / "gfx942" / m942.entries["k1@gfx942:s=4,tp=4,r=1"]["object"]
     data = bytearray(obj.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -166,7 +165,7 @@ def test_resume_rebuilds_only_missing_or_corrupt_and_is_deterministic(smoke_dir,
         assert sorted(a.entries) == sorted(b.entries)
         for key in a.entries:
             assert a.entries[key]["sha256"] == b.entries[key]["sha256"], key
-    assert Manifest.read(out / "gfx950").entries["k1@gfx950:s=4,tp=4,r=1"]["sha256"] == dropped["sha256"]
+    assert Manifest.read(out / "gfx950", release=NEWEST).entries["k1@gfx950:s=4,tp=4,r=1"]["sha256"] == dropped["sha256"]
     assert Manifest.read(out / "gfx950", release=OLD).entries["k1@gfx950:s=4,tp=4,r=1"]["sha256"] == dropped_old["sha256"]
 
 
@@ -207,14 +206,14 @@ def _killed_build(moment: str, keys: list, out) -> dict:
         # worker compiles the next one (one compile is about 2 s)
         manifest, deadline = room(out, "gfx950") / "manifest.json", time.time() + 600
         while time.time() < deadline and proc.poll() is None:
-            if manifest.exists() and 1 <= len(Manifest.read(out / "gfx950").entries) < len(keys):
+            if manifest.exists() and 1 <= len(Manifest.read(out / "gfx950", release=NEWEST).entries) < len(keys):
                 time.sleep(0.3)
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
             time.sleep(0.02)
     err = proc.communicate(timeout=600)[1]
     assert proc.returncode == -signal.SIGKILL, f"the build was not interrupted {moment} (exit {proc.returncode}): {err[-2000:]}"
-    m = Manifest.read(out / "gfx950", missing_ok=True)  # parses: never torn
+    m = Manifest.read(out / "gfx950", missing_ok=True, release=NEWEST)  # parses: never torn
     for key in m.entries:
         m.check_object(key)
     return m.entries
@@ -236,7 +235,7 @@ def test_a_build_killed_mid_flight_resumes_with_what_is_missing(moment, tmp_path
     s = build_json(*K1S, out=out)
     missing = len(K1S) - len(recorded)
     assert (s["compiled"] + s["cached"], s["up_to_date"], s["failed"]) == (missing, len(recorded), 0)
-    m = Manifest.read(out / "gfx950")
+    m = Manifest.read(out / "gfx950", release=NEWEST)
     assert sorted(m.entries) == sorted(K1S)
     for key, e in recorded.items():
         assert m.entries[key]["sha256"] == e["sha256"], f"{key} was compiled again"
@@ -283,7 +282,7 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     s = json.loads(run_cli(*args)[1])
     assert s["compiled"] == 1
     assert json.loads(run_cli(*args)[1])["compiled"] == 0
-    built = Manifest.read(out / "gfx950").entries[CHEAP[0]]
+    built = Manifest.read(out / "gfx950", release=NEWEST).entries[CHEAP[0]]
     # a checkout without a version is told by its digest: it is 0.33.0's
     assert (built["source"]["vllm_version"], built["source"]["mono_sources"]) == ("unknown", src.digest)
     # a second key of the room, built from the same tree
@@ -295,7 +294,7 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     # digests (never passed over for the installed vLLM), nothing rebuilt
     code, _, err = run_cli(*args, check=False)
     assert code == 2 and edited in err and src.digest in err and "mono_sources" in err
-    assert Manifest.read(out / "gfx950").entries[CHEAP[0]] == built
+    assert Manifest.read(out / "gfx950", release=NEWEST).entries[CHEAP[0]] == built
     # a matrix recording the edited digest for 0.33.0 rebuilds what it covers
     mx = tmp_path / "build_matrix.yaml"
     mx.write_text((REPO / "build_matrix.yaml").read_text().replace(f"mono_sources: {src.digest}", f"mono_sources: {edited}"))
@@ -303,10 +302,10 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     # naming both digests (one room, one source), nothing rebuilt
     code, _, err = run_cli(*args, "--matrix", mx, check=False)
     assert code == 2 and edited in err and src.digest in err and "two sources" in err
-    assert Manifest.read(out / "gfx950").entries[CHEAP[0]] == built
+    assert Manifest.read(out / "gfx950", release=NEWEST).entries[CHEAP[0]] == built
     s = json.loads(run_cli(*args[:2], CHEAP[0], K1S[1], *args[3:], "--matrix", mx)[1])
     assert s["compiled"] == 2
-    e = Manifest.read(out / "gfx950").entries[CHEAP[0]]
+    e = Manifest.read(out / "gfx950", release=NEWEST).entries[CHEAP[0]]
     assert e["source"]["mono_sources"] == edited
     assert e["source"]["vllm_version"] == "unknown"
     assert json.loads(run_cli(*args, "--matrix", mx)[1])["compiled"] == 0
@@ -337,17 +336,17 @@ def _only_the_changed_key_rebuilds(out, field, **run) -> str:
     differing from before in ``field`` only; again, nothing. Returns the new
     ``field``."""
     a, b = K1S[:2]
-    m = Manifest.read(out / "gfx950")
+    m = Manifest.read(out / "gfx950", release=NEWEST)
     for k in K1S[2:]:
         del m.entries[k]
     m.write()
-    before = Manifest.read(out / "gfx950").entries
+    before = Manifest.read(out / "gfx950", release=NEWEST).entries
     code, _, err = run_cli("build", "--key", a, "--out", out, "--json", "--no-progress", check=False, **run)
     assert code == 2 and "two sources" in err and field in err and f"--key '{a}' '{b}'" in err, err
-    assert Manifest.read(out / "gfx950").entries == before
+    assert Manifest.read(out / "gfx950", release=NEWEST).entries == before
     s = build_json(a, b, out=out, **run)
     assert (s["compiled"], s["up_to_date"], s["failed"]) == (2, 0, 0), f"a changed {field} did not rebuild the room"
-    after = Manifest.read(out / "gfx950").entries
+    after = Manifest.read(out / "gfx950", release=NEWEST).entries
     new, old = after[a]["source"], before[a]["source"]
     assert {f for f in new if new[f] != old.get(f)} == {field} and after[b]["source"] == new
     # the same kernel source and compile: the same GPU code (the object's own
@@ -428,10 +427,10 @@ def test_a_flydsl_change_rebuilds_only_keys_built_by_another(built_k1s, tmp_path
 
 
 def test_identity_change_makes_a_key_stale(tmp_path):
-    m = Manifest(tmp_path / "gfx950", "gfx950")
+    m = Manifest(tmp_path / "gfx950", "gfx950", release=NEWEST)
     from dsv41_aot.keys import BuildKey
 
-    key = BuildKey.parse(CHEAP[0])
+    key = BuildKey.parse(CHEAP[0], NEWEST)
     obj = m.dir / "objects" / "x.o"
     obj.parent.mkdir(parents=True)
     obj.write_bytes(b"object")
@@ -467,7 +466,7 @@ def test_keys_that_cannot_run_fail_alone(tmp_path):
     errors = {f["key"]: f["error"] for f in s["failures"]}
     assert "moe.py" in errors[refused]
     assert unresident in errors[unresident] and "LDS" in errors[unresident] and "65536" in errors[unresident].replace(",", "")
-    m = Manifest.read(out / "gfx942")
+    m = Manifest.read(out / "gfx942", release=NEWEST)
     assert list(m.entries) == [CHEAP[1]]
     assert m.entries[CHEAP[1]]["resources"]["scratch_bytes"] == 0
     assert set(m.refused) == {refused, unresident}

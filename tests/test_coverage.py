@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from _smoke import cli, copy_of
+
 from dsv41_aot.aot import coverage
+from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import LIBS_JSON, Manifest, room_dir
 
@@ -41,7 +42,7 @@ def test_gfx950_tp4_counts_and_widths(sched):
     # every layer kind runner.forward accepts: ratio 0 with fold 0/1, ratio 1 and 2
     # with fold 0/1 x index 0/1 = 10 a width; K2 ignores fold: 5 distinct (ratio, index)
     assert len(by_kind["k1"]) == 48 * 10 and len(by_kind["k2"]) == 48 * 5 and len(by_kind["ffn"]) == 48
-    assert BuildKey.parse("k1@gfx950:s=13,tp=4,r=2,f=0") in keys and BuildKey.parse("k1@gfx950:s=13,tp=4,r=1,f=0") in keys
+    assert BuildKey.parse("k1@gfx950:s=13,tp=4,r=2,f=0", NEWEST) in keys and BuildKey.parse("k1@gfx950:s=13,tp=4,r=1,f=0", NEWEST) in keys
     assert any(k.index for k in by_kind["k2"])
     assert all((k.experts, k.topk, k.ug_groups, k.swa_width) == (384, 6, 2, 128) for k in keys)
     assert not any(k.timeline for k in keys)
@@ -52,7 +53,7 @@ def test_gfx942_rules(sched):
     assert max(k.tokens for k in keys) == 42  # MAX_ROWS_GFX942
     assert not any(k.index for k in keys if k.kind == "k2")  # runner.py: K2 built with index=False
     assert any(k.index for k in keys if k.kind == "k1")
-    assert BuildKey.parse("k2@gfx942:s=4,tp=4,r=1") in keys
+    assert BuildKey.parse("k2@gfx942:s=4,tp=4,r=1", NEWEST) in keys
 
 
 def test_draft_on_gfx950_is_its_own_runner_on_gfx942_the_ffn_launch(sched):
@@ -110,7 +111,7 @@ def test_required_layer_kinds_come_from_vllms_rules_not_the_matrix(tmp_path):
     r = cli("coverage", "--arch", "gfx942", "--tp", 4, "--profile", "full", "--matrix", path, "--json")
     rep = only(json.loads(r.stdout), "0.33.0")
     assert r.returncode == 1 and len(rep["missing"]) == 42
-    assert all(BuildKey.parse(k).with_(tokens=1) == BuildKey.parse("k1@gfx942:s=1,tp=4,r=1,f=0") for k in rep["missing"])
+    assert all(BuildKey.parse(k, NEWEST).with_(tokens=1) == BuildKey.parse("k1@gfx942:s=1,tp=4,r=1,f=0", NEWEST) for k in rep["missing"])
 
 
 # ---------------------------------------------------------------- the matrix profiles

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _smoke import OLD, REPO, copy_of, libdir, room
+
 from dsv41_aot.aot import verify as verify_mod
 from dsv41_aot.aot.lock import LOCK_FILE, arch_lock
 from dsv41_aot.errors import ManifestError
@@ -267,7 +267,7 @@ def test_two_builders_on_one_out_both_end_built_and_linked(tmp_path):
     b = popen_build(out, [second], stderr=log_b)
     assert a.wait(600) == 0 and b.wait(600) == 0, (tmp_path / "a.err").read_text() + (tmp_path / "b.err").read_text()
     assert f"waiting for another dsv41-aot build or link of {out / 'gfx950'} (pid {a.pid})" in (tmp_path / "b.err").read_text()
-    man = Manifest.read(out / "gfx950")
+    man = Manifest.read(out / "gfx950", release=NEWEST)
     assert sorted(man.entries) == sorted([first, second])
     linked = {k for lib in json.loads((room(out, "gfx950") / LIBS_JSON).read_text())["libraries"] for k in lib["entries"]}
     assert linked == {first, second}
@@ -328,7 +328,7 @@ def test_build_holds_the_lock_through_link(smoke, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_flipped_object_is_refused_by_verify_and_link_and_rebuilt_by_build(smoke, tmp_path):
     d = copy_of(smoke, tmp_path / "p")
-    man = Manifest.read(d / "gfx950")
+    man = Manifest.read(d / "gfx950", release=NEWEST)
     key = "k1@gfx950:s=4,tp=4,r=1"  # the cheapest smoke key to compile again
     before = man.object_path(key).read_bytes()
     flip(man.object_path(key), random.Random(SEED))
@@ -424,7 +424,7 @@ def test_random_manifest_flips_are_refused(smoke, tmp_path):
             continue
         # verify passed: the manifest must still mean the same (what the
         # loader and the builder read), only an informational figure moved
-        assert meaning(Manifest.read(d / "gfx950")) == meaning(Manifest.read(reference_dir)), \
+        assert meaning(Manifest.read(d / "gfx950", release=NEWEST)) == meaning(Manifest.read(reference_dir, release=NEWEST)), \
             f"flip at byte {at} passed verify and changed the manifest"
         informational += 1
         record("survived")
@@ -441,7 +441,7 @@ def test_random_manifest_flips_are_refused(smoke, tmp_path):
 def test_corrupt_manifest_link_refuses_and_its_fix_recovers(smoke, tmp_path, damage):
     d = copy_of(smoke, tmp_path / "p")
     path = room(d, "gfx950") / MANIFEST
-    before = Manifest.read(d / "gfx950")
+    before = Manifest.read(d / "gfx950", release=NEWEST)
     good = path.read_bytes()
     bad = {
         "truncated": good[: len(good) // 2],
@@ -500,7 +500,7 @@ def test_an_abi_with_a_slot_removed_is_refused_at_read(smoke, tmp_path):
     doc["abis"][aid] = doc["abis"][aid][:-2] + doc["abis"][aid][-1:]  # drop the slot before the stream
     path.write_text(json.dumps(doc))
     with pytest.raises(ManifestError, match=f"ABI {aid} is not the slot list its id names"):
-        Manifest.read(d / "gfx950")
+        Manifest.read(d / "gfx950", release=NEWEST)
     v = cli("verify", "--dir", d)
     assert v.returncode == 1 and f"ABI {aid}" in v.stdout and "dsv41-aot build --arch gfx950" in v.stderr
     record("refused")
@@ -514,7 +514,7 @@ def test_a_corrupt_old_release_manifest_recovers_only_that_releases_objects(smok
     0.33.0's room as it was."""
     d = copy_of(smoke, tmp_path / "p")
     key = "k1@gfx950:s=4,tp=4,r=1"  # in both rooms: two objects, one entry point name
-    new = Manifest.read(d / "gfx950")
+    new = Manifest.read(d / "gfx950", release=NEWEST)
     stray = new.entries.pop(key)  # 0.33.0's K1 object, now named by no manifest
     new.write()
     new_bytes = (room(d, "gfx950") / MANIFEST).read_bytes()

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _smoke import SMOKE_RELEASE_KEYS
 
 from dsv41_aot.aot import codeobject, inspection
 from dsv41_aot.aot.codeobject import manifest_figures
@@ -22,10 +23,9 @@ from dsv41_aot.aot.elf import Elf, ElfError, exported_parts
 from dsv41_aot.aot.residency import residency_problems, spill_notes, usage
 from dsv41_aot.errors import UnknownArchError
 from dsv41_aot.facts.arches import arch_facts
+from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest, rooms
-
-from _smoke import SMOKE_RELEASE_KEYS
 
 ALL = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # smoke keys of every release
 
@@ -138,7 +138,7 @@ def test_summary_names_the_tightest_key_per_resource_and_the_spills():
 
 
 def test_series_tell_variants_apart():
-    names = {inspection.series(BuildKey.parse(k)) for k in (
+    names = {inspection.series(BuildKey.parse(k, NEWEST)) for k in (
         "k2@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=2,r=1", "k2@gfx950:s=4,tp=4,r=1,i=1",
         "k1@gfx950:s=4,tp=4,r=0,f=0,e=128,k=3,g=1,w=192", "k1@gfx950:s=4,tp=4,r=0", "ffn@gfx942:s=4,tp=4,r=0,e=128,k=3")}
     assert names == {"k2 r1", "k2 r1 index", "k1 r0 e128/k3", "k1 r0", "ffn e128/k3"}

@@ -29,8 +29,8 @@ import json
 import subprocess
 
 import pytest
-
 from _smoke import SMOKE_RELEASE_KEYS, copy_of, room
+
 from dsv41_aot.aot import elf
 from dsv41_aot.aot.compiler import describe_object
 from dsv41_aot.aot.link import link_dir
@@ -53,9 +53,9 @@ NARROW = ("int32", "int16", "uint8", "int64", "int8", "uint16", "uint32", "int64
 
 
 def test_the_cases_are_the_six_real_abis_and_the_narrowed_ones():
-    assert len(REAL) == 6 and {BuildKey.parse(k).kind for _, k, _ in REAL} == {"k1", "k2", "ffn"}
+    assert len(REAL) == 6 and {BuildKey.parse(k, NEWEST).kind for _, k, _ in REAL} == {"k1", "k2", "ffn"}
     assert {r for r, _, _ in REAL} == set(SMOKE_RELEASE_KEYS) and len(SMOKE_RELEASE_KEYS) == 2
-    assert {BuildKey.parse(k).kind for _, k, _ in NARROWED} == {"k1", "k2", "ffn"}
+    assert {BuildKey.parse(k, NEWEST).kind for _, k, _ in NARROWED} == {"k1", "k2", "ffn"}
 
 
 def narrowed(meta: dict) -> dict:

@@ -17,10 +17,9 @@ import textwrap
 import threading
 
 import pytest
-
 from _smoke import OLD, REPO, copy_of, libdir, room, smoke_count
+
 import dsv41_aot
-from dsv41_aot.runtime import loader, state
 from dsv41_aot.errors import (
     ArchMismatchError,
     CaptureError,
@@ -34,8 +33,10 @@ from dsv41_aot.errors import (
     ReleaseMismatchError,
     SourceMismatchError,
 )
+from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest
+from dsv41_aot.runtime import loader, state
 
 pytestmark = pytest.mark.slow
 K1 = "k1@gfx950:s=4,tp=4,r=1"
@@ -60,10 +61,10 @@ def test_launchers_for_every_smoke_key(smoke, fresh):
     for arch in ("gfx950", "gfx942"):
         for text in fresh.keys(arch, prebuilt=smoke):
             launcher = dsv41_aot.load_key(text, prebuilt=smoke)
-            key = BuildKey.parse(text)
+            key = BuildKey.parse(text, NEWEST)
             assert launcher.key == text and launcher.arch == arch
             assert launcher.kernel_name == key.kernel_symbol and launcher.entry == key.entry
-            assert launcher.abi[-1]["name"] == "stream" and launcher.abi == Manifest.read(smoke / arch).abi(text)
+            assert launcher.abi[-1]["name"] == "stream" and launcher.abi == Manifest.read(smoke / arch, release=NEWEST).abi(text)
             assert dsv41_aot.load_key(text, prebuilt=smoke) is launcher  # one Launcher per key
 
 
@@ -489,7 +490,7 @@ def test_a_key_string_is_served_by_the_running_vllms_room(smoke, fresh):
     assert fresh.releases("gfx942", prebuilt=smoke) == ["0.33.0"]
     # the installed vLLM is 0.33.0: a key string names its launch
     new = dsv41_aot.load_key(K1, prebuilt=smoke)
-    assert new.kernel_name == BuildKey.parse(K1).kernel_symbol and new._idx.release == "0.33.0"
+    assert new.kernel_name == BuildKey.parse(K1, NEWEST).kernel_symbol and new._idx.release == "0.33.0"
     # a vLLM 0.32.0 runner (its mono package, as the plugin says it): the same
     # string picks 0.32.0's room by the mono sources digest, its own kernel
     fresh.running_vllm(_old_tree().mono_dir)
@@ -560,7 +561,7 @@ def test_an_allowed_source_mismatch_is_served_by_the_running_releases_room_not_t
         launcher = dsv41_aot.load_key(K1, prebuilt=smoke)
         launcher.bind()  # 0.32.0's band, and its ABI against that library's own metadata
     assert launcher._idx.release == OLD and launcher.key == K1
-    assert launcher.kernel_name == BuildKey.parse(K1, OLD).kernel_symbol != BuildKey.parse(K1).kernel_symbol
+    assert launcher.kernel_name == BuildKey.parse(K1, OLD).kernel_symbol != BuildKey.parse(K1, NEWEST).kernel_symbol
     old_bands = {lib["file"] for lib in json.loads((room(smoke, "gfx950", OLD) / "libs.json").read_text())["libraries"]}
     assert os.path.basename(launcher.library) in old_bands
     assert fresh.keys("gfx950", prebuilt=smoke) == sorted(Manifest.read(smoke / "gfx950", release=OLD).entries)

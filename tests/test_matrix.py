@@ -8,14 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
+from _smoke import OLD, REPO, run_cli
 
 from dsv41_aot.aot import matrix
 from dsv41_aot.aot.shards import shard
 from dsv41_aot.errors import MatrixError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
-
-from _smoke import OLD, REPO, run_cli
 
 MATRIX = REPO / "build_matrix.yaml"
 
@@ -39,14 +38,14 @@ def test_full_profile_follows_vllms_rules(m):
     # gfx950: every width 1..48 at TP 2 and 4, the draft as whole layers
     assert {k.tokens for k in gfx950} == set(range(1, 49)) and {k.tp for k in gfx950} == {2, 4}
     assert not any(k.kind == "ffn" and k.experts != 384 for k in gfx950)
-    draft = BuildKey.parse("k1@gfx950:s=6,tp=4,r=0,f=0,e=128,k=3,g=1,w=192")
+    draft = BuildKey.parse("k1@gfx950:s=6,tp=4,r=0,f=0,e=128,k=3,g=1,w=192", NEWEST)
     assert draft in full
     # an index source's K2 keeps index on gfx950; layer 0's K1 folds nothing
-    assert BuildKey.parse("k2@gfx950:s=1,tp=2,r=2,i=1") in full
-    assert BuildKey.parse("k1@gfx950:s=1,tp=2,r=0,f=0") in full
+    assert BuildKey.parse("k2@gfx950:s=1,tp=2,r=2,i=1", NEWEST) in full
+    assert BuildKey.parse("k1@gfx950:s=1,tp=2,r=0,f=0", NEWEST) in full
     # the kernel source refuses these (measured here): never in the matrix
-    assert BuildKey.parse("ffn@gfx942:s=33,tp=2,r=0") not in full
-    assert BuildKey.parse("k2@gfx942:s=17,tp=2,r=2") not in full
+    assert BuildKey.parse("ffn@gfx942:s=33,tp=2,r=0", NEWEST) not in full
+    assert BuildKey.parse("k2@gfx942:s=17,tp=2,r=2", NEWEST) not in full
 
 
 def test_full_holds_every_layer_kind_the_runner_accepts(m):
@@ -60,7 +59,7 @@ def test_full_holds_every_layer_kind_the_runner_accepts(m):
             for r in (0, 1, 2):
                 for f in (False, True):
                     for i in (False, True) if r else (False,):
-                        assert BuildKey(kind="k1", arch=arch, tokens=s, tp=tp, ratio=r, fold=f, index=i) in full
+                        assert BuildKey(kind="k1", arch=arch, tokens=s, tp=tp, ratio=r, fold=f, index=i, release=NEWEST) in full
     superset = [k for k in full if k.kind == "k1" and k.ratio and not k.fold and not k.index]
     # 2 ratios x 48 widths at each gfx950 TP, 2 x 42 on gfx942 TP4: the issue's 96 / 96 / 84
     assert len(superset) == 96 + 96 + 84

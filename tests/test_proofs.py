@@ -23,8 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-
 from _smoke import REPO, copy_of, room
+
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.manifest import Manifest, rooms
@@ -160,7 +160,7 @@ def copy(smoke_dir, tmp_path) -> Path:
 def test_merge_refuses_a_malformed_proof_naming_it(copy, tmp_path, case, capsys):
     """ci/merge.py reads each shard room's verified.json through the parser:
     exit 1 naming the file (a traceback before), nothing written."""
-    man = Manifest.read(copy / "gfx950")
+    man = Manifest.read(copy / "gfx950", release=NEWEST)
     doc = json.loads(BAD[case]) if case != "no code_object_sha256" else None
     if doc is None:
         recs = {k: forged(man, k) for k in man.entries}
@@ -205,7 +205,7 @@ def test_record_replaces_an_unreadable_proof_and_verify_counts_per_room(copy):
     assert path.with_name("verified.json.corrupt").read_text() == "[]" and "set aside" in proc.stderr
     report = json.loads(proc.stdout)
     counts = {(p["arch"], p["release"]): p for p in report["proofs"]}[("gfx950", NEWEST)]
-    man = Manifest.read(copy / "gfx950")
+    man = Manifest.read(copy / "gfx950", release=NEWEST)
     assert counts == {"arch": "gfx950", "release": NEWEST, "keys": len(man.entries), PROVEN: 1, NO_EVIDENCE: 0,
                       STALE: 0, "unproven": len(man.entries) - 1}
     proof = Room(copy, "gfx950", NEWEST).proof()
@@ -254,7 +254,7 @@ def test_proofs_copied_from_the_manifest_are_told_apart(copy, tmp_path):
 def test_list_and_build_read_the_proofs(copy):
     """list says each key's proof; build says each room's count and warns
     of a proof its rebuild made stale (here: a proof of another object)."""
-    man = Manifest.read(copy / "gfx950")
+    man = Manifest.read(copy / "gfx950", release=NEWEST)
     recs = {k: forged(man, k) for k in man.entries}
     other = sorted(recs)[0]
     recs[other]["code_object_sha256"] = "0" * 64

@@ -16,15 +16,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from _smoke import SMOKE_RELEASE_KEYS
 
 from dsv41_aot.aot import jit, matrix, verify
 from dsv41_aot.aot.elf import exported_parts
 from dsv41_aot.errors import ToolchainError
+from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, room_dir, sha256_file
 from dsv41_aot.room import Room
-
-from _smoke import SMOKE_RELEASE_KEYS
 
 ALL = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # smoke keys of every release
 
@@ -112,7 +112,7 @@ def test_swapped_object_with_updated_sha_is_caught(copy):
 def test_compare_jit_names_every_difference(smoke, tmp_path):
     """The comparison itself, on real code objects: a JIT answer holding
     another key's code object differs in bytes, kernel name and kernargs."""
-    man = Manifest.read(smoke / "gfx950")
+    man = Manifest.read(smoke / "gfx950", release=NEWEST)
     k1, k2 = "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1"
     code = {k: exported_parts(man.object_path(k).read_bytes(), man.entries[k]["entry"])[1] for k in (k1, k2)}
     (tmp_path / "k2.co").write_bytes(code[k2])
@@ -131,7 +131,7 @@ def test_compare_jit_names_every_difference(smoke, tmp_path):
 
 
 def test_sample_is_seeded_per_room(tmp_path):
-    man = Manifest(tmp_path / "gfx950", "gfx950", entries={f"k1@gfx950:s={s},tp=4,r=1": {} for s in range(1, 21)})
+    man = Manifest(tmp_path / "gfx950", "gfx950", entries={f"k1@gfx950:s={s},tp=4,r=1": {} for s in range(1, 21)}, release=NEWEST)
     a = verify.choose_keys(man, None, 3, seed=0)
     assert len(a) == 3 and a == verify.choose_keys(man, None, 3, seed=0)
     assert verify.choose_keys(man, None, 3, seed=1) != a or verify.choose_keys(man, None, 3, seed=2) != a

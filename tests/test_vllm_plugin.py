@@ -70,10 +70,10 @@ def test_gfx950_runner_gets_the_prebuilt_launchers_vllm_would_compile(smoke):
         got = layer[kind]
         assert got["origin"] == "aot" and got["key"] == key
         # the kernel vLLM's own build_mono_* names, the key's symbol, the code object's
-        assert got["kernel_name"] == vllm_layer[kind] == BuildKey.parse(key).kernel_symbol
+        assert got["kernel_name"] == vllm_layer[kind] == BuildKey.parse(key, NEWEST).kernel_symbol
         assert got["kernel_name"] in code_object_symbols(smoke, key)
     assert ffn["ffn"]["origin"] == "aot" and ffn["ffn"]["key"] == "ffn@gfx950:s=4,tp=4,r=0"
-    assert ffn["ffn"]["kernel_name"] == vllm_ffn["ffn"] == BuildKey.parse("ffn@gfx950:s=4,tp=4,r=0").kernel_symbol
+    assert ffn["ffn"]["kernel_name"] == vllm_ffn["ffn"] == BuildKey.parse("ffn@gfx950:s=4,tp=4,r=0", NEWEST).kernel_symbol
     assert ffn["ffn"]["kernel_name"] in code_object_symbols(smoke, "ffn@gfx950:s=4,tp=4,r=0")
     # vLLM's memo: same object on the second call, under vLLM's own memo keys
     assert layer["memo"] and ffn["memo"]
@@ -115,7 +115,7 @@ def test_vllm_0_32_runner_is_served_its_own_release_and_never_0_33s(smoke):
         assert got["origin"] == "aot" and got["key"] == key
         # 0.32.0 names its kernels without fold / index / experts: the name its JIT gives, in 0.32.0's code object
         assert got["kernel_name"] == jit == BuildKey.parse(key, OLD).kernel_symbol
-        assert got["kernel_name"] != BuildKey.parse(key).kernel_symbol
+        assert got["kernel_name"] != BuildKey.parse(key, NEWEST).kernel_symbol
         assert got["kernel_name"] in code_object_symbols(smoke, key, OLD)
         # a band of the 0.32.0 room that the 0.33.0 room does not name: 0.33.0's objects differ
         band = Path(got["library"]).name
@@ -157,7 +157,7 @@ def test_gfx942_k2_is_the_one_built_without_index_and_fallback_jits_the_rest(smo
     assert layer["k2"]["kernel_name"] in code_object_symbols(smoke, "k2@gfx942:s=4,tp=4,r=1")
     # ... while its K1 keeps index=True: not in the smoke set, so vLLM's JIT builds it
     assert layer["k1"]["origin"] == "jit" and layer["k1"]["kernel_name"] == vllm_layer["k1"]
-    assert vllm_layer["k1"] == BuildKey.parse("k1@gfx942:s=4,tp=4,r=1,i=1").kernel_symbol
+    assert vllm_layer["k1"] == BuildKey.parse("k1@gfx942:s=4,tp=4,r=1,i=1", NEWEST).kernel_symbol
     assert draft_ffn["ffn"]["origin"] == "jit" and draft_ffn["ffn"]["kernel_name"].endswith("_e128E")
     assert ffn["ffn"]["origin"] == "aot" and ffn["ffn"]["key"] == "ffn@gfx942:s=4,tp=4,r=0"
     # one warning a missing key, though a second runner asked again
@@ -177,13 +177,13 @@ def check_served(got: dict, key: str, vllm_name: str, prebuilt: Path) -> None:
     """A Launcher handed out for ``key``, bound, naming the kernel vLLM's own
     JIT launcher names for the same call, which is in the key's code object."""
     assert got["origin"] == "aot" and got["key"] == key and got["bound"], got
-    assert got["kernel_name"] == vllm_name == BuildKey.parse(key).kernel_symbol
+    assert got["kernel_name"] == vllm_name == BuildKey.parse(key, NEWEST).kernel_symbol
     assert got["kernel_name"] in code_object_symbols(prebuilt, key)
 
 
 def check_jit(got: dict, vllm_name: str, key: str) -> None:
     """vLLM's own launcher handed out, for the kernel ``key`` names."""
-    assert got["origin"] == "jit" and got["kernel_name"] == vllm_name == BuildKey.parse(key).kernel_symbol, got
+    assert got["origin"] == "jit" and got["kernel_name"] == vllm_name == BuildKey.parse(key, NEWEST).kernel_symbol, got
 
 
 # ---------------------------------------------------------------- every field of the MonoBuild is the key's
@@ -230,7 +230,7 @@ def test_each_monobuild_field_changes_the_key_the_runner_gets(smoke):
     the smoke key's Launcher, which the plain calls do get."""
     assert all(key in SMOKE_KEYS for key in PLAIN.values())
     for _, want in FIELD_CALLS.values():  # the table itself: one canonical key each, none prebuilt but PLAIN's
-        assert all(str(BuildKey.parse(k)) == k and (k in PLAIN.values() or k not in SMOKE_KEYS) for k in want.values())
+        assert all(str(BuildKey.parse(k, NEWEST)) == k and (k in PLAIN.values() or k not in SMOKE_KEYS) for k in want.values())
     calls = [["kernels", 4, 1, True, False], ["ffn", 4, 384, 6]] + [call for call, _ in FIELD_CALLS.values()]
     out = probe("gfx950", smoke, "fallback", "hook", calls)
     assert out["patched"]
@@ -265,7 +265,7 @@ def test_strict_refuses_the_unbuilt_fold_off_k1_instead_of_serving_the_fold_on_o
     assert refused.get("error") == "KeyNotPrebuiltError", refused
     assert f"{f0} is not prebuilt for vLLM {NEWEST}" in refused["message"]
     assert f"dsv41-aot build --release {NEWEST} --key '{f0}'" in refused["message"]
-    assert vllm_refused["k1"] == BuildKey.parse(f0).kernel_symbol and "_f0_" in vllm_refused["k1"]
+    assert vllm_refused["k1"] == BuildKey.parse(f0, NEWEST).kernel_symbol and "_f0_" in vllm_refused["k1"]
     # the f=1 K1 the refused call must not get, served to the call that builds it
     check_served(plain["k1"], PLAIN["k1"], vllm_plain["k1"], smoke)
     assert out["installed"]["served_jit"] == 0
@@ -291,7 +291,7 @@ def variants(tmp_path_factory):
     compiles); the smoke build holds none of them."""
     out = tmp_path_factory.mktemp("variants")
     keys = sorted(VARIANT_KEYS.values())
-    assert [str(BuildKey.parse(k)) for k in keys] == keys  # each is its key's one string form
+    assert [str(BuildKey.parse(k, NEWEST)) for k in keys] == keys  # each is its key's one string form
     r = cli("build", "--key", *keys, "--any-key", "--out", out, "--no-progress")
     assert r.returncode == 0, r.stdout + r.stderr
     return out
@@ -340,7 +340,7 @@ def test_the_variant_k1_objects_are_what_vllms_jit_compiles(variants):
 
 
 def library_of(prebuilt: Path, key: str) -> Path:
-    arch = BuildKey.parse(key).arch
+    arch = BuildKey.parse(key, NEWEST).arch
     libs = json.loads((room(prebuilt, arch) / "libs.json").read_text())["libraries"]
     (lib,) = [lib for lib in libs if key in lib["entries"]]
     return libdir(prebuilt, arch) / lib["file"]

@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _smoke import REPO, SMOKE_RELEASE_KEYS, copy_of, room
 
 from dsv41_aot.aot import jit, verify
 from dsv41_aot.aot.workers import RUN_PREFIX
+from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.manifest import Manifest, rooms
 
 # (release, key) of every smoke key: a key string names a launch within its release
@@ -111,8 +111,8 @@ def test_one_job_builds_every_arch(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     s = json.loads(r.stdout)
     assert (s["keys"], s["compiled"], s["up_to_date"], s["failed"]) == (2, 2, 0, 0), s
-    assert set(Manifest.read(out / "gfx950").entries) == {K1_950}
-    assert set(Manifest.read(out / "gfx942").entries) == {K1_942}
+    assert set(Manifest.read(out / "gfx950", release=NEWEST).entries) == {K1_950}
+    assert set(Manifest.read(out / "gfx942", release=NEWEST).entries) == {K1_942}
     assert runs(tmp_path) == []  # the run's folder goes with the run
 
 
@@ -194,9 +194,9 @@ def test_a_hung_compile_times_out_and_the_build_goes_on(tmp_path):
     assert (s["compiled"], s["failed"]) == (1, 1), s
     (f,) = s["failures"]
     assert f["key"] == hung and "did not finish in 25 s" in f["error"] and f"worker {worker} killed, log:" in f["error"]
-    assert set(Manifest.read(out / "gfx950").entries) == {fine}
+    assert set(Manifest.read(out / "gfx950", release=NEWEST).entries) == {fine}
     assert not alive(worker)
-    m = Manifest.read(out / "gfx950")
+    m = Manifest.read(out / "gfx950", release=NEWEST)
     assert hung not in m.refused  # a timeout is not the source's refusal: a rerun tries again
 
 
@@ -273,7 +273,6 @@ def test_merge_carries_the_proofs_and_can_require_them(smoke, tmp_path):
     sys.path.insert(0, str(REPO))
     from ci import merge
     from ci.prebuilt import check_arch
-
     from dsv41_aot.records import Evidence, KeyProof
 
     d = Path(shutil.copytree(smoke, tmp_path / "shard"))
@@ -290,7 +289,7 @@ def test_merge_carries_the_proofs_and_can_require_them(smoke, tmp_path):
         jit.write_verified(man, recs[arch_dir.name, release])
     unproven = sorted(recs["gfx942", "0.33.0"])[0]
     del recs["gfx942", "0.33.0"][unproven]
-    jit.write_verified(Manifest.read(d / "gfx942"), recs["gfx942", "0.33.0"])
+    jit.write_verified(Manifest.read(d / "gfx942", release=NEWEST), recs["gfx942", "0.33.0"])
 
     with pytest.raises(merge.MergeError, match="carry no proof") as e:
         merge.merge([d], tmp_path / "refused", link=False, log=None, require_verified=True)

@@ -65,7 +65,7 @@ def abi_of(meta: dict) -> list:
 class ArchCompiler:
     """Compiles keys of one architecture; lives for a worker's lifetime."""
 
-    def __init__(self, arch: str, vllm_root: str, arch_dir: str, strip: str, linker: str, release: str | None = None):
+    def __init__(self, arch: str, vllm_root: str, arch_dir: str, strip: str, linker: str, *, release: str):
         if os.environ.get("ARCH") != arch:
             raise RuntimeError(f"worker for {arch} started with ARCH={os.environ.get('ARCH')!r}")
         from .. import source
@@ -74,7 +74,7 @@ class ArchCompiler:
         self.arch = arch
         self.arch_dir = Path(arch_dir)
         self.src = source.MonoSource(root=Path(vllm_root))
-        self.release = release or self.src.version
+        self.release = release
         self.before_write = lambda: None  # the worker's parent check (worker.ensure_parent)
         self.strip = strip
         self.helpers = compat.install_aiter_shim()

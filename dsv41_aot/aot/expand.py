@@ -13,8 +13,9 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import KeyFormatError
+from ..facts.kinds import KINDS
 from ..facts.releases import RELEASES
-from ..keys import ARCHES, KINDS, RATIOS, BuildKey
+from ..keys import ARCHES, RATIOS, BuildKey
 from .yamllines import line_of
 
 _AXES = {"arch", "tp", "tokens", "timeline"}
@@ -36,7 +37,7 @@ class Rule:
     set: dict
     source: str
     line: int
-    release: str = ""
+    release: str  # the release whose section holds the rule
 
 
 @dataclass
@@ -199,7 +200,7 @@ def expand_release(m, doc: dict, version: str, sec: dict, digest: str) -> list:
                 raise m.error(line, f"group {g['name']}: unknown launch kind {kind!r} (known: {', '.join(KINDS)})")
         if g["routing"] not in routing:
             raise m.error(line, f"group {g['name']}: unknown routing {g['routing']!r} (known: {', '.join(routing)})")
-        whole = [k for k in g["kinds"] if k != "ffn"]
+        whole = [k for k in g["kinds"] if KINDS[k].whole_layer]  # built per layer kind (facts/kinds.py)
         if whole and g.get("layers") not in kinds_by_name:
             raise m.error(line, f"group {g['name']}: unknown layers {g.get('layers')!r} (known: {', '.join(kinds_by_name)})")
         lkinds = kinds_by_name[g["layers"]] if whole else [{"ratio": 0}]

@@ -40,21 +40,21 @@ from ..manifest import MANIFEST, OBJECTS, Manifest, read_timings, releases_in, r
 _ENTRY_RE = re.compile(r"dsv41_([a-z0-9]+)_(gfx[0-9a-f]+)_([a-z]+[0-9]+(?:_[a-z]+[0-9]+)*)")
 
 
-def key_of_entry(entry: str, release: str | None = None) -> BuildKey:
-    """The key (of vLLM ``release``, default the newest) whose C entry point
+def key_of_entry(entry: str, release: str) -> BuildKey:
+    """The key (of vLLM ``release``) whose C entry point
     is ``entry`` (the inverse of ``BuildKey.entry``)."""
     m = _ENTRY_RE.fullmatch(entry)
     if not m:
         raise AotError(f"{entry!r} is not a dsv41-aot entry point name")
     fields = ",".join(re.sub(r"^([a-z]+)([0-9]+)$", r"\1=\2", part) for part in m[3].split("_"))
     text = f"{m[1]}@{m[2]}:{fields}"
-    key = BuildKey.parse(text, release) if release else BuildKey.parse(text)
+    key = BuildKey.parse(text, release)
     if key.entry != entry:
         raise AotError(f"{entry!r} names {key}, whose entry point is {key.entry}")
     return key
 
 
-def entry_of_object(path: Path, arch: str, identity: dict, release: str | None = None) -> tuple[dict, list]:
+def entry_of_object(path: Path, arch: str, identity: dict, release: str) -> tuple[dict, list]:
     """(manifest entry, ABI) re-derived from one stored object, or AotError /
     ElfError / ValueError saying why it cannot be."""
     data = path.read_bytes()
@@ -87,12 +87,11 @@ def set_aside(path: Path) -> Path:
         n += 1
 
 
-def recover(arch_dir: Path, arch: str, identity: dict, release: str | None = None) -> tuple[Manifest, dict]:
+def recover(arch_dir: Path, arch: str, identity: dict, *, release: str) -> tuple[Manifest, dict]:
     """Set the corrupt manifest of ``release``'s room in ``arch_dir`` aside
     and write one rebuilt from the arch's objects. Returns the manifest and
     {"arch", "release", "set_aside", "recovered", "skipped": [why, ...]}."""
     arch_dir = Path(arch_dir)
-    release = release or identity.get("vllm_version")
     room = room_dir(arch_dir, release)
     aside = set_aside(room / MANIFEST)
     others: set = set()  # objects another release's (readable) manifest names

@@ -46,7 +46,6 @@ from pathlib import Path
 
 from . import elf
 from ..errors import AotError, IntegrityError, ManifestError
-from ..facts.releases import NEWEST
 from ..keys import BuildKey
 from ..manifest import OBJECTS, Manifest, rooms_or_error
 from ..room import Room, orphan_objects, rooms_in, rooms_of
@@ -63,7 +62,7 @@ class KeyReport:
 
     key: str
     arch: str
-    release: str = NEWEST
+    release: str
     checks: list = field(default_factory=list)  # names of the checks that ran
     problems: list = field(default_factory=list)
     jit_seconds: float | None = None
@@ -333,9 +332,8 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
            key_timeout: float | None = None, record: bool = False, release: str | None = None,
            matrix_path=None, cache: Path | None = None, reuse: bool = True) -> dict:
     """Verify the prebuilt directory ``root`` (its rooms of ``release``, or
-    every room); returns the JSON report. ``keys`` (BuildKeys, or key
-    strings of ``release`` -- default the newest --, named or a shard's) must
-    all be in ``root``. ``vllm_src``: vLLM trees to JIT-build from, one a
+    every room); returns the JSON report. ``keys`` (BuildKeys, each of its
+    own release, named or a shard's) must all be in ``root``. ``vllm_src``: vLLM trees to JIT-build from, one a
     release (``--vllm-src``, repeatable). ``cache``: the build cache whose JIT
     code objects stand in for JIT builds of the same identity (``reuse``
     False: JIT-build every key, still storing what it built)."""
@@ -356,7 +354,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             lib_failures += [dict(p.as_dict(), release=room.release) for p in room.problems(objects=False)]
     wanted = None
     if keys is not None:
-        wanted = {k if isinstance(k, BuildKey) else BuildKey.parse(k, release or NEWEST) for k in keys}
+        wanted = set(keys)
         known = {BuildKey.parse(k, m.release) for m in mans for k in m.entries}
         unknown = sorted(wanted - known)
         if unknown:

@@ -61,13 +61,13 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}{where}"
 
 
-def serve(arch: str, start, answer, ready=lambda state: {}, release: str | None = None) -> int:
+def serve(arch: str, start, answer, *, release: str, ready=lambda state: {}) -> int:
     """Run the key protocol. ``start()`` makes the per-arch state; each key
     then gets ``{"ok": true, "key", "seconds", **answer(state, key)}``, or
     ``{"ok": false, "key", "error", "kind", "seconds"}`` when it raises (one
     key's failure never stops the others). The ready line carries
     ``ready(state)``. Keys are read as launches of vLLM ``release`` (the
-    release of the tree the worker imports; default the newest)."""
+    release of the tree the worker imports)."""
     bind_to_parent()
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints go to stderr
@@ -96,7 +96,7 @@ def serve(arch: str, start, answer, ready=lambda state: {}, release: str | None 
         print(f"dsv41-aot worker {os.getpid()}: {text}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
-            out = answer(state, BuildKey.parse(text, release) if release else BuildKey.parse(text))
+            out = answer(state, BuildKey.parse(text, release))
             say({"ok": True, "key": text, "seconds": time.perf_counter() - t0, **out})
         except Exception as e:  # noqa: BLE001 - one key's failure must not stop the others
             traceback.print_exc()

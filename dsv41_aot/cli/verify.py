@@ -8,6 +8,8 @@ from pathlib import Path
 from ..aot.cache import cache_dir
 from ..aot.verify import shard_keys, verify
 from ..errors import AotError
+from ..facts.releases import NEWEST
+from ..keys import BuildKey
 from .cache import add_args
 
 
@@ -70,7 +72,9 @@ def run(args) -> int:
         raise AotError(f"--sample {args.sample}: must be at least 1", fix="pass --sample N with N >= 1")
     if args.record and not args.against_jit:
         raise AotError("--record writes the proof of a JIT comparison", fix="pass --against-jit --record")
-    keys = args.key
+    keys = None
+    if args.key:  # key strings name launches of --release, else of the newest release
+        keys = [BuildKey.parse(k, args.release or NEWEST) for k in args.key]
     if args.shard:
         keys = shard_keys(args.shard, profile=args.profile, matrix_path=args.matrix, arches=args.arch,
                           seconds=args.seconds, release=args.release)

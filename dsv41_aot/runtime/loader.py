@@ -40,7 +40,6 @@ from .rooms import _Index, _index, _root, release_of
 from ..manifest import (  # noqa: F401 (ENV_PREBUILT: the plugin reads it here)
     ENV_PREBUILT, OBJECTS, releases_in, sha256_file,
 )
-from ..facts.releases import NEWEST
 from ..errors import KeyNotPrebuiltError, ManifestError
 
 # keys.py (dataclasses) is imported at first use: ``import
@@ -79,7 +78,8 @@ def _new_launcher(key, text: str, root: Path, release: str | None) -> Launcher:
     if entry is None:
         from ..keys import BuildKey
 
-        bk = BuildKey.parse(text, release or NEWEST) if isinstance(key, str) else key
+        # release is None only for a malformed key: parse names the fault
+        bk = BuildKey.parse(text, release) if isinstance(key, str) else key
         text = str(bk)
         idx = _index(root, bk.arch, release)
         release = idx.release
