@@ -5,7 +5,8 @@ figures read again from the stored GPU code object (``codeobject``), its
 residency verdict and spills (``residency``), its use of each resource
 against the arch's limit. The text ends with the headroom summary per (arch,
 release, kind); ``--json`` prints one document with the limits judged against
-(``facts/arches.py Arch.limits()``), the rows (each with its release) and the
+(``facts/arches.py Arch.limits()``), the rows (each with its release and the
+threads a CTA of that release's grid, ``facts/releases.py``) and the
 summary; ``--plot`` draws the use against step width, one row of panels per
 (arch, release). ``--release`` keeps one release's rooms.
 """
@@ -16,12 +17,13 @@ import io
 from pathlib import Path
 
 from ..facts.arches import arch_facts
+from ..facts.kinds import KINDS, kind_facts
 from ..facts.releases import release_facts
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write, rooms_or_error
 from .codeobject import code_object_resources
 from .elf import exported_parts
-from .residency import MONO_THREADS, RESOURCES, UNITS, residency_problems, spill_notes, usage, waves_per_simd
+from .residency import RESOURCES, UNITS, cta_threads, residency_problems, spill_notes, usage, waves_per_simd
 
 LABELS = {"lds": "LDS", "vgprs": "VGPRs", "agprs": "AGPRs", "sgprs": "SGPRs"}
 # a resource other than LDS and VGPRs gets its own panel when some key of the
@@ -42,13 +44,14 @@ def inspect_dir(root, release: str | None = None) -> list[dict]:
             man.check_object(key)
             _, code = exported_parts(man.object_path(key).read_bytes(), e["entry"])
             res = code_object_resources(code)
-            problems = residency_problems(res, man.arch)
+            problems = residency_problems(res, man.arch, man.release)  # by the grid of the room's release
             rows.append({
-                "key": key, "kind": e["kind"], "arch": man.arch, "release": man.release, "tokens": e["fields"]["tokens"],
+                "key": key, "kind": e["kind"], "arch": man.arch, "release": man.release,
+                "threads": cta_threads(man.release), "tokens": e["fields"]["tokens"],
                 "tp": e["fields"]["tp"], "series": series(BuildKey.parse(key, man.release)),
                 "compile_seconds": man.timings.get(key), "bytes": e["bytes"],
                 "code_object_bytes": e["code_object_bytes"], "resources": res,
-                "usage": {r: list(v) for r, v in usage(res, man.arch).items()},
+                "usage": {r: list(v) for r, v in usage(res, man.arch, man.release).items()},
                 "waves_per_simd": waves_per_simd(res, man.arch), "resident": not problems, "problems": problems,
                 "spills": spill_notes(res),
             })
@@ -56,9 +59,10 @@ def inspect_dir(root, release: str | None = None) -> list[dict]:
 
 
 def series(key: BuildKey) -> str:
-    """The plot series of a key: its kind and variant (ratio, index, a routing
-    other than the target model's); TP and fold are folded into the series."""
-    parts = [key.kind] if key.kind == "ffn" else [key.kind, f"r{key.ratio}"]
+    """The plot series of a key: its kind and variant (the ratio of a
+    whole-layer kind, index, a routing other than the target model's); TP and
+    fold are folded into the series."""
+    parts = [key.kind, f"r{key.ratio}"] if kind_facts(key.kind).whole_layer else [key.kind]
     if key.index:
         parts.append("index")
     target = release_facts(key.release).defaults  # the key's own release's MonoBuild defaults
@@ -73,7 +77,8 @@ def summary(rows: list[dict]) -> list[dict]:
     out: dict = {}
     for r in rows:
         s = out.setdefault((r["arch"], r["release"], r["kind"]),
-                           {"arch": r["arch"], "release": r["release"], "kind": r["kind"], "keys": 0, "resources": {},
+                           {"arch": r["arch"], "release": r["release"], "kind": r["kind"],
+                            "threads": cta_threads(r["release"]), "keys": 0, "resources": {},
                             "spills": [], "not_resident": []})
         s["keys"] += 1
         for name, (use, limit) in r["usage"].items():
@@ -88,15 +93,31 @@ def summary(rows: list[dict]) -> list[dict]:
 
 
 def report(root, release: str | None = None) -> dict:
-    """The ``--json`` document: limits per arch, rows, summary."""
+    """The ``--json`` document: limits per arch, rows, summary, and
+    ``threads``: the threads a CTA of every reported release (None when
+    their grids differ: each row and summary entry has its own)."""
     rows = inspect_dir(root, release)
     arches = sorted({r["arch"] for r in rows})
-    return {"threads": MONO_THREADS, "limits": {a: arch_facts(a).limits() for a in arches},
+    return {"threads": _one_threads(rows), "limits": {a: arch_facts(a).limits() for a in arches},
             "rows": rows, "summary": summary(rows)}
 
 
+def _one_threads(entries: list[dict]) -> int | None:
+    """The threads a CTA of the releases of ``entries`` (rows or summary
+    entries, each with its ``release``), when they all agree; else None."""
+    found = {cta_threads(e["release"]) for e in entries}
+    return found.pop() if len(found) == 1 else None
+
+
+def cta_text(entries: list[dict]) -> str:
+    """"one 512-thread CTA" for the releases of ``entries`` ("one CTA",
+    its release's size, when they differ)."""
+    threads = _one_threads(entries)
+    return f"one {threads}-thread CTA" if threads else "one CTA (its release's threads)"
+
+
 def summary_lines(summ: list[dict]) -> list[str]:
-    lines = [f"headroom of one {MONO_THREADS}-thread CTA a CU, per arch, vLLM release and kind (tightest key per resource):"]
+    lines = [f"headroom of {cta_text(summ)} a CU, per arch, vLLM release and kind (tightest key per resource):"]
     for s in summ:
         head = f"{s['arch']} {s['release']} {s['kind']} ({s['keys']} key{'s' if s['keys'] != 1 else ''})"
         for i, name in enumerate(RESOURCES):
@@ -141,7 +162,8 @@ def plot(rows: list[dict], path) -> None:
     arches = sorted({(r["arch"], r["release"]) for r in rows})
     panels = _panels(rows)
     fig, axes = plt.subplots(len(arches), len(panels), figsize=(4.6 * len(panels) + 2.2, 3.6 * len(arches)), squeeze=False)
-    shades = {"k1": plt.cm.Blues, "k2": plt.cm.Oranges, "ffn": plt.cm.Greens}
+    # a colour map per launch kind, in facts/kinds.py's order
+    shades = dict(zip(KINDS, (plt.cm.Blues, plt.cm.Oranges, plt.cm.Greens, plt.cm.Purples, plt.cm.Reds)))
     styles = ["-", "--", "-.", ":"]
     for i, (arch, release) in enumerate(arches):
         mine = [r for r in rows if (r["arch"], r["release"]) == (arch, release)]
@@ -184,7 +206,7 @@ def plot(rows: list[dict], path) -> None:
             seen.setdefault(lab, h)
         axes[i][-1].legend(seen.values(), seen.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                            title=f"{arch}, vLLM {release}, {len(mine)} keys", title_fontsize=8)
-    fig.suptitle(f"Residency of one {MONO_THREADS}-thread CTA a CU: use against the arch's limit "
+    fig.suptitle(f"Residency of {cta_text(rows)} a CU: use against the arch's limit "
                  "(a line: a kind and variant, max over TP and fold at each width)", fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()

@@ -2,10 +2,12 @@
 figures (``codeobject.code_object_resources``) and the arch's limits
 (``facts/arches.py``).
 
-The mono launches are persistent: 256 CTAs of 512 threads, all resident at
-once, handing work over through mailboxes. A CTA that cannot be resident one
-per CU deadlocks on the GPU: that fails its key (``residency_problems``).
-A kernel that spills to scratch still runs, only slower; vLLM's JIT builds
+The mono launches are persistent: a grid of ``grid_ctas`` CTAs of
+``cta_threads`` threads (each release's, ``facts/releases.py``), all
+resident at once, handing work over through mailboxes. A CTA that cannot be
+resident one per CU deadlocks on the GPU: that fails its key
+(``residency_problems``, by the grid of the key's own release). A kernel
+that spills to scratch still runs, only slower; vLLM's JIT builds
 and launches the very same code object, so a spill is recorded and shown
 (``spill_notes``), never refused. SGPR spills alone go to VGPR lanes
 (scratch 0) and are no spill here.
@@ -16,8 +18,8 @@ Named ``residency`` so it can never shadow the standard library's ``inspect``.
 from __future__ import annotations
 
 from ..facts.arches import arch_facts
+from ..facts.releases import NEWEST, release_facts
 
-MONO_THREADS = 512  # vLLM 0.33.0 mono launches: 512 threads a CTA
 # the resources that decide residency, in the order inspect shows them
 RESOURCES = ("lds", "vgprs", "agprs", "sgprs")
 UNITS = {"lds": "bytes", "vgprs": "registers", "agprs": "registers", "sgprs": "registers"}
@@ -27,20 +29,25 @@ def _round_up(n: int, granule: int) -> int:
     return -(-n // granule) * granule
 
 
-def waves_per_cta_simd(res: dict, arch: str, threads: int = MONO_THREADS) -> int:
+def cta_threads(release: str) -> int:
+    """Threads a CTA of vLLM ``release``'s mono launches (``Release.cta_threads``)."""
+    return release_facts(release).cta_threads
+
+
+def waves_per_cta_simd(res: dict, arch: str, release: str = NEWEST) -> int:
     """How many of one CTA's waves share a SIMD (its waves spread over the CU's SIMDs)."""
-    waves = -(-threads // res["wavefront_size"])
+    waves = -(-cta_threads(release) // res["wavefront_size"])
     return -(-waves // arch_facts(arch).simds)
 
 
-def usage(res: dict, arch: str, threads: int = MONO_THREADS) -> dict:
-    """resource -> (use, limit) for one CTA of ``threads`` threads on one CU
-    of ``arch``: LDS bytes (as the note gives them) against the CU's LDS;
+def usage(res: dict, arch: str, release: str = NEWEST) -> dict:
+    """resource -> (use, limit) for one CTA of vLLM ``release``'s launches on
+    one CU of ``arch``: LDS bytes (as the note gives them) against the CU's LDS;
     VGPRs as allocated (unified arch VGPRs + AGPRs, in granules) against a
     wave's share of the SIMD's file; AGPRs against what a wave addresses;
     SGPRs as allocated against a wave's share of the SIMD's SGPRs."""
     lim = arch_facts(arch).limits()
-    per_simd = waves_per_cta_simd(res, arch, threads)
+    per_simd = waves_per_cta_simd(res, arch, release)
     return {
         "lds": (res["lds_bytes"], lim["lds_bytes"]),
         "vgprs": (vgpr_alloc(res, arch), lim["vgprs_per_simd"] // per_simd),
@@ -56,15 +63,22 @@ def vgpr_alloc(res: dict, arch: str) -> int:
     return max(res.get("vgpr_alloc", 0), _round_up(max(res["vgpr_count"], 1), granule))
 
 
-def residency_problems(res: dict, arch: str, threads: int = MONO_THREADS) -> list[str]:
-    """Why one CTA of ``threads`` threads of this kernel cannot be resident on
-    one CU of ``arch`` (empty when it can). Each reason names the figure and
-    the limit. A spill is not one (see ``spill_notes``)."""
+def residency_problems(res: dict, arch: str, release: str = NEWEST) -> list[str]:
+    """Why one CTA of this kernel, a launch of vLLM ``release`` (its grid:
+    ``Release.cta_threads`` threads a CTA, ``grid_ctas`` CTAs), cannot be
+    resident on one CU of ``arch`` (empty when it can). Each reason names the
+    figure and the limit. A spill is not one (see ``spill_notes``).
+    ``release`` should be the key's: the default judges by the newest
+    release's grid."""
     lim = arch_facts(arch).limits()
-    use = usage(res, arch, threads)
-    per_simd = waves_per_cta_simd(res, arch, threads)
+    rel = release_facts(release)
+    threads = rel.cta_threads
+    use = usage(res, arch, release)
+    per_simd = waves_per_cta_simd(res, arch, release)
     waves = -(-threads // res["wavefront_size"])
     out = []
+    if rel.grid_ctas > lim["cus"]:
+        out.append(f"vLLM {release}'s grid of {rel.grid_ctas} CTAs needs a CU each: {arch} has {lim['cus']}")
     if res["max_flat_workgroup_size"] < threads:
         out.append(f"max_flat_workgroup_size {res['max_flat_workgroup_size']} < {threads} threads a CTA")
     lds = _round_up(res["lds_bytes"], lim["lds_granule"])

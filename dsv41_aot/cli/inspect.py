@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ..aot.inspection import plot, report, summary_lines
-from ..aot.residency import MONO_THREADS
+from ..aot.inspection import cta_text, plot, report, summary_lines
 from ..manifest import prebuilt_dir
 
 # ---------------------------------------------------------------- CLI
@@ -12,7 +11,8 @@ from ..manifest import prebuilt_dir
 def register(sub) -> None:
     p = sub.add_parser("inspect", help="residency of every prebuilt symbol: resources against the arch's limits, spills, headroom")
     p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
-    p.add_argument("--json", action="store_true", help='print one JSON document: {"threads", "limits", "rows", "summary"}')
+    p.add_argument("--json", action="store_true", help='print one JSON document: {"threads", "limits", "rows", "summary"} '
+                                                        "(threads: a CTA of the rooms' releases; each row has its own)")
     p.add_argument("--plot", metavar="FILE.png", help="write a PNG of LDS / VGPR (AGPR, SGPR where they bind) use against "
                                                       "step width, per arch and vLLM release")
     p.add_argument("--release", help="only this vLLM release's rooms (default: every room)")
@@ -44,7 +44,7 @@ def run(args) -> int:
                 print(f"    {note}")
         bad = sum(not r["resident"] for r in rows)
         spilled = sum(bool(r["spills"]) for r in rows)
-        print(f"{len(rows)} symbol{'s' if len(rows) != 1 else ''}, {bad} cannot be resident one {MONO_THREADS}-thread CTA per CU, {spilled} spilling"
+        print(f"{len(rows)} symbol{'s' if len(rows) != 1 else ''}, {bad} cannot be resident {cta_text(rows)} per CU, {spilled} spilling"
               + (f"; plot: {args.plot}" if args.plot else ""))
         print()
         print("\n".join(summary_lines(doc["summary"])))

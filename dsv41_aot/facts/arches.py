@@ -21,8 +21,8 @@ class Arch:
     name: str  # the LLVM target, as ARCH / FLYDSL_GPU_ARCH / gcnArchName spell it
     products: str
     gfx_target_version: int  # KFD topology's number for it (sysfs), e.g. 90402
-    # --- per CU (residency of one persistent 512-thread CTA)
-    cus: int  # compute units of the smallest product: the 256-CTA grid needs one each
+    # --- per CU (residency of one CTA of a release's persistent grid: Release.cta_threads)
+    cus: int  # compute units of the smallest product: each CTA of the grid (Release.grid_ctas) needs one
     lds_bytes: int
     lds_granule: int  # LDS is allocated in these (COMPUTE_PGM_RSRC2.LDS_SIZE)
     simds: int = 4

@@ -39,7 +39,9 @@ class Deploy:
     # how a DSpark draft layer runs: "whole" (K1 + K2 on the draft's runner),
     # "ffn" (FFN launch on the target's runner), None (not on the mono path)
     draft_layers: str | None = "whole"
-    runner_flag: bool = False  # amd/mono/runner.py GFX942: the runner module's own flag for this arch
+    # the value the runner module's arch flag (Release.arch_flag) has when it
+    # compiles for this arch; the plugin refuses a runner whose flag disagrees
+    runner_flag: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,14 @@ class Release:
     # kernel name parameters per kind (attention/device.py kernel_symbol(stem,
     # **params)), in order; "?name" only where the field differs from its default
     symbol_params: dict
+    # the persistent grid every mono launch runs (attention/device.py): THREADS
+    # a CTA and BLOCKS CTAs, all resident at once, one a CU (aot/residency.py)
+    cta_threads: int
+    grid_ctas: int
+    # the runner module's attribute that says which arch it compiles for
+    # (amd/mono/runner.py imports GFX942 from common/arch.py); each Deploy's
+    # runner_flag is its value there. None: the runner has no such flag
+    arch_flag: str | None = None
     # compress ratios whose layers run whole (K1 + K2); any other layer takes
     # the FFN launch (amd/mono_decode.py MonoDecodeLayer._create)
     whole_ratios: tuple = (0, 1, 2)
@@ -107,6 +117,10 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
             "k2": ("s", "tp", "r", "tl", "i", "?e", "?k", "?g", "?w"),
             "ffn": ("s", "tp", "tl", "?e"),
         },
+        # attention/device.py: BLOCKS = 256, THREADS = 512 (common/plan.py repeats them)
+        cta_threads=512,
+        grid_ctas=256,
+        arch_flag="GFX942",
         defaults=_MONO_0_33_0,
         # amd/mono_decode.py MonoDecodeLayer._create: ``experts, topk = 384, 6``;
         # _mono_runner leaves ug_groups and swa_width at MonoBuild's defaults
@@ -126,6 +140,11 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
         # amd/mono/layer.py: kernel_symbol("dsv41_mono_k1", s=, tp=, r=, tl=),
         # the same for k2, kernel_symbol("dsv41_mono_ffn", s=, tp=)
         symbol_params={"k1": ("s", "tp", "r", "tl"), "k2": ("s", "tp", "r", "tl"), "ffn": ("s", "tp")},
+        # attention/device.py: BLOCKS = 256, THREADS = 512; the package has no
+        # common/arch.py and its runner no arch flag (it runs on gfx950 only)
+        cta_threads=512,
+        grid_ctas=256,
+        arch_flag=None,
         # amd/mono_decode.py: a layer runs whole with compress ratio 1 or 2 and no
         # compressor / indexer / Engram; any other mono layer takes ffn_kernel(tokens)
         whole_ratios=(1, 2),
