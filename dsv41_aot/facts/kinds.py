@@ -16,6 +16,10 @@ from ..errors import KeyFormatError
 class Kind:
     name: str  # the key's KIND
     builder: str  # mono/layer.py function: build_mono_<kind>(MonoBuild) -> launcher
+    # whether the launch is (half of) a whole layer, attention and FFN, built
+    # per layer kind (compress ratio, fold, index): a matrix group of such
+    # kinds names its ``layers``; any other kind runs one fixed layer shape
+    whole_layer: bool
     # MonoBuild fields the launch does not read: pinned to the release's
     # MonoBuild default (one symbol, one key); the key string omits them. A
     # field the release's MonoBuild lacks is pinned too (facts/releases.py)
@@ -33,13 +37,13 @@ class Kind:
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind("k1", "build_mono_k1",
+    Kind("k1", "build_mono_k1", whole_layer=True,
          runner_method="kernels", runner_index=0, compile_estimate=(1.7, 0.04),
          what="attention seam + attention front (fold is read only by K1's seam: stages/seam.py)"),
-    Kind("k2", "build_mono_k2", unread=("fold",),
+    Kind("k2", "build_mono_k2", whole_layer=True, unread=("fold",),
          runner_method="kernels", runner_index=1, compile_estimate=(6.5, 0.12),
          what="attention back + FFN seam + MoE, both TP all-reduces inside"),
-    Kind("ffn", "build_mono_ffn",
+    Kind("ffn", "build_mono_ffn", whole_layer=False,
          unread=("fold", "index", "ug_groups", "swa_width"), fixed={"ratio": 0},
          runner_method="ffn_kernel", compile_estimate=(4.0, 0.08),
          what="the FFN alone, for a layer whose attention vLLM runs: "
