@@ -1,339 +1,51 @@
-"""vLLM integration: prebuilt Launchers inside vLLM's mono decode runner.
+"""vLLM integration: the ``vllm.general_plugins`` entry point that serves
+vLLM's mono decode runner prebuilt Launchers.
 
-vLLM's ``DSV41MonoLayer`` (``vllm/models/deepseek_v41/amd/mono/runner.py``)
-builds its launchers by calling ``build_mono_k1/k2/ffn(MonoBuild(...))``,
-which FlyDSL compiles just in time. :func:`install` wraps those three build
-functions in the runner module -- vLLM's files stay untouched, and every
-runner method of every vLLM release dsv41-aot serves (0.33.0's
-``kernels(tokens, ratio, fold, index)``, 0.32.0's ``kernels(tokens, ratio)``,
-gfx942's ``replace(b, index=False)``) goes through them -- so they hand out
-the loader's Launcher of exactly the ``MonoBuild`` vLLM passes: its dataclass
-fields are the key's. vLLM memoizes what they return, as it memoizes its own
-launchers. The running release is told by the runner package's mono sources
-digest (computed once), which picks the room of that release
-(``loader.release_of``); a release the install does not hold is one log line
-and vLLM's JIT (fallback) or a ``ReleaseMismatchError`` (strict).
+:func:`register` is the entry point: vLLM calls it, with no arguments, in
+every process it starts (``vllm.plugins.load_general_plugins``, which does
+not catch what a plugin raises: this one never raises). :func:`enable`
+decides whether this process serves the prebuilt kernels -- ``DSV41_AOT_DISABLE=1``
+turns it off; ``DSV41_AOT_MODE`` picks strict / fallback; the GPU's arch is
+read from the kernel driver's topology (no HIP call); a release the install
+does not hold is one log line and vLLM's JIT -- and installs if so. It logs
+one line (logger ``dsv41_aot``) saying what it enabled or why it did not.
 
-Each Launcher is bound when it is handed out (``Launcher.bind()``: sha256
-check, dlopen, entry lookup; no GPU work), in the eager step where vLLM asks
-for it, never inside a graph capture. Whatever the loader refuses there -- a
-key it cannot derive, an arch it does not know or that disagrees with the
-runner, a key not prebuilt, a corrupt or missing library -- is decided per key:
-
-- strict (the default): the loader's error is raised, naming the key and the
-  command that fixes it;
-- fallback: one warning line per key, then vLLM's own method (FlyDSL JIT);
-  that key counts as served by JIT.
-
-The plugin never breaks vLLM: a patch that fails while vLLM imports its
-runner is rolled back (vLLM's methods, no mode, no hook) with one log line.
-
-The runner module is patched when it is imported, never imported from here:
-if it is already in ``sys.modules`` at once, else by a ``sys.meta_path``
-finder that watches that one module name. So installing on a machine where
-vLLM never reaches the mono path costs nothing.
-
-:func:`register` is the ``vllm.general_plugins`` entry point: vLLM calls it,
-with no arguments, in every process it starts (``vllm.plugins
-.load_general_plugins``, which does not catch what a plugin raises: this one
-never raises). ``DSV41_AOT_DISABLE=1`` turns it off; ``DSV41_AOT_MODE`` picks
-strict / fallback. It logs one line (logger ``dsv41_aot``) saying what it
-enabled or why it did not.
+What installing does -- wrapping the runner module's ``build_mono_k1/k2/ffn``
+so each hands out the Launcher of the ``MonoBuild`` vLLM passes, strict or
+fallback per key, never breaking vLLM's import -- is :mod:`.runner_patch`;
+its public names (``install``, ``uninstall``, ``installed``, ``key_of``,
+``RUNNER``, the modes) are this module's too, as ``dsv41_aot.vllm`` is this
+very module.
 
 Inside this package ``vllm`` is a module of ours; every import of the real
-vLLM is absolute and deferred (``from __future__ import annotations`` keeps
-the annotations from being evaluated).
+vLLM is absolute and deferred.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.abc
-import importlib.machinery
 import logging
 import os
-import sys
-import threading
 from pathlib import Path
 
 from ..errors import AotError, ReleaseMismatchError
-from ..facts.arches import ARCHES, arch_facts
-from ..facts.kinds import KINDS
-from ..facts.releases import RELEASES, release_facts
-from ..keys import BuildKey
+from ..facts.arches import ARCHES
+from .runner_patch import (  # noqa: F401 - the plugin's public names (dsv41_aot.vllm), and what tests reach
+    BUILDERS,
+    ENV_DISABLE,
+    ENV_MODE,
+    MODES,
+    RUNNER,
+    _RunnerHook,
+    _state,
+    check_arch_flag,
+    install,
+    installed,
+    key_of,
+    log,
+    uninstall,
+)
 
-RUNNER = "vllm.models.deepseek_v41.amd.mono.runner"
-ENV_DISABLE = "DSV41_AOT_DISABLE"
-ENV_MODE = "DSV41_AOT_MODE"
-MODES = ("strict", "fallback")
 KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
-
-log = logging.getLogger("dsv41_aot")
-
-
-class _Install:
-    """What install() set up in this process."""
-
-    def __init__(self):
-        self.lock = threading.RLock()
-        self.reset()
-
-    def reset(self) -> None:
-        """Not installed (the lock stays: uninstall() runs holding it)."""
-        self.mode: str | None = None  # None: not installed
-        self.prebuilt: str | None = None
-        self.arch: str | None = None  # None: the runner package's target arch
-        self.hook: _RunnerHook | None = None
-        self.patched = None  # the runner module whose build functions we wrapped
-        self.originals: dict = {}  # build function name -> vLLM's function
-        self.running: tuple | None = None  # (arch, release) of the patched runner, found at its first build
-        self.warned: set = set()  # fallback keys already warned about
-        self.served: dict = {"aot": 0, "jit": 0}  # launchers handed out, by origin
-
-
-_state = _Install()
-
-
-# ------------------------------------------------------------------ the keys vLLM builds
-
-BUILDERS = {name: k.builder for name, k in KINDS.items()}  # kind -> build_mono_<kind>
-
-
-def _running(module) -> tuple[str, str]:
-    """(arch, release) of the vLLM mono package ``module`` belongs to, found
-    once: its mono sources digest picks the release's room
-    (``loader.release_of``); the arch is install()'s, else the package's
-    target (``common/arch.py``, which releases before 0.33.0 lack)."""
-    from . import loader
-
-    if _state.running is not None:
-        return _state.running
-    pkg = module.__name__.rsplit(".", 1)[0]
-    arch = _state.arch
-    if not arch:
-        try:
-            arch = importlib.import_module(f"{pkg}.common.arch").target_arch()
-        except ImportError:
-            arch = loader.resolve_arch(None)  # DSV41_AOT_ARCH, else the device's
-    arch_facts(arch)
-    loader.running_vllm(Path(module.__file__).resolve().parent)
-    root = Path(_state.prebuilt) if _state.prebuilt else loader.prebuilt_dir()
-    release = loader.release_of(root, arch)
-    deploy = release_facts(release).deploy(arch)
-    gfx942 = bool(getattr(module, "GFX942", False))
-    if gfx942 != deploy.runner_flag:  # the runner's flag and the arch must agree
-        raise AotError(f"vLLM {release}'s mono runner has GFX942={gfx942} but compiles for {arch}",
-                       fix="set ARCH to the GPU's arch (or unset it) before vLLM starts")
-    _state.running = (arch, release)
-    return _state.running
-
-
-def key_of(kind: str, build, module) -> BuildKey:
-    """The key of ``build_mono_<kind>(build)``: the fields of the MonoBuild
-    instance vLLM passes are the key's, in the running release."""
-    import dataclasses
-
-    arch, release = _running(module)
-    rel = release_facts(release)
-    fields = {f.name: getattr(build, f.name) for f in dataclasses.fields(build)}
-    unknown = sorted(set(fields) - set(rel.mono_fields))
-    if unknown:
-        raise AotError(f"vLLM {release}'s MonoBuild has fields dsv41-aot does not know for it: {', '.join(unknown)}",
-                       fix=f"upgrade dsv41-aot, or run without the prebuilt kernels: {ENV_DISABLE}=1")
-    return BuildKey(kind=kind, arch=arch, release=release, **fields)
-
-
-def _launcher(what: str, derive):
-    """The bound prebuilt Launcher of the key ``derive()`` gives, or None in
-    fallback mode when that key cannot be served (warned once per key; a
-    key that cannot be derived is named by ``what``, the runner call).
-    Strict mode raises the same error at the same point."""
-    from . import loader
-
-    key = None
-    try:
-        key = derive()
-        launcher = loader.load_key(key, prebuilt=_state.prebuilt)
-        launcher.bind()  # sha256, dlopen, entry: refused here, not at the first launch
-    except (AotError, OSError) as e:
-        if _state.mode != "fallback":
-            raise
-        text = what if key is None else key.describe()
-        if isinstance(e, ReleaseMismatchError):  # no room for this vLLM at all: one line, not one a key
-            text = "the running vLLM release"
-        with _state.lock:
-            _state.served["jit"] += 1
-            if text in _state.warned:
-                return None
-            _state.warned.add(text)
-        log.warning("dsv41-aot: %s not served from the prebuilt kernels, FlyDSL JIT-compiles it "
-                    "(fallback mode): %s: %s", text, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-        return None
-    with _state.lock:
-        _state.served["aot"] += 1
-    return launcher
-
-
-# ------------------------------------------------------------------ patching the runner
-
-
-def _patch(module) -> None:
-    """Wrap the build functions vLLM's runner module calls
-    (``build_mono_k1/k2/ffn``: every runner method of every release builds
-    its launchers through them) so each hands out the prebuilt Launcher of
-    the MonoBuild it is given. vLLM's runner memoizes what they return, as
-    it memoizes its JIT launchers. All or nothing: on any failure vLLM's
-    functions are put back and the error raised."""
-    with _state.lock:
-        if _state.patched is module:
-            return
-        missing = [fn for fn in BUILDERS.values() if not callable(getattr(module, fn, None))]
-        if missing:
-            raise AotError(f"{module.__name__} has no {' / '.join(missing)}: not a vLLM mono runner dsv41-aot "
-                           f"serves (vLLM {', '.join(RELEASES)})",
-                           fix=f"install a vLLM release dsv41-aot serves, or run without the prebuilt kernels: "
-                               f"{ENV_DISABLE}=1")
-        originals = {fn: getattr(module, fn) for fn in BUILDERS.values()}
-
-        def wrap(kind: str, original):
-            def build(b):
-                launcher = _launcher(f"{original.__name__}({b!r})", lambda: key_of(kind, b, module))
-                return launcher if launcher is not None else original(b)  # fallback: vLLM's JIT
-
-            build.__name__, build.__qualname__, build.__doc__ = original.__name__, original.__qualname__, original.__doc__
-            build.__wrapped__ = original
-            build.__dsv41_aot__ = True
-            return build
-
-        try:
-            for kind, fn in BUILDERS.items():
-                setattr(module, fn, wrap(kind, originals[fn]))
-        except BaseException:
-            for fn, original in originals.items():
-                setattr(module, fn, original)
-            raise
-        _state.originals = originals
-        _state.patched = module
-        log.debug("dsv41-aot: patched %s build functions (%s)", module.__name__, _state.mode)
-
-
-def _give_up(why: BaseException) -> None:
-    """A patch failed while vLLM imported its runner: undo everything (vLLM
-    keeps its own methods and FlyDSL JIT) and say so once."""
-    try:
-        uninstall()
-        log.warning("dsv41-aot vLLM plugin off: could not patch %s (%s: %s); vLLM keeps FlyDSL JIT",
-                    RUNNER, type(why).__name__, str(why).splitlines()[0] if str(why) else "")
-    except Exception:  # noqa: BLE001 - never break vLLM's import
-        pass
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    """vLLM's own loader for the runner module, then the patch."""
-
-    def __init__(self, inner):
-        self._inner = inner
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)  # vLLM's own errors are vLLM's
-        if _state.mode is not None:
-            try:
-                _patch(module)
-            except Exception as e:  # noqa: BLE001 - the plugin never breaks vLLM's import
-                _give_up(e)
-
-    def __getattr__(self, name):  # get_source, get_filename, ... as the inner loader
-        return getattr(self._inner, name)
-
-
-class _RunnerHook(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for the runner module only, it asks the finders
-    after it and wraps the spec's loader so the module is patched on import."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != RUNNER:
-            return None
-        try:
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    if spec.loader is not None and not isinstance(spec.loader, _PatchingLoader):
-                        spec.loader = _PatchingLoader(spec.loader)
-                    return spec
-        except Exception:  # noqa: BLE001 - step aside: the import system asks the finders itself
-            return None
-        return None
-
-
-def install(mode: str = "strict", *, prebuilt: str | os.PathLike | None = None, arch: str | None = None) -> None:
-    """Make vLLM's mono runner take its launchers from the prebuilt kernels
-    (``prebuilt``: the loader's directory by default; ``arch``: the runner
-    package's target arch by default). Idempotent: a second call only updates
-    the mode / directory."""
-    if mode not in MODES:
-        raise AotError(f"unknown dsv41-aot vLLM mode {mode!r} (one of {', '.join(MODES)})",
-                       fix=f"install(mode='strict') or {ENV_MODE}=fallback")
-    if arch is not None:
-        arch_facts(arch)  # UnknownArchError naming the known ones
-    with _state.lock:
-        before = (_state.mode, _state.prebuilt, _state.arch)
-        _state.mode = mode
-        _state.prebuilt = str(Path(prebuilt).resolve()) if prebuilt is not None else None
-        _state.arch = arch
-        module = sys.modules.get(RUNNER)
-        if module is not None and hasattr(module, "DSV41MonoLayer"):
-            _state.running = None  # the settings may name another arch or directory
-            try:
-                _patch(module)
-            except BaseException:
-                if _state.patched is None:  # nothing was installed: back to nothing
-                    uninstall()
-                else:  # a runner patched earlier stays patched: the previous settings
-                    _state.mode, _state.prebuilt, _state.arch = before
-                raise
-        elif _state.hook is None:
-            _state.hook = _RunnerHook()
-            sys.meta_path.insert(0, _state.hook)
-
-
-def uninstall() -> None:
-    """Undo install(): vLLM's methods back on the runner class, no hook.
-    Runners keep the launchers they memoized."""
-    with _state.lock:
-        if _state.patched is not None:
-            for name, fn in _state.originals.items():
-                setattr(_state.patched, name, fn)
-            from . import loader
-
-            loader.running_vllm(None)
-        if _state.hook is not None:
-            try:
-                sys.meta_path.remove(_state.hook)
-            except ValueError:
-                pass
-        _state.reset()
-
-
-def _renew_lock_in_child() -> None:
-    """After fork: a lock held by another thread of the parent would never
-    be released in the child."""
-    _state.lock = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_renew_lock_in_child)
-
-
-def installed() -> dict:
-    """What install() set up: mode, prebuilt dir, whether the runner is
-    patched yet, launchers served from the cache / by JIT so far."""
-    return {"mode": _state.mode, "prebuilt": _state.prebuilt, "patched": _state.patched is not None,
-            "hooked": _state.hook is not None, **{f"served_{k}": v for k, v in _state.served.items()}}
 
 
 # ------------------------------------------------------------------ the vLLM plugin
