@@ -19,7 +19,7 @@ from ..aot.output import INTERNAL_ERROR, error_doc, internal_error_doc, print_js
 from ..errors import AotError
 
 # the command modules of this package, each with register(subparsers)
-COMMANDS: tuple[str, ...] = ("build", "inspect", "verify", "link", "coverage", "cache", "doctor")
+COMMANDS: tuple[str, ...] = ("build", "inspect", "verify", "link", "coverage", "cache", "doctor", "facts")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,0 +1,104 @@
+"""``dsv41-aot facts``: the facts tables (``dsv41_aot/facts/``) as they are,
+for a person (a short table) or a script (``--json``: ci/bootstrap.sh and
+the wheels workflow read the releases and arches from it instead of
+repeating them).
+
+A thin printer: every value comes from the tables' own dataclasses, nothing
+is written here twice. Standard library only, like the tables, so it runs
+with a bare interpreter and the project on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..facts.arches import ARCHES
+from ..facts.kinds import KINDS
+from ..facts.releases import NEWEST, RELEASES, version_order
+
+
+def _plain(value):
+    """A dataclass field's value as JSON has it (tuples as lists)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def releases_oldest_first() -> list:
+    return [RELEASES[v] for v in sorted(RELEASES, key=version_order)]
+
+
+def deployed_arches() -> list[str]:
+    """Every arch some release's mono path runs on, in the arch table's order."""
+    return [a for a in ARCHES if any(a in r.arches for r in RELEASES.values())]
+
+
+def document() -> dict:
+    """The ``--json`` document's own fields: ``releases`` (newest last, each
+    with its folder), ``newest``, ``arches`` (those some release runs on,
+    each with the releases that do) and ``kinds``."""
+    releases = [dict(_plain(dataclasses.asdict(r)), folder=r.folder) for r in releases_oldest_first()]
+    arches = [dict(_plain(dataclasses.asdict(ARCHES[a])), releases=[r.version for r in releases_oldest_first()
+                                                                     if a in r.arches])
+              for a in deployed_arches()]
+    kinds = [_plain(dataclasses.asdict(k)) for k in KINDS.values()]
+    return {"releases": releases, "newest": NEWEST, "arches": arches, "kinds": kinds}
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def register(sub) -> None:
+    p = sub.add_parser("facts", help="the facts tables: vLLM releases (newest last), GPU arches, launch kinds")
+    p.add_argument("--json", action="store_true",
+                   help='print one JSON document: {"releases" (newest last), "newest", "arches", "kinds"}')
+    p.set_defaults(func=run)
+
+
+def _flag(rel, dep) -> str:
+    return f"{rel.arch_flag}={dep.runner_flag}" if rel.arch_flag else "no arch flag"
+
+
+def _draft(dep) -> str:
+    return {"whole": "draft layers whole", "ffn": "draft layers take the FFN launch"}.get(
+        dep.draft_layers, "draft layers off the mono path")
+
+
+def lines() -> list[str]:
+    """The text form: one block a release (newest last), then the arches and the kinds."""
+    out = ["vLLM releases (newest last):"]
+    for rel in releases_oldest_first():
+        newest = "  (newest)" if rel.version == NEWEST else ""
+        out.append(f"  {rel.version:8} {rel.folder}{newest}")
+        out.append(f"    MonoBuild({', '.join(rel.mono_fields)})")
+        out.append(f"    defaults {', '.join(f'{k}={v}' for k, v in rel.defaults.items())}")
+        out.append(f"    whole-layer ratios {', '.join(map(str, rel.whole_ratios))}; steps of 1..{rel.max_tokens} "
+                   f"tokens; grid of {rel.grid_ctas} CTAs x {rel.cta_threads} threads")
+        for arch, dep in rel.arches.items():
+            out.append(f"    {arch:7} TP {' or '.join(map(str, dep.tp_sizes))}, rows 1..{dep.max_rows}, "
+                       f"K2 {'reads' if dep.k2_reads_index else 'without'} index, {_draft(dep)}, {_flag(rel, dep)}")
+    out.append("arches:")
+    for name in deployed_arches():
+        a = ARCHES[name]
+        runs = ", ".join(r.version for r in releases_oldest_first() if name in r.arches)
+        out.append(f"  {a.name:7} {a.products:16} gfx_target_version {a.gfx_target_version}  {a.cus} CUs, "
+                   f"LDS {a.lds_bytes // 1024} KiB a CU  vLLM {runs}")
+    out.append("launch kinds:")
+    for k in KINDS.values():
+        asked = f"{k.runner_method}()" + (f"[{k.runner_index}]" if k.runner_index is not None else "")
+        shape = "whole layer" if k.whole_layer else "one layer shape"
+        fixed = "".join(f", {f}={v} fixed" for f, v in k.fixed.items())
+        out.append(f"  {k.name:4} {k.builder:15} {shape:15} {asked:13} unread: {', '.join(k.unread) or '-'}{fixed}")
+    return out
+
+
+def run(args) -> int:
+    if args.json:
+        from ..aot.output import print_json, tally
+
+        print_json(tally(0, 0, [], **document()))
+    else:
+        print("\n".join(lines()))
+    return 0
