@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Set up everything dsv41-aot builds and tests with, idempotently:
 # Debian's LLVM linker and strip (FlyDSL links GPU code objects with ld.lld),
-# libamdhip64 to link and dlopen against, a venv with the pinned build
-# toolchain, vLLM 0.33.0 (--no-deps: only its kernel source is used), and
-# vLLM 0.32.0's kernel source in the tree cache (dsv41-aot fetch-vllm: its
-# wheel, of which only the model folder is unpacked).
+# libamdhip64 to link and dlopen against, a venv with the project and the
+# pinned build toolchain, the newest vLLM release (--no-deps: only its kernel
+# source is used), and every other release's kernel source in the tree cache
+# (dsv41-aot fetch-vllm: its wheel, of which only the model folder is
+# unpacked). Which releases those are is `dsv41-aot facts --json`'s
+# (dsv41_aot/facts/releases.py), never written here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +23,15 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[build,test]" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "vllm==0.33.0" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/dsv41-aot fetch-vllm 0.32.0 >/dev/null
+# the releases, newest first: "newest other other ..." on one line
+read -r newest others < <(.venv/bin/dsv41-aot facts --json | .venv/bin/python -c '
+import json, sys
+doc = json.load(sys.stdin)
+print(doc["newest"], *[r["version"] for r in reversed(doc["releases"]) if r["version"] != doc["newest"]])') || true
+[ -n "$newest" ] || { echo "bootstrap: dsv41-aot facts named no release" >&2; exit 1; }
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "vllm==$newest" 2>&1 | grep -v "^WARNING: Location" || true
+for v in $others; do
+  .venv/bin/dsv41-aot fetch-vllm "$v" >/dev/null
+done
 .venv/bin/python -c "import flydsl, yaml, tqdm, pytest, vllm" 
 echo "bootstrap: ok ($(.venv/bin/python -c 'import flydsl; print("flydsl", flydsl.__version__)'))"

@@ -1,6 +1,7 @@
 """The release path's stages: one subcommand a step of .github/workflows/wheels.yml.
 
     python ci/release.py check-tag                      version: a tag is v + dsv41_aot.__version__
+    python ci/release.py facts                          version: the arches and releases (dsv41-aot facts)
     python ci/release.py cache-key                      shard: the build cache's key and restore keys
     python ci/release.py shard --out DIR                shard: build one shard's keys, prove them (verified.json)
     python ci/release.py merge --shards DIR --out DIR --report DIR
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -134,6 +136,30 @@ def cmd_cache_key(args) -> int:
         raise StageError("dsv41-aot cache --identity failed", r.returncode)
     key, restore = cache_keys(args.arch, str(args.shard), r.stdout.strip())
     write_outputs({"key": key, "restore-keys": "\n".join(restore)}, os.environ.get("GITHUB_OUTPUT"))
+    return 0
+
+
+# ---------------------------------------------------------------- facts
+
+
+def facts_outputs(doc: dict) -> dict:
+    """What the later jobs' matrices read, from ``dsv41-aot facts --json``:
+    ``arches`` (a JSON list of names), ``releases`` (a JSON list, newest
+    last) and ``newest``."""
+    return {"arches": json.dumps([a["name"] for a in doc["arches"]]),
+            "releases": json.dumps([r["version"] for r in doc["releases"]]), "newest": doc["newest"]}
+
+
+def cmd_facts(args) -> int:
+    """The facts command, run by this interpreter with the checkout on its
+    path (the facts are standard library only: nothing installed)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    r = subprocess.run(_cli("facts", "--json"), capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=path))
+    if r.returncode:
+        sys.stderr.write(r.stderr)
+        raise StageError("dsv41-aot facts --json failed", r.returncode)
+    write_outputs(facts_outputs(json.loads(r.stdout)), os.environ.get("GITHUB_OUTPUT"))
     return 0
 
 
@@ -377,6 +403,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ref-type", default=env("GITHUB_REF_TYPE"), help="default: $GITHUB_REF_TYPE")
     p.add_argument("--ref-name", default=env("GITHUB_REF_NAME"), help="default: $GITHUB_REF_NAME")
     p.set_defaults(func=cmd_check_tag)
+
+    p = sub.add_parser("facts", help="the arches and releases the later jobs run (to $GITHUB_OUTPUT)")
+    p.set_defaults(func=cmd_facts)
 
     p = sub.add_parser("cache-key", help="the build cache's key and restore keys (to $GITHUB_OUTPUT)")
     p.add_argument("--arch", default=env("ARCH"), required=not env("ARCH"))
