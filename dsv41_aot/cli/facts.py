@@ -14,7 +14,7 @@ import dataclasses
 
 from ..facts.arches import ARCHES
 from ..facts.kinds import KINDS
-from ..facts.releases import NEWEST, RELEASES, version_order
+from ..facts.releases import RELEASES, version_order
 
 
 def _plain(value):
@@ -27,6 +27,7 @@ def _plain(value):
 
 
 def releases_oldest_first() -> list:
+    """The releases in version order: the last is the newest (``facts.NEWEST``)."""
     return [RELEASES[v] for v in sorted(RELEASES, key=version_order)]
 
 
@@ -44,7 +45,7 @@ def document() -> dict:
                                                                      if a in r.arches])
               for a in deployed_arches()]
     kinds = [_plain(dataclasses.asdict(k)) for k in KINDS.values()]
-    return {"releases": releases, "newest": NEWEST, "arches": arches, "kinds": kinds}
+    return {"releases": releases, "newest": releases[-1]["version"], "arches": arches, "kinds": kinds}
 
 
 # ---------------------------------------------------------------- CLI
@@ -69,8 +70,9 @@ def _draft(dep) -> str:
 def lines() -> list[str]:
     """The text form: one block a release (newest last), then the arches and the kinds."""
     out = ["vLLM releases (newest last):"]
-    for rel in releases_oldest_first():
-        newest = "  (newest)" if rel.version == NEWEST else ""
+    ordered = releases_oldest_first()
+    for rel in ordered:
+        newest = "  (newest)" if rel is ordered[-1] else ""
         out.append(f"  {rel.version:8} {rel.folder}{newest}")
         out.append(f"    MonoBuild({', '.join(rel.mono_fields)})")
         out.append(f"    defaults {', '.join(f'{k}={v}' for k, v in rel.defaults.items())}")
