@@ -16,7 +16,7 @@ import pytest
 from _smoke import OLD, REPO, SMOKE_KEYS, SMOKE_RELEASE_KEYS, copy_of, room, run_cli
 
 from dsv41_aot import cli, source
-from dsv41_aot.aot import builder, elf, matrix, toolchain
+from dsv41_aot.aot import buildroom, elf, matrix, toolchain
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import BAND_SUFFIX, LIB, LIBS_JSON, Manifest, rooms, sha256_file
@@ -437,16 +437,16 @@ def test_identity_change_makes_a_key_stale(tmp_path):
     ident = {"vllm_version": "0.33.0", "mono_sources": "a", "helpers": {}, "flydsl_version": "0.4.2", "linker": "l"}
     m.put({"key": str(key), "object": "objects/x.o", "bytes": 6, "sha256": sha256_file(obj), "source": ident,
            "export_bytes": 60}, [])
-    assert builder.up_to_date(m, key, ident)
+    assert buildroom.up_to_date(m, key, ident)
     del m.entries[str(key)]["export_bytes"]  # as a recovery from objects/ leaves it: not a clean build's entry
-    assert not builder.up_to_date(m, key, ident)
+    assert not buildroom.up_to_date(m, key, ident)
     m.entries[str(key)]["export_bytes"] = 60
-    assert not builder.up_to_date(m, key, dict(ident, flydsl_version="0.5.0"))
-    assert not builder.up_to_date(m, key, dict(ident, mono_sources="b"))
-    assert not builder.up_to_date(m, key, dict(ident, linker="m"))
-    assert not builder.up_to_date(m, key, dict(ident, helpers={"impl": "aiter", "version": "1"}))
+    assert not buildroom.up_to_date(m, key, dict(ident, flydsl_version="0.5.0"))
+    assert not buildroom.up_to_date(m, key, dict(ident, mono_sources="b"))
+    assert not buildroom.up_to_date(m, key, dict(ident, linker="m"))
+    assert not buildroom.up_to_date(m, key, dict(ident, helpers={"impl": "aiter", "version": "1"}))
     obj.write_bytes(b"objecT")
-    assert not builder.up_to_date(m, key, ident)
+    assert not buildroom.up_to_date(m, key, ident)
 
 
 @pytest.mark.slow

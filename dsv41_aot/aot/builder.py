@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import hashlib
 import os
@@ -29,12 +28,11 @@ from pathlib import Path
 
 from .. import source
 from . import toolchain
+from .buildroom import RoomState, check_one_source, count_proofs, identity, take_from_cache, up_to_date
 from .compiler import worker_env
-from ..errors import AotError, IntegrityError, ManifestError, OutputDirError, ToolchainError
+from ..errors import AotError, OutputDirError, ToolchainError
 from ..keys import BuildKey
-from ..manifest import Manifest, atomic_write, sha256_file
-from ..room import Room, orphan_objects
-from ..records import STALE
+from ..room import orphan_objects
 from .lock import arch_lock
 from .residency import spill_notes
 from .workers import check_jobs, check_key_timeout
@@ -90,62 +88,6 @@ def check_out_dir(out: Path) -> None:
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         raise OutputDirError(f"output directory {out} is not writable (checked {probe})", fix="pass --out DIR to a writable folder")
-
-
-def identity(src: source.MonoSource, tools: toolchain.Toolchain) -> dict:
-    """The source identity every entry built now will carry."""
-    from . import compat
-
-    return {
-        "vllm_version": src.version,
-        "mono_sources": src.digest,
-        "helpers": compat.install_aiter_shim(),
-        "flydsl_version": tools.flydsl_version,
-        "linker": tools.lld_version,
-    }
-
-
-def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:
-    """The key's entry is what a clean build writes: same source identity,
-    its stored object intact, and whole (``export_bytes``, FlyDSL's
-    unstripped size, is in no stored object: an entry recovered from
-    objects/ lacks it until the key comes from the build cache or compiles)."""
-    e = m.entries.get(str(key))
-    if e is None or e.get("source") != ident or type(e.get("export_bytes")) is not int:
-        return False
-    try:
-        m.check_object(str(key))
-    except IntegrityError:
-        return False
-    return True
-
-
-class _RoomState:
-    """One room's manifest and pending keys during a build (its arch's lock
-    is held by ``build``): the keys of one vLLM release on one arch, built
-    from that release's tree (``src``) under its source identity (``ident``).
-    A corrupt manifest is set aside and rebuilt from the stored objects
-    (aot/recover.py)."""
-
-    def __init__(self, out: Path, arch: str, release: str, src: source.MonoSource, ident: dict,
-                 summary: Summary, log):
-        self.dir = out / arch
-        self.arch, self.release, self.src, self.ident = arch, release, src, ident
-        try:
-            self.manifest = Manifest.read(self.dir, arch, release=release, missing_ok=True)
-        except ManifestError as e:
-            from .recover import recover
-
-            self.manifest, report = recover(self.dir, arch, ident, release=release)
-            summary.recovered.append(report)
-            print(f"dsv41-aot build: {str(e).splitlines()[0]}\n  set aside as {report['set_aside']}; "
-                  f"{report['recovered']} entries recovered from {self.dir / 'objects'}"
-                  + (f", {len(report['skipped'])} objects not (their keys compile again)" if report["skipped"] else "")
-                  + ("; no object holds FlyDSL's unstripped export size (export_bytes): the recovered keys are taken "
-                     "from the build cache or compiled again" if report["recovered"] else ""),
-                  file=log, flush=True)
-        self.pending: collections.deque = collections.deque()
-        self.dirty = self.manifest.migrated  # compile seconds still in the manifest: move them out
 
 
 def build(
@@ -213,11 +155,11 @@ def build(
         # each arch's lock (its releases share objects and bands) from its
         # manifests' read through their link, taken in one order so that two
         # builders never wait on each other crosswise
-        states: dict[str, _RoomState] = {}
+        states: dict[str, RoomState] = {}
         for arch in sorted({k.arch for k in keys}):
             held.enter_context(arch_lock(out / arch, "build", log))
         for room, arch, release in sorted({(k.room, k.arch, k.release) for k in keys}):
-            states[room] = _RoomState(out, arch, release, *trees[release], summary, log)
+            states[room] = RoomState(out, arch, release, *trees[release], summary.recovered, log)
         check_one_source(states, keys, out)
         _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, store, log)
     summary.wall_seconds = time.perf_counter() - t_start
@@ -226,28 +168,6 @@ def build(
                            f"cached + {summary.up_to_date} up to date + {summary.failed} failed: the build lost track "
                            f"of some")
     return summary
-
-
-def check_one_source(states: dict, keys: list, out: Path) -> None:
-    """Refuse (exit 2, before anything is written) a build that would leave a
-    room holding keys of two source identities: every key of a room built
-    from another identity must be in the build too."""
-    asked: dict = {}
-    for k in keys:
-        asked.setdefault(k.room, set()).add(str(k))
-    for room, st in states.items():
-        stale = sorted(k for k, e in st.manifest.entries.items() if e["source"] != st.ident and k not in asked[room])
-        if not stale:
-            continue
-        was = st.manifest.entries[stale[0]]["source"]
-        differ = sorted(f for f in set(was) | set(st.ident) if was.get(f) != st.ident.get(f))
-        raise AotError(
-            f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.release} on {st.arch} were built from mono sources "
-            f"{was.get('mono_sources')} (vLLM {was.get('vllm_version')}), this build's are "
-            f"{st.ident['mono_sources']} (vLLM {st.ident['vllm_version']}); {', '.join(differ)} differ. Building "
-            f"only some keys would leave the room of two sources, which no installed vLLM matches",
-            fix=f"rebuild the whole room: dsv41-aot build --release {st.release} --out {out} --key "
-                + " ".join(f"'{k}'" for k in sorted(asked[room] | set(stale))))
 
 
 def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, store, log) -> None:
@@ -259,7 +179,7 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         elif known is not None and known.get("source") == st.ident:
             summary.failed += 1  # refused by this very source: compiling again would refuse again
             summary.failures.append({"key": str(key), "release": key.release, "error": known["error"], "known": True})
-        elif store is not None and _from_cache(store, st, key):
+        elif store is not None and take_from_cache(store, st, key):
             summary.cached += 1
         else:
             st.pending.append(key)
@@ -304,49 +224,9 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
             if st.manifest.entries:
                 summary.libraries += link_room(st.dir, st.release)["libraries"]
     for st in states.values():
-        _proofs_of(st, summary, log)
-
-
-def _proofs_of(st: _RoomState, summary: Summary, log) -> None:
-    """Read the room's verified.json (records.Proof, its one parser) after the
-    build: how many keys still carry a proof matching their entry; a proof
-    the build made stale (a key rebuilt to another code object), or an
-    unreadable file, is a warning naming the command that proves them again.
-    The build never writes it."""
-    room = Room(st.dir.parent, st.arch, st.release)
-    if not room.verified_path.is_file():
-        return
-    head = {"arch": st.arch, "release": st.release}
-    try:
-        counts = room.proof().counts(st.manifest.entries)
-    except ManifestError as e:
-        summary.proofs.append(dict(head, keys=len(st.manifest.entries), error=str(e).split("\n  fix: ")[0]))
-        print(f"warning: {str(e).splitlines()[0]}; fix: {e.fix}", file=log)
-        return
-    summary.proofs.append(dict(head, **counts))
-    if counts[STALE]:
-        print(f"warning: {room.verified_path}: {counts[STALE]} proof(s) against vLLM's JIT are of another code object "
-              f"than their key's entry now (rebuilt); prove them again: {room.prove_cmd}", file=log)
-
-
-def _from_cache(store, st: _RoomState, key: BuildKey) -> bool:
-    """Take ``key``'s object from the build cache into its room (checked
-    like a fresh compile: arch, kernel symbol, residency); False on a miss."""
-    from .compiler import describe_object
-
-    hit = store.get_object(key, st.ident)
-    if hit is None:
-        return False
-    rec, data = hit
-    entry, abi = describe_object(key, data, st.ident)
-    entry["export_bytes"] = rec["export_bytes"]
-    obj = st.dir / entry["object"]
-    if not (obj.is_file() and sha256_file(obj) == entry["sha256"]):  # absent, or corrupt in place
-        atomic_write(obj, data)
-    st.manifest.put(entry, abi, seconds=rec["seconds"])  # timings keep what the compile took
-    st.manifest.refused.pop(str(key), None)
-    st.dirty = True
-    return True
+        counted = count_proofs(st, log)
+        if counted is not None:
+            summary.proofs.append(counted)
 
 
 def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:

@@ -124,7 +124,7 @@ class BuildCache:
 
     def get_object(self, key: BuildKey, ident: dict) -> tuple[dict, bytes] | None:
         """(record, stripped object bytes) of ``key`` built under ``ident``
-        (builder.identity), or None."""
+        (buildroom.identity), or None."""
         return self._get("compile", key, ident)
 
     def put_object(self, key: BuildKey, ident: dict, data: bytes, export_bytes: int, seconds: float) -> None:

@@ -18,7 +18,7 @@ What an object cannot carry is the source identity it was built from (vLLM
 mono digest, helpers, linker): recovered entries take the identity of the
 build that recovers them, once their FlyDSL version matches. Nor does it
 carry ``export_bytes`` (FlyDSL's export before the strip): a recovered entry
-lacks it, so the build does not count it up to date (``builder.up_to_date``)
+lacks it, so the build does not count it up to date (``buildroom.up_to_date``)
 and takes the key from the build cache or compiles it, which writes the
 clean build's entry: a recovered manifest ends byte-identical to a clean
 build's. ``dsv41-aot verify --against-jit`` proves them against vLLM's JIT.

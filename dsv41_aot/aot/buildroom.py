@@ -1,0 +1,137 @@
+"""A room while a build writes it (``aot/builder.py``): the source identity
+its keys are built under, which of its keys are up to date, the rule that a
+room holds keys of one source, keys taken from the build cache, and the
+count of its proofs after the build."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+from .. import source
+from . import toolchain
+from ..errors import AotError, IntegrityError, ManifestError
+from ..keys import BuildKey
+from ..manifest import Manifest, atomic_write, sha256_file
+from ..records import STALE
+from ..room import Room
+
+
+def identity(src: source.MonoSource, tools: toolchain.Toolchain) -> dict:
+    """The source identity every entry built now will carry."""
+    from . import compat
+
+    return {
+        "vllm_version": src.version,
+        "mono_sources": src.digest,
+        "helpers": compat.install_aiter_shim(),
+        "flydsl_version": tools.flydsl_version,
+        "linker": tools.lld_version,
+    }
+
+
+def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:
+    """The key's entry is what a clean build writes: same source identity,
+    its stored object intact, and whole (``export_bytes``, FlyDSL's
+    unstripped size, is in no stored object: an entry recovered from
+    objects/ lacks it until the key comes from the build cache or compiles)."""
+    e = m.entries.get(str(key))
+    if e is None or e.get("source") != ident or type(e.get("export_bytes")) is not int:
+        return False
+    try:
+        m.check_object(str(key))
+    except IntegrityError:
+        return False
+    return True
+
+
+class RoomState:
+    """One room's manifest and pending keys during a build (its arch's lock
+    is held by ``build``): the keys of one vLLM release on one arch, built
+    from that release's tree (``src``) under its source identity (``ident``).
+    A corrupt manifest is set aside and rebuilt from the stored objects
+    (aot/recover.py)."""
+
+    def __init__(self, out: Path, arch: str, release: str, src: source.MonoSource, ident: dict,
+                 recovered: list, log):
+        self.dir = out / arch
+        self.arch, self.release, self.src, self.ident = arch, release, src, ident
+        try:
+            self.manifest = Manifest.read(self.dir, arch, release=release, missing_ok=True)
+        except ManifestError as e:
+            from .recover import recover
+
+            self.manifest, report = recover(self.dir, arch, ident, release=release)
+            recovered.append(report)
+            print(f"dsv41-aot build: {str(e).splitlines()[0]}\n  set aside as {report['set_aside']}; "
+                  f"{report['recovered']} entries recovered from {self.dir / 'objects'}"
+                  + (f", {len(report['skipped'])} objects not (their keys compile again)" if report["skipped"] else "")
+                  + ("; no object holds FlyDSL's unstripped export size (export_bytes): the recovered keys are taken "
+                     "from the build cache or compiled again" if report["recovered"] else ""),
+                  file=log, flush=True)
+        self.pending: collections.deque = collections.deque()
+        self.dirty = self.manifest.migrated  # compile seconds still in the manifest: move them out
+
+
+def check_one_source(states: dict, keys: list, out: Path) -> None:
+    """Refuse (exit 2, before anything is written) a build that would leave a
+    room holding keys of two source identities: every key of a room built
+    from another identity must be in the build too."""
+    asked: dict = {}
+    for k in keys:
+        asked.setdefault(k.room, set()).add(str(k))
+    for room, st in states.items():
+        stale = sorted(k for k, e in st.manifest.entries.items() if e["source"] != st.ident and k not in asked[room])
+        if not stale:
+            continue
+        was = st.manifest.entries[stale[0]]["source"]
+        differ = sorted(f for f in set(was) | set(st.ident) if was.get(f) != st.ident.get(f))
+        raise AotError(
+            f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.release} on {st.arch} were built from mono sources "
+            f"{was.get('mono_sources')} (vLLM {was.get('vllm_version')}), this build's are "
+            f"{st.ident['mono_sources']} (vLLM {st.ident['vllm_version']}); {', '.join(differ)} differ. Building "
+            f"only some keys would leave the room of two sources, which no installed vLLM matches",
+            fix=f"rebuild the whole room: dsv41-aot build --release {st.release} --out {out} --key "
+                + " ".join(f"'{k}'" for k in sorted(asked[room] | set(stale))))
+
+
+def count_proofs(st: RoomState, log) -> dict | None:
+    """Read the room's verified.json (records.Proof, its one parser) after the
+    build: how many keys still carry a proof matching their entry (None: the
+    room has no verified.json); a proof
+    the build made stale (a key rebuilt to another code object), or an
+    unreadable file, is a warning naming the command that proves them again.
+    The build never writes it."""
+    room = Room(st.dir.parent, st.arch, st.release)
+    if not room.verified_path.is_file():
+        return None
+    head = {"arch": st.arch, "release": st.release}
+    try:
+        counts = room.proof().counts(st.manifest.entries)
+    except ManifestError as e:
+        print(f"warning: {str(e).splitlines()[0]}; fix: {e.fix}", file=log)
+        return dict(head, keys=len(st.manifest.entries), error=str(e).split("\n  fix: ")[0])
+    if counts[STALE]:
+        print(f"warning: {room.verified_path}: {counts[STALE]} proof(s) against vLLM's JIT are of another code object "
+              f"than their key's entry now (rebuilt); prove them again: {room.prove_cmd}", file=log)
+    return dict(head, **counts)
+
+
+def take_from_cache(store, st: RoomState, key: BuildKey) -> bool:
+    """Take ``key``'s object from the build cache into its room (checked
+    like a fresh compile: arch, kernel symbol, residency); False on a miss."""
+    from .compiler import describe_object
+
+    hit = store.get_object(key, st.ident)
+    if hit is None:
+        return False
+    rec, data = hit
+    entry, abi = describe_object(key, data, st.ident)
+    entry["export_bytes"] = rec["export_bytes"]
+    obj = st.dir / entry["object"]
+    if not (obj.is_file() and sha256_file(obj) == entry["sha256"]):  # absent, or corrupt in place
+        atomic_write(obj, data)
+    st.manifest.put(entry, abi, seconds=rec["seconds"])  # timings keep what the compile took
+    st.manifest.refused.pop(str(key), None)
+    st.dirty = True
+    return True
