@@ -32,19 +32,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ToolchainError
-from .facts.releases import NEWEST
 
 MONO_REL = Path("vllm/models/deepseek_v41/amd/mono")
 MODEL_REL = "vllm/models/deepseek_v41/"  # what a fetched tree keeps of the wheel
 PARENTS = ("vllm", "vllm.models", "vllm.models.deepseek_v41", "vllm.models.deepseek_v41.amd")
 MONO = "vllm.models.deepseek_v41.amd.mono"
-VLLM_VERSION = NEWEST  # the release a plain `pip install vllm` of this project's extra gives
 ENV_TREES = "DSV41_AOT_VLLM_TREES"  # the tree cache (default ~/.cache/dsv41-aot/vllm)
 
 
-def fix_vllm(release: str = VLLM_VERSION) -> str:
-    return (f"dsv41-aot fetch-vllm {release}  (or pip install --no-deps vllm=={release}, "
-            f"or pass --vllm-src PATH to a vLLM {release} tree)")
+def fix_vllm(release: str | None = None) -> str:
+    """How to get vLLM ``release``'s kernel source (None: any release
+    ``dsv41-aot facts`` lists)."""
+    v = release or "VERSION"
+    where = "" if release else " (a release `dsv41-aot facts` lists)"
+    return (f"dsv41-aot fetch-vllm {v}{where}  (or pip install --no-deps vllm=={v}, "
+            f"or pass --vllm-src PATH to a vLLM {v} tree)")
 
 
 FIX_VLLM = fix_vllm()
@@ -101,10 +103,11 @@ def _version_of(root: Path) -> str:
     return "unknown"
 
 
-def find(vllm_src: str | os.PathLike | None = None, *, check_version: bool = True) -> MonoSource:
-    """The vLLM tree to build from: ``vllm_src`` (a checkout or site-packages
-    folder holding ``vllm/``), else the installed vllm, found without
-    importing it."""
+def find(vllm_src: str | os.PathLike | None = None) -> MonoSource:
+    """The vLLM tree at ``vllm_src`` (a checkout or site-packages folder
+    holding ``vllm/``), else the installed vllm, found without importing it.
+    Any release: the caller judges its version (a build takes a release's
+    tree through :func:`find_release`)."""
     if vllm_src is not None:
         root = Path(vllm_src).resolve()
         if (root / "vllm").is_dir() is False and (root / MONO_REL).is_dir() is False:
@@ -117,10 +120,6 @@ def find(vllm_src: str | os.PathLike | None = None, *, check_version: bool = Tru
     src = MonoSource(root=root)
     if not src.mono_dir.is_dir():
         raise ToolchainError(f"vLLM at {root} ({src.version}) has no mono package at {MONO_REL}", fix=FIX_VLLM)
-    # a checkout may carry no version: its mono digest still names it exactly
-    if check_version and src.version not in (VLLM_VERSION, "unknown"):
-        where = f"vLLM at {root}" if vllm_src is not None else "installed vLLM"
-        raise ToolchainError(f"{where} is vLLM {src.version}; dsv41-aot targets vLLM {VLLM_VERSION}", fix=FIX_VLLM)
     return src
 
 

@@ -74,7 +74,7 @@ def _installed_vllm() -> tuple:
         from ..errors import ToolchainError
 
         try:
-            src = source.find(check_version=False)
+            src = source.find()
         except ToolchainError:  # no vLLM, or one without the mono package: nothing to compare
             state._state.installed_digest = (None, None, None, None)
         except Exception as e:  # noqa: BLE001 - finding it failed: that is no answer

@@ -115,7 +115,7 @@ def enable(*, environ=None) -> tuple[bool, str, int]:
             return False, (f"no prebuilt kernels for {arch} at {root} (install the dsv41-aot wheel or set "
                            f"{loader.ENV_PREBUILT}); vLLM keeps FlyDSL JIT"), logging.WARNING
         try:
-            src = source.find(check_version=False)
+            src = source.find()
         except AotError as e:
             return False, f"vLLM's mono package not found ({str(e).splitlines()[0]})", logging.WARNING
         try:
