@@ -236,13 +236,3 @@ def test_threads_a_cta_and_the_grid_are_the_keys_releases(monkeypatch):
     assert any(f"grid of {cus + 1} CTAs needs a CU each: gfx950 has {cus}" in p
                for p in residency_problems(res, "gfx950", old))
     assert releases.release_facts(NEWEST).grid_ctas <= cus
-
-
-def test_a_judgement_without_a_release_holds_only_while_every_release_has_one_grid(monkeypatch):
-    old = min(RELEASES, key=version_order)
-    res = _figures()
-    assert residency_problems(res, "gfx950") == residency_problems(res, "gfx950", NEWEST) == []
-    monkeypatch.setitem(RELEASES, old, dataclasses.replace(RELEASES[old], cta_threads=1024))
-    with pytest.raises(AotError, match="different grids"):
-        residency_problems(res, "gfx950")
-    assert residency_problems(res, "gfx950", NEWEST) == []

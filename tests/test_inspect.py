@@ -58,38 +58,38 @@ def figures(**over) -> dict:
 
 def test_residency_accepts_the_tightest_gfx950_k2_figures():
     # measured here: gfx950 K2 uses up to 158,752 bytes of LDS and 251 VGPRs
-    assert residency_problems(figures(lds_bytes=158752, vgpr_count=251, vgpr_alloc=256), "gfx950") == []
+    assert residency_problems(figures(lds_bytes=158752, vgpr_count=251, vgpr_alloc=256), "gfx950", NEWEST) == []
 
 
 def test_residency_refuses_the_broken_gfx942_k2_s17_tp2():
     # measured here: gfx942 K2 tokens=17 tp=2 r=2 needs 77,056 bytes of LDS and 325 VGPRs
-    problems = residency_problems(figures(lds_bytes=77056, vgpr_count=325, vgpr_alloc=328), "gfx942")
+    problems = residency_problems(figures(lds_bytes=77056, vgpr_count=325, vgpr_alloc=328), "gfx942", NEWEST)
     assert any("LDS 77056" in p and "65536" in p for p in problems), problems
     assert any("VGPRs 325" in p and "> 256 a wave" in p for p in problems), problems
     assert any("325 arch VGPRs > 256" in p for p in problems), problems
     # the same LDS fits gfx950's 160 KiB: only the registers are refused there
-    assert not any("LDS" in p for p in residency_problems(figures(lds_bytes=77056), "gfx950"))
+    assert not any("LDS" in p for p in residency_problems(figures(lds_bytes=77056), "gfx950", NEWEST))
 
 
 def test_residency_counts_lds_in_allocation_granules():
     # 65,000 bytes round up to 65,024 on gfx942 (512-byte granules): fits; 65,537 does not
-    assert residency_problems(figures(lds_bytes=65000), "gfx942") == []
-    assert any("LDS 65537" in p for p in residency_problems(figures(lds_bytes=65537), "gfx942"))
+    assert residency_problems(figures(lds_bytes=65000), "gfx942", NEWEST) == []
+    assert any("LDS 65537" in p for p in residency_problems(figures(lds_bytes=65537), "gfx942", NEWEST))
     # gfx950 allocates 1,280-byte granules: 163,841 bytes is over 160 KiB
-    assert any("1280-byte" in p for p in residency_problems(figures(lds_bytes=163841), "gfx950"))
+    assert any("1280-byte" in p for p in residency_problems(figures(lds_bytes=163841), "gfx950", NEWEST))
 
 
 def test_residency_unified_register_file_counts_agprs():
     # 200 arch VGPRs + 64 AGPRs = 264 in the unified file: 2 waves a SIMD do not fit
-    problems = residency_problems(figures(vgpr_count=264, agpr_count=64, vgpr_alloc=264, accum_offset=200), "gfx950")
+    problems = residency_problems(figures(vgpr_count=264, agpr_count=64, vgpr_alloc=264, accum_offset=200), "gfx950", NEWEST)
     assert any("AGPRs 64" in p and "> 256 a wave" in p for p in problems), problems
     # the kernel descriptor's allocation wins over the note's count
-    assert residency_problems(figures(vgpr_count=250, vgpr_alloc=264), "gfx942")
+    assert residency_problems(figures(vgpr_count=250, vgpr_alloc=264), "gfx942", NEWEST)
 
 
 def test_a_spill_is_noted_not_refused():
     spilled = figures(scratch_bytes=16, vgpr_spill_count=4, sgpr_spill_count=2)
-    assert residency_problems(spilled, "gfx950") == []
+    assert residency_problems(spilled, "gfx950", NEWEST) == []
     assert spill_notes(spilled) == ["spills: scratch 16 bytes a lane (VGPR spills 4, SGPR spills 2)"]
     assert "dynamic stack" in spill_notes(figures(dynamic_stack=True))[0]
     # SGPR spills alone go to VGPR lanes, scratch 0: no spill
@@ -97,18 +97,18 @@ def test_a_spill_is_noted_not_refused():
 
 
 def test_residency_refuses_small_workgroups_and_unknown_arches():
-    assert any("max_flat_workgroup_size 256" in p for p in residency_problems(figures(max_flat_workgroup_size=256), "gfx942"))
+    assert any("max_flat_workgroup_size 256" in p for p in residency_problems(figures(max_flat_workgroup_size=256), "gfx942", NEWEST))
     with pytest.raises(UnknownArchError, match="gfx1100"):  # an unknown arch is an error, never gfx950's limits
-        residency_problems(figures(), "gfx1100")
+        residency_problems(figures(), "gfx1100", NEWEST)
 
 
 def test_usage_is_judged_against_the_arch_table():
-    u = usage(figures(lds_bytes=158752, vgpr_count=251, vgpr_alloc=256, sgpr_count=98), "gfx950")
+    u = usage(figures(lds_bytes=158752, vgpr_count=251, vgpr_alloc=256, sgpr_count=98), "gfx950", NEWEST)
     lim = arch_facts("gfx950").limits()
     # 512 threads = 8 waves of 64 = 2 a SIMD: each wave gets half the SIMD's files
     assert u == {"lds": (158752, lim["lds_bytes"]), "vgprs": (256, lim["vgprs_per_simd"] // 2),
                  "agprs": (0, lim["max_agprs"]), "sgprs": (112, lim["sgprs_per_simd"] // 2)}
-    assert usage(figures(), "gfx942")["lds"][1] == arch_facts("gfx942").lds_bytes
+    assert usage(figures(), "gfx942", NEWEST)["lds"][1] == arch_facts("gfx942").lds_bytes
 
 
 def row(key: str, lds: int, vgprs: int, scratch: int = 0, release: str = "0.33.0") -> dict:
@@ -116,7 +116,8 @@ def row(key: str, lds: int, vgprs: int, scratch: int = 0, release: str = "0.33.0
     res = figures(lds_bytes=lds, vgpr_count=vgprs, vgpr_alloc=-(-vgprs // 8) * 8, scratch_bytes=scratch)
     return {"key": key, "kind": k.kind, "arch": k.arch, "release": release, "tokens": k.tokens,
             "series": inspection.series(k),
-            "usage": usage(res, k.arch), "spills": spill_notes(res), "resident": not residency_problems(res, k.arch)}
+            "usage": usage(res, k.arch, release), "spills": spill_notes(res),
+            "resident": not residency_problems(res, k.arch, release)}
 
 
 def test_summary_names_the_tightest_key_per_resource_and_the_spills():
@@ -190,7 +191,7 @@ def test_figures_agree_with_export_metadata_and_manifest(smoke):
         assert res["wavefront_size"] == 64 and res["max_flat_workgroup_size"] == 512
         # the kernel descriptor's allocation covers the note's count, in granules of 8
         assert res["vgpr_alloc"] % 8 == 0 and res["vgpr_alloc"] >= res["vgpr_count"]
-        assert residency_problems(res, man.arch) == [] and spill_notes(res) == [], key
+        assert residency_problems(res, man.arch, man.release) == [] and spill_notes(res) == [], key
         # what the builder stored is what the code object says
         assert man.entries[key]["resources"] == manifest_figures(res)
     assert kinds == {(k, a, "0.33.0") for k in ("k1", "k2", "ffn") for a in ("gfx950", "gfx942")} | {

@@ -145,7 +145,7 @@ def describe_object(key: BuildKey, data: bytes, identity: dict) -> tuple[dict, l
     if key.kernel_symbol not in names:
         raise CompileError(f"{key}: code object lacks kernel {key.kernel_symbol} (has {sorted(n for n in names if n.startswith('_ZN'))})")
     res = code_object_resources(code)
-    problems = residency_problems(res, key.arch)
+    problems = residency_problems(res, key.arch, key.release)
     if problems:
         raise ResidencyError(f"{key}: cannot launch as a persistent kernel: {'; '.join(problems)}")
     sha = hashlib.sha256(data).hexdigest()

@@ -96,7 +96,7 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
         changed = sorted(k for k in set(figures) | set(e["resources"]) if figures.get(k) != e["resources"].get(k))
         rep.problems.append(f"manifest resources differ from the code object's: {', '.join(changed)}")
     rep.problems += kernarg_problems(slots, res)  # the object's own ABI (the manifest's was compared above)
-    rep.problems += [f"cannot be resident: {p}" for p in residency_problems(res, man.arch)]
+    rep.problems += [f"cannot be resident: {p}" for p in residency_problems(res, man.arch, man.release)]
     return rep, code
 
 

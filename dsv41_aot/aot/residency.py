@@ -17,9 +17,8 @@ Named ``residency`` so it can never shadow the standard library's ``inspect``.
 
 from __future__ import annotations
 
-from ..errors import AotError
 from ..facts.arches import arch_facts
-from ..facts.releases import RELEASES, release_facts
+from ..facts.releases import release_facts
 
 # the resources that decide residency, in the order inspect shows them
 RESOURCES = ("lds", "vgprs", "agprs", "sgprs")
@@ -30,34 +29,27 @@ def _round_up(n: int, granule: int) -> int:
     return -(-n // granule) * granule
 
 
-def grid(release: str | None) -> tuple[int, int]:
+def grid(release: str) -> tuple[int, int]:
     """(threads a CTA, CTAs) of vLLM ``release``'s persistent grid
-    (``Release.cta_threads``, ``grid_ctas``). None, for a caller that has no
-    key: the grid every known release shares -- an error once they differ."""
-    if release is not None:
-        rel = release_facts(release)
-        return rel.cta_threads, rel.grid_ctas
-    grids = {(r.cta_threads, r.grid_ctas) for r in RELEASES.values()}
-    if len(grids) != 1:
-        raise AotError("the vLLM releases launch different grids: a residency judgement needs the key's release",
-                       fix="pass the release of the key being judged")
-    return grids.pop()
+    (``Release.cta_threads``, ``grid_ctas``)."""
+    rel = release_facts(release)
+    return rel.cta_threads, rel.grid_ctas
 
 
-def cta_threads(release: str | None) -> int:
-    """Threads a CTA of vLLM ``release``'s mono launches (see :func:`grid`)."""
+def cta_threads(release: str) -> int:
+    """Threads a CTA of vLLM ``release``'s mono launches."""
     return grid(release)[0]
 
 
-def waves_per_cta_simd(res: dict, arch: str, release: str | None = None) -> int:
+def waves_per_cta_simd(res: dict, arch: str, release: str) -> int:
     """How many of one CTA's waves share a SIMD (its waves spread over the CU's SIMDs)."""
     waves = -(-cta_threads(release) // res["wavefront_size"])
     return -(-waves // arch_facts(arch).simds)
 
 
-def usage(res: dict, arch: str, release: str | None = None) -> dict:
+def usage(res: dict, arch: str, release: str) -> dict:
     """resource -> (use, limit) for one CTA of vLLM ``release``'s launches
-    (see :func:`grid`) on one CU of ``arch``: LDS bytes (as the note gives them) against the CU's LDS;
+    on one CU of ``arch``: LDS bytes (as the note gives them) against the CU's LDS;
     VGPRs as allocated (unified arch VGPRs + AGPRs, in granules) against a
     wave's share of the SIMD's file; AGPRs against what a wave addresses;
     SGPRs as allocated against a wave's share of the SIMD's SGPRs."""
@@ -78,10 +70,9 @@ def vgpr_alloc(res: dict, arch: str) -> int:
     return max(res.get("vgpr_alloc", 0), _round_up(max(res["vgpr_count"], 1), granule))
 
 
-def residency_problems(res: dict, arch: str, release: str | None = None) -> list[str]:
+def residency_problems(res: dict, arch: str, release: str) -> list[str]:
     """Why one CTA of this kernel, a launch of vLLM ``release`` (its grid:
-    ``Release.cta_threads`` threads a CTA, ``grid_ctas`` CTAs; None: see
-    :func:`grid`), cannot be resident on one CU of ``arch`` (empty when it
+    ``Release.cta_threads`` threads a CTA, ``grid_ctas`` CTAs), cannot be resident on one CU of ``arch`` (empty when it
     can). Each reason names the figure and the limit. A spill is not one
     (see ``spill_notes``)."""
     lim = arch_facts(arch).limits()
