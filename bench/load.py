@@ -179,22 +179,15 @@ print(json.dumps(dict(import_s=t1 - t0, first_s=t3 - t2, all_s=t4 - t2, launcher
 
 
 def runner_calls(arch: str) -> list:
-    """Every launch vLLM 0.33.0's runner can ask for at TP4 (runner.py /
-    mono_decode.py): whole target layers at ratio 0, 1, 2, fold either way,
-    index only with a ratio; the FFN launch; the DSpark draft's own runner
-    (ug_groups 1, the dspark routing of build_matrix.yaml) at ratio 0. The
-    first call is the first key vLLM asks for (K1/K2 s=1, ratio 0)."""
+    """Every call vLLM 0.33.0's runners can make at TP4 with the DSpark draft
+    (build_matrix.yaml's dspark routing), as JSON: facts/coverage.py's
+    runner_calls, the rules ``dsv41-aot coverage`` counts keys by. The first
+    is the first launch a decode step asks for (K1/K2 of s=1, ratio 0)."""
     from dsv41_aot.aot import matrix
+    from dsv41_aot.facts import coverage
 
-    d = matrix.load().releases["0.33.0"].routing["dspark"]
-    draft = {"experts": d["experts"], "topk": d["topk"], "ug_groups": 1, "swa_width": d["swa_width"]}
-    calls: list = []
-    for s in range(1, 49):
-        calls += [["kernels", s, r, f, i] for r in (0, 1, 2) for f in (True, False) for i in (False, True)
-                  if r or not i]
-        calls.append(["ffn", s, 384, 6])
-        calls += [["kernels", s, 0, f, False, draft] for f in (True, False)]
-    return calls
+    draft = coverage.parse_draft("dspark", matrix.load().releases["0.33.0"].routing)
+    return [c.as_json() for c in coverage.runner_calls(coverage.deployment(arch, 4, draft=draft, release="0.33.0"))]
 
 
 CALL = """

@@ -241,26 +241,14 @@ print(json.dumps(dict(patched=bool(getattr(mod.build_mono_k1, "__dsv41_aot__", F
 
 
 def runner_calls(release: str) -> list:
-    """Every launch vLLM ``release``'s runner can ask for at gfx950 TP4
-    (FACTS; vLLM's runner.py / mono_decode.py), as tests/_vllm_probe.py
-    calls: 0.33.0's target layers run whole with ratio 0, 1, 2, fold either
-    way, index only with a ratio; any layer can take the FFN launch; the
-    DSpark draft's own runner (ug_groups 1, the draft's experts / topk / swa
-    width: build_matrix.yaml's dspark routing) runs ratio-0 layers whole.
-    0.32.0: kernels(tokens, ratio) with ratio 1 or 2, ffn_kernel(tokens)."""
+    """Every call vLLM ``release``'s runners can make at gfx950 TP4 with the
+    DSpark draft of build_matrix.yaml's dspark routing: facts/coverage.py's
+    runner_calls, what ``dsv41-aot coverage`` and ``doctor`` count keys by."""
     from dsv41_aot.aot import matrix
+    from dsv41_aot.facts import coverage
 
-    if release == OLD:
-        return [call for s in range(1, 49) for call in (["kernels", s, 1], ["kernels", s, 2], ["ffn", s])]
-    d = matrix.load().releases[NEW].routing["dspark"]
-    draft = {"experts": d["experts"], "topk": d["topk"], "ug_groups": 1, "swa_width": d["swa_width"]}
-    calls: list = []
-    for s in range(1, 49):
-        calls += [["kernels", s, r, f, i] for r in (0, 1, 2) for f in (False, True) for i in (False, True)
-                  if r or not i]
-        calls.append(["ffn", s, 384, 6])
-        calls += [["kernels", s, 0, f, False, draft] for f in (False, True)]
-    return calls
+    draft = coverage.parse_draft("dspark", matrix.load().releases[NEW].routing)
+    return coverage.runner_calls(coverage.deployment(ARCH, 4, draft=draft, release=release))
 
 
 @pytest.mark.parametrize("release", [NEW, OLD])
@@ -268,11 +256,16 @@ def test_vllms_own_runner_is_served_every_key_of_its_room_bound(deployment, rele
     """vLLM's runner of ``release`` (0.33.0: the installed one; 0.32.0: its
     tree from fetch-vllm), patched strict by the plugin, asks for every launch
     it can at TP4: each is a bound prebuilt Launcher of its own room, none
-    missing, and together they are every key of the room."""
+    missing, and together they are every key of the room, and every key
+    coverage's rules say those calls build (facts/coverage.py: the rules
+    ``dsv41-aot coverage`` and ``doctor`` judge a deployment by agree with
+    vLLM's own runner)."""
     tree = str(request.getfixturevalue("old_tree")) if release == OLD else ""
-    out = run(_RUNNER, deployment, tree, json.dumps(runner_calls(release)),
+    calls = runner_calls(release)
+    out = run(_RUNNER, deployment, tree, json.dumps([c.as_json() for c in calls]),
               env={"ARCH": ARCH, "FLYDSL_GPU_ARCH": ARCH})
     assert out["patched"] and not out["unbound"] and out["rooms"] == [release]
     assert set(out["served"]) == room_keys(deployment, release) and len(out["served"]) == SHIPPED[release][0]
+    assert set(out["served"]) == {str(k) for c in calls for k in c.keys}
     assert out["installed"]["served_jit"] == 0
     assert memfd_bands(out["maps"]) == band_files(deployment, release)  # its room's bands, none of the other's

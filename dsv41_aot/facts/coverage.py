@@ -149,35 +149,74 @@ def _ffn(dep: Deployment, tokens: int, routing: dict) -> BuildKey:
     return _key("ffn", dep.release, arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=0, timeline=TIMELINE, **fields)
 
 
-def required(dep: Deployment) -> list[BuildKey]:
-    """Every key vLLM ``dep.release`` can build for ``dep``, sorted."""
+@dataclass(frozen=True)
+class RunnerCall:
+    """One call vLLM's runner (runner.py ``DSV41MonoLayer``) makes for a step:
+    ``method`` (``kernels``: K1 and K2 of a whole layer; ``ffn_kernel``: the
+    FFN launch) with ``args`` in its release's signature, on the runner built
+    with ``runner`` (TP, timeline and its routing: the target model's, or the
+    DSpark draft's own runner's), and the keys that call builds."""
+
+    method: str
+    args: tuple
+    runner: dict
+    keys: tuple
+
+    def as_json(self) -> list:
+        """``[method, *args, {runner fields}]``: how tests/_vllm_probe.py and
+        bench/load.py ask vLLM's real runner for it."""
+        return [self.method, *self.args, dict(self.runner)]
+
+
+def _kernels(dep: Deployment, tokens: int, ratio: int, fold: bool, index: bool, routing: dict) -> RunnerCall:
+    """kernels(tokens, ratio[, fold, index]) (0.32.0's takes tokens and ratio)."""
+    rel = release_facts(dep.release)
+    args = (tokens, ratio) + ((fold, index) if rel.reads("fold") and rel.reads("index") else ())
+    return RunnerCall("kernels", args, dict(tp=dep.tp, timeline=TIMELINE, **routing),
+                      tuple(_k1_k2(dep, tokens, ratio, fold, index, routing)))
+
+
+def _ffn_kernel(dep: Deployment, tokens: int, runner: dict, routing: dict) -> RunnerCall:
+    """ffn_kernel(tokens[, experts, topk]) on ``runner``'s runner, for a layer of ``routing``."""
+    rel = release_facts(dep.release)
+    args = (tokens,) + ((routing["experts"], routing["topk"]) if rel.reads("experts") else ())
+    return RunnerCall("ffn_kernel", args, dict(tp=dep.tp, timeline=TIMELINE, **runner), (_ffn(dep, tokens, routing),))
+
+
+def runner_calls(dep: Deployment) -> list[RunnerCall]:
+    """Every call vLLM ``dep.release``'s runners can make for ``dep``, widths
+    ascending (the first is the first launch a decode step asks for)."""
     rel = release_facts(dep.release)
     facts = rel.deploy(dep.arch)
     kinds = layer_kinds(dep.release)
-    keys: set = set()
+    calls: list = []
     for tokens in range(1, dep.max_rows + 1):
         # the target's whole layers (MonoDecodeLayer.__call__ -> runner.forward
         # -> kernels(M, attn.compress_ratio[, fold, select is not None]))
-        for ratio, fold, index in kinds["backbone"]:
-            keys.update(_k1_k2(dep, tokens, ratio, fold, index, rel.target))
+        calls += [_kernels(dep, tokens, ratio, fold, index, rel.target) for ratio, fold, index in kinds["backbone"]]
         # any other mono layer (0.33.0: an MXFP8 KV cache, another indexer;
         # 0.32.0: ratio 0, a compressor / indexer, Engram): MonoDecodeLayer(
         # ffn_only=True).ffn -> ffn_kernel(M[, gate_w rows = 384, 6])
-        keys.add(_ffn(dep, tokens, rel.target))
+        calls.append(_ffn_kernel(dep, tokens, rel.target, rel.target))
         if dep.draft is None or facts.draft_layers is None:
             continue  # 0.32.0 mono_decode._create: a "draft layer" leaves the mono path
         experts, topk, swa_width = dep.draft
         if facts.draft_layers == "ffn":
             # 0.33.0 mono_decode._create: "On gfx942 the DSpark draft layers take
             # the FFN launch, built for the draft's routing" on the target's runner
-            keys.add(_ffn(dep, tokens, dict(experts=experts, topk=topk)))
+            calls.append(_ffn_kernel(dep, tokens, rel.target, dict(experts=experts, topk=topk)))
         else:
             # the draft's own runner: DSV41MonoLayer(experts, topk,
             # ug_groups=DRAFT_UG_GROUPS, swa_width) running whole draft layers
             routing = dict(experts=experts, topk=topk, ug_groups=rel.draft_ug_groups, swa_width=swa_width)
-            for ratio, fold, index in kinds["draft"]:
-                keys.update(_k1_k2(dep, tokens, ratio, fold, index, routing))
-    return sorted(keys)
+            calls += [_kernels(dep, tokens, ratio, fold, index, routing) for ratio, fold, index in kinds["draft"]]
+    return calls
+
+
+def required(dep: Deployment) -> list[BuildKey]:
+    """Every key vLLM ``dep.release`` can build for ``dep``, sorted: the keys
+    of its :func:`runner_calls`."""
+    return sorted({k for call in runner_calls(dep) for k in call.keys})
 
 
 # ---------------------------------------------------------------- against what is there
