@@ -32,9 +32,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dsv41_aot.aot import matrix  # noqa: E402
-from dsv41_aot.facts.releases import NEWEST
+from dsv41_aot.facts.kinds import KINDS, kind_facts  # noqa: E402
+from dsv41_aot.facts.releases import NEWEST, release_facts  # noqa: E402
 from dsv41_aot.keys import BuildKey  # noqa: E402
 from dsv41_aot.manifest import Manifest  # noqa: E402
+
+ARCHES = tuple(release_facts(NEWEST).arches)  # the sample: the newest release's keys on each arch it runs on
+
+
+def sample_key(kind: str, arch: str, tokens: int) -> BuildKey:
+    """The sample's key of ``kind`` at ``tokens``: TP 4, compress ratio 1
+    (the ratio a kind fixes, e.g. the FFN's 0)."""
+    return BuildKey(kind, arch, tokens, 4, kind_facts(kind).fixed.get("ratio", 1), release=NEWEST)
 
 
 def cli(*args) -> dict:
@@ -53,16 +62,9 @@ def main() -> int:
     ap.add_argument("--out", help="prebuilt dir (default: a fresh temp dir)")
     args = ap.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
-    keys = []
-    for arch in ("gfx950", "gfx942"):
-        for s in widths:
-            keys += [
-                BuildKey("k1", arch, s, 4, 1, release=NEWEST),
-                BuildKey("k2", arch, s, 4, 1, release=NEWEST),
-                BuildKey("ffn", arch, s, 4, 0, release=NEWEST),
-            ]
+    keys = [sample_key(kind, arch, s) for arch in ARCHES for s in widths for kind in KINDS]
     out = Path(args.out or tempfile.mkdtemp(prefix="dsv41-bench-")) / "kernels_prebuilt"
-    print(f"sample: {len(keys)} keys (K1, K2, FFN x widths {widths} x gfx950/gfx942, TP 4), jobs={args.jobs}, out={out}")
+    print(f"sample: {len(keys)} keys ({', '.join(KINDS)} x widths {widths} x {'/'.join(ARCHES)}, TP 4), jobs={args.jobs}, out={out}")
 
     cold = cli("build", "--key", *map(str, keys), "--any-key", "--out", out, "--jobs", args.jobs, "--json", "--no-progress")
     check = cli("verify", "--dir", out, "--against-jit", "--jobs", args.jobs, "--json", "--no-progress")
@@ -73,16 +75,16 @@ def main() -> int:
     for f in cold["failures"]:
         print(f"  refused: {f['error']}")
     entries, secs = {}, {}
-    for arch in ("gfx950", "gfx942"):
+    for arch in ARCHES:
         man = Manifest.read(out / arch, release=NEWEST)  # the sample's keys are the newest release's (its room)
         entries.update(man.entries)
         secs.update(man.timings)  # the room's timings.json: the manifest holds nothing measured
 
     print("\n== compile seconds by kind, width and arch (one worker's view; 2 busy cores) ==")
     print(f"{'kind':5} {'arch':7} " + " ".join(f"s={w:<6}" for w in widths))
-    for kind in ("k1", "k2", "ffn"):
-        for arch in ("gfx950", "gfx942"):
-            row = [secs.get(str(BuildKey(kind, arch, w, 4, 0 if kind == "ffn" else 1, release=NEWEST)), float("nan")) for w in widths]
+    for kind in KINDS:
+        for arch in ARCHES:
+            row = [secs.get(str(sample_key(kind, arch, w)), float("nan")) for w in widths]
             # nan: the key was refused (see above); its time is not recorded
             print(f"{kind:5} {arch:7} " + " ".join(f"{x:<8.2f}" for x in row))
 
@@ -109,9 +111,9 @@ def main() -> int:
 
     # full profile: per (kind, arch) a line through the measured widths
     fit = {}
-    for kind in ("k1", "k2", "ffn"):
-        for arch in ("gfx950", "gfx942"):
-            pts = [(w, secs[k]) for w in widths if (k := str(BuildKey(kind, arch, w, 4, 0 if kind == "ffn" else 1, release=NEWEST))) in secs]
+    for kind in KINDS:
+        for arch in ARCHES:
+            pts = [(w, secs[k]) for w in widths if (k := str(sample_key(kind, arch, w))) in secs]
             if len(pts) > 1:
                 slope = (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
             else:

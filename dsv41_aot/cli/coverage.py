@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..aot.coverage import check_all
 from ..facts.arches import ARCHES
+from ..facts.coverage import counts_text
 from ..facts.releases import RELEASES
 
 
@@ -50,8 +51,7 @@ def run(args) -> int:
         for k in rep["required"]:
             mark = "MISSING " if k in missing else "UNLINKED" if k in unlinked else "ok      "
             print(f"{mark} {rel} {k}")
-        c = rep["counts"]
-        print(f"{rep['deployment']}: {len(rep['required'])} keys (K1 {c['k1']}, K2 {c['k2']}, FFN {c['ffn']}) "
+        print(f"{rep['deployment']}: {len(rep['required'])} keys ({counts_text(rep['counts'])}) "
               f"checked against {rep['against']}: {len(rep['missing'])} missing, {len(rep['unlinked'])} not linked")
         shown = " ".join(repr(k) for k in rep["missing"][:3]) + (" ..." if len(rep["missing"]) > 3 else "")
         if rep["missing"] and args.profile:

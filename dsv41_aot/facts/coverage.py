@@ -242,3 +242,8 @@ def compare(dep: Deployment, have: set, linked: set | None, against: str) -> dic
     counts = {kind: sum(1 for k in need if k.kind == kind) for kind in KINDS}
     return {"release": dep.release, "arch": dep.arch, "tp": dep.tp, "deployment": dep.describe(),
             "against": against, "counts": counts, "required": texts, "missing": missing, "unlinked": unlinked}
+
+
+def counts_text(counts: dict) -> str:
+    """A report's per-kind counts for a person: ``K1 384, K2 384, FFN 144``."""
+    return ", ".join(f"{kind.upper()} {counts[kind]}" for kind in KINDS)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import AotError, HipUnavailableError, HipVersionError
 from ..facts.arches import ARCHES
-from ..facts.coverage import CoverageInputError, compare, deployment, held
+from ..facts.coverage import CoverageInputError, compare, counts_text, deployment, held
 from ..facts.releases import NEWEST, RELEASES
 from ..manifest import ENV_PREBUILT
 from ..room import Room
@@ -296,8 +296,7 @@ def _coverage(rep: Report, root: Path, arch: str | None, room: Room | None, src,
     report["refused"] = [k for k in report["required"] if k not in bad and k in refused]
     report["served"] = len(report["required"]) - len(bad) - len(report["refused"])
     rep.coverage = report
-    c = report["counts"]
-    counts = f"K1 {c['k1']}, K2 {c['k2']}, FFN {c['ffn']}"
+    counts = counts_text(report["counts"])
     need = len(report["required"])
     if report["served"] == need:
         rep.add("coverage", "ok", f"{dep.describe()}: all {need} launches vLLM can ask for are prebuilt ({counts})")
