@@ -25,12 +25,20 @@ what a step writes stays in the workspace) and runs its steps:
   caller gives: twine to the rehearsal's index). Any other action, any
   expression or ``if:`` this runner does not know fails the run, so the
   workflow cannot grow a step the rehearsal silently skips.
+
+Jobs run in an order their ``needs`` allow. When a job's cells have run, its
+``outputs:`` are evaluated (the job's context and that cell's step outputs)
+and kept in ``Run.job_outputs``; a job that needs it reads them as
+``needs.<job>.outputs.<name>``, in expressions and in a matrix axis written
+``${{ fromJSON(...) }}`` (the axis is that JSON list). As on GitHub, a job
+sees the outputs of the jobs it needs directly, no others.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import glob
+import json
 import os
 import re
 import shutil
@@ -56,6 +64,7 @@ STAND_INS = {
 # the checkout's entries the steps read (linked into each workspace)
 CHECKOUT = ("ci", "dsv41_aot", "build_matrix.yaml", "pyproject.toml", "setup.py", "README.md", "LICENSE", "NOTICE")
 _EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
+_FROM_JSON = re.compile(r"fromJSON\((.*)\)")
 
 
 def load(path: Path = WORKFLOW) -> dict:
@@ -88,6 +97,7 @@ class Run:
     doc: dict = field(default_factory=load)
     log: list = field(default_factory=list)  # (job, cell, step name, what ran)
     outputs: dict = field(default_factory=dict)  # (job, cell items, command) -> what the step printed
+    job_outputs: dict = field(default_factory=dict)  # job -> its outputs: evaluated, after its cells ran
 
     def __post_init__(self):
         self.artifacts = self.root / "artifacts"
@@ -106,6 +116,16 @@ class Run:
         return {"github.workspace": str(ws), "github.ref_type": "tag", "github.ref_name": self.tag,
                 "github.ref": f"refs/tags/{self.tag}", "github.event_name": "push", "github.token": "rehearsal-token",
                 "github.event.inputs.profile || 'full'": "full", "github.workflow": "wheels"}
+
+    def needs(self, job: str) -> list:
+        """The jobs ``job`` needs (``needs:`` is one name or a list)."""
+        needs = self.doc["jobs"][job].get("needs", [])
+        return [needs] if isinstance(needs, str) else list(needs)
+
+    def needs_context(self, job: str) -> dict:
+        """``needs.<n>.outputs.<k>`` of every job ``job`` needs (its direct
+        dependencies only, as on GitHub), from the outputs they left."""
+        return {f"needs.{n}.outputs.{k}": v for n in self.needs(job) for k, v in self.job_outputs.get(n, {}).items()}
 
     def expr(self, text, ctx: dict) -> str:
         if not isinstance(text, str):
@@ -135,6 +155,16 @@ class Run:
     def cells(self, job: str) -> list:
         m = dict((self.doc["jobs"][job].get("strategy") or {}).get("matrix") or {})
         m.update(self.matrix.get(job, {}))
+        ctx = self.needs_context(job)
+        for axis, values in m.items():
+            if isinstance(values, str):  # `${{ fromJSON(X) }}`, X a needed job's output: the list it holds
+                whole = _EXPR.fullmatch(values)
+                inner = _FROM_JSON.fullmatch(whole.group(1)) if whole else None
+                if not inner or inner.group(1).strip() not in ctx:
+                    raise AssertionError(f"{job}: the rehearsal does not know the matrix axis {axis}: {values!r} "
+                                         f"(it knows ${{{{ fromJSON(X) }}}} with X one of {sorted(ctx)})")
+                m[axis] = json.loads(ctx[inner.group(1).strip()])
+                assert isinstance(m[axis], list), f"{job}: matrix axis {axis}: {values!r} is {m[axis]!r}, not a list"
         axes = sorted(m)
         return [dict(zip(axes, values)) for values in product(*(m[a] for a in axes))] or [{}]
 
@@ -142,10 +172,8 @@ class Run:
         """The jobs in an order their ``needs`` allow."""
         jobs, done = self.doc["jobs"], []
         while len(done) < len(jobs):
-            for name, job in jobs.items():
-                needs = job.get("needs", [])
-                needs = [needs] if isinstance(needs, str) else needs
-                if name not in done and all(n in done for n in needs):
+            for name in jobs:
+                if name not in done and all(n in done for n in self.needs(name)):
                     done.append(name)
         return done
 
@@ -155,9 +183,10 @@ class Run:
 
     def run_job(self, job: str) -> None:
         spec = self.doc["jobs"][job]
+        self.job_outputs[job] = {}
         for cell in self.cells(job):
             ws = self.root / "ws" / "-".join([job, *map(str, cell.values())])
-            ctx = {**self._github(ws), **{f"matrix.{k}": v for k, v in cell.items()}}
+            ctx = {**self._github(ws), **self.needs_context(job), **{f"matrix.{k}": v for k, v in cell.items()}}
             if not self.condition(spec.get("if"), ctx):
                 self.log.append((job, cell, None, "skipped (if)"))
                 continue
@@ -168,9 +197,12 @@ class Run:
             steps: dict = {}
             for step in spec["steps"]:
                 self._step(job, cell, ws, step, env, ctx, steps)
+            # a matrix job's outputs: each cell sets them, the last one's stand (GitHub keeps one of them)
+            done = {**ctx, **steps_context(steps)}
+            self.job_outputs[job].update({k: self.expr(v, done) for k, v in (spec.get("outputs") or {}).items()})
 
     def _step(self, job, cell, ws: Path, step: dict, env: dict, ctx: dict, steps: dict) -> None:
-        ctx = {**ctx, **{f"steps.{sid}.outputs.{k}": v for sid, outs in steps.items() for k, v in outs.items()}}
+        ctx = {**ctx, **steps_context(steps)}
         name = step.get("name") or step.get("uses") or step.get("run")
         if not self.condition(step.get("if"), ctx):
             self.log.append((job, cell, name, "skipped (if)"))
@@ -272,6 +304,11 @@ class Run:
         assert chosen and all(c.is_dir() for c in chosen), f"no artifact for {with_}"
         for art in chosen:
             shutil.copytree(art, target if merge else target / art.name, dirs_exist_ok=True)
+
+
+def steps_context(steps: dict) -> dict:
+    """``steps.<id>.outputs.<name>`` of the steps that ran (id -> outputs)."""
+    return {f"steps.{sid}.outputs.{k}": v for sid, outs in steps.items() for k, v in outs.items()}
 
 
 def parse_outputs(text: str) -> dict:

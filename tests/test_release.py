@@ -217,6 +217,41 @@ def test_a_wrong_tag_fails_before_anything_is_built(tmp_path, doc):
     assert r.returncode == 0 and "nothing to check" in r.stdout
 
 
+def test_the_matrices_take_the_arches_the_version_job_outputs(tmp_path):
+    """The version job's ``arches`` output (ci/release.py facts) becomes the
+    shard matrix's arch axis through ``needs.version.outputs``; shard passes
+    it on as its own output and merge takes it from there: arch x shard
+    cells, then one merge cell an arch, the arches ``dsv41-aot facts --json``
+    lists. The shard cells' steps are left out (their outputs read no step);
+    a job does not see a job it does not need, and an axis that is not
+    ``fromJSON`` of a needed output is refused by name."""
+    import copy
+
+    r = subprocess.run([PY, "-m", "dsv41_aot.cli", "facts", "--json"], capture_output=True, text=True, cwd=REPO,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    arches = [a["name"] for a in json.loads(r.stdout)["arches"]]
+    assert arches
+    doc = copy.deepcopy(_workflow.load())
+    doc["jobs"]["shard"]["steps"] = []
+    run = _workflow.Run(root=tmp_path, tag=TAG, env={}, matrix={"shard": {"shard": [0, 1, 2]}},
+                        build_cache=tmp_path / "c", doc=doc)
+    with pytest.raises(AssertionError, match=r"needs\.version\.outputs\.arches"):
+        run.cells("shard")  # the version job has not run: nothing to read yet
+    run.run_job("version")
+    assert json.loads(run.job_outputs["version"]["arches"]) == arches
+    assert run.cells("shard") == [{"arch": a, "shard": i} for a in arches for i in (0, 1, 2)]
+    run.run_job("shard")
+    assert run.job_outputs["shard"] == {"arches": run.job_outputs["version"]["arches"]}
+    assert run.cells("merge") == [{"arch": a} for a in arches]
+    axis = doc["jobs"]["merge"]["strategy"]["matrix"]
+    for wrong in ("${{ fromJSON(needs.version.outputs.arches) }}",  # merge needs shard only: not version's to read
+                  "${{ needs.shard.outputs.arches }}"):  # a string, not the list fromJSON makes of it
+        axis["arch"] = wrong
+        with pytest.raises(AssertionError, match=re.escape(f"matrix axis arch: {wrong!r}")):
+            run.cells("merge")
+
+
 def test_merge_takes_one_folder_a_shard_or_the_one_shard_itself(tmp_path):
     for i in (0, 1):
         (tmp_path / "many" / f"shard-gfx950-{i}").mkdir(parents=True)
