@@ -38,6 +38,7 @@ if str(ROOT) not in sys.path:
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
 from dsv41_aot.aot.link import dynamic_info  # noqa: E402
+from dsv41_aot.facts.arches import ARCHES  # noqa: E402
 from dsv41_aot.facts.releases import RELEASES, release_facts, version_order  # noqa: E402
 from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest, arch_dirs, releases_in  # noqa: E402
 from dsv41_aot.room import Room, orphan_objects  # noqa: E402
@@ -77,9 +78,11 @@ class ArchContents:
         return [r.release for r in self.rooms]
 
 
-def fix_for(root: Path, arch: str, release: str | None = None) -> str:
+def fix_for(root: Path, arch, release: str | None = None) -> str:
+    """The commands that build and link ``arch`` (one name, or several) into ``root``."""
+    arches = "".join(f" --arch {a}" for a in ([arch] if isinstance(arch, str) else arch))
     rel = f" --release {release}" if release else ""
-    return f"dsv41-aot build --arch {arch}{rel} --out {root} && dsv41-aot link --dir {root} --arch {arch}"
+    return f"dsv41-aot build{arches}{rel} --out {root} && dsv41-aot link --dir {root}{arches}"
 
 
 def matrix_digests(matrix_path=None) -> dict:
@@ -182,9 +185,10 @@ def check_dir(root: Path, arches=None, digests: dict | None = None) -> list:
     """check_arch for every arch folder of ``root`` (or ``arches``)."""
     root = Path(root)
     arches = list(arches or [d.name for d in arch_dirs(root)])
-    if not arches:
+    if not arches:  # nothing asked for, nothing built: the fix builds every arch some release runs on
+        deployed = [a for a in ARCHES if any(a in r.arches for r in RELEASES.values())]
         raise ManifestError(f"no prebuilt kernels in {root} (no <arch>/vllm-<release>/{MANIFEST})",
-                            fix=fix_for(root, "gfx950"))
+                            fix=fix_for(root, deployed))
     digests = matrix_digests() if digests is None else digests
     return [check_arch(root, a, digests) for a in arches]
 
