@@ -22,7 +22,11 @@ a laptop. tests/test_release.py runs the workflow's own steps, in order, on
 the smoke profile (two shards an arch), then serves the wheel from a real
 package index and lets vLLM find the plugin. No logic of the release lives
 only in YAML: what a step does is here (or in the scripts this calls:
-ci/build_shard.py, ci/merge.py, ci/prebuilt.py, ci/check_wheel.py).
+ci/build_shard.py, ci/merge.py, ci/prebuilt.py, ci/check_wheel.py). The
+stages that only read the checkout and tell the workflow something
+(check-tag, facts, cache-key), and what every stage shares, are
+ci/stages.py's: standard library only, as the version job's bare
+interpreter needs.
 
 Exit codes: 0 ok, 1 a check failed, 2 bad input.
 """
@@ -30,9 +34,7 @@ Exit codes: 0 ok, 1 a check failed, 2 bad input.
 from __future__ import annotations
 
 import argparse
-import ast
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -44,123 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-PY = sys.executable
-CACHE_PREFIX = "dsv41-build"
-
-
-class StageError(Exception):
-    """A stage refused: the message names what and the fix."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
-
-
-def _run(cmd: list, **kw) -> int:
-    """Run one command, its output through; its exit code."""
-    print("+ " + " ".join(map(str, cmd)), file=sys.stderr, flush=True)
-    return subprocess.run([str(c) for c in cmd], **kw).returncode
-
-
-def _must(rc: int, what: str) -> None:
-    if rc:
-        raise StageError(f"{what} failed (exit {rc})", rc)
-
-
-def _cli(*args) -> list:
-    """``dsv41-aot ARGS`` as this interpreter runs it."""
-    return [PY, "-m", "dsv41_aot.cli", *map(str, args)]
-
-
-# ---------------------------------------------------------------- check-tag
-
-
-def package_version(root: Path = ROOT) -> str:
-    """``dsv41_aot.__version__`` read as setuptools reads it (a literal in
-    dsv41_aot/__init__.py; pyproject.toml's dynamic version), without
-    importing the package."""
-    init = root / "dsv41_aot" / "__init__.py"
-    for node in ast.parse(init.read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
-            return ast.literal_eval(node.value)
-    raise StageError(f"{init} assigns no literal __version__", 2)
-
-
-def check_tag(ref_type: str | None, ref_name: str | None, version: str) -> str:
-    """The line to print; StageError when a tag is not ``v`` + version."""
-    if ref_type != "tag":
-        return f"not a tag ({ref_type or 'no ref type'} {ref_name or ''}): nothing to check; version {version}".strip()
-    want = f"v{version}"
-    if ref_name != want:
-        raise StageError(
-            f"tag {ref_name!r} is not v + dsv41_aot.__version__ ({want!r}): refusing to build a release whose "
-            f"wheel would say {version}\n  fix: tag the commit {want}, or set __version__ = \"{str(ref_name)[1:]}\" "
-            f"in dsv41_aot/__init__.py, commit, and tag that commit")
-    return f"tag {ref_name} = v + dsv41_aot.__version__ ({version}): ok"
-
-
-def cmd_check_tag(args) -> int:
-    print(check_tag(args.ref_type, args.ref_name, package_version()))
-    return 0
-
-
-# ---------------------------------------------------------------- cache-key
-
-
-def cache_keys(arch: str, shard: str, identity: str) -> tuple[str, list]:
-    """(key, restore keys): the shard's own cache first, then the arch's."""
-    return f"{CACHE_PREFIX}-{arch}-{shard}-{identity}", [f"{CACHE_PREFIX}-{arch}-{shard}-", f"{CACHE_PREFIX}-{arch}-"]
-
-
-def write_outputs(outputs: dict, path: str | None) -> None:
-    """Step outputs: appended to ``$GITHUB_OUTPUT`` (multi-line values in
-    its heredoc form), and printed."""
-    lines = []
-    for name, value in outputs.items():
-        if "\n" in value:
-            delim = "EOF_" + hashlib.sha256(value.encode()).hexdigest()[:16]
-            lines += [f"{name}<<{delim}", value, delim]
-        else:
-            lines.append(f"{name}={value}")
-    text = "\n".join(lines) + "\n"
-    if path:
-        with open(path, "a") as f:
-            f.write(text)
-    sys.stdout.write(text)
-
-
-def cmd_cache_key(args) -> int:
-    r = subprocess.run(_cli("cache", "--identity"), capture_output=True, text=True, cwd=ROOT)
-    if r.returncode:
-        sys.stderr.write(r.stderr)
-        raise StageError("dsv41-aot cache --identity failed", r.returncode)
-    key, restore = cache_keys(args.arch, str(args.shard), r.stdout.strip())
-    write_outputs({"key": key, "restore-keys": "\n".join(restore)}, os.environ.get("GITHUB_OUTPUT"))
-    return 0
-
-
-# ---------------------------------------------------------------- facts
-
-
-def facts_outputs(doc: dict) -> dict:
-    """What the later jobs' matrices read, from ``dsv41-aot facts --json``:
-    ``arches`` (a JSON list of names), ``releases`` (a JSON list, newest
-    last) and ``newest``."""
-    return {"arches": json.dumps([a["name"] for a in doc["arches"]]),
-            "releases": json.dumps([r["version"] for r in doc["releases"]]), "newest": doc["newest"]}
-
-
-def cmd_facts(args) -> int:
-    """The facts command, run by this interpreter with the checkout on its
-    path (the facts are standard library only: nothing installed)."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    r = subprocess.run(_cli("facts", "--json"), capture_output=True, text=True, cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=path))
-    if r.returncode:
-        sys.stderr.write(r.stderr)
-        raise StageError("dsv41-aot facts --json failed", r.returncode)
-    write_outputs(facts_outputs(json.loads(r.stdout)), os.environ.get("GITHUB_OUTPUT"))
-    return 0
+from ci.stages import (PY, StageError, check_tag, cli, cmd_cache_key, cmd_check_tag, cmd_facts,  # noqa: E402
+                       must, package_version, run)
 
 
 # ---------------------------------------------------------------- shard
@@ -185,7 +72,7 @@ def cmd_shard(args) -> int:
     if seconds:
         argv += ["--seconds", *seconds]
     print(f"+ ci/build_shard.py {' '.join(argv)}", file=sys.stderr, flush=True)
-    _must(build_shard.main(argv), "ci/build_shard.py")
+    must(build_shard.main(argv), "ci/build_shard.py")
     return 0
 
 
@@ -226,16 +113,16 @@ def cmd_merge(args) -> int:
 
     out, report = Path(args.out).resolve(), Path(args.report).resolve()  # dsv41-aot runs from the checkout's root
     shards = shard_dirs(Path(args.shards).resolve())
-    _must(merge.main(["--require-verified", "--out", str(out), *map(str, shards)]), "ci/merge.py")
+    must(merge.main(["--require-verified", "--out", str(out), *map(str, shards)]), "ci/merge.py")
     arches = [args.arch] if args.arch else [d.name for d in arch_dirs(out)]
-    _must(prebuilt.main([str(out), *arches]), "ci/prebuilt.py")
+    must(prebuilt.main([str(out), *arches]), "ci/prebuilt.py")
     report.mkdir(parents=True, exist_ok=True)
     name = "residency-" + "-".join(arches)
     with open(report / f"{name}.txt", "w") as txt:
-        _must(_run(_cli("inspect", "--dir", out, "--plot", report / f"{name}.png"), stdout=txt, cwd=ROOT),
+        must(run(cli("inspect", "--dir", out, "--plot", report / f"{name}.png"), stdout=txt, cwd=ROOT),
               "dsv41-aot inspect --plot (a key that cannot be resident fails here)")
     with open(report / f"{name}.json", "w") as js:
-        _must(_run(_cli("inspect", "--dir", out, "--json"), stdout=js, cwd=ROOT), "dsv41-aot inspect --json")
+        must(run(cli("inspect", "--dir", out, "--json"), stdout=js, cwd=ROOT), "dsv41-aot inspect --json")
     print("\n".join((report / f"{name}.txt").read_text().splitlines()[-40:]))
     for p in copy_seconds(out, report / "seconds"):
         print(f"compile seconds for the next balance: {p}")
@@ -248,8 +135,8 @@ def cmd_merge(args) -> int:
 def cmd_prewheel(args) -> int:
     from ci import check_wheel, prebuilt
 
-    _must(prebuilt.main([args.prebuilt]), "ci/prebuilt.py")
-    _must(check_wheel.main(["--audit-prebuilt", args.prebuilt]), "ci/check_wheel.py --audit-prebuilt")
+    must(prebuilt.main([args.prebuilt]), "ci/prebuilt.py")
+    must(check_wheel.main(["--audit-prebuilt", args.prebuilt]), "ci/check_wheel.py --audit-prebuilt")
     return 0
 
 
@@ -271,11 +158,11 @@ def build_wheel(prebuilt: Path, out: Path, frontend: str = "build") -> Path:
             cmd = [PY, "-m", "build", "--wheel", "--no-isolation", "--outdir", out, src]
         else:
             cmd = [PY, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", out, src]
-        _must(_run(cmd, env=env, stdout=sys.stderr), f"the wheel build ({frontend})")
+        must(run(cmd, env=env, stdout=sys.stderr), f"the wheel build ({frontend})")
     wheels = sorted(out.glob("*.whl"))
     if len(wheels) != 1:
         raise StageError(f"{out}: {len(wheels)} wheels built, expected one")
-    _must(_run([PY, ROOT / "ci" / "check_wheel.py", "--audit-only", wheels[0]]), "check_wheel.py --audit-only")
+    must(run([PY, ROOT / "ci" / "check_wheel.py", "--audit-only", wheels[0]]), "check_wheel.py --audit-only")
     return wheels[0]
 
 
@@ -290,7 +177,7 @@ def twine_check(wheels: list) -> int:
     exe = shutil.which("twine") or str(Path(PY).with_name("twine"))
     if not Path(exe).exists() and not shutil.which(exe):
         raise StageError("twine is not installed (pip install -e .[test])", 2)
-    return _run([exe, "check", "--strict", *wheels])
+    return run([exe, "check", "--strict", *wheels])
 
 
 def cmd_checkwheel(args) -> int:
@@ -300,10 +187,10 @@ def cmd_checkwheel(args) -> int:
     wheels = sorted(folder.glob("*.whl")) if folder.is_dir() else [folder]
     if len(wheels) != 1:
         raise StageError(f"{folder}: {len(wheels)} wheels, expected the one kernels wheel", 2)
-    _must(check_wheel.main(["--prebuilt", args.prebuilt, str(wheels[0])]), "ci/check_wheel.py")
-    _must(twine_check(wheels), "twine check --strict")
+    must(check_wheel.main(["--prebuilt", args.prebuilt, str(wheels[0])]), "ci/check_wheel.py")
+    must(twine_check(wheels), "twine check --strict")
     report = ["--report", str(wheels[0])] + (["--require-proofs"] if args.require_proofs else [])
-    _must(check_wheel.main(report), "ci/check_wheel.py --report (every key proven)" if args.require_proofs
+    must(check_wheel.main(report), "ci/check_wheel.py --report (every key proven)" if args.require_proofs
           else "ci/check_wheel.py --report")
     return 0
 
@@ -387,7 +274,7 @@ def cmd_attach(args) -> int:
     view = subprocess.run([gh, "release", "view", tag, *(["--repo", repo] if repo else [])],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for cmd in gh_commands(tag, files, view.returncode == 0, repo):
-        _must(_run([gh, *cmd[1:]]), " ".join(cmd[:3]))
+        must(run([gh, *cmd[1:]]), " ".join(cmd[:3]))
     return 0
 
 

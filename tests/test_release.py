@@ -57,7 +57,7 @@ import pytest
 
 import _workflow
 from _smoke import SMOKE_RELEASE_KEYS
-from ci import release
+from ci import release, stages
 from dsv41_aot.aot.cache import ENV_BUILD_CACHE
 from dsv41_aot.facts.releases import NEWEST
 
@@ -264,9 +264,9 @@ def test_merge_takes_one_folder_a_shard_or_the_one_shard_itself(tmp_path):
 
 def test_github_outputs_round_trip(tmp_path):
     out = tmp_path / "o"
-    release.write_outputs({"key": "k", "restore-keys": "a-\nb-"}, str(out))
+    stages.write_outputs({"key": "k", "restore-keys": "a-\nb-"}, str(out))
     assert _workflow.parse_outputs(out.read_text()) == {"key": "k", "restore-keys": "a-\nb-"}
-    assert release.cache_keys("gfx950", "3", "abc") == ("dsv41-build-gfx950-3-abc",
+    assert stages.cache_keys("gfx950", "3", "abc") == ("dsv41-build-gfx950-3-abc",
                                                          ["dsv41-build-gfx950-3-", "dsv41-build-gfx950-"])
 
 
