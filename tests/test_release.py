@@ -12,8 +12,8 @@ index -> ``pip install`` -> vLLM's own plugin loader.
 - The rehearsal: the workflow's own steps, in order, as a push of the tag
   ``v`` + ``dsv41_aot.__version__`` runs them (tests/_workflow.py), on the
   smoke profile with two shards an arch and the session's build cache (so
-  no key compiles again): version check, 4 shard cells (built and proven
-  against vLLM's JIT), 2 merges, one wheel (ci/release.py build-wheel
+  no key compiles again): version check, two shard cells an arch (built and
+  proven against vLLM's JIT), a merge an arch, one wheel (ci/release.py build-wheel
   stands in for cibuildwheel), its checks; the publish step uploads it with
   twine to a real package index on 127.0.0.1 (pypiserver,
   ``--disable-fallback``: it never redirects to another index); the release
@@ -65,7 +65,9 @@ REPO = _workflow.REPO
 PY = sys.executable
 VERSION = release.package_version()
 TAG = f"v{VERSION}"
-ARCHES = ("gfx950", "gfx942")
+# the arches the workflow's matrices take: what its version job reads from dsv41-aot facts --json
+ARCHES = tuple(json.loads(stages.facts_outputs(json.loads(subprocess.run(
+    [PY, "-m", "dsv41_aot.cli", "facts", "--json"], cwd=REPO, check=True, capture_output=True, text=True).stdout))["arches"]))
 PROBE = REPO / "tests" / "_index_probe.py"
 # what import vllm.plugins + load_general_plugins() need (torch, typing_extensions, packaging), and the mono
 # runner's import (flydsl, numpy): the fresh venv reaches these six through one .pth
