@@ -14,7 +14,7 @@ import dataclasses
 
 from ..facts.arches import ARCHES
 from ..facts.kinds import KINDS
-from ..facts.releases import RELEASES, version_order
+from ..facts.releases import RELEASES, oldest_first
 
 
 def _plain(value):
@@ -26,11 +26,6 @@ def _plain(value):
     return value
 
 
-def releases_oldest_first() -> list:
-    """The releases in version order: the last is the newest (``facts.NEWEST``)."""
-    return [RELEASES[v] for v in sorted(RELEASES, key=version_order)]
-
-
 def deployed_arches() -> list[str]:
     """Every arch some release's mono path runs on, in the arch table's order."""
     return [a for a in ARCHES if any(a in r.arches for r in RELEASES.values())]
@@ -40,8 +35,8 @@ def document() -> dict:
     """The ``--json`` document's own fields: ``releases`` (newest last, each
     with its folder), ``newest``, ``arches`` (those some release runs on,
     each with the releases that do) and ``kinds``."""
-    releases = [dict(_plain(dataclasses.asdict(r)), folder=r.folder) for r in releases_oldest_first()]
-    arches = [dict(_plain(dataclasses.asdict(ARCHES[a])), releases=[r.version for r in releases_oldest_first()
+    releases = [dict(_plain(dataclasses.asdict(r)), folder=r.folder) for r in oldest_first()]
+    arches = [dict(_plain(dataclasses.asdict(ARCHES[a])), releases=[r.version for r in oldest_first()
                                                                      if a in r.arches])
               for a in deployed_arches()]
     kinds = [_plain(dataclasses.asdict(k)) for k in KINDS.values()]
@@ -70,7 +65,7 @@ def _draft(dep) -> str:
 def lines() -> list[str]:
     """The text form: one block a release (newest last), then the arches and the kinds."""
     out = ["vLLM releases (newest last):"]
-    ordered = releases_oldest_first()
+    ordered = oldest_first()
     for rel in ordered:
         newest = "  (newest)" if rel is ordered[-1] else ""
         out.append(f"  {rel.version:8} {rel.folder}{newest}")
@@ -84,7 +79,7 @@ def lines() -> list[str]:
     out.append("arches:")
     for name in deployed_arches():
         a = ARCHES[name]
-        runs = ", ".join(r.version for r in releases_oldest_first() if name in r.arches)
+        runs = ", ".join(r.version for r in oldest_first() if name in r.arches)
         out.append(f"  {a.name:7} {a.products:16} gfx_target_version {a.gfx_target_version}  {a.cus} CUs, "
                    f"LDS {a.lds_bytes // 1024} KiB a CU  vLLM {runs}")
     out.append("launch kinds:")

@@ -161,7 +161,14 @@ def version_order(version: str) -> tuple:
     return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))
 
 
-NEWEST = max(RELEASES, key=version_order)  # a key named without its release is one of this release
+def oldest_first() -> list[Release]:
+    """Every release the tables know, in version order: the last is the newest."""
+    return [RELEASES[v] for v in sorted(RELEASES, key=version_order)]
+
+
+# the newest release: what the CLI takes when a command's --release is left
+# out and its help says so (never a default below the CLI)
+NEWEST = oldest_first()[-1].version
 
 
 def release_facts(version: str) -> Release:
