@@ -38,8 +38,7 @@ if str(ROOT) not in sys.path:
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
 from dsv41_aot.aot.link import dynamic_info  # noqa: E402
-from dsv41_aot.facts.arches import ARCHES  # noqa: E402
-from dsv41_aot.facts.releases import RELEASES, release_facts, version_order  # noqa: E402
+from dsv41_aot.facts.releases import RELEASES, deployed_arches, release_facts, version_order  # noqa: E402
 from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest, arch_dirs, releases_in  # noqa: E402
 from dsv41_aot.room import Room, orphan_objects  # noqa: E402
 
@@ -186,9 +185,8 @@ def check_dir(root: Path, arches=None, digests: dict | None = None) -> list:
     root = Path(root)
     arches = list(arches or [d.name for d in arch_dirs(root)])
     if not arches:  # nothing asked for, nothing built: the fix builds every arch some release runs on
-        deployed = [a for a in ARCHES if any(a in r.arches for r in RELEASES.values())]
         raise ManifestError(f"no prebuilt kernels in {root} (no <arch>/vllm-<release>/{MANIFEST})",
-                            fix=fix_for(root, deployed))
+                            fix=fix_for(root, deployed_arches()))
     digests = matrix_digests() if digests is None else digests
     return [check_arch(root, a, digests) for a in arches]
 

@@ -14,7 +14,7 @@ import dataclasses
 
 from ..facts.arches import ARCHES
 from ..facts.kinds import KINDS
-from ..facts.releases import RELEASES, oldest_first
+from ..facts.releases import deployed_arches, oldest_first
 
 
 def _plain(value):
@@ -24,11 +24,6 @@ def _plain(value):
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-def deployed_arches() -> list[str]:
-    """Every arch some release's mono path runs on, in the arch table's order."""
-    return [a for a in ARCHES if any(a in r.arches for r in RELEASES.values())]
 
 
 def document() -> dict:

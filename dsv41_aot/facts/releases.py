@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import KeyFormatError, UnknownArchError
+from .arches import ARCHES
 
 # every MonoBuild field any release has, in key order (keys.BuildKey)
 ALL_FIELDS = ("tokens", "tp", "ratio", "fold", "index", "experts", "topk", "ug_groups", "swa_width", "timeline")
@@ -164,6 +165,12 @@ def version_order(version: str) -> tuple:
 def oldest_first() -> list[Release]:
     """Every release the tables know, in version order: the last is the newest."""
     return [RELEASES[v] for v in sorted(RELEASES, key=version_order)]
+
+
+def deployed_arches() -> list[str]:
+    """Every arch some release's mono path runs on, in the arch table's order
+    (what CI builds: ``dsv41-aot facts --json``'s ``arches``)."""
+    return [a for a in ARCHES if any(a in r.arches for r in RELEASES.values())]
 
 
 # the newest release: what the CLI takes when a command's --release is left
