@@ -4,6 +4,7 @@ cannot be merged."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -347,3 +348,21 @@ def test_cibuildwheel_config_selects_one_linux_x86_64_build():
     r = run(exe, "--platform", "linux", "--print-build-identifiers", ".")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["cp311-manylinux_x86_64"]
+
+
+def test_an_empty_prebuilt_dir_is_refused_with_a_fix_that_builds_every_deployed_arch(tmp_path, monkeypatch):
+    from ci import prebuilt
+    from dsv41_aot.facts import releases
+
+    with pytest.raises(ManifestError, match="no prebuilt kernels in") as e:
+        prebuilt.check_dir(tmp_path)
+    deployed = releases.deployed_arches()
+    assert len(deployed) > 1 and all(f"--arch {a}" in e.value.fix for a in deployed), e.value.fix
+    # an arch no release runs on any more is not one to build
+    gone = deployed[-1]
+    for v, rel in releases.RELEASES.items():
+        monkeypatch.setitem(releases.RELEASES, v, dataclasses.replace(
+            rel, arches={a: d for a, d in rel.arches.items() if a != gone}))
+    with pytest.raises(ManifestError) as e:
+        prebuilt.check_dir(tmp_path)
+    assert f"--arch {gone}" not in e.value.fix and f"--arch {deployed[0]}" in e.value.fix
