@@ -19,10 +19,9 @@ import pytest
 from _smoke import REPO, run_cli
 
 from dsv41_aot.aot import inspection, matrix
-from dsv41_aot.aot.residency import residency_problems, usage
 from dsv41_aot.cli import facts as facts_cli
 from dsv41_aot.errors import AotError, MatrixError
-from dsv41_aot.facts import arches, kinds, releases
+from dsv41_aot.facts import arches, kinds
 from dsv41_aot.facts.releases import NEWEST, RELEASES, version_order
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.runtime import runner_patch
@@ -212,27 +211,3 @@ def test_the_plugin_finds_the_running_release_then_checks_that_releases_flag(mon
         runner_patch._running(mod)
     mod.IS_MI300 = True
     assert runner_patch._running(mod) == (flagged, NEWEST)
-
-
-def _figures(**over) -> dict:
-    base = dict(vgpr_count=120, agpr_count=0, sgpr_count=98, vgpr_spill_count=0, sgpr_spill_count=0,
-                lds_bytes=30000, scratch_bytes=0, dynamic_stack=False, kernarg_bytes=320,
-                wavefront_size=64, max_flat_workgroup_size=512, vgpr_alloc=120, accum_offset=120, args=[])
-    base.update(over)
-    return base
-
-
-def test_threads_a_cta_and_the_grid_are_the_keys_releases(monkeypatch):
-    old = min(RELEASES, key=version_order)
-    res = _figures()
-    assert residency_problems(res, "gfx950", old) == []
-    before = usage(res, "gfx950", old)["vgprs"][1]
-    monkeypatch.setitem(RELEASES, old, dataclasses.replace(RELEASES[old], cta_threads=1024))
-    assert any("max_flat_workgroup_size 512 < 1024 threads a CTA" in p for p in residency_problems(res, "gfx950", old))
-    assert usage(res, "gfx950", old)["vgprs"][1] == before // 2  # twice the waves share a SIMD
-    assert residency_problems(res, "gfx950", NEWEST) == []  # the other release keeps its own grid
-    cus = arches.ARCHES["gfx950"].cus
-    monkeypatch.setitem(RELEASES, old, dataclasses.replace(RELEASES[old], grid_ctas=cus + 1))
-    assert any(f"grid of {cus + 1} CTAs needs a CU each: gfx950 has {cus}" in p
-               for p in residency_problems(res, "gfx950", old))
-    assert releases.release_facts(NEWEST).grid_ctas <= cus

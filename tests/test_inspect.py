@@ -8,6 +8,7 @@ and cross-check the metadata reading against ``llvm-readelf --notes``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -23,7 +24,7 @@ from dsv41_aot.aot.elf import Elf, ElfError, exported_parts
 from dsv41_aot.aot.residency import residency_problems, spill_notes, usage
 from dsv41_aot.errors import UnknownArchError
 from dsv41_aot.facts.arches import arch_facts
-from dsv41_aot.facts.releases import NEWEST
+from dsv41_aot.facts.releases import NEWEST, RELEASES, release_facts, version_order
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import Manifest, rooms
 
@@ -100,6 +101,22 @@ def test_residency_refuses_small_workgroups_and_unknown_arches():
     assert any("max_flat_workgroup_size 256" in p for p in residency_problems(figures(max_flat_workgroup_size=256), "gfx942", NEWEST))
     with pytest.raises(UnknownArchError, match="gfx1100"):  # an unknown arch is an error, never gfx950's limits
         residency_problems(figures(), "gfx1100", NEWEST)
+
+
+def test_threads_a_cta_and_the_grid_are_the_keys_releases(monkeypatch):
+    old = min(RELEASES, key=version_order)  # the grid is the key's release's, not the newest's
+    res = figures()
+    assert residency_problems(res, "gfx950", old) == []
+    before = usage(res, "gfx950", old)["vgprs"][1]
+    monkeypatch.setitem(RELEASES, old, dataclasses.replace(RELEASES[old], cta_threads=1024))
+    assert any("max_flat_workgroup_size 512 < 1024 threads a CTA" in p for p in residency_problems(res, "gfx950", old))
+    assert usage(res, "gfx950", old)["vgprs"][1] == before // 2  # twice the waves share a SIMD
+    assert residency_problems(res, "gfx950", NEWEST) == []  # the other release keeps its own grid
+    cus = arch_facts("gfx950").cus
+    monkeypatch.setitem(RELEASES, old, dataclasses.replace(RELEASES[old], grid_ctas=cus + 1))
+    assert any(f"grid of {cus + 1} CTAs needs a CU each: gfx950 has {cus}" in p
+               for p in residency_problems(res, "gfx950", old))
+    assert release_facts(NEWEST).grid_ctas <= cus
 
 
 def test_usage_is_judged_against_the_arch_table():
