@@ -96,7 +96,6 @@ if mode == "stdlib":  # what a vLLM process has imported long before (vLLM, torc
 t0 = time.perf_counter()
 import dsv41_aot
 t1 = time.perf_counter()
-from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.runtime import host, loader  # what the first dsv41_aot.keys() imports
 t2 = time.perf_counter()
 host._installed_vllm()  # the installed vLLM's mono sources digest (release_of computes it first thing)
@@ -239,11 +238,12 @@ def flydsl_side(arch: str, keys: list[str]) -> dict:
         from dsv41_aot.aot.compiler import typed_args
         from dsv41_aot.facts.kinds import KINDS
         compat.install_aiter_shim()
-        layer = source.import_mono(source.find(), "layer")
+        src = source.find()
+        layer = source.import_mono(src, "layer")
         import_s = time.perf_counter() - t0
         keys = {keys!r}
         def launcher(k):
-            k = BuildKey.parse(k, NEWEST)
+            k = BuildKey.parse(k, src.version)  # a key of the installed vLLM, whose layer builds it
             return getattr(layer, KINDS[k.kind].builder)(layer.MonoBuild(**k.build_fields()))
     """
     cold = py(prelude + """
