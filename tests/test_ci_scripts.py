@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -366,3 +367,21 @@ def test_an_empty_prebuilt_dir_is_refused_with_a_fix_that_builds_every_deployed_
     with pytest.raises(ManifestError) as e:
         prebuilt.check_dir(tmp_path)
     assert f"--arch {gone}" not in e.value.fix and f"--arch {deployed[0]}" in e.value.fix
+
+
+def test_the_vllm_extra_is_read_from_pyproject_and_matched_by_pep_440():
+    """ci/prebuilt.py reads the vllm extra with tomllib and matches releases
+    with packaging: the range admits both releases the matrix builds, not the
+    next minor or its pre-releases; a malformed extra is refused by name."""
+    from ci import prebuilt
+
+    spec = prebuilt.vllm_extra((ROOT / "pyproject.toml").read_text())
+    assert [prebuilt.admits(spec, v) for v in ("0.31.9", "0.32.0", "0.33.1", "0.34", "0.34.0rc1")] == \
+        [False, True, True, False, False]
+    with pytest.raises(ManifestError, match="no vllm extra"):
+        prebuilt.vllm_extra('[project.optional-dependencies]\nvllm = ["vllm"]\n')
+    with pytest.raises(ManifestError, match="cannot be read"):
+        prebuilt.vllm_extra('[project.optional-dependencies]\nvllm = ["vllm>=>1"]\n')
+    with pytest.raises(ManifestError, match="not a PEP 440 version specifier"):
+        prebuilt.admits(">=0.32,<x", "0.33.0")
+
