@@ -20,12 +20,10 @@ that fixes it:
 - a band that needs anything from the build machine (DT_NEEDED).
 
 Used by setup.py (every kernels wheel build), ci/wheels.sh and the CI
-workflow. It reads the build matrix with PyYAML and the ``vllm`` extra with
-``tomllib`` and ``packaging``; all three are build-system requirements in
-pyproject.toml, so an isolated wheel build has them. They are imported where
-they are used: the cibuildwheel repair step imports ci/check_wheel.py, and so
-this module, in the container's interpreter, which only needs the checks
-above. No FlyDSL, torch or vLLM.
+workflow. PyYAML (the build matrix), tomllib and packaging (the ``vllm``
+extra) are build-system requirements, imported where they are used: the
+cibuildwheel repair step imports this module through ci/check_wheel.py in a
+container that needs none of them. No FlyDSL, torch or vLLM.
 """
 
 from __future__ import annotations
