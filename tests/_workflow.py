@@ -33,6 +33,16 @@ STAND_INS = {
         "cibuildwheel needs Docker and the manylinux_2_28 image; build-wheel builds the same wheel with the "
         "frontend cibuildwheel uses, then runs its repair step's audit"),
 }
+# the actions the workflow uses, and what the rehearsal does in their place; job() refuses any other
+ACTIONS = {
+    "actions/checkout": "a fresh workspace linking CHECKOUT and the suite's venv",
+    "actions/setup-python": "`python` on PATH is a venv of the base interpreter with nothing installed",
+    "actions/cache/restore": "the build cache variable names the session's build cache",
+    "actions/cache/save": "nothing: the session's cache was written in place",
+    "actions/upload-artifact": "the test copies the folders (tests/test_release.py UPLOADS)",
+    "actions/download-artifact": "the test copies the folders (tests/test_release.py DOWNLOADS)",
+    "pypa/gh-action-pypi-publish": "the test uploads the wheel to its index with twine",
+}
 # the checkout's entries the steps read, linked into each workspace
 CHECKOUT = ("ci", "dsv41_aot", "build_matrix.yaml", "pyproject.toml", "setup.py", "README.md", "LICENSE", "NOTICE")
 _MATRIX = re.compile(r"\$\{\{ matrix\.(\w+) \}\}")
@@ -99,6 +109,8 @@ class Rehearsal:
         missing = [n for n in needs(self.doc, name) if n not in ran]
         assert not missing, f"job {name} runs before {missing}, which it needs"
         spec = self.doc["jobs"][name]
+        unknown = [s["uses"] for s in spec["steps"] if "uses" in s and s["uses"].split("@")[0] not in ACTIONS]
+        assert not unknown, f"job {name} uses {unknown}: say in ACTIONS what the rehearsal does instead"
         ws = self.root / "ws" / "-".join([name, *map(str, cell.values())])
         shutil.rmtree(ws, ignore_errors=True)
         ws.mkdir(parents=True)

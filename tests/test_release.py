@@ -37,9 +37,10 @@ each).
 
 from __future__ import annotations
 
+import copy
+import fnmatch
 import json
 import os
-import fnmatch
 import re
 import shutil
 import socket
@@ -255,6 +256,10 @@ def test_a_wrong_tag_fails_before_anything_is_built(tmp_path, doc):
     run = _workflow.Rehearsal(root=tmp_path / "ok", tag=TAG, env=env)
     with pytest.raises(AssertionError, match=r"job merge runs before \['shard'\]"):
         run.job("merge", {"arch": ARCHES[0]})
+    odd = copy.deepcopy(run.doc)  # an action the rehearsal has no answer for is refused, not skipped
+    odd["jobs"]["version"]["steps"].append({"uses": "someone/else@" + "0" * 40})
+    with pytest.raises(AssertionError, match="say in ACTIONS what the rehearsal does instead"):
+        _workflow.Rehearsal(root=tmp_path / "odd", tag=TAG, env=env, doc=odd).job("version")
     ws = run.job("version")
     outputs = dict(line.split("=", 1) for p in ws.glob(".github-output-*") for line in p.read_text().splitlines())
     assert json.loads(outputs["arches"]) == list(ARCHES)
