@@ -143,9 +143,8 @@ class Rehearsal:
                 v = self.env[k]
             elif m:
                 v = cell[m[1]]
-            elif "${{" in str(v):
-                assert k in self.env, f"{job}: env {k}: {v!r} is an expression the rehearsal gives no value"
-                v = self.env[k]
+            else:
+                assert "${{" not in str(v), f"{job}: env {k}: {v!r} is an expression the rehearsal gives no value"
             env[k] = str(v)
         env.update(GITHUB_REF_TYPE="tag", GITHUB_REF_NAME=self.tag, GITHUB_REF=f"refs/tags/{self.tag}",
                    GITHUB_EVENT_NAME="push", GITHUB_REPOSITORY="rehearsal/dsv41-aot", CI="true")
