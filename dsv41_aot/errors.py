@@ -12,11 +12,13 @@ from __future__ import annotations
 
 
 class AotError(Exception):
-    """Base of every dsv41-aot error."""
+    """Base of every dsv41-aot error: ``message`` says what is wrong and
+    where, ``fix`` the command that fixes it (printed together by ``str``)."""
 
     exit_code = 2
 
     def __init__(self, message: str, *, fix: str | None = None):
+        self.message = message
         self.fix = fix
         super().__init__(f"{message}\n  fix: {fix}" if fix else message)
 

@@ -219,7 +219,7 @@ class Room:
         try:
             man = self.manifest()
         except ManifestError as e:  # a build recovers it from objects/; a wheel's room is reinstalled
-            return [Problem("manifest", str(e).split("\n  fix: ")[0], str(self.manifest_path),
+            return [Problem("manifest", e.message, str(self.manifest_path),
                             e.fix if self.built_here else REINSTALL)]
         out = self._source_problems(man)
         if proof:
@@ -229,7 +229,7 @@ class Room:
         try:
             links = self.links()
         except ManifestError as e:
-            return out + [Problem("libs", str(e).split("\n  fix: ")[0], str(self.libs_path), e.fix)]
+            return out + [Problem("libs", e.message, str(self.libs_path), e.fix)]
         for key, e in sorted(man.entries.items()):
             band = links.band_of.get(key)
             if band is None:
@@ -255,7 +255,7 @@ class Room:
         try:
             raw = self.read_band(band)
         except (ManifestError, IntegrityError) as e:
-            return [Problem("band", str(e).split("\n  fix: ")[0], str(self.lib / band.file), e.fix, band=band.file)]
+            return [Problem("band", e.message, str(self.lib / band.file), e.fix, band=band.file)]
         out = []
         for key in sorted(band.entries):
             entry = man.entries.get(key, {}).get("entry") if man else None
@@ -270,7 +270,7 @@ class Room:
         try:
             self.proof()
         except ManifestError as e:
-            return [Problem("proof", str(e).split("\n  fix: ")[0], str(self.verified_path), e.fix, serving=False)]
+            return [Problem("proof", e.message, str(self.verified_path), e.fix, serving=False)]
         return []
 
     def object_problems(self, man: Manifest) -> list[Problem]:
@@ -281,7 +281,7 @@ class Room:
             try:
                 man.check_object(key)
             except IntegrityError as e:
-                out.append(Problem("object", str(e).split("\n  fix: ")[0], str(man.object_path(key)), e.fix,
+                out.append(Problem("object", e.message, str(man.object_path(key)), e.fix,
                                    key=key, serving=False))
         return out
 

@@ -110,7 +110,7 @@ def count_proofs(st: RoomState, log) -> dict | None:
         counts = room.proof().counts(st.manifest.entries)
     except ManifestError as e:
         print(f"warning: {str(e).splitlines()[0]}; fix: {e.fix}", file=log)
-        return dict(head, keys=len(st.manifest.entries), error=str(e).split("\n  fix: ")[0])
+        return dict(head, keys=len(st.manifest.entries), error=e.message)
     if counts[STALE]:
         print(f"warning: {room.verified_path}: {counts[STALE]} proof(s) against vLLM's JIT are of another code object "
               f"than their key's entry now (rebuilt); prove them again: {room.prove_cmd}", file=log)

@@ -146,9 +146,9 @@ def _room_proofs(room, man, proofs: list, warnings: list):
     try:
         proof = room.proof()
     except ManifestError as e:
-        warnings.append(str(e).replace("\n  fix: ", "; fix: "))
+        warnings.append(e.message + (f"; fix: {e.fix}" if e.fix else ""))
         proofs.append({"arch": room.arch, "release": room.release, "keys": len(man.entries),
-                       "error": str(e).split("\n  fix: ")[0]})
+                       "error": e.message})
         return None
     proofs.append({"arch": room.arch, "release": room.release, **proof.counts(man.entries)})
     return proof
