@@ -292,7 +292,7 @@ def main() -> int:
     args = ap.parse_args()
     root = Path(args.dir).resolve()
     arch, n = args.arch, args.runs
-    from dsv41_aot.room import rooms_of
+    from dsv41_aot.listing import rooms_of
 
     rooms = rooms_of(root / arch)
     held = {r.release: len(r.manifest().entries) for r in rooms if r.manifest_path.is_file()}

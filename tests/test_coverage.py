@@ -12,7 +12,8 @@ from _smoke import cli, copy_of
 from dsv41_aot.aot import coverage
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import LIBS_JSON, Manifest, room_dir
+from dsv41_aot.manifest import LIBS_JSON, Manifest
+from dsv41_aot.room import room_dir
 
 DRAFT = (128, 3, 192)  # V4.1-Flash's DSpark draft (build_matrix.yaml routing.dspark)
 

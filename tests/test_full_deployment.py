@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from dsv41_aot.room import folder_name
+
 REPO = Path(__file__).resolve().parents[1]
 ENV_DEPLOYMENT = "DSV41_AOT_FULL_DEPLOYMENT"
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "prebuilt-gfx950-tp4"
@@ -38,7 +40,7 @@ def _unavailable(why: str) -> None:
 @pytest.fixture(scope="module")
 def deployment() -> Path:
     d = Path(os.environ.get(ENV_DEPLOYMENT) or DEFAULT)
-    if not all((d / ARCH / f"vllm-{r}" / "libs.json").is_file() for r in SHIPPED):
+    if not all((d / ARCH / folder_name(r) / "libs.json").is_file() for r in SHIPPED):
         _unavailable(f"no full gfx950 TP4 deployment of vLLM {NEW} and {OLD} at {d} "
                      f"(the shared prebuilt-gfx950-tp4 folder, or {ENV_DEPLOYMENT}=DIR)")
     return d.resolve()
@@ -104,7 +106,7 @@ print(json.dumps(dict(
     releases=dsv41_aot.releases("gfx950", prebuilt=root),
     keys=keys, bound=sum(l._lib is not None for l in launchers),
     rooms=sorted({l._idx.release for l in launchers}),
-    sources=sorted({l._idx.entries[l.key]["source"]["mono_sources"] for l in launchers}),
+    sources=sorted({l._idx.entries[l.key].source["mono_sources"] for l in launchers}),
     again=all(dsv41_aot.load_key(l.key, release=release, prebuilt=root) is l for l in launchers),
     libraries=len(state._state.libraries), maps=maps)))
 """

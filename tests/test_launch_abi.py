@@ -128,13 +128,14 @@ def put_stub(root, release: str, key: str, narrow: bool, work) -> None:
     c.write_text(stub_source(bk.entry, slots, meta_file, code_file))
     subprocess.run(["gcc", "-c", "-O2", "-fPIC", "-Wall", "-Werror", "-o", str(o), str(c)], check=True)
     data = o.read_bytes()
-    entry, abi = describe_object(bk, data, old["source"])
-    changed = sorted(f for f in entry if entry[f] != old[f])
+    entry, abi = describe_object(bk, data, old.source)
+    new, was = entry.to_dict(), old.to_dict()
+    changed = sorted(f for f in new if new[f] != was[f])
     assert changed == ["bytes", "object", "sha256"], changed  # only what names the object changes
     assert [(s["name"], s["ctype"], s["size"]) for s in abi] == [(s["arg_name"], s["ctype"], s["size"]) for s in slots]
     assert (abi == man.abi(key)) is not narrow
-    atomic_write(root / bk.arch / entry["object"], data)
-    man.put({**old, **entry}, abi)
+    atomic_write(root / bk.arch / entry.object, data)
+    man.put({**was, **new}, abi)
     man.write()
 
 
@@ -149,7 +150,7 @@ def stubbed(smoke_dir, tmp_path_factory):
     for release, key, _ in CASES:
         bk = BuildKey.parse(key, release)
         libs = json.loads((room(root, bk.arch, release) / "libs.json").read_text())
-        want = Manifest.read(root / bk.arch, release=release).entries[key]["sha256"]
+        want = Manifest.read(root / bk.arch, release=release).entries[key].sha256
         assert [lib["entries"][key] for lib in libs["libraries"] if key in lib["entries"]] == [want]
     return root
 

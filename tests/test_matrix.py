@@ -11,6 +11,7 @@ import pytest
 from _smoke import OLD, REPO, run_cli
 
 from dsv41_aot.aot import matrix
+from dsv41_aot.room import folder_name
 from dsv41_aot.aot.shards import shard
 from dsv41_aot.errors import MatrixError
 from dsv41_aot.facts.releases import NEWEST
@@ -213,8 +214,8 @@ def test_full_is_each_releases_keys(m):
     assert m.releases[OLD].mono_sources == "0aa9262967c37d51" and m.releases[OLD].routing == {"target": {}}
     assert m.releases[OLD].layer_kinds == {"backbone": [{"ratio": 1}, {"ratio": 2}]}
     # the per-release profiles split full
-    assert set(m.select(f"vllm-{NEWEST}")) == set(by_release[NEWEST])
-    assert set(m.select(f"vllm-{OLD}")) == set(old)
+    assert set(m.select(folder_name(NEWEST))) == set(by_release[NEWEST])
+    assert set(m.select(folder_name(OLD))) == set(old)
 
 
 def _trimmed(tmp_path: Path, edit) -> Path:

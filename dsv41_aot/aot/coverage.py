@@ -18,7 +18,9 @@ from ..facts.coverage import (  # noqa: F401 (the rules, re-exported for callers
 )
 from ..facts.coverage import required as _required
 from ..facts.releases import release_facts, version_order
-from ..manifest import MANIFEST, prebuilt_dir, releases_in, room_dir
+from ..manifest import MANIFEST, prebuilt_dir
+from ..room import room_dir
+from ..listing import built_releases
 from ..room import Room
 
 
@@ -82,7 +84,7 @@ def available_in_dir(root: Path, arch: str, release: str, *,
     if not (room / MANIFEST).is_file():
         if missing_ok:
             return set(), set(), f"{room} (absent)"
-        held_releases = releases_in(Path(root) / arch)
+        held_releases = built_releases(Path(root) / arch)
         raise CoverageInputError(
             f"no prebuilt kernels for {arch} of vLLM {release} at {room} (no manifest.json; {arch} holds "
             f"{', '.join('vLLM ' + v for v in held_releases) if held_releases else 'no release'})",
@@ -128,7 +130,7 @@ def check_all(arch: str, tp: int, *, max_rows=None, draft_text: str | None = Non
                           fix="pick a deployment one of them runs (see dsv41-aot coverage --help)")
     if profile is None:
         root = Path(root) if root is not None else prebuilt_dir()
-        if release is None and not releases_in(root / arch):
+        if release is None and not built_releases(root / arch):
             raise CoverageInputError(f"no prebuilt kernels for {arch} at {root / arch} (no vllm-<release>/manifest.json)",
                                      fix=f"dsv41-aot build --arch {arch} --out {root}, or pass --dir / --profile")
     reports = [check(dep, sched, root=root, profile=profile, missing_ok=release is None) for dep in deps]

@@ -93,7 +93,9 @@ class Release:
     @property
     def folder(self) -> str:
         """The release's folder in an arch folder of a prebuilt directory."""
-        return f"vllm-{self.version}"
+        from ..manifest import folder_name
+
+        return folder_name(self.version)
 
 
 # vLLM 0.33.0's MonoBuild defaults (amd/mono/layer.py): EXPERTS, TOPK = 384, 6

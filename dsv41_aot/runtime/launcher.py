@@ -21,6 +21,7 @@ from .bands import _open_library
 from .host import ENV_ARCH, _device_arch
 from .rooms import _Index
 from ..errors import ArchMismatchError, CaptureError, IntegrityError, LaunchError, ManifestError
+from ..manifest import Entry
 
 
 def _capturing(stream: int, key: str) -> bool:
@@ -70,11 +71,11 @@ class Launcher:
     __slots__ = ("key", "kernel_name", "entry", "abi", "library", "arch", "_abi", "_idx", "_librec", "_lib",
                  "_tls", "_call", "_pack", "_ready", "_hip")
 
-    def __init__(self, key: str, entry: dict, abi: _Abi, idx: _Index, lib):
+    def __init__(self, key: str, entry: Entry, abi: _Abi, idx: _Index, lib):
         self.key = key
-        self.kernel_name = entry["symbol"]
-        self.entry = entry["entry"]
-        self.arch = entry["arch"]
+        self.kernel_name = entry.symbol
+        self.entry = entry.entry
+        self.arch = entry.arch
         self.abi = abi.slots
         self.library = idx.band_paths[lib.file]
         self._abi = abi
