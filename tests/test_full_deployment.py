@@ -244,12 +244,12 @@ print(json.dumps(dict(patched=bool(getattr(mod.build_mono_k1, "__dsv41_aot__", F
 
 def runner_calls(release: str) -> list:
     """Every call vLLM ``release``'s runners can make at gfx950 TP4 with the
-    DSpark draft of build_matrix.yaml's dspark routing: facts/coverage.py's
+    DSpark draft build_matrix.yaml names: facts/coverage.py's
     runner_calls, what ``dsv41-aot coverage`` and ``doctor`` count keys by."""
     from dsv41_aot.aot import matrix
     from dsv41_aot.facts import coverage
 
-    draft = coverage.parse_draft("dspark", matrix.load().releases[NEW].routing)
+    draft = coverage.parse_draft("dspark", matrix.load().drafts)
     return coverage.runner_calls(coverage.deployment(ARCH, 4, draft=draft, release=release))
 
 

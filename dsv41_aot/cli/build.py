@@ -32,7 +32,7 @@ def _selected_keys(args) -> list:
             if k not in universe and not args.any_key:
                 near = neighbours(k, universe)
                 raise AotError(
-                    f"{k.describe()} is not a key {m.path} builds ({m._why_not(k)}); nearest it builds: "
+                    f"{k.describe()} is not a key {m.path} builds ({m.why_not(k)}); nearest it builds: "
                     f"{', '.join(near) or 'none'}",
                     fix=f"pick a key from: dsv41-aot build --list --profile full --release {k.release}  "
                         f"(or pass --any-key to build it anyway)",
