@@ -1,10 +1,14 @@
 """dsv41-aot coverage: the keys each vLLM release can ask for, from that
 release's rules, checked against prebuilt directories (one room a release)
-and matrix profiles."""
+and matrix profiles; and one rule changed in the facts moving ``build
+--list``, ``coverage`` and ``doctor`` together."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from _smoke import cli, copy_of
@@ -101,6 +105,65 @@ def test_required_layer_kinds_come_from_vllms_rules_not_the_matrix(tmp_path):
     # ratio 0, and ratio 1 and 2 with index 0 or 1, at 42 widths; K2 reads no fold, so none of its keys
     assert r.returncode == 1 and len(rep["missing"]) == 5 * 42
     assert all(k.kind == "k1" and not k.fold for k in (BuildKey.parse(t, NEWEST) for t in rep["missing"]))
+
+
+# ---------------------------------------------------------------- one rule, three commands
+
+# A subprocess that changes one rule of vLLM's runner in the facts (argv:
+# release, arch, its row cap; 0 keeps the real one), then runs dsv41-aot
+# commands in-process (argv[4]: {name: argv}) and prints {name: [exit code,
+# its --json document]}.
+_RULE_FLIP = """
+import contextlib, dataclasses, io, json, sys
+from dsv41_aot.facts.releases import RELEASES
+release, arch, rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if rows:
+    rel = RELEASES[release]
+    cap = dataclasses.replace(rel.arches[arch], max_rows=rows)
+    RELEASES[release] = dataclasses.replace(rel, arches=dict(rel.arches, **{arch: cap}))
+from dsv41_aot.cli import main
+out = {}
+for name, argv in json.loads(sys.argv[4]).items():
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(argv)
+    out[name] = [code, json.loads(buf.getvalue())]
+print(json.dumps(out))
+"""
+
+
+def _with_rows(rows: int, prebuilt) -> dict:
+    """gfx942 TP4 with the DSpark draft, gfx942's row cap ``rows`` (0: the
+    real one): {command: the keys it names}, and coverage's missing keys."""
+    commands = {
+        "build": ["build", "--list", "--profile", "gfx942-tp4", "--release", NEWEST, "--json"],
+        "coverage": ["coverage", "--arch", "gfx942", "--tp", "4", "--draft", "dspark", "--release", NEWEST,
+                     "--profile", "gfx942-tp4", "--json"],
+        "doctor": ["doctor", "--tp", "4", "--draft", ",".join(map(str, DRAFT)), "--json"],
+    }
+    env = {k: v for k, v in os.environ.items() if k not in ("DSV41_AOT_DISABLE", "DSV41_AOT_MODE", "ARCH")}
+    env.update(DSV41_AOT_ARCH="gfx942", DSV41_AOT_PREBUILT=str(prebuilt))  # an empty prebuilt dir: nothing held
+    r = subprocess.run([sys.executable, "-c", _RULE_FLIP, NEWEST, "gfx942", str(rows), json.dumps(commands)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    (build_code, build), (cov_code, cov), (_, doc) = got["build"], got["coverage"], got["doctor"]
+    assert build_code == 0 and cov_code == 0, got  # the profile covers every key the rules require
+    assert doc["coverage"]["release"] == NEWEST and doc["coverage"]["arch"] == "gfx942"
+    return {"build": {e["key"] for e in build["entries"]}, "coverage": set(only(cov, NEWEST)["required"]),
+            "doctor": set(doc["coverage"]["required"]), "missing": only(cov, NEWEST)["missing"]}
+
+
+def test_one_rule_changes_build_list_coverage_and_doctor_together(tmp_path):
+    # gfx942's row cap (facts/releases.py, amd/mono_decode.py MAX_ROWS_GFX942)
+    # is the one place each command learns it from: 42 -> 40 moves all three,
+    # and 42 -> 44 too (nothing else caps gfx942 at 42)
+    got = {rows: _with_rows(0 if rows == 42 else rows, tmp_path) for rows in (42, 40, 44)}
+    for rows, seen in got.items():
+        assert seen["build"] == seen["coverage"] == seen["doctor"] and seen["missing"] == []
+        assert max(BuildKey.parse(k, NEWEST).tokens for k in seen["build"]) == rows
+    assert got[40]["build"] == {k for k in got[42]["build"] if BuildKey.parse(k, NEWEST).tokens <= 40}
+    assert got[42]["build"] == {k for k in got[44]["build"] if BuildKey.parse(k, NEWEST).tokens <= 42}
 
 
 # ---------------------------------------------------------------- the matrix profiles
