@@ -113,10 +113,10 @@ def _mapping(m, sec: dict, name: str, known, noun: str, version: str, line: int)
     return value
 
 
-def expand_release(m, version: str, sec: dict, own: set, line: int) -> list[BuildKey]:
-    """The keys of one release: the calls its runner can make on the
-    deployments ``sec`` covers that ``sec`` covers. ``own`` names the
-    sections the release's entry gives itself (not through ``like``)."""
+def _covered(m, version: str, sec: dict, own: set, line: int) -> dict:
+    """What one release's sections cover, checked: {(section, field): its
+    values} for the axes and the layer fields its MonoBuild has, and
+    ("drafts", None): {name: (experts, topk, swa_width)}."""
     rel = RELEASES[version]
     axes = _mapping(m, sec, "axes", AXES, "axis", version, line)
     for name in AXES:
@@ -128,52 +128,62 @@ def expand_release(m, version: str, sec: dict, own: set, line: int) -> list[Buil
         ("axes", "tokens"): _tokens(axes["tokens"], m, line_of(axes, "tokens"), rel.max_tokens),
     }
     kinds = _mapping(m, sec, "layer_kinds", LAYER_FIELDS, "layer field", version, line)
-    fields = [f for f in LAYER_FIELDS if rel.reads(f)]  # a field the release lacks says nothing of its keys
-    for f in fields:
-        if f not in kinds:
-            raise m.error(line_of(kinds), f"layer_kinds: missing {f!r} (vLLM {version}'s "
-                                                       f"MonoBuild layer fields: {', '.join(fields)})")
-    for f in kinds:
-        if f not in fields and "layer_kinds" in own:
+    for f in LAYER_FIELDS:
+        if rel.reads(f) and f not in kinds:
+            raise m.error(line_of(kinds), f"layer_kinds: missing {f!r} (vLLM {version}'s MonoBuild layer fields: "
+                                          f"{', '.join(x for x in LAYER_FIELDS if rel.reads(x))})")
+        if not rel.reads(f) and f in kinds and "layer_kinds" in own:
             raise m.error(line_of(kinds, f), f"layer_kinds: vLLM {version}'s MonoBuild has no {f} field")
-        covered[("layer_kinds", f)] = _values(m, f"layer_kinds.{f}", kinds[f], RATIOS if f == "ratio" else
-                                              [False, True], line_of(kinds, f))
+        if rel.reads(f):  # a field the release lacks (given by `like`) says nothing of its keys
+            covered[("layer_kinds", f)] = _values(m, f"layer_kinds.{f}", kinds[f], RATIOS if f == "ratio" else
+                                                  [False, True], line_of(kinds, f))
     drafts = _mapping(m, sec, "drafts", None, "draft", version, line) if sec.get("drafts") is not None else {}
     for name, preset in drafts.items():
         if not isinstance(preset, dict) or set(preset) != set(DRAFT_FIELDS) or any(
                 not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in preset.values()):
             raise m.error(line_of(drafts, name), f"drafts.{name}: needs exactly {', '.join(DRAFT_FIELDS)}, "
                                                  f"positive integers (the draft runner's routing)")
-    m.releases[version].drafts = {name: tuple(p[f] for f in DRAFT_FIELDS) for name, p in drafts.items()}
+    covered[("drafts", None)] = {name: tuple(p[f] for f in DRAFT_FIELDS) for name, p in drafts.items()}
+    return covered
 
-    used: set = set()
+
+def expand_release(m, version: str, sec: dict, own: set, line: int) -> list[BuildKey]:
+    """The keys of one release (its entry at ``line``, its sections ``sec``,
+    of which it gives ``own`` itself rather than through ``like``): of the
+    calls its runner can make on each covered arch x tp, with and without
+    each draft, those whose width and layer kind are covered."""
+    covered = _covered(m, version, sec, own, line)
+    drafts = covered.pop(("drafts", None))
+    m.releases[version].drafts = drafts
+    used: set = set()  # (section, field, value) of the values that add a key; ("drafts", name, None)
     keys: set = set()
     for arch, tp in itertools.product(covered[("axes", "arch")], covered[("axes", "tp")]):
         base: set = set()
-        for name, draft in [(None, None), *m.releases[version].drafts.items()]:
+        for name, draft in [(None, None), *drafts.items()]:
             try:
                 dep = deployment(arch, tp, draft=draft, release=version)
             except NotDeployed:
                 break  # the release does not run this arch at this TP
             got = set()
             for call in runner_calls(dep):
-                layer = dict(zip(LAYER_FIELDS, call.layer or ()))
-                if call.tokens in covered[("axes", "tokens")] and all(
-                        layer[f] in covered[("layer_kinds", f)] for f in fields if f in layer):
+                layer = [("layer_kinds", f, v) for f, v in zip(LAYER_FIELDS, call.layer or ())
+                         if ("layer_kinds", f) in covered]
+                if call.tokens in covered[("axes", "tokens")] and all(v in covered[s, f] for s, f, v in layer):
                     got.update(call.keys)
-                    used.update({("axes", "arch", arch), ("axes", "tp", tp), ("axes", "tokens", call.tokens)})
-                    used.update(("layer_kinds", f, layer[f]) for f in fields if f in layer)
+                    used.update([("axes", "arch", arch), ("axes", "tp", tp), ("axes", "tokens", call.tokens), *layer])
             if name is None:
                 base = got
             elif got - base:
                 used.add(("drafts", name, None))
             keys |= got
-    unused = [(s, f, v) for (s, f), values in covered.items() if s in own for v in values if (s, f, v) not in used]
-    unused += [("drafts", name, None) for name in drafts if "drafts" in own and ("drafts", name, None) not in used]
-    for section, name, value in unused:
-        what = f"drafts.{name}" if value is None else f"{section}.{name}: {value!r}"
-        raise m.error(line_of(sec[section], name), f"{what} adds no key: vLLM {version}'s runner asks for no "
-                                                   f"such key on what the entry covers (its rules: dsv41-aot facts)")
+    given = [(s, f, v) for (s, f), values in covered.items() for v in values]
+    given += [("drafts", name, None) for name in drafts]
+    for section, name, value in given:
+        if section in own and (section, name, value) not in used:
+            what = f"drafts.{name}" if section == "drafts" else f"{section}.{name}: {value!r}"
+            raise m.error(line_of(sec[section], name), f"{what} adds no key: vLLM {version}'s runner asks for "
+                                                       f"no such key on what the entry covers (its rules: "
+                                                       f"dsv41-aot facts)")
     if not keys:
         raise m.error(line, f"vLLM {version}'s entry covers no key its runner asks for")
     return sorted(keys)
