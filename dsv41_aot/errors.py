@@ -108,3 +108,7 @@ class CaptureError(LoadError):
 
 class LaunchError(LoadError):
     """A launch returned a nonzero HIP status, or got the wrong arguments."""
+
+
+class ForkError(LaunchError):
+    """A first load in a process forked after its parent used HIP (HIP does not survive fork)."""

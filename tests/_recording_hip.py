@@ -39,7 +39,8 @@ def build(folder: Path) -> Path:
 
 
 def env(lib: Path, log: Path | None, *, arch: str = "gfx950", devices: int = 1, version: int = ROCM_6_4_3,
-        fail: str | None = None, images: Path | None = None, layouts: Path | None = None) -> dict:
+        fail: str | None = None, images: Path | None = None, layouts: Path | None = None,
+        capturing: bool = False) -> dict:
     """The environment of a process whose HIP is the recording HIP at ``lib``
     (the loader's DSV41_AOT_HIP_LIB, the JIT runtime's LD_LIBRARY_PATH)."""
     out = {
@@ -48,6 +49,7 @@ def env(lib: Path, log: Path | None, *, arch: str = "gfx950", devices: int = 1, 
         "RECORDING_HIP_ARCH": ARCH_NAMES.get(arch, arch),
         "RECORDING_HIP_DEVICES": str(devices),
         "RECORDING_HIP_VERSION": str(version),
+        "RECORDING_HIP_CAPTURING": str(int(capturing)),
     }
     for name, value in (("LOG", log), ("FAIL", fail), ("IMAGES", images), ("KERNELS", layouts)):
         if value is not None:

@@ -22,6 +22,7 @@
  *                          (written by the tests from the code object's own
  *                          AMDGPU metadata; reread when a kernel is not in it)
  *   RECORDING_HIP_IMAGES   folder each loaded image is written to, as <sha256>.co
+ *   RECORDING_HIP_CAPTURING  hipStreamIsCapturing's answer for every stream (default 0: none)
  *
  * Log line: pid TAB call TAB status TAB field=value ... Fields of
  * hipModuleLaunchKernel: kernel, module (its image's sha256), fn, device,
@@ -448,7 +449,7 @@ hipError_t hipStreamIsCapturing(hipStream_t stream, int *status) {
     char f[64];
     snprintf(f, sizeof f, "stream=%#lx", (unsigned long)(uintptr_t)stream);
     FAIL_OR("hipStreamIsCapturing", f);
-    *status = 0;  /* hipStreamCaptureStatusNone */
+    *status = env_int("RECORDING_HIP_CAPTURING", 0);  /* 0: hipStreamCaptureStatusNone, 1: active */
     return done("hipStreamIsCapturing", OK, f);
 }
 
