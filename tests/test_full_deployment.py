@@ -226,11 +226,18 @@ src = source.MonoSource(Path(tree)) if tree else source.find()
 plugin.install("strict", prebuilt=prebuilt, arch="gfx950")
 mod = source.import_mono(src, "runner")
 runners = probe.Runners(mod)
-served, rooms, unbound = set(), set(), []
+
+class Stream:  # what vLLM's runner passes: torch.cuda.current_stream()
+    cuda_stream = 0x7E57
+
+served, rooms, unbound, launched = set(), set(), [], []
 for call in calls:
     got = probe.ask(runners, call)
     for launcher in got if isinstance(got, tuple) else (got,):
         assert isinstance(launcher, Launcher), (call, launcher)
+        if launcher.key not in served:  # each launch the runner hands out, launched once as vLLM calls it
+            launcher(*range(1, len(launcher.abi)), stream=Stream())
+            launched.append(launcher.key)
         served.add(launcher.key)
         rooms.add(launcher._idx.release)
         if launcher._lib is None:
@@ -238,7 +245,8 @@ for call in calls:
 with open("/proc/self/maps") as f:
     maps = sorted({line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6})
 print(json.dumps(dict(patched=bool(getattr(mod.build_mono_k1, "__dsv41_aot__", False)), served=sorted(served),
-                      rooms=sorted(rooms), unbound=unbound, installed=plugin.installed(), maps=maps)))
+                      rooms=sorted(rooms), unbound=unbound, installed=plugin.installed(), maps=maps,
+                      launched=launched)))
 """
 
 
@@ -254,18 +262,31 @@ def runner_calls(release: str) -> list:
 
 
 @pytest.mark.parametrize("release", [NEW, OLD])
-def test_vllms_own_runner_is_served_every_key_of_its_room_bound(deployment, release, request):
+def test_vllms_own_runner_is_served_every_key_of_its_room_bound(deployment, release, request, recording_hip,
+                                                                  tmp_path):
     """vLLM's runner of ``release`` (0.33.0: the installed one; 0.32.0: its
     tree from fetch-vllm), patched strict by the plugin, asks for every launch
     it can at TP4: each is a bound prebuilt Launcher of its own room, none
     missing, and together they are every key of the room, and every key
     coverage's rules say those calls build (facts/coverage.py: the rules
     ``dsv41-aot coverage`` and ``doctor`` judge a deployment by agree with
-    vLLM's own runner)."""
+    vLLM's own runner). Each is launched once as vLLM calls it (a torch-like
+    stream) through the recording HIP, the stand-in for the AMD GPU: HIP is
+    handed that key's kernel and image, on that stream."""
+    import _recording_hip as rh
+
+    from dsv41_aot.room import Room
+
     tree = str(request.getfixturevalue("old_tree")) if release == OLD else ""
     calls = runner_calls(release)
+    log = tmp_path / "hip.log"
     out = run(_RUNNER, deployment, tree, json.dumps([c.as_json() for c in calls]),
-              env={"ARCH": ARCH, "FLYDSL_GPU_ARCH": ARCH})
+              env={"ARCH": ARCH, "FLYDSL_GPU_ARCH": ARCH, **rh.env(recording_hip, log, arch=ARCH)})
+    entries = Room(deployment, ARCH, release).manifest().entries
+    launches = rh.calls(log, "hipModuleLaunchKernel")
+    assert sorted(out["launched"]) == out["served"] and all(c.status == 0 for c in launches)
+    assert [(c["kernel"], c["module"], c["stream"]) for c in launches] == \
+        [(entries[k]["symbol"], entries[k]["code_object_sha256"], "0x7e57") for k in out["launched"]]
     assert out["patched"] and not out["unbound"] and out["rooms"] == [release]
     assert set(out["served"]) == room_keys(deployment, release) and len(out["served"]) == SHIPPED[release][0]
     assert set(out["served"]) == {str(k) for c in calls for k in c.keys}
