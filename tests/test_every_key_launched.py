@@ -133,7 +133,7 @@ def launch_every_key(root: Path, arch: str, recording_hip: Path, tmp_path: Path,
     for want, got in zip(sent, launches):
         entry = entries[want["release"]][want["key"]]
         rel = RELEASES[want["release"]]
-        sha = entry["code_object_sha256"]
+        sha = entry.code_object_sha256
         kernel = kernels.get(got["module"])
         problems = []
         if got.status != 0:
@@ -145,7 +145,7 @@ def launch_every_key(root: Path, arch: str, recording_hip: Path, tmp_path: Path,
             problems.append("image not saved")
             wrong.append((want["key"], problems))
             continue
-        if not got["kernel"] == entry["symbol"] == kernel[".name"]:
+        if not got["kernel"] == entry.symbol == kernel[".name"]:
             problems.append(f"kernel {got['kernel']}")
         if got["grid"] != f"{rel.grid_ctas},1,1":
             problems.append(f"grid {got['grid']}")

@@ -286,7 +286,7 @@ def test_vllms_own_runner_is_served_every_key_of_its_room_bound(deployment, rele
     launches = rh.calls(log, "hipModuleLaunchKernel")
     assert sorted(out["launched"]) == out["served"] and all(c.status == 0 for c in launches)
     assert [(c["kernel"], c["module"], c["stream"]) for c in launches] == \
-        [(entries[k]["symbol"], entries[k]["code_object_sha256"], "0x7e57") for k in out["launched"]]
+        [(entries[k].symbol, entries[k].code_object_sha256, "0x7e57") for k in out["launched"]]
     assert out["patched"] and not out["unbound"] and out["rooms"] == [release]
     assert set(out["served"]) == room_keys(deployment, release) and len(out["served"]) == SHIPPED[release][0]
     assert set(out["served"]) == {str(k) for c in calls for k in c.keys}
