@@ -82,7 +82,7 @@ print(json.dumps(dict(keys={r: sum(l._idx.release == r for l in launchers) for r
 def deployment(arch: str) -> Path:
     var, default, shipped = DEPLOYMENTS[arch]
     d = Path(os.environ.get(var) or default)
-    if not all((d / arch / f"vllm-{r}" / "libs.json").is_file() for r in shipped):
+    if not all(Room(d, arch, r).libs_path.is_file() for r in shipped):
         why = f"no full {arch} TP4 deployment of vLLM {', '.join(shipped)} at {d} (the shared folder, or {var}=DIR)"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{why} (CI=true: these tests must run, not skip)")
