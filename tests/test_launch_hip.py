@@ -10,6 +10,7 @@ and each test reads back the calls it made, by process.
 - devices: a Launcher used on another device loads its module there first.
 - errors: a failing hipModuleLoadData, hipModuleGetFunction or
   hipModuleLaunchKernel is named, with its status and a fix that fits.
+- wrong arguments: refused before any launch, naming the argument.
 - exit: nothing is unloaded (docs/loader.md: a hung persistent kernel must
   not keep the process from exiting).
 - the first load's refusals (capture, arch) and one load for many threads.
@@ -173,6 +174,44 @@ def test_a_failing_hip_call_is_named_with_its_status_and_a_fitting_fix(smoke, re
     assert not any(f"{o} " in first["message"].split("(")[0] for o in others), first["message"]
     if fail.endswith("@2"):  # the second launch failed: the first went through, no lookup was needed to tell
         assert out[0] is None and names(calls).count("hipModuleLoadData") == 1
+
+
+# ---------------------------------------------------------------- wrong arguments
+
+
+_WRONG = """
+l = launcher()
+n = len(l.abi) - 1
+cases = [
+    (list(range(n - 1)), {}),
+    (list(range(n + 1)), {}),
+    ([*range(n - 1), 1.5], {}),
+    ([*range(24), 2**31, *range(n - 25)], {}),
+    ([*range(n - 1), "x"], {}),
+    (list(range(n)), {"stream": "s"}),
+]
+out = []
+for args, kw in cases:
+    try:
+        l(*args, **kw)
+        out.append(None)
+    except LaunchError as e:
+        out.append([str(e), hasattr(e, "status")])
+l(*range(n), stream=None)  # the right arguments are launched
+print(json.dumps(dict(n=n, refused=out)))
+"""
+
+
+def test_wrong_arguments_are_refused_before_any_launch(smoke, recording_hip, tmp_path):
+    out, calls = run(_WRONG, smoke, recording_hip, tmp_path)
+    assert out["n"] == 40
+    whys = ["takes 40 positional integers", "got 41", "argument 'tl' (int64) got 1.5",
+            "argument 'swa_block' (int32) got 2147483648", "argument 'tl'", "not a HIP stream"]
+    for why, got in zip(whys, out["refused"]):
+        assert got is not None and why in got[0] and not got[1], (why, got)
+        assert "nothing was launched" in got[0] or "not a HIP stream" in got[0]
+    (launch,) = [c for c in calls if c.name == "hipModuleLaunchKernel"]  # only the right call's
+    assert launch.status == 0 and launch["stream"] == "0"
 
 
 # ---------------------------------------------------------------- exit
