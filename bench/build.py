@@ -101,9 +101,9 @@ def main() -> int:
     print(f"{'verify parallel efficiency':34} {'>= 0.90':>18} {veff:>12.2f}   (sum of JIT s / (wall x {args.jobs} jobs))")
     print(f"{'no-op rebuild (s)':34} {'<= 5.0':>18} {noop_wall:>12.2f}   ({noop['compiled']} compiled, {noop['up_to_date']} up to date)")
 
-    stored = [e["bytes"] for e in entries.values()]
-    naive = [e.get("export_bytes", 0) for e in entries.values()]
-    code = [e["code_object_bytes"] for e in entries.values()]
+    stored = [e.bytes for e in entries.values()]
+    naive = [e.export_bytes or 0 for e in entries.values()]
+    code = [e.code_object_bytes for e in entries.values()]
     print("\n== bytes per symbol (min / median / max) ==")
     for name, xs in (("FlyDSL export_to_c, unstripped", naive), ("dsv41-aot stored (stripped)", stored), ("GPU code object inside", code)):
         print(f"{name:34} {min(xs):>9,} {int(statistics.median(xs)):>9,} {max(xs):>9,}")

@@ -179,13 +179,13 @@ print(json.dumps(dict(import_s=t1 - t0, first_s=t3 - t2, all_s=t4 - t2, launcher
 
 def runner_calls(arch: str) -> list:
     """Every call vLLM 0.33.0's runners can make at TP4 with the DSpark draft
-    (build_matrix.yaml's dspark routing), as JSON: facts/coverage.py's
+    (build_matrix.yaml's dspark draft), as JSON: facts/coverage.py's
     runner_calls, the rules ``dsv41-aot coverage`` counts keys by. The first
     is the first launch a decode step asks for (K1/K2 of s=1, ratio 0)."""
     from dsv41_aot.aot import matrix
     from dsv41_aot.facts import coverage
 
-    draft = coverage.parse_draft("dspark", matrix.load().releases["0.33.0"].routing)
+    draft = coverage.parse_draft("dspark", matrix.load().drafts)
     return [c.as_json() for c in coverage.runner_calls(coverage.deployment(arch, 4, draft=draft, release="0.33.0"))]
 
 
@@ -292,7 +292,7 @@ def main() -> int:
     args = ap.parse_args()
     root = Path(args.dir).resolve()
     arch, n = args.arch, args.runs
-    from dsv41_aot.room import rooms_of
+    from dsv41_aot.listing import rooms_of
 
     rooms = rooms_of(root / arch)
     held = {r.release: len(r.manifest().entries) for r in rooms if r.manifest_path.is_file()}

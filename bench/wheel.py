@@ -78,7 +78,7 @@ def pip_wheel(src: Path, out: Path, env: dict) -> Path:
 def full_keys(arch: str, release: str) -> list:
     entries = json.loads(sh([PY, "-m", "dsv41_aot.cli", "build", "--list", "--profile", "full", "--arch", arch,
                              "--json"], cwd=ROOT).stdout)["entries"]
-    return [e["key"] for e in entries if e["release"] == release]
+    return [row["key"] for row in entries if row["release"] == release]
 
 
 # ------------------------------------------------------------------ xz band model, per room
@@ -98,7 +98,7 @@ def band_model(prebuilt: Path, arch: str, release: str) -> dict:
     def xz(subset) -> int:
         with tempfile.TemporaryDirectory() as t:
             out = Path(t) / "band.so"
-            objs = sorted({man.entries[k]["object"] for k in subset})
+            objs = sorted({man.entries[k].object for k in subset})
             sh([linker, *LINK_FLAGS, "-soname=band.so", "-o", out, *objs], cwd=prebuilt / arch)
             return len(compress_band(out.read_bytes()))
 
@@ -133,18 +133,16 @@ def full_band_rates(prebuilt: Path) -> dict:
     key of that chunk: {"chunk", "keys", "bytes"} (its xz band, measured)."""
     from dsv41_aot.aot.link import chunk_name
     from dsv41_aot.keys import BuildKey
-    from dsv41_aot.manifest import rooms
-    from dsv41_aot.room import Room
+    from dsv41_aot.listing import built_rooms
 
     out = {}
-    for d, release in rooms(prebuilt):
+    for room in built_rooms(prebuilt):
         want: dict = {}
-        for k in full_keys(d.name, release):
-            want.setdefault(chunk_name(BuildKey.parse(k, release)), set()).add(k)
-        for band in Room(prebuilt, d.name, release).links().bands:
-            if set(band.entries) == want.get(band.chunk) and len(band.entries) > out.get(
-                    f"{d.name}/vllm-{release}", {}).get("keys", 0):
-                out[f"{d.name}/vllm-{release}"] = {"chunk": band.chunk, "keys": len(band.entries), "bytes": band.bytes}
+        for k in full_keys(room.arch, room.release):
+            want.setdefault(chunk_name(BuildKey.parse(k, room.release)), set()).add(k)
+        for band in room.links().bands:
+            if set(band.entries) == want.get(band.chunk) and len(band.entries) > out.get(room.name, {}).get("keys", 0):
+                out[room.name] = {"chunk": band.chunk, "keys": len(band.entries), "bytes": band.bytes}
     return out
 
 
@@ -162,7 +160,9 @@ def first_launcher(venv: Path, key: str, release: str) -> dict:
 
 
 def main(argv=None) -> int:
-    from dsv41_aot.manifest import Manifest, rooms
+    from dsv41_aot.manifest import Manifest
+    from dsv41_aot.room import folder_name
+    from dsv41_aot.listing import built_rooms
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prebuilt", help="a built and linked prebuilt dir (default: build smoke now)")
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
             print("building the smoke profile (both releases) ...", file=sys.stderr)
             sh([PY, "-m", "dsv41_aot.cli", "build", "--profile", "smoke", "--out", prebuilt, "--no-progress"], cwd=ROOT)
             sh([PY, "-m", "dsv41_aot.cli", "link", "--dir", prebuilt], cwd=ROOT)
-        found = [(d.name, r) for d, r in rooms(prebuilt)]
+        found = [(r.arch, r.release) for r in built_rooms(prebuilt)]
         src = source_tree(tmp / "src")
         t0 = time.perf_counter()
         wheel = pip_wheel(src, tmp / "dist", {"DSV41_AOT_PREBUILT": str(prebuilt)})
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
             deployment = [k for k in keys if f",tp={tp}," in k]
             model = band_model(prebuilt, arch, release)
             first = sorted(Manifest.read(prebuilt / arch, arch, release=release).entries)[0]
-            report["rooms"][f"{arch}/vllm-{release}"] = {
+            report["rooms"][f"{arch}/{folder_name(release)}"] = {
                 "arch": arch, "release": release, "full_keys": len(keys),
                 "full_by_kind": dict(Counter(k.split("@")[0] for k in keys)),
                 "deployment": f"{arch} tp={tp}", "deployment_keys": len(deployment), "model": model,

@@ -47,7 +47,9 @@ if str(ROOT) not in sys.path:
 from ci.prebuilt import admits  # noqa: E402
 from dsv41_aot.aot.link import dynamic_info  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
-from dsv41_aot.manifest import TIMINGS, arch_dirs, releases_in, rooms  # noqa: E402
+from dsv41_aot.manifest import TIMINGS  # noqa: E402
+from dsv41_aot.room import folder_name  # noqa: E402
+from dsv41_aot.listing import built_arches, built_releases, built_rooms  # noqa: E402
 from dsv41_aot.aot.wheel import PKG, report, rooms_in_wheel as _rooms, wheel_bands  # noqa: E402,F401
 from dsv41_aot.cli.verify import print_wheel_report as print_report  # noqa: E402
 
@@ -153,7 +155,7 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
             named = set()
             for release, (man, links) in rooms.items():
                 served.add(release)
-                room = f"{arch}/vllm-{release}"
+                room = f"{arch}/{folder_name(release)}"
                 linked = {}
                 for band in links.bands:
                     named.add(band.file)
@@ -163,11 +165,11 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
                     linked.update(band.entries)
                     for key in band.entries:  # the band must export each key's entry (the loader binds it by name)
                         e = man.entries.get(key)
-                        if e and (e["entry"].encode() + b"\0") not in raw[band.file]:
+                        if e and (e.entry.encode() + b"\0") not in raw[band.file]:
                             problems.append(f"{key} (vLLM {release}): {room}/libs.json lists it under {band.file}, "
-                                            f"which does not export {e['entry']}")
+                                            f"which does not export {e.entry}")
                 for key, e in man.entries.items():
-                    if linked.get(key) != e["sha256"]:
+                    if linked.get(key) != e.sha256:
                         problems.append(f"{key} (vLLM {release}): not linked from its object in {room}/libs.json")
                 out["keys_by_room"][room] = len(man.entries)
                 out["keys_by_arch"][arch] = out["keys_by_arch"].get(arch, 0) + len(man.entries)
@@ -199,7 +201,7 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
         out["kernel_compressed_bytes"] = sum(z.getinfo(n).compress_size for n in names if n.startswith(PKG))
         out["raw_library_bytes"] = sum(len(b) for b in libraries.values())
         if prebuilt is not None:
-            have = {d.name: releases_in(d) for d in arch_dirs(Path(prebuilt))}
+            have = {d.name: built_releases(d) for d in built_arches(Path(prebuilt))}
             if have != {a: list(rs) for a, (rs, _) in contents.items()}:
                 problems.append(f"the wheel holds rooms {_rooms(names)}, the prebuilt dir {prebuilt} {have}")
             for n in names:
@@ -223,13 +225,10 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
 
 def audit_prebuilt(root: Path) -> int:
     """auditwheel on the raw libraries of a prebuilt dir's bands, before packing."""
-    from dsv41_aot.room import Room
-
     libraries = {}
-    for adir, release in rooms(Path(root)):
-        room = Room(root, adir.name, release)
+    for room in built_rooms(Path(root)):
         for band in room.links().bands:
-            name = f"{adir.name}/{band.file[:-3]}"
+            name = f"{room.arch}/{band.file[:-3]}"
             if name not in libraries:  # a band two rooms name is one library
                 libraries[name] = room.read_band(band)
     if not libraries:

@@ -51,8 +51,9 @@ from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E4
 from dsv41_aot.aot.jit import VERIFIED, write_verified  # noqa: E402
 from dsv41_aot.aot.link import link_room  # noqa: E402
 from dsv41_aot.facts.releases import release_facts, version_order  # noqa: E402
-from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest, rooms  # noqa: E402
+from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest  # noqa: E402
 from dsv41_aot.room import Room  # noqa: E402
+from dsv41_aot.listing import built_rooms  # noqa: E402
 from dsv41_aot.records import NO_EVIDENCE, PROVEN  # noqa: E402
 from ci.build_shard import pairs  # noqa: E402
 
@@ -151,18 +152,18 @@ def _merge_room(arch: str, release: str, adirs: list, held: dict, held_by: dict,
             man.check_object(key)
             prev = entries.get(key)
             if prev is not None:
-                if prev["sha256"] != e["sha256"] or prev["source"] != e["source"]:
-                    what = "object" if prev["sha256"] != e["sha256"] else "source identity"
+                if prev.sha256 != e.sha256 or prev.source != e.source:
+                    what = "object" if prev.sha256 != e.sha256 else "source identity"
                     raise MergeError(
                         f"{key} (vLLM {release}): {origin[key]} and {adir} hold different {what}s "
-                        f"({prev['sha256'][:12]} vs {e['sha256'][:12]})",
+                        f"({prev.sha256[:12]} vs {e.sha256[:12]})",
                         fix=f"rebuild both shards from one vLLM {release} / FlyDSL (ci/build_shard.py), then merge",
                     )
                 continue
             entries[key], origin[key] = e, adir
             held[(release, key)] = adir
-            abis[e["abi"]] = man.abis[e["abi"]]
-            sources.setdefault(json.dumps(e["source"], sort_keys=True), key)
+            abis[e.abi] = man.abis[e.abi]
+            sources.setdefault(json.dumps(e.source, sort_keys=True), key)
     if len(sources) > 1:
         ex = sorted(sources.values())
         raise MergeError(f"room {room}: shards built from {len(sources)} source identities (e.g. {ex[0]} from "
@@ -181,8 +182,8 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, requir
             raise ManifestError(f"shard {s} is not a directory", fix="pass the shard dirs ci/build_shard.py wrote")
     by_room: dict = {}  # (arch, release) -> shard arch dirs holding that room
     for s in shards:
-        for adir, release in rooms(s):
-            by_room.setdefault((adir.name, release), []).append(adir)
+        for r in built_rooms(s):
+            by_room.setdefault((r.arch, r.release), []).append(r.arch_dir)
     if not by_room:
         raise ManifestError(f"no shard holds a built room (<arch>/vllm-<release>/{MANIFEST}) in "
                             f"{', '.join(map(str, shards))}",
@@ -207,8 +208,8 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, requir
             arch_summary = summary["arches"][arch] = {"rooms": {}}
             for release, (entries, abis, origin, timings, proofs) in by_release.items():
                 for key, e in entries.items():
-                    if not (adir / e["object"]).exists():  # one object, however many rooms name it
-                        shutil.copyfile(origin[key] / e["object"], adir / e["object"])
+                    if not (adir / e.object).exists():  # one object, however many rooms name it
+                        shutil.copyfile(origin[key] / e.object, adir / e.object)
                 man = Manifest(adir, arch, entries, abis, timings=timings, release=release)
                 man.write()
                 if proofs:

@@ -41,8 +41,9 @@ from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E4
 from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
 from dsv41_aot.aot.link import dynamic_info  # noqa: E402
 from dsv41_aot.facts.releases import RELEASES, deployed_arches, release_facts, version_order  # noqa: E402
-from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest, arch_dirs, releases_in  # noqa: E402
-from dsv41_aot.room import Room, orphan_objects  # noqa: E402
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest  # noqa: E402
+from dsv41_aot.room import Room  # noqa: E402
+from dsv41_aot.listing import built_arches, built_releases, orphan_objects  # noqa: E402
 
 
 @dataclass
@@ -114,7 +115,7 @@ def _check_room(root: Path, adir: Path, arch: str, release: str, digests: dict, 
         more = f" (and {len(problems) - 1} more: dsv41-aot verify --dir {root})" if len(problems) > 1 else ""
         first = problems[0]
         raise type(first.error())(f"room {room}: {first.message}{more}", fix=first.fix)
-    source = next(iter(man.entries.values()))["source"]  # one identity: problems() has no "sources" problem
+    source = next(iter(man.entries.values())).source  # one identity: problems() has no "sources" problem
     digest = source.get("mono_sources")
     if digest != digests[release]:
         raise ManifestError(f"room {room}: built from mono sources {digest!r}, but vLLM {release}'s are "
@@ -141,9 +142,9 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
     adir = root / arch
     digests = matrix_digests() if digests is None else digests
     fix = fix_for(root, arch)
-    releases = releases_in(adir) if adir.is_dir() else []
+    releases = built_releases(adir) if adir.is_dir() else []
     if not releases:
-        have = [d.name for d in arch_dirs(root)]
+        have = [d.name for d in built_arches(root)]
         where = f"it holds {', '.join(have)}" if have else "it holds no built arch"
         raise ManifestError(f"no prebuilt kernels for {arch} in {root} (no {adir}/vllm-<release>/{MANIFEST}; {where})",
                             fix=fix)
@@ -177,7 +178,7 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
     out.files += [f"{LIB}/{name}" for name in sorted(bands)]
     objects = set()
     for release in releases:
-        objects |= {e["object"] for e in Manifest.read(adir, arch, release=release).entries.values()}
+        objects |= {e.object for e in Manifest.read(adir, arch, release=release).entries.values()}
     out.files += sorted(objects)
     return out
 
@@ -185,7 +186,7 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
 def check_dir(root: Path, arches=None, digests: dict | None = None) -> list:
     """check_arch for every arch folder of ``root`` (or ``arches``)."""
     root = Path(root)
-    arches = list(arches or [d.name for d in arch_dirs(root)])
+    arches = list(arches or [d.name for d in built_arches(root)])
     if not arches:  # nothing asked for, nothing built: the fix builds every arch some release runs on
         raise ManifestError(f"no prebuilt kernels in {root} (no <arch>/vllm-<release>/{MANIFEST})",
                             fix=fix_for(root, deployed_arches()))

@@ -91,14 +91,14 @@ def shard_dirs(folder: Path) -> list:
 def copy_seconds(merged: Path, dest: Path) -> list:
     """Each room's timings.json as ``<dest>/<arch>-<release>.json``: the
     files ci/seconds/ takes for the next run's shard balance."""
-    from dsv41_aot.manifest import TIMINGS, rooms
+    from dsv41_aot.listing import built_rooms
 
     dest.mkdir(parents=True, exist_ok=True)
     out = []
-    for adir, release in rooms(merged):
-        src = adir / f"vllm-{release}" / TIMINGS
+    for room in built_rooms(merged):
+        src = room.timings_path
         if src.is_file():
-            target = dest / f"{adir.name}-{release}.json"
+            target = dest / f"{room.arch}-{room.release}.json"
             shutil.copyfile(src, target)
             out.append(target)
     return out
@@ -106,12 +106,12 @@ def copy_seconds(merged: Path, dest: Path) -> list:
 
 def cmd_merge(args) -> int:
     from ci import merge, prebuilt
-    from dsv41_aot.manifest import arch_dirs
+    from dsv41_aot.listing import built_arches
 
     out, report = Path(args.out).resolve(), Path(args.report).resolve()  # dsv41-aot runs from the checkout's root
     shards = shard_dirs(Path(args.shards).resolve())
     must(merge.main(["--require-verified", "--out", str(out), *map(str, shards)]), "ci/merge.py")
-    arches = [args.arch] if args.arch else [d.name for d in arch_dirs(out)]
+    arches = [args.arch] if args.arch else [d.name for d in built_arches(out)]
     must(prebuilt.main([str(out), *arches]), "ci/prebuilt.py")
     report.mkdir(parents=True, exist_ok=True)
     name = "residency-" + "-".join(arches)
@@ -209,7 +209,7 @@ def release_assets(prebuilt: Path, residency: Path, out: Path) -> list:
     ``.txt``, ``.json``), each room's proofs against vLLM's JIT as
     ``verified-<arch>-vllm-<release>.json``, and SHA256SUMS of them all."""
     from dsv41_aot.aot.jit import VERIFIED
-    from dsv41_aot.manifest import rooms
+    from dsv41_aot.listing import built_rooms
 
     out = Path(out)
     shutil.rmtree(out, ignore_errors=True)
@@ -222,12 +222,12 @@ def release_assets(prebuilt: Path, residency: Path, out: Path) -> list:
         shutil.copyfile(p, out / p.name)
         files.append(out / p.name)
     proofs = 0
-    for adir, release in rooms(Path(prebuilt)):
-        src = adir / f"vllm-{release}" / VERIFIED
+    for room in built_rooms(Path(prebuilt)):
+        src = room.verified_path
         if not src.is_file():
             raise StageError(f"{src.parent}: no {VERIFIED} (every released room carries its proofs; "
                              f"ci/merge.py --require-verified writes it)")
-        target = out / f"verified-{adir.name}-vllm-{release}.json"
+        target = out / f"verified-{room.arch}-{room.dir.name}.json"
         shutil.copyfile(src, target)
         files.append(target)
         proofs += 1

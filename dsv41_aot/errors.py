@@ -12,11 +12,13 @@ from __future__ import annotations
 
 
 class AotError(Exception):
-    """Base of every dsv41-aot error."""
+    """Base of every dsv41-aot error: ``message`` says what is wrong and
+    where, ``fix`` the command that fixes it (printed together by ``str``)."""
 
     exit_code = 2
 
     def __init__(self, message: str, *, fix: str | None = None):
+        self.message = message
         self.fix = fix
         super().__init__(f"{message}\n  fix: {fix}" if fix else message)
 
@@ -106,3 +108,7 @@ class CaptureError(LoadError):
 
 class LaunchError(LoadError):
     """A launch returned a nonzero HIP status, or got the wrong arguments."""
+
+
+class ForkError(LaunchError):
+    """A first load in a process forked after its parent used HIP (HIP does not survive fork)."""

@@ -43,10 +43,10 @@ import hashlib
 import json
 import os
 import re
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from .errors import IntegrityError, ManifestError
-from .facts.releases import RELEASES, release_facts, version_order
 
 SCHEMA = 2  # 2: one manifest a (arch, release) room; 1 was one a arch
 MANIFEST = "manifest.json"
@@ -59,11 +59,60 @@ LIBS_SCHEMA = 2
 BAND_SUFFIX = ".so.xz"
 BAND_RE = re.compile(r"libdsv41_[A-Za-z0-9_.-]+\.so\.xz")  # a plain file name in lib/: no "/", no ".."
 TIMINGS = "timings.json"  # <arch>/vllm-<release>/timings.json: {key: compile seconds}, never shipped
+PREFIX = "vllm-"  # a room's folder is PREFIX + its release (folder_name): spelled here only
 ENV_PREBUILT = "DSV41_AOT_PREBUILT"  # the one variable naming a prebuilt directory
 REQUIRED = (
     "key", "kind", "arch", "fields", "symbol", "entry", "object", "sha256", "bytes",
     "code_object_sha256", "code_object_bytes", "abi", "source",
 )
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One key's manifest entry: what was built for it and from what.
+
+    ``resources`` (the code object's figures) and ``export_bytes`` (FlyDSL's
+    unstripped export size) are None when absent (an entry recovered from
+    objects/ lacks ``export_bytes``); ``extra`` keeps fields this version
+    does not name, so a rewrite gives the bytes it read."""
+
+    key: str
+    kind: str
+    arch: str
+    fields: dict
+    symbol: str
+    entry: str
+    object: str
+    sha256: str
+    bytes: int
+    code_object_sha256: str
+    code_object_bytes: int
+    abi: str
+    source: dict
+    resources: dict | None = None
+    export_bytes: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "Entry":
+        """The entry of a manifest's (or a worker's) JSON object, already
+        checked by :meth:`Manifest.parse` (or built by the compiler)."""
+        names = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in doc.items() if k in names},
+                   extra={k: v for k, v in doc.items() if k not in names})
+
+    def to_dict(self) -> dict:
+        """The entry as manifest.json holds it (absent optional fields left out)."""
+        doc = asdict(self)
+        extra = doc.pop("extra")
+        for name in ("resources", "export_bytes"):
+            if doc[name] is None:
+                del doc[name]
+        return dict(doc, **extra)
+
+    def replace(self, **changes) -> "Entry":
+        """A copy with ``changes`` (entries are never edited in place)."""
+        return replace(self, **changes)
 
 
 def prebuilt_dir() -> Path:
@@ -112,15 +161,13 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def room_dir(arch_dir: Path, release: str) -> Path:
-    """The folder of ``release``'s keys in an arch folder (a release this
-    dsv41-aot does not know has one too: room.Room leaves it as it is)."""
-    return Path(arch_dir) / f"vllm-{release}"
+def folder_name(release: str) -> str:
+    """The name of ``release``'s room folder in an arch folder (``room.Room`` owns the paths built from it)."""
+    return PREFIX + release
 
 
-def releases_in(arch_dir: Path) -> list[str]:
-    """The releases an arch folder holds a manifest for, oldest first."""
-    return sorted((v for v in RELEASES if (room_dir(arch_dir, v) / MANIFEST).is_file()), key=version_order)
+def _room_dir(arch_dir: Path, release: str) -> Path:
+    return Path(arch_dir) / folder_name(release)
 
 
 class Manifest:
@@ -133,8 +180,8 @@ class Manifest:
         self.dir = Path(arch_dir)
         self.arch = arch
         self.release = release
-        self.room = room_dir(self.dir, release)
-        self.entries: dict = entries or {}
+        self.room = _room_dir(self.dir, release)
+        self.entries: dict = entries or {}  # key -> Entry
         self.abis: dict = abis or {}
         # keys the kernel source refused, with the error and the source identity
         # they were refused under: a rebuild from the same source reports them
@@ -144,8 +191,10 @@ class Manifest:
         self.timings: dict = timings or {}
         self.migrated = False  # read from a manifest that held compile seconds: the next write moves them
         for key, e in self.entries.items():
-            if isinstance(e, dict) and "compile_seconds" in e:
-                self.timings.setdefault(key, e.pop("compile_seconds"))
+            if isinstance(e, Entry) and "compile_seconds" in e.extra:
+                extra = dict(e.extra)
+                self.timings.setdefault(key, extra.pop("compile_seconds"))
+                self.entries[key] = e.replace(extra=extra)
                 self.migrated = True
 
     @property
@@ -155,7 +204,7 @@ class Manifest:
     @property
     def mono_sources(self) -> str | None:
         """The release's mono sources digest its entries were built from (None when empty)."""
-        digests = {e["source"].get("mono_sources") for e in self.entries.values()}
+        digests = {e.source.get("mono_sources") for e in self.entries.values()}
         return next(iter(digests)) if len(digests) == 1 else None
 
     # ---------------------------------------------------------------- io
@@ -163,7 +212,7 @@ class Manifest:
     def read(cls, arch_dir: Path, arch: str | None = None, *, release: str,
              missing_ok: bool = False) -> "Manifest":
         arch_dir = Path(arch_dir)
-        path = room_dir(arch_dir, release) / MANIFEST
+        path = _room_dir(arch_dir, release) / MANIFEST
         arch = arch or arch_dir.name
         # a build sets a corrupt manifest aside and recovers its entries from the stored objects
         fix = f"dsv41-aot build --arch {arch} --release {release} --out {arch_dir.parent}"
@@ -216,8 +265,9 @@ class Manifest:
         refused = doc.get("refused", {})
         if not isinstance(refused, dict):
             raise ManifestError(f"{path}: refused must be a mapping", fix=fix)
-        m = cls(arch_dir, arch, entries, abis, refused, read_timings(room_dir(arch_dir, release)) if arch_dir.is_dir()
-                else {}, release=release)
+        timings = read_timings(_room_dir(arch_dir, release)) if arch_dir.is_dir() else {}
+        m = cls(arch_dir, arch, {k: Entry.from_dict(e) for k, e in entries.items()}, abis, refused, timings,
+                release=release)
         if entries and doc.get("mono_sources") != m.mono_sources:
             raise ManifestError(f"{path}: mono_sources {doc.get('mono_sources')!r} is not its entries' "
                                 f"({sorted({e['source'].get('mono_sources') for e in entries.values()})})", fix=fix)
@@ -225,14 +275,14 @@ class Manifest:
 
     def write(self) -> None:
         """Atomically replace manifest.json (entries sorted: same inputs, same bytes)."""
-        used = {e["abi"] for e in self.entries.values()}
+        used = {e.abi for e in self.entries.values()}
         doc = {
             "schema": SCHEMA,
             "arch": self.arch,
             "release": self.release,
             "mono_sources": self.mono_sources,
             "abis": {k: self.abis[k] for k in sorted(used)},
-            "entries": {k: self.entries[k] for k in sorted(self.entries)},
+            "entries": {k: self.entries[k].to_dict() for k in sorted(self.entries)},
             "refused": {k: self.refused[k] for k in sorted(self.refused)},
         }
         atomic_write(self.path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
@@ -241,35 +291,38 @@ class Manifest:
             atomic_write(self.room / TIMINGS, (json.dumps(timings, indent=1) + "\n").encode())
 
     # ---------------------------------------------------------------- entries
-    def put(self, entry: dict, abi: list, seconds: float | None = None) -> None:
-        """Add or replace an entry; ``seconds`` (what its compile took) goes
-        to timings.json, as does a ``compile_seconds`` the entry carries."""
+    def put(self, entry: "Entry | dict", abi: list, seconds: float | None = None) -> Entry:
+        """Add or replace an entry (an Entry, or a worker's JSON of one) and
+        return it; ``seconds`` (what its compile took) goes to timings.json,
+        as does a ``compile_seconds`` the entry carries."""
         aid = abi_id(abi)
         self.abis[aid] = abi
-        entry = dict(entry, abi=aid)
-        measured = entry.pop("compile_seconds", None)
+        doc = dict(entry.to_dict() if isinstance(entry, Entry) else entry, abi=aid)
+        measured = doc.pop("compile_seconds", None)
         seconds = measured if seconds is None else seconds
+        entry = Entry.from_dict(doc)
         if seconds is not None:
-            self.timings[entry["key"]] = round(float(seconds), 3)
-        self.entries[entry["key"]] = entry
+            self.timings[entry.key] = round(float(seconds), 3)
+        self.entries[entry.key] = entry
+        return entry
 
     def abi(self, key: str) -> list:
-        return self.abis[self.entries[key]["abi"]]
+        return self.abis[self.entries[key].abi]
 
     def object_path(self, key: str) -> Path:
-        return self.dir / self.entries[key]["object"]
+        return self.dir / self.entries[key].object
 
     def check_object(self, key: str) -> None:
         """Raise IntegrityError unless the key's stored object exists with the
         manifest's sha256 and size."""
         e = self.entries[key]
-        path = self.dir / e["object"]
+        path = self.dir / e.object
         fix = f"dsv41-aot build --release {self.release} --key '{key}' --out {self.dir.parent}"
         try:
             size = path.stat().st_size
         except FileNotFoundError:
             raise IntegrityError(f"{key}: object {path} is missing", fix=fix) from None
-        if size != e["bytes"] or sha256_file(path) != e["sha256"]:
+        if size != e.bytes or sha256_file(path) != e.sha256:
             raise IntegrityError(f"{key}: object {path} does not match its manifest sha256 (corrupt or altered)", fix=fix)
 
 
@@ -283,31 +336,3 @@ def read_timings(room: Path) -> dict:
     if not isinstance(doc, dict):
         return {}
     return {k: float(v) for k, v in doc.items() if isinstance(v, (int, float))}
-
-
-def arch_dirs(root: Path) -> list[Path]:
-    """The per-arch folders of a prebuilt directory that hold a manifest of some release."""
-    root = Path(root)
-    return sorted(p for p in root.iterdir() if p.is_dir() and releases_in(p)) if root.is_dir() else []
-
-
-def rooms(root: Path, release: str | None = None) -> list[tuple[Path, str]]:
-    """(arch folder, release) of every room of a prebuilt directory that
-    holds a manifest (only ``release``'s when given)."""
-    return [(d, r) for d in arch_dirs(root) for r in releases_in(d) if release in (None, r)]
-
-
-def rooms_or_error(root: Path, release: str | None = None) -> list[tuple[Path, str]]:
-    """:func:`rooms`, for a command that needs at least one: an unknown
-    release, or a directory without a room (of ``release``), is an error
-    naming the directory and the build that fills it."""
-    from .errors import AotError
-
-    if release is not None:
-        release_facts(release)
-    found = rooms(root, release)
-    if not found:
-        what = f"vLLM {release} kernels" if release else "prebuilt architecture"
-        raise AotError(f"{root} holds no {what} (no <arch>/vllm-<release>/manifest.json)",
-                       fix=f"dsv41-aot build --out {root}" + (f" --release {release}" if release else ""))
-    return found

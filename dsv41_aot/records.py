@@ -39,6 +39,11 @@ class Band:
     raw_bytes: int
     entries: dict = field(hash=False, compare=True)
 
+    def as_dict(self) -> dict:
+        """The band as libs.json records it."""
+        return {"chunk": self.chunk, "file": self.file, "sha256": self.sha256, "bytes": self.bytes,
+                "raw_sha256": self.raw_sha256, "raw_bytes": self.raw_bytes, "entries": dict(self.entries)}
+
     def check_compressed(self, data: bytes, where: Path, fix: str) -> None:
         """The band's bytes as read must be the ones libs.json recorded."""
         if hashlib.sha256(data).hexdigest() != self.sha256:
@@ -68,6 +73,20 @@ class LinkRecord:
     release: str
     bands: tuple
     band_of: dict  # key -> Band
+
+    HIP_NOTE = "undefined in every library; the loader opens the host's libamdhip64 first"
+
+    @classmethod
+    def of(cls, arch: str, release: str, bands) -> "LinkRecord":
+        """The record of ``bands`` (each key linked once, as link writes them)."""
+        bands = tuple(bands)
+        return cls(arch, release, bands, {k: b for b in bands for k in b.entries})
+
+    def to_bytes(self) -> bytes:
+        """libs.json as written (the one serializer; same bands, same bytes)."""
+        doc = {"schema": LIBS_SCHEMA, "arch": self.arch, "release": self.release, "hip": self.HIP_NOTE,
+               "libraries": [b.as_dict() for b in self.bands]}
+        return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
     @classmethod
     def parse(cls, data: bytes, where: str, arch: str, release: str, fix: str) -> "LinkRecord":
@@ -159,13 +178,13 @@ class KeyProof:
 
     def verdict(self, entry: dict) -> str:
         """PROVEN, NO_EVIDENCE or STALE against a manifest entry of its key."""
-        source = entry.get("source") or {}
-        if self.code_object_sha256 != entry.get("code_object_sha256"):
+        source = entry.source or {}
+        if self.code_object_sha256 != entry.code_object_sha256:
             return STALE
         if any(f in self.jit and self.jit[f] != source.get(f) for f in ("mono_sources", "flydsl_version")):
             return STALE
         ev = self.evidence
-        if ev is None or {ev.artifact_sha256, ev.cache_key_sha256} & {entry.get("sha256"), self.code_object_sha256}:
+        if ev is None or {ev.artifact_sha256, ev.cache_key_sha256} & {entry.sha256, self.code_object_sha256}:
             return NO_EVIDENCE  # nothing, or the manifest's own digests passed off as the JIT's
         return PROVEN
 

@@ -35,11 +35,17 @@ from pathlib import Path
 
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
-from .manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, TIMINGS, Manifest
+from .manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, folder_name
 from .records import VERIFIED, Band, LinkRecord, Proof
 
 REINSTALL = "pip install --force-reinstall --no-deps dsv41-aot"  # a wheel's room: no objects/ to relink from
-ROOM_RE = re.compile(r"vllm-(\d+\.\d+\.\d+)")
+ROOM_RE = re.compile(re.escape(PREFIX) + r"(\d+\.\d+\.\d+)")
+
+
+def room_dir(arch_dir: Path, release: str) -> Path:
+    """The folder of ``release``'s keys in an arch folder (a release this
+    dsv41-aot does not know has one too: Room leaves it as it is)."""
+    return Path(arch_dir) / folder_name(release)
 
 
 # ---------------------------------------------------------------- problems
@@ -68,16 +74,64 @@ class Problem:
                 "serving": self.serving}
 
 
+# ---------------------------------------------------------------- reading a room's files
+
+
+class FolderReader:
+    """Reads the files of a prebuilt directory on disk by their path inside it."""
+
+    folder = True  # a builder's folder: its objects/ may be present, a band is read from its own file
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def has(self, relpath: str) -> bool:
+        return (self.root / relpath).is_file()
+
+    def where(self, relpath: str) -> str:
+        return str(self.root / relpath)
+
+    def read_bytes(self, relpath: str) -> bytes:
+        """The file's bytes (FileNotFoundError when absent)."""
+        return (self.root / relpath).read_bytes()
+
+
+class ZipReader:
+    """Reads the members of a wheel's prebuilt directory (``prefix``) by their
+    path inside that directory, as FolderReader reads a folder's files."""
+
+    folder = False
+
+    def __init__(self, z, prefix: str):
+        self.z, self.prefix = z, prefix
+        self.names = set(z.namelist())
+
+    def has(self, relpath: str) -> bool:
+        return self.prefix + relpath in self.names
+
+    def where(self, relpath: str) -> str:
+        return self.prefix + relpath
+
+    def read_bytes(self, relpath: str) -> bytes:
+        """The member's bytes (FileNotFoundError when absent)."""
+        if self.prefix + relpath not in self.names:
+            raise FileNotFoundError(self.prefix + relpath)
+        return self.z.read(self.prefix + relpath)
+
+
 # ---------------------------------------------------------------- the room
 
 
 class Room:
-    """``<root>/<arch>/vllm-<release>/``. ``release`` is always given."""
+    """``<root>/<arch>/vllm-<release>/``: one room's paths and the reading of
+    its records, from a folder (the default) or through ``reader`` (a
+    wheel's members: ZipReader). ``release`` is always given."""
 
-    def __init__(self, root: Path, arch: str, release: str):
+    def __init__(self, root: Path, arch: str, release: str, reader: "FolderReader | ZipReader | None" = None):
         self.root, self.arch, self.release = Path(root), arch, release
+        self.reader = reader or FolderReader(self.root)
         self.arch_dir = self.root / arch
-        self.dir = self.arch_dir / f"vllm-{release}"
+        self.dir = room_dir(self.arch_dir, release)
         self.objects = self.arch_dir / OBJECTS
         self.lib = self.arch_dir / LIB
         self.manifest_path = self.dir / MANIFEST
@@ -99,7 +153,12 @@ class Room:
         return cls(folder.parent.parent, folder.parent.name, m.group(1))
 
     def __repr__(self) -> str:
-        return f"Room({self.arch}/vllm-{self.release} in {self.root})"
+        return f"Room({self.name} in {self.root})"
+
+    @property
+    def name(self) -> str:
+        """``<arch>/vllm-<release>``: how messages and reports name the room."""
+        return f"{self.arch}/{self.dir.name}"
 
     @property
     def known(self) -> bool:
@@ -110,7 +169,16 @@ class Room:
     def built_here(self) -> bool:
         """Stored objects are present: the room can be relinked and rebuilt
         (a wheel's room ships without objects/)."""
-        return self.objects.is_dir()
+        return self.reader.folder and self.objects.is_dir()
+
+    def _record(self, name: str) -> tuple[bytes | None, str]:
+        """One of the room's records (``<arch>/vllm-<release>/<name>``), read
+        through its reader: its bytes (None when absent) and how errors name it."""
+        rel = f"{self.name}/{name}"
+        try:
+            return self.reader.read_bytes(rel), self.reader.where(rel)
+        except FileNotFoundError:
+            return None, self.reader.where(rel)
 
     # fixes: each a command, run as printed
 
@@ -147,31 +215,50 @@ class Room:
 
     # records, parsed once
 
-    def manifest(self) -> Manifest:
+    def manifest(self, *, missing_ok: bool = False) -> Manifest:
+        """The room's manifest.json, read once by its one parser (ManifestError
+        when unreadable; an empty one when absent and ``missing_ok``). A
+        builder's fix rebuilds it (a build sets a corrupt manifest aside and
+        recovers its entries from the stored objects); a wheel's reinstalls."""
         if self._manifest is None:
-            self._manifest = Manifest.read(self.arch_dir, self.arch, release=self.release)
+            data, where = self._record(MANIFEST)
+            fix = self.build_cmd if self.reader.folder else REINSTALL
+            if data is None:
+                if not missing_ok:
+                    raise ManifestError(f"no manifest at {where}", fix=fix)
+                self._manifest = Manifest(self.arch_dir, self.arch, release=self.release)
+            else:
+                self._manifest = Manifest.parse(data, where, self.arch_dir, self.arch, self.release, fix)
         return self._manifest
 
     def links(self) -> LinkRecord:
+        """The room's libs.json, read once by its one parser (records.LinkRecord)."""
         if self._links is None:
-            try:
-                data = self.libs_path.read_bytes()
-            except FileNotFoundError:
-                raise ManifestError(f"{self.libs_path} is missing: the objects of {self.arch_dir} were never linked",
-                                    fix=self.fix_relink) from None
-            self._links = LinkRecord.parse(data, str(self.libs_path), self.arch, self.release, self.fix_relink)
+            data, where = self._record(LIBS_JSON)
+            if data is None:
+                raise ManifestError(f"{where} is missing: the objects of {self.arch_dir} were never linked",
+                                    fix=self.fix_relink)
+            self._links = LinkRecord.parse(data, where, self.arch, self.release, self.fix_relink)
         return self._links
+
+    def write_links(self, record: LinkRecord) -> None:
+        """Replace the room's libs.json with ``record`` (atomically)."""
+        atomic_write(self.libs_path, record.to_bytes())
+        self._links = record
 
     def proof(self) -> Proof:
         """The room's verified.json (an empty record when there is none)."""
         if self._proof is None:
-            try:
-                data = self.verified_path.read_bytes()
-            except FileNotFoundError:
+            data, where = self._record(VERIFIED)
+            if data is None:
                 self._proof = Proof(self.arch, self.release, {})
             else:
-                self._proof = Proof.parse(data, str(self.verified_path), self.arch, self.release, self.fix_proof)
+                self._proof = Proof.parse(data, where, self.arch, self.release, self.fix_proof)
         return self._proof
+
+    def has(self, name: str) -> bool:
+        """The room holds the record ``name`` (a file, or a wheel's member)."""
+        return self.reader.has(f"{self.name}/{name}")
 
     def band_path(self, band: Band) -> Path:
         """The band's path, which must resolve to a file directly inside the
@@ -192,7 +279,16 @@ class Room:
 
     def read_band(self, band: Band) -> bytes:
         """The library inside ``band``, read through one descriptor that
-        never follows a symlink, and checked twice (sha256, raw_sha256)."""
+        never follows a symlink (a wheel's: its member), and checked twice
+        (sha256, raw_sha256)."""
+        if not self.reader.folder:
+            rel = f"{self.arch}/{LIB}/{band.file}"
+            try:
+                data = self.reader.read_bytes(rel)
+            except FileNotFoundError:
+                raise IntegrityError(f"{self.reader.where(rel)} named by {self.name}/{LIBS_JSON} is not in the wheel",
+                                     fix=self.fix_band) from None
+            return band.unpack(data, Path(self.reader.where(rel)), self.fix_band)
         path = self.band_path(band)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -219,7 +315,7 @@ class Room:
         try:
             man = self.manifest()
         except ManifestError as e:  # a build recovers it from objects/; a wheel's room is reinstalled
-            return [Problem("manifest", str(e).split("\n  fix: ")[0], str(self.manifest_path),
+            return [Problem("manifest", e.message, str(self.manifest_path),
                             e.fix if self.built_here else REINSTALL)]
         out = self._source_problems(man)
         if proof:
@@ -229,15 +325,15 @@ class Room:
         try:
             links = self.links()
         except ManifestError as e:
-            return out + [Problem("libs", str(e).split("\n  fix: ")[0], str(self.libs_path), e.fix)]
+            return out + [Problem("libs", e.message, str(self.libs_path), e.fix)]
         for key, e in sorted(man.entries.items()):
             band = links.band_of.get(key)
             if band is None:
                 out.append(Problem("link", f"{key} is in {man.path} but no library links it", str(self.libs_path),
                                    self.fix_relink, key=key))
-            elif band.entries[key] != e["sha256"]:
+            elif band.entries[key] != e.sha256:
                 out.append(Problem("link", f"{key}: {self.libs_path} links it from object {band.entries[key][:16]}, "
-                                           f"the manifest names {e['sha256'][:16]}", str(self.libs_path),
+                                           f"the manifest names {e.sha256[:16]}", str(self.libs_path),
                                    self.fix_relink, key=key, band=band.file))
         for key in sorted(set(links.band_of) - set(man.entries)):
             out.append(Problem("link", f"{key} is linked (in {links.band_of[key].file}) but not in {man.path}",
@@ -255,10 +351,11 @@ class Room:
         try:
             raw = self.read_band(band)
         except (ManifestError, IntegrityError) as e:
-            return [Problem("band", str(e).split("\n  fix: ")[0], str(self.lib / band.file), e.fix, band=band.file)]
+            return [Problem("band", e.message, str(self.lib / band.file), e.fix, band=band.file)]
         out = []
         for key in sorted(band.entries):
-            entry = man.entries.get(key, {}).get("entry") if man else None
+            e = man.entries.get(key) if man else None
+            entry = e.entry if e else None
             if entry and (entry.encode() + b"\0") not in raw:
                 out.append(Problem("band", f"{band.file} does not export {entry} ({key}): {self.libs_path} lists the "
                                            f"key under the wrong band", str(self.libs_path), self.fix_relink,
@@ -270,7 +367,7 @@ class Room:
         try:
             self.proof()
         except ManifestError as e:
-            return [Problem("proof", str(e).split("\n  fix: ")[0], str(self.verified_path), e.fix, serving=False)]
+            return [Problem("proof", e.message, str(self.verified_path), e.fix, serving=False)]
         return []
 
     def object_problems(self, man: Manifest) -> list[Problem]:
@@ -281,7 +378,7 @@ class Room:
             try:
                 man.check_object(key)
             except IntegrityError as e:
-                out.append(Problem("object", str(e).split("\n  fix: ")[0], str(man.object_path(key)), e.fix,
+                out.append(Problem("object", e.message, str(man.object_path(key)), e.fix,
                                    key=key, serving=False))
         return out
 
@@ -289,7 +386,7 @@ class Room:
         """One source identity a room: no installed vLLM matches a mix."""
         sources: dict = {}
         for key, e in sorted(man.entries.items()):
-            sources.setdefault(json.dumps(e["source"], sort_keys=True), []).append(key)
+            sources.setdefault(json.dumps(e.source, sort_keys=True), []).append(key)
         if len(sources) < 2:
             return []
         fewest = min(sources.values(), key=len)
@@ -297,52 +394,3 @@ class Room:
                                    f"differ from the rest, e.g. {fewest[0]})", str(man.path),
                         f"dsv41-aot build --release {self.release} --out {self.root} --key "
                         + " ".join(f"'{k}'" for k in fewest))]
-
-
-# ---------------------------------------------------------------- a prebuilt directory
-
-
-def rooms_of(arch_dir: Path) -> list[Room]:
-    """Every room folder of an arch folder (``vllm-X.Y.Z``), known or foreign."""
-    arch_dir = Path(arch_dir)
-    if not arch_dir.is_dir():
-        return []
-    found = [m.group(1) for p in arch_dir.iterdir() if (m := ROOM_RE.fullmatch(p.name)) and p.is_dir()]
-    key = lambda v: tuple(int(x) for x in v.split("."))  # noqa: E731
-    return [Room(arch_dir.parent, arch_dir.name, v) for v in sorted(found, key=key)]
-
-
-def rooms_in(root: Path, release: str | None = None) -> list[Room]:
-    """The known rooms of a prebuilt directory (of ``release`` when given),
-    a room whose manifest is missing or unreadable included: its problem is
-    what a reader reports."""
-    root = Path(root)
-    arches = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-    return [r for a in arches for r in rooms_of(a) if r.known and release in (None, r.release)]
-
-
-def named_by_rooms(arch_dir: Path) -> tuple[set, set] | None:
-    """(object paths, band file names) some room of the arch names, foreign
-    rooms included, read by the same parsers. None when a room's records
-    cannot be read: what it names is unknown, so nothing may be collected."""
-    objs, bands = set(), set()
-    for room in rooms_of(arch_dir):
-        try:
-            if room.manifest_path.is_file():
-                objs |= {room.arch_dir / e["object"] for e in room.manifest().entries.values()}
-            if room.libs_path.is_file():
-                bands |= {b.file for b in room.links().bands}
-        except AotError:
-            return None
-    return objs, bands
-
-
-def orphan_objects(arch_dir: Path) -> list[Path]:
-    """Stored objects of an arch no room names, a foreign room included (left
-    by an interrupted or older build); none while some room's records cannot
-    be read (its objects cannot be told apart)."""
-    named = named_by_rooms(arch_dir)
-    objdir = Path(arch_dir) / OBJECTS
-    if named is None or not objdir.is_dir():
-        return []
-    return sorted(p for p in objdir.glob("*.o") if p not in named[0])

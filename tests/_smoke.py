@@ -16,7 +16,8 @@ if str(REPO) not in sys.path:
 
 from dsv41_aot.aot import matrix  # noqa: E402
 from dsv41_aot.facts.releases import NEWEST  # noqa: E402
-from dsv41_aot.manifest import LIB, room_dir  # noqa: E402
+from dsv41_aot.manifest import LIB  # noqa: E402
+from dsv41_aot.room import room_dir  # noqa: E402
 
 # the smoke profile's keys, from build_matrix.yaml (what every smoke build
 # holds): SMOKE_KEYS are the newest release's (the key strings of its rooms),

@@ -10,13 +10,14 @@ one.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "dsv41_aot"
 HEAVY = ("flydsl", "torch", "vllm", "yaml", "tqdm", "matplotlib", "msgpack", "elftools", "numpy")
-SHARED = ("dsv41_aot", "dsv41_aot.errors", "dsv41_aot.keys", "dsv41_aot.manifest", "dsv41_aot.room", "dsv41_aot.records", "dsv41_aot.source",
+SHARED = ("dsv41_aot", "dsv41_aot.errors", "dsv41_aot.keys", "dsv41_aot.manifest", "dsv41_aot.room", "dsv41_aot.listing", "dsv41_aot.records", "dsv41_aot.source",
           "dsv41_aot.facts", "dsv41_aot.facts.arches", "dsv41_aot.facts.kinds", "dsv41_aot.facts.releases",
           "dsv41_aot.facts.coverage")
 
@@ -151,3 +152,60 @@ def test_the_checker_sees_a_crossing(tmp_path, monkeypatch):
     mods = {"dsv41_aot.runtime.loader": probe}
     monkeypatch.setattr(__import__(__name__), "MODULES", mods)
     assert any("dsv41_aot.aot" in b for b in _crosses("dsv41_aot.runtime.loader", ("dsv41_aot.runtime",), "rt"))
+
+
+# ---------------------------------------------------------------- one owner of a room's names and records
+
+REPO = PKG.parent
+ROOM_FOLDER_OWNER = PKG / "manifest.py"  # folder_name(): every other file calls it
+ENTRY_OWNER = PKG / "manifest.py"  # Entry and its one parser, Manifest.parse
+ENTRY_FIELDS = ("key", "kind", "arch", "fields", "symbol", "entry", "object", "sha256", "bytes",
+                "code_object_sha256", "code_object_bytes", "abi", "source", "resources", "export_bytes")
+# a manifest entry read as a dict: e["sha256"], entry["object"], man.entries[k]["symbol"]
+ENTRY_READ = re.compile(r"""(?:\b(?:e|entry)|\.entries\[[^\]\n]+\]|\.entries\.get\([^)\n]+\))\[["'](?:%s)["']\]"""
+                        % "|".join(ENTRY_FIELDS))
+# a room folder spelled by hand: an f-string of "vllm-" and a brace (vLLM's own wheel and dist-info names aside)
+FOLDER_SPELLED = re.compile(r"vllm-\{")
+VLLM_OWN = (".whl", ".dist-info")  # names of vLLM's own wheel and metadata folder, not rooms
+
+
+def _sources(*roots: str) -> list[Path]:
+    return sorted(p for r in roots for p in (REPO / r).rglob("*.py")) + [REPO / "setup.py"]
+
+
+def spelled_folders(paths) -> list[str]:
+    return [f"{p.relative_to(REPO)}:{n}" for p in paths if p != ROOM_FOLDER_OWNER
+            for n, line in enumerate(p.read_text().splitlines(), 1)
+            if FOLDER_SPELLED.search(line) and not any(w in line for w in VLLM_OWN)]
+
+
+def entries_read_as_dicts(paths) -> list[str]:
+    return [f"{p.relative_to(REPO)}:{n}" for p in paths if p != ENTRY_OWNER
+            for n, line in enumerate(p.read_text().splitlines(), 1) if ENTRY_READ.search(line)]
+
+
+def test_the_room_folder_name_is_spelled_once():
+    """``vllm-<release>`` is built by manifest.folder_name alone; code,
+    benches and tests call it (room.room_dir, Room.dir)."""
+    assert spelled_folders(_sources("dsv41_aot", "ci", "bench", "tests")) == []
+
+
+def test_no_manifest_entry_is_read_as_a_dict():
+    """Manifest entries are manifest.Entry records: nothing outside their
+    module reads one by a string subscript."""
+    assert entries_read_as_dicts(_sources("dsv41_aot", "ci", "bench")) == []
+
+
+def test_the_owner_checks_catch_a_slip(tmp_path):
+    """The two checks above see a hand-spelled folder and a dict-read entry."""
+    slip = tmp_path / "slip.py"
+    folder = "vllm-" + "{"  # not spelled here: this file is checked too
+    slip.write_text(f'path = root / f"{folder}release}}" / "x"\nsha = man.entries[key]["sha256"]\nobj = e["object"]\n'
+                    f'wheel = f"{folder}v}}-cp312.whl"\ninfo = f"{folder}v}}.dist-info"\n')
+    global REPO
+    old, REPO = REPO, tmp_path
+    try:
+        assert spelled_folders([slip]) == ["slip.py:1"]
+        assert entries_read_as_dicts([slip]) == ["slip.py:2", "slip.py:3"]
+    finally:
+        REPO = old

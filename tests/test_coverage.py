@@ -1,29 +1,35 @@
 """dsv41-aot coverage: the keys each vLLM release can ask for, from that
 release's rules, checked against prebuilt directories (one room a release)
-and matrix profiles."""
+and matrix profiles; and one rule changed in the facts moving ``build
+--list``, ``coverage`` and ``doctor`` together."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from _smoke import cli, copy_of
 
-from dsv41_aot.aot import coverage
+from dsv41_aot.aot import matrix
+from dsv41_aot.facts import coverage
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import LIBS_JSON, Manifest, room_dir
+from dsv41_aot.manifest import LIBS_JSON, Manifest
+from dsv41_aot.room import room_dir
 
-DRAFT = (128, 3, 192)  # V4.1-Flash's DSpark draft (build_matrix.yaml routing.dspark)
+DRAFT = (128, 3, 192)  # V4.1-Flash's DSpark draft (build_matrix.yaml drafts.dspark)
 
 
 @pytest.fixture(scope="module")
-def sched():
-    return coverage.schedule()
+def m():
+    return matrix.load()
 
 
-def keys_of(arch, tp, sched, max_rows=None, draft=None, release="0.33.0") -> list[BuildKey]:
-    return coverage.required(coverage.deployment(arch, tp, max_rows, draft, release=release), sched)
+def keys_of(arch, tp, max_rows=None, draft=None, release="0.33.0") -> list[BuildKey]:
+    return coverage.required(coverage.deployment(arch, tp, max_rows, draft, release=release))
 
 
 def only(doc: dict, release: str) -> dict:
@@ -35,8 +41,8 @@ def only(doc: dict, release: str) -> dict:
 # ---------------------------------------------------------------- vLLM's rules
 
 
-def test_gfx950_tp4_counts_and_widths(sched):
-    keys = keys_of("gfx950", 4, sched)
+def test_gfx950_tp4_counts_and_widths():
+    keys = keys_of("gfx950", 4)
     assert {k.tokens for k in keys} == set(range(1, 49))  # mono_decode.py MAX_ROWS
     by_kind = {kind: [k for k in keys if k.kind == kind] for kind in ("k1", "k2", "ffn")}
     # every layer kind runner.forward accepts: ratio 0 with fold 0/1, ratio 1 and 2
@@ -48,28 +54,28 @@ def test_gfx950_tp4_counts_and_widths(sched):
     assert not any(k.timeline for k in keys)
 
 
-def test_gfx942_rules(sched):
-    keys = keys_of("gfx942", 4, sched)
+def test_gfx942_rules():
+    keys = keys_of("gfx942", 4)
     assert max(k.tokens for k in keys) == 42  # MAX_ROWS_GFX942
     assert not any(k.index for k in keys if k.kind == "k2")  # runner.py: K2 built with index=False
     assert any(k.index for k in keys if k.kind == "k1")
     assert BuildKey.parse("k2@gfx942:s=4,tp=4,r=1", NEWEST) in keys
 
 
-def test_draft_on_gfx950_is_its_own_runner_on_gfx942_the_ffn_launch(sched):
-    plain = set(keys_of("gfx950", 2, sched))
-    extra = set(keys_of("gfx950", 2, sched, draft=DRAFT)) - plain
+def test_draft_on_gfx950_is_its_own_runner_on_gfx942_the_ffn_launch():
+    plain = set(keys_of("gfx950", 2))
+    extra = set(keys_of("gfx950", 2, draft=DRAFT)) - plain
     assert extra and {k.kind for k in extra} == {"k1", "k2"}
     assert all((k.experts, k.topk, k.ug_groups, k.swa_width, k.ratio, k.index) == (128, 3, 1, 192, 0, False) for k in extra)
     assert {k.fold for k in extra if k.kind == "k1"} == {False, True}  # first draft layer settles the residual
-    extra942 = set(keys_of("gfx942", 4, sched, draft=DRAFT)) - set(keys_of("gfx942", 4, sched))
+    extra942 = set(keys_of("gfx942", 4, draft=DRAFT)) - set(keys_of("gfx942", 4))
     assert {k.kind for k in extra942} == {"ffn"} and len(extra942) == 42
     assert all((k.experts, k.topk) == (128, 3) for k in extra942)
 
 
-def test_max_rows_caps_and_is_capped(sched):
-    assert max(k.tokens for k in keys_of("gfx950", 4, sched, max_rows=8)) == 8
-    assert max(k.tokens for k in keys_of("gfx942", 4, sched, max_rows=48)) == 42
+def test_max_rows_caps_and_is_capped():
+    assert max(k.tokens for k in keys_of("gfx950", 4, max_rows=8)) == 8
+    assert max(k.tokens for k in keys_of("gfx942", 4, max_rows=48)) == 42
 
 
 @pytest.mark.parametrize("arch,tp", [("gfx942", 2), ("gfx950", 8), ("gfx90a", 4), ("gfx950", 1)])
@@ -86,32 +92,78 @@ def test_bad_draft_is_bad_input():
     assert r.returncode == 2 and "experts,topk,swa_width" in r.stderr
 
 
-def test_schedule_that_breaks_vllm_invariants_is_refused(tmp_path):
-    from dsv41_aot.aot.matrix import DEFAULT_MATRIX
-
-    # a compressed draft layer: the matrix accepts it, vLLM never runs one
-    text = DEFAULT_MATRIX.read_text().replace("\n      draft:\n", "\n      draft:\n        - {ratio: 1, fold: true, index: false}\n", 1)
-    assert text != DEFAULT_MATRIX.read_text()
-    bad = tmp_path / "m.yaml"
-    bad.write_text(text)
-    with pytest.raises(coverage.CoverageInputError, match="compressed keys"):
-        coverage.schedule(bad)
-
-
 def test_required_layer_kinds_come_from_vllms_rules_not_the_matrix(tmp_path):
-    from dsv41_aot.aot.matrix import DEFAULT_MATRIX
-
-    # a matrix that builds only one checkpoint's schedule (no Engram write
-    # before a compressed layer without an indexer) misses K1 keys vLLM can ask for
-    text = DEFAULT_MATRIX.read_text()
-    narrow = text.replace("    - {ratio: 1, fold: false, index: false}", "", 1)
+    # a matrix that covers only folding layers (no first layer, no Engram
+    # write) misses the K1 keys of every layer kind vLLM runs with fold false
+    text = matrix.DEFAULT_MATRIX.read_text()
+    narrow = text.replace("      fold: [false, true]\n", "      fold: [true]\n", 1)
     assert narrow != text
     path = tmp_path / "m.yaml"
     path.write_text(narrow)
     r = cli("coverage", "--arch", "gfx942", "--tp", 4, "--profile", "full", "--matrix", path, "--json")
     rep = only(json.loads(r.stdout), "0.33.0")
-    assert r.returncode == 1 and len(rep["missing"]) == 42
-    assert all(BuildKey.parse(k, NEWEST).with_(tokens=1) == BuildKey.parse("k1@gfx942:s=1,tp=4,r=1,f=0", NEWEST) for k in rep["missing"])
+    # ratio 0, and ratio 1 and 2 with index 0 or 1, at 42 widths; K2 reads no fold, so none of its keys
+    assert r.returncode == 1 and len(rep["missing"]) == 5 * 42
+    assert all(k.kind == "k1" and not k.fold for k in (BuildKey.parse(t, NEWEST) for t in rep["missing"]))
+
+
+# ---------------------------------------------------------------- one rule, three commands
+
+# A subprocess that changes one rule of vLLM's runner in the facts (argv:
+# release, arch, its row cap; 0 keeps the real one), then runs dsv41-aot
+# commands in-process (argv[4]: {name: argv}) and prints {name: [exit code,
+# its --json document]}.
+_RULE_FLIP = """
+import contextlib, dataclasses, io, json, sys
+from dsv41_aot.facts.releases import RELEASES
+release, arch, rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if rows:
+    rel = RELEASES[release]
+    cap = dataclasses.replace(rel.arches[arch], max_rows=rows)
+    RELEASES[release] = dataclasses.replace(rel, arches=dict(rel.arches, **{arch: cap}))
+from dsv41_aot.cli import main
+out = {}
+for name, argv in json.loads(sys.argv[4]).items():
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(argv)
+    out[name] = [code, json.loads(buf.getvalue())]
+print(json.dumps(out))
+"""
+
+
+def _with_rows(rows: int, prebuilt) -> dict:
+    """gfx942 TP4 with the DSpark draft, gfx942's row cap ``rows`` (0: the
+    real one): {command: the keys it names}, and coverage's missing keys."""
+    commands = {
+        "build": ["build", "--list", "--profile", "gfx942-tp4", "--release", NEWEST, "--json"],
+        "coverage": ["coverage", "--arch", "gfx942", "--tp", "4", "--draft", "dspark", "--release", NEWEST,
+                     "--profile", "gfx942-tp4", "--json"],
+        "doctor": ["doctor", "--tp", "4", "--draft", ",".join(map(str, DRAFT)), "--json"],
+    }
+    env = {k: v for k, v in os.environ.items() if k not in ("DSV41_AOT_DISABLE", "DSV41_AOT_MODE", "ARCH")}
+    env.update(DSV41_AOT_ARCH="gfx942", DSV41_AOT_PREBUILT=str(prebuilt))  # an empty prebuilt dir: nothing held
+    r = subprocess.run([sys.executable, "-c", _RULE_FLIP, NEWEST, "gfx942", str(rows), json.dumps(commands)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    (build_code, build), (cov_code, cov), (_, doc) = got["build"], got["coverage"], got["doctor"]
+    assert build_code == 0 and cov_code == 0, got  # the profile covers every key the rules require
+    assert doc["coverage"]["release"] == NEWEST and doc["coverage"]["arch"] == "gfx942"
+    return {"build": {e["key"] for e in build["entries"]}, "coverage": set(only(cov, NEWEST)["required"]),
+            "doctor": set(doc["coverage"]["required"]), "missing": only(cov, NEWEST)["missing"]}
+
+
+def test_one_rule_changes_build_list_coverage_and_doctor_together(tmp_path):
+    # gfx942's row cap (facts/releases.py, amd/mono_decode.py MAX_ROWS_GFX942)
+    # is the one place each command learns it from: 42 -> 40 moves all three,
+    # and 42 -> 44 too (nothing else caps gfx942 at 42)
+    got = {rows: _with_rows(0 if rows == 42 else rows, tmp_path) for rows in (42, 40, 44)}
+    for rows, seen in got.items():
+        assert seen["build"] == seen["coverage"] == seen["doctor"] and seen["missing"] == []
+        assert max(BuildKey.parse(k, NEWEST).tokens for k in seen["build"]) == rows
+    assert got[40]["build"] == {k for k in got[42]["build"] if BuildKey.parse(k, NEWEST).tokens <= 40}
+    assert got[42]["build"] == {k for k in got[44]["build"] if BuildKey.parse(k, NEWEST).tokens <= 42}
 
 
 # ---------------------------------------------------------------- the matrix profiles
@@ -132,13 +184,13 @@ def test_full_profile_covers_every_supported_deployment(arch, tp, draft):
     assert r.returncode == 0 and doc["failed"] == 0 and doc["keys"] == sum(len(rep["required"]) for rep in doc["reports"])
 
 
-def test_full_profile_is_exactly_the_union_of_the_deployments(sched):
+def test_full_profile_is_exactly_the_union_of_the_deployments(m):
     union = set()
     for arch, tp in (("gfx950", 2), ("gfx950", 4), ("gfx942", 4)):
-        union |= set(keys_of(arch, tp, sched, draft=DRAFT))
+        union |= set(keys_of(arch, tp, draft=DRAFT))
     for tp in (2, 4):
-        union |= set(keys_of("gfx950", tp, sched, draft=DRAFT, release="0.32.0"))
-    assert set(sched["matrix"].select("full")) == union
+        union |= set(keys_of("gfx950", tp, draft=DRAFT, release="0.32.0"))
+    assert set(m.select("full")) == union
 
 
 def test_a_profile_for_another_deployment_misses_keys():
@@ -154,8 +206,8 @@ def test_a_profile_for_another_deployment_misses_keys():
 # ---------------------------------------------------------------- vLLM 0.32.0
 
 
-def test_vllm_0_32_0_gfx950_tp4_counts(sched):
-    keys = keys_of("gfx950", 4, sched, release="0.32.0")
+def test_vllm_0_32_0_gfx950_tp4_counts():
+    keys = keys_of("gfx950", 4, release="0.32.0")
     by_kind = {kind: [k for k in keys if k.kind == kind] for kind in ("k1", "k2", "ffn")}
     # whole layers (K1 + K2) for ratio 1 and 2 only, at 1..48 rows; the FFN launch
     # ffn_kernel(tokens) = MonoBuild(tokens, tp, 0) for every other mono layer
@@ -169,9 +221,9 @@ def test_vllm_0_32_0_gfx950_tp4_counts(sched):
     assert BuildKey.parse("ffn@gfx950:s=48,tp=4,r=0", "0.32.0") in keys
 
 
-def test_vllm_0_32_0_runs_no_draft_and_no_gfx942(sched):
+def test_vllm_0_32_0_runs_no_draft_and_no_gfx942():
     # mono_decode.py: a "draft layer" leaves the mono path: a draft adds no key
-    assert keys_of("gfx950", 2, sched, draft=DRAFT, release="0.32.0") == keys_of("gfx950", 2, sched, release="0.32.0")
+    assert keys_of("gfx950", 2, draft=DRAFT, release="0.32.0") == keys_of("gfx950", 2, release="0.32.0")
     with pytest.raises(coverage.NotDeployed, match="does not run on gfx942"):
         coverage.deployment("gfx942", 4, release="0.32.0")
     r = cli("coverage", "--arch", "gfx942", "--tp", 4, "--release", "0.32.0", "--profile", "full")
@@ -190,10 +242,10 @@ def test_release_flag_reports_only_that_release():
     assert r.returncode == 2 and "0.31.0" in r.stderr
 
 
-def test_a_newer_release_key_never_satisfies_an_older_ones_requirement(sched):
+def test_a_newer_release_key_never_satisfies_an_older_ones_requirement(m):
     # vLLM 0.33.0's profile holds key strings that read exactly like 0.32.0's...
-    need = [str(k) for k in keys_of("gfx950", 4, sched, release="0.32.0")]
-    newer = {str(k) for k in sched["matrix"].select("vllm-0.33.0")}
+    need = [str(k) for k in keys_of("gfx950", 4, release="0.32.0")]
+    newer = {str(k) for k in m.select("vllm-0.33.0")}
     assert set(need) & newer
     # ...but none of them is a 0.32.0 key
     r = cli("coverage", "--arch", "gfx950", "--tp", 4, "--release", "0.32.0", "--profile", "vllm-0.33.0", "--json")
@@ -219,10 +271,10 @@ def _room(root, arch: str, release: str, keys: list, linked: list | None = None)
         (room_dir(root / arch, release) / LIBS_JSON).write_text(json.dumps(doc))
 
 
-def test_rooms_are_read_per_release(sched, tmp_path):
+def test_rooms_are_read_per_release(tmp_path):
     dep32 = coverage.deployment("gfx950", 4, 2, release="0.32.0")
-    need32 = [str(k) for k in coverage.required(dep32, sched)]
-    need33 = [str(k) for k in coverage.required(coverage.deployment("gfx950", 4, 2, release="0.33.0"), sched)]
+    need32 = [str(k) for k in coverage.required(dep32)]
+    need33 = [str(k) for k in coverage.required(coverage.deployment("gfx950", 4, 2, release="0.33.0"))]
     assert len(need32) == 2 * (2 + 2 + 1)
     # the 0.33.0 room holds every 0.32.0 string (and its own keys), linked; the
     # 0.32.0 room one key, not linked

@@ -47,7 +47,7 @@ def test_a_spilling_key_ships_and_a_non_resident_key_still_fails(tmp_path):
     assert len(warnings) == 1 and warnings[0].startswith(f"warning: {SPILL} (vLLM 0.33.0) spills: scratch ")
 
     # the manifest keeps the spill's figures
-    res = Manifest.read(out / "gfx950", release=NEWEST).entries[SPILL]["resources"]
+    res = Manifest.read(out / "gfx950", release=NEWEST).entries[SPILL].resources
     assert res["scratch_bytes"] > 0 and res["vgpr_spill_count"] > 0
     assert f"scratch {res['scratch_bytes']} bytes a lane (VGPR spills {res['vgpr_spill_count']}" in warnings[0]
     # linked into a library the loader opens, and loadable (lazily: no GPU here)

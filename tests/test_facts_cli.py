@@ -1,7 +1,7 @@
 """``dsv41-aot facts`` and the table fields that replaced code: the command
 prints the facts modules' own values (a release or arch added to the tables
 appears with nothing written by hand), CI reads its releases and arches from
-it, whether a launch kind is a whole layer drives the matrix expansion, the
+it, whether a launch kind is a whole layer drives the plot series, the
 runner's arch flag is the attribute the release names, and a CTA's threads
 and the grid's size are the key's release's."""
 
@@ -18,15 +18,13 @@ import types
 import pytest
 from _smoke import REPO, run_cli
 
-from dsv41_aot.aot import inspection, matrix
+from dsv41_aot.aot import inspection
 from dsv41_aot.cli import facts as facts_cli
-from dsv41_aot.errors import AotError, MatrixError
+from dsv41_aot.errors import AotError
 from dsv41_aot.facts import arches, kinds
 from dsv41_aot.facts.releases import NEWEST, RELEASES, version_order
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.runtime import runner_patch
-
-MATRIX = REPO / "build_matrix.yaml"
 
 
 def deployed() -> list[str]:
@@ -139,26 +137,6 @@ def test_the_workflow_matrices_take_the_facts_jobs_arches():
 
 
 # ---------------------------------------------------------------- table fields, not code
-
-
-def test_whole_layer_decides_which_groups_take_layer_kinds(monkeypatch, tmp_path):
-    # the matrix without its smoke profile (whose listed keys a changed expansion would not build)
-    text = MATRIX.read_text()
-    path = tmp_path / "build_matrix.yaml"
-    path.write_text(text[:text.index("\n  smoke:\n") + 1].replace("default_profile: smoke", "default_profile: full"))
-    base = matrix.load(path).all_keys()
-    assert base == matrix.load(MATRIX).all_keys()
-    assert {k.ratio for k in base if k.kind == "k1"} == {0, 1, 2}
-    # the FFN launch said to be a whole layer: its groups, which name no layers, are refused
-    monkeypatch.setitem(kinds.KINDS, "ffn", dataclasses.replace(kinds.KINDS["ffn"], whole_layer=True))
-    with pytest.raises(MatrixError, match="group backbone-ffn: unknown layers None"):
-        matrix.load(path)
-    monkeypatch.setitem(kinds.KINDS, "ffn", dataclasses.replace(kinds.KINDS["ffn"], whole_layer=False))
-    # K1 and K2 said to run one fixed layer shape: their groups' layer kinds are not multiplied in
-    for name in ("k1", "k2"):
-        monkeypatch.setitem(kinds.KINDS, name, dataclasses.replace(kinds.KINDS[name], whole_layer=False))
-    flat = matrix.load(path).all_keys()
-    assert {k.ratio for k in flat if k.kind in ("k1", "k2")} == {0} and len(flat) < len(base)
 
 
 def test_whole_layer_decides_the_plot_series(monkeypatch):

@@ -25,10 +25,12 @@ import pytest
 from _smoke import OLD, REPO, copy_of, libdir, room
 
 from dsv41_aot.aot import verify as verify_mod
+from dsv41_aot.room import folder_name
 from dsv41_aot.aot.lock import LOCK_FILE, arch_lock
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, Manifest, rooms
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, Manifest
+from dsv41_aot.listing import built_rooms
 
 pytestmark = pytest.mark.faults
 
@@ -77,11 +79,11 @@ def kill9(proc: subprocess.Popen) -> None:
 def artifacts(root: Path) -> dict:
     """What a build leaves that must be the same for the same inputs."""
     out = {}
-    for arch_dir, release in rooms(root):  # each room's manifest and link record
+    for r in built_rooms(root):  # each room's manifest and link record
         for name in (MANIFEST, LIBS_JSON):
-            path = room(root, arch_dir.name, release) / name
+            path = r.dir / name
             out[str(path.relative_to(root))] = path.read_bytes()
-    for arch_dir in sorted({d for d, _ in rooms(root)}):  # the arch's objects and bands
+    for arch_dir in sorted({r.arch_dir for r in built_rooms(root)}):  # the arch's objects and bands
         for p in sorted((arch_dir / "objects").glob("*.o")) + sorted((arch_dir / LIB).glob("*.so.xz")):
             out[str(p.relative_to(root))] = p.read_bytes()
     return out
@@ -120,7 +122,7 @@ def fix_of(stderr: str) -> list[str]:
 def meaning(man: Manifest) -> tuple:
     """What a manifest says to the loader and the builder (not the
     informational export_bytes)."""
-    strip = {k: {f: v for f, v in e.items() if f != "export_bytes"} for k, e in man.entries.items()}
+    strip = {k: e.replace(export_bytes=None) for k, e in man.entries.items()}
     return man.arch, man.release, strip, man.abis, man.refused
 
 
@@ -178,7 +180,7 @@ def test_kill_9_at_random_moments_then_a_rerun_gives_the_clean_bytes(reference, 
         kill9(proc)
         # whatever the moment, the folder is never torn: verify runs and
         # either passes or names what is missing (exit 1), never crashes
-        if rooms(out):
+        if built_rooms(out):
             v = cli("verify", "--dir", out, "--json")
             assert v.returncode in (0, 1), v.stderr
             json.loads(v.stdout)
@@ -233,14 +235,14 @@ def test_the_lock_holder_removes_what_killed_writers_left(tmp_path):
     holder of the arch lock; the folder's real files are not."""
     arch_dir = tmp_path / "gfx950"
     for rel in (".manifest.json.k3j2.tmp", "objects/.ab12.o.x9.tmp", "lib/.libs.json.q1.tmp",
-                f"vllm-{NEWEST}/.manifest.json.a1.tmp", f"vllm-{OLD}/.libs.json.b2.tmp",
-                f"vllm-{OLD}/.timings.json.c3.tmp"):
+                f"{folder_name(NEWEST)}/.manifest.json.a1.tmp", f"{folder_name(OLD)}/.libs.json.b2.tmp",
+                f"{folder_name(OLD)}/.timings.json.c3.tmp"):
         (arch_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         (arch_dir / rel).write_bytes(b"half")
     (arch_dir / "lib" / ".link-zz" ).mkdir()
     (arch_dir / "lib" / ".link-zz" / "libdsv41_gfx950_tp4_s01-08.so").write_bytes(b"\x7fELF")
-    keep = [f"vllm-{NEWEST}/manifest.json", f"vllm-{NEWEST}/libs.json", f"vllm-{OLD}/manifest.json",
-            f"vllm-{OLD}/timings.json", "objects/ab12.o", "lib/libdsv41_gfx950_tp4_s01-08.0123.so.xz"]
+    keep = [f"{folder_name(NEWEST)}/manifest.json", f"{folder_name(NEWEST)}/libs.json", f"{folder_name(OLD)}/manifest.json",
+            f"{folder_name(OLD)}/timings.json", "objects/ab12.o", "lib/libdsv41_gfx950_tp4_s01-08.0123.so.xz"]
     for rel in keep:
         (arch_dir / rel).write_bytes(b"real")
     with arch_lock(arch_dir, "build"):
@@ -521,7 +523,7 @@ def test_a_corrupt_old_release_manifest_recovers_only_that_releases_objects(smok
     path = room(d, "gfx950", OLD) / MANIFEST
     before = Manifest.read(d / "gfx950", release=OLD)
     good = path.read_bytes()
-    assert before.entries[key]["object"] != stray["object"]
+    assert before.entries[key].object != stray.object
     path.write_bytes(path.read_bytes()[:200])
     link = cli("link", "--dir", d, "--arch", "gfx950", "--release", OLD)
     assert link.returncode == 1 and str(path) in link.stderr

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from dsv41_aot.room import folder_name
+
 REPO = Path(__file__).resolve().parents[1]
 ENV_DEPLOYMENT = "DSV41_AOT_FULL_DEPLOYMENT"
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "prebuilt-gfx950-tp4"
@@ -38,7 +40,7 @@ def _unavailable(why: str) -> None:
 @pytest.fixture(scope="module")
 def deployment() -> Path:
     d = Path(os.environ.get(ENV_DEPLOYMENT) or DEFAULT)
-    if not all((d / ARCH / f"vllm-{r}" / "libs.json").is_file() for r in SHIPPED):
+    if not all((d / ARCH / folder_name(r) / "libs.json").is_file() for r in SHIPPED):
         _unavailable(f"no full gfx950 TP4 deployment of vLLM {NEW} and {OLD} at {d} "
                      f"(the shared prebuilt-gfx950-tp4 folder, or {ENV_DEPLOYMENT}=DIR)")
     return d.resolve()
@@ -104,7 +106,7 @@ print(json.dumps(dict(
     releases=dsv41_aot.releases("gfx950", prebuilt=root),
     keys=keys, bound=sum(l._lib is not None for l in launchers),
     rooms=sorted({l._idx.release for l in launchers}),
-    sources=sorted({l._idx.entries[l.key]["source"]["mono_sources"] for l in launchers}),
+    sources=sorted({l._idx.entries[l.key].source["mono_sources"] for l in launchers}),
     again=all(dsv41_aot.load_key(l.key, release=release, prebuilt=root) is l for l in launchers),
     libraries=len(state._state.libraries), maps=maps)))
 """
@@ -224,11 +226,18 @@ src = source.MonoSource(Path(tree)) if tree else source.find()
 plugin.install("strict", prebuilt=prebuilt, arch="gfx950")
 mod = source.import_mono(src, "runner")
 runners = probe.Runners(mod)
-served, rooms, unbound = set(), set(), []
+
+class Stream:  # what vLLM's runner passes: torch.cuda.current_stream()
+    cuda_stream = 0x7E57
+
+served, rooms, unbound, launched = set(), set(), [], []
 for call in calls:
     got = probe.ask(runners, call)
     for launcher in got if isinstance(got, tuple) else (got,):
         assert isinstance(launcher, Launcher), (call, launcher)
+        if launcher.key not in served:  # each launch the runner hands out, launched once as vLLM calls it
+            launcher(*range(1, len(launcher.abi)), stream=Stream())
+            launched.append(launcher.key)
         served.add(launcher.key)
         rooms.add(launcher._idx.release)
         if launcher._lib is None:
@@ -236,34 +245,48 @@ for call in calls:
 with open("/proc/self/maps") as f:
     maps = sorted({line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6})
 print(json.dumps(dict(patched=bool(getattr(mod.build_mono_k1, "__dsv41_aot__", False)), served=sorted(served),
-                      rooms=sorted(rooms), unbound=unbound, installed=plugin.installed(), maps=maps)))
+                      rooms=sorted(rooms), unbound=unbound, installed=plugin.installed(), maps=maps,
+                      launched=launched)))
 """
 
 
 def runner_calls(release: str) -> list:
     """Every call vLLM ``release``'s runners can make at gfx950 TP4 with the
-    DSpark draft of build_matrix.yaml's dspark routing: facts/coverage.py's
+    DSpark draft build_matrix.yaml names: facts/coverage.py's
     runner_calls, what ``dsv41-aot coverage`` and ``doctor`` count keys by."""
     from dsv41_aot.aot import matrix
     from dsv41_aot.facts import coverage
 
-    draft = coverage.parse_draft("dspark", matrix.load().releases[NEW].routing)
+    draft = coverage.parse_draft("dspark", matrix.load().drafts)
     return coverage.runner_calls(coverage.deployment(ARCH, 4, draft=draft, release=release))
 
 
 @pytest.mark.parametrize("release", [NEW, OLD])
-def test_vllms_own_runner_is_served_every_key_of_its_room_bound(deployment, release, request):
+def test_vllms_own_runner_is_served_every_key_of_its_room_bound(deployment, release, request, recording_hip,
+                                                                  tmp_path):
     """vLLM's runner of ``release`` (0.33.0: the installed one; 0.32.0: its
     tree from fetch-vllm), patched strict by the plugin, asks for every launch
     it can at TP4: each is a bound prebuilt Launcher of its own room, none
     missing, and together they are every key of the room, and every key
     coverage's rules say those calls build (facts/coverage.py: the rules
     ``dsv41-aot coverage`` and ``doctor`` judge a deployment by agree with
-    vLLM's own runner)."""
+    vLLM's own runner). Each is launched once as vLLM calls it (a torch-like
+    stream) through the recording HIP, the stand-in for the AMD GPU: HIP is
+    handed that key's kernel and image, on that stream."""
+    import _recording_hip as rh
+
+    from dsv41_aot.room import Room
+
     tree = str(request.getfixturevalue("old_tree")) if release == OLD else ""
     calls = runner_calls(release)
+    log = tmp_path / "hip.log"
     out = run(_RUNNER, deployment, tree, json.dumps([c.as_json() for c in calls]),
-              env={"ARCH": ARCH, "FLYDSL_GPU_ARCH": ARCH})
+              env={"ARCH": ARCH, "FLYDSL_GPU_ARCH": ARCH, **rh.env(recording_hip, log, arch=ARCH)})
+    entries = Room(deployment, ARCH, release).manifest().entries
+    launches = rh.calls(log, "hipModuleLaunchKernel")
+    assert sorted(out["launched"]) == out["served"] and all(c.status == 0 for c in launches)
+    assert [(c["kernel"], c["module"], c["stream"]) for c in launches] == \
+        [(entries[k].symbol, entries[k].code_object_sha256, "0x7e57") for k in out["launched"]]
     assert out["patched"] and not out["unbound"] and out["rooms"] == [release]
     assert set(out["served"]) == room_keys(deployment, release) and len(out["served"]) == SHIPPED[release][0]
     assert set(out["served"]) == {str(k) for c in calls for k in c.keys}

@@ -26,7 +26,8 @@ from dsv41_aot.errors import UnknownArchError
 from dsv41_aot.facts.arches import arch_facts
 from dsv41_aot.facts.releases import NEWEST, RELEASES, release_facts, version_order
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import Manifest, rooms
+from dsv41_aot.manifest import Manifest
+from dsv41_aot.listing import built_rooms
 
 ALL = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # smoke keys of every release
 
@@ -39,10 +40,10 @@ def smoke(smoke_dir) -> Path:
 
 
 def code_objects(root: Path):
-    for d, release in rooms(root):
-        man = Manifest.read(d, release=release)
+    for r in built_rooms(root):
+        man = r.manifest()
         for key, e in sorted(man.entries.items()):
-            meta, code = exported_parts(man.object_path(key).read_bytes(), e["entry"])
+            meta, code = exported_parts(man.object_path(key).read_bytes(), e.entry)
             yield man, key, json.loads(meta), code
 
 
@@ -194,7 +195,7 @@ def test_figures_agree_with_export_metadata_and_manifest(smoke):
         res = codeobject.code_object_resources(code)
         k = BuildKey.parse(key, man.release)
         kinds.add((k.kind, k.arch, k.release))
-        assert res["name"] == k.kernel_symbol == man.entries[key]["symbol"]
+        assert res["name"] == k.kernel_symbol == man.entries[key].symbol
         assert res["symbol"] == res["name"] + ".kd"
         assert res["target"].endswith(man.arch) and meta["arch"] == man.arch
         # one by-value kernarg per scalar ABI slot (stream last, not a kernarg), same sizes, in order
@@ -210,7 +211,7 @@ def test_figures_agree_with_export_metadata_and_manifest(smoke):
         assert res["vgpr_alloc"] % 8 == 0 and res["vgpr_alloc"] >= res["vgpr_count"]
         assert residency_problems(res, man.arch, man.release) == [] and spill_notes(res) == [], key
         # what the builder stored is what the code object says
-        assert man.entries[key]["resources"] == manifest_figures(res)
+        assert man.entries[key].resources == manifest_figures(res)
     assert kinds == {(k, a, "0.33.0") for k in ("k1", "k2", "ffn") for a in ("gfx950", "gfx942")} | {
         (k, "gfx950", "0.32.0") for k in ("k1", "k2", "ffn")}
 

@@ -21,8 +21,9 @@ from dsv41_aot.aot import link
 from dsv41_aot.errors import IntegrityError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import Manifest, rooms, sha256_file
+from dsv41_aot.manifest import Manifest, sha256_file
 from dsv41_aot.room import Room
+from dsv41_aot.listing import built_rooms
 
 pytestmark = pytest.mark.slow
 READELF = "/usr/lib/llvm-19/bin/llvm-readelf"
@@ -42,7 +43,7 @@ def _libs(root: Path, arch: str, release: str = NEWEST) -> list[dict]:
 
 
 def _rooms(root: Path) -> list[tuple[str, str]]:
-    return [(d.name, r) for d, r in rooms(root)]
+    return [(r.arch, r.release) for r in built_rooms(root)]
 
 
 def test_every_key_is_linked_into_a_library_with_the_recorded_sha(smoke):
@@ -55,7 +56,7 @@ def test_every_key_is_linked_into_a_library_with_the_recorded_sha(smoke):
         assert (doc["arch"], doc["release"]) == (arch, release)
         libs = doc["libraries"]
         held = {k: sha for lib in libs for k, sha in lib["entries"].items()}
-        assert held == {k: e["sha256"] for k, e in man.entries.items()}
+        assert held == {k: e.sha256 for k, e in man.entries.items()}
         assert sorted(held) == sorted(k for k in SMOKE_RELEASE_KEYS[release] if f"@{arch}:" in k)
         for lib in libs:
             path = libdir(smoke, arch) / lib["file"]
@@ -139,7 +140,7 @@ def test_a_flipped_byte_in_an_object_is_refused_and_nothing_is_written(smoke, tm
     d = copy_of(smoke, tmp_path / "p")
     man = Manifest.read(d / "gfx950", release=OLD)
     key = sorted(man.entries)[0]
-    obj = d / "gfx950" / man.entries[key]["object"]
+    obj = d / "gfx950" / man.entries[key].object
     data = bytearray(obj.read_bytes())
     data[len(data) // 2] ^= 0x01
     obj.write_bytes(bytes(data))
@@ -241,7 +242,7 @@ def test_library_metadata_matches_vllm_launcher_parameters(smoke):
         for key in keys:
             slots = meta[f"{release} {key}"]["abi"]
             assert meta[f"{release} {key}"]["arch"] == arch
-            assert meta[f"{release} {key}"]["symbol"] == man.entries[key]["entry"]
+            assert meta[f"{release} {key}"]["symbol"] == man.entries[key].entry
             got = [("stream" if s.get("arg_name") is None else s["arg_name"], s["ctype"]) for s in slots]
             want = [(n, _ANNOTATION_CTYPE[a]) for n, a in vllm[key]]
             assert got == want, key

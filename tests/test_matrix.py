@@ -1,6 +1,7 @@
-"""build_matrix.yaml: the rules each vLLM release (0.33.0, 0.32.0) follows,
-``like`` inheritance between release entries, profiles across releases,
-shards, and errors that point at the offending line."""
+"""build_matrix.yaml: what a build covers, expanded by each vLLM release's
+own rules (0.33.0, 0.32.0; dsv41_aot/facts/), ``like`` inheritance between
+release entries, profiles across releases, shards, and errors that point at
+the offending line."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from _smoke import OLD, REPO, run_cli
 
 from dsv41_aot.aot import matrix
+from dsv41_aot.room import folder_name
 from dsv41_aot.aot.shards import shard
 from dsv41_aot.errors import MatrixError
 from dsv41_aot.facts.releases import NEWEST
@@ -119,16 +121,24 @@ def _line_of(path: Path, needle: str) -> int:
 @pytest.mark.parametrize(
     "old, new, needle, words",
     [
-        ("      timeline: [false]", "      timeline: [false]\n      width: [1]", "width: [1]", "unknown axis 'width'"),
+        ("      tokens: 1..48", "      tokens: 1..48\n      width: [1]", "width: [1]", "unknown axis 'width'"),
         ("  arch: [gfx950, gfx942]", "  arch: [gfx950, gfx1100]", "gfx1100", "unknown value 'gfx1100'"),
         ("  tokens: 1..48", "  tokens: 1..49", "tokens: 1..49", "49 outside 1..48"),
         ("  tokens: 1..48", "  tokens: [0, 4]", "tokens: [0, 4]", "0 outside 1..48"),
         ("  tp: [2, 4]", "  tp: [2, 4, 4]", "tp: [2, 4, 4]", "duplicate value 4"),
         ("        - k2@gfx950:s=4,tp=4,r=1\n", "        - k2@gfx950:s=4,tp=4,r=1\n        - k2@gfx950:s=4,tp=4,r=1\n", None, "duplicate key k2@gfx950:s=4,tp=4,r=1 (vLLM 0.33.0)"),
         ("  gfx942-tp4: {where: {arch: gfx942, tp: 4}}", "  gfx942-tp4: {where: {arch: gfx942, tp: 2}}", "gfx942-tp4:", "selects no keys"),
-        ("      - k1@gfx942:s=4,tp=4,r=1", "      - k1@gfx942:s=44,tp=4,r=1", "k1@gfx942:s=44", "dropped by the rule at line"),
-        ("    - {ratio: 0, fold: true, index: false}   # window-only", "    - {ratio: 3, fold: true, index: false}   # window-only", "ratio: 3", "unknown ratio 3"),
-        ("  - when: {arch: gfx942, kind: k2}", "  - when: {arch: gfx942, knd: k2}", "knd: k2", "unknown field 'knd'"),
+        # gfx942 steps take at most 42 rows (facts/releases.py): the profile key names that rule
+        ("      - k1@gfx942:s=4,tp=4,r=1", "      - k1@gfx942:s=44,tp=4,r=1", "k1@gfx942:s=44",
+         "vLLM's runner never asks for it on vLLM 0.33.0 gfx942 TP4, steps of 1..42 rows"),
+        ("      ratio: [0, 1, 2]", "      ratio: [0, 1, 3]", "ratio: [0, 1, 3]", "unknown value 3"),
+        ("      index: [false, true]\n", "", "ratio: [0, 1, 2]", "layer_kinds: missing 'index'"),
+        # a value no deployment of the release asks a key for: no release runs TP 8
+        ("  tp: [2, 4]", "  tp: [2, 4, 8]", "tp: [2, 4, 8]", "axes.tp: 8 adds no key"),
+        ("dspark: {experts: 128, topk: 3, swa_width: 192}", "dspark: {experts: 128, topk: 3, ug_groups: 1, swa_width: 192}",
+         "dspark:", "drafts.dspark: needs exactly experts, topk, swa_width"),
+        ("  gfx942-tp4: {where: {arch: gfx942, tp: 4}}", "  gfx942-tp4: {where: {arch: gfx942, tpp: 4}}", "gfx942-tp4:",
+         "unknown field 'tpp'"),
     ],
 )
 def test_bad_matrix_errors_name_the_line(tmp_path, old, new, needle, words):
@@ -210,11 +220,11 @@ def test_full_is_each_releases_keys(m):
     # its MonoBuild has no fold, index or routing: those are pinned, the string omits them
     assert all((k.fold, k.index, k.experts, k.topk) == (True, False, 384, 6) for k in old)
     assert all(str(k).count(",") == 2 for k in old)
-    assert m.releases[OLD].mono_sources == "0aa9262967c37d51" and m.releases[OLD].routing == {"target": {}}
-    assert m.releases[OLD].layer_kinds == {"backbone": [{"ratio": 1}, {"ratio": 2}]}
+    # its entry gives its digest alone: the rest is 0.33.0's, its runner's rules keep its keys
+    assert m.releases[OLD].mono_sources == "0aa9262967c37d51" and m.releases[OLD].drafts == {"dspark": (128, 3, 192)}
     # the per-release profiles split full
-    assert set(m.select(f"vllm-{NEWEST}")) == set(by_release[NEWEST])
-    assert set(m.select(f"vllm-{OLD}")) == set(old)
+    assert set(m.select(folder_name(NEWEST))) == set(by_release[NEWEST])
+    assert set(m.select(folder_name(OLD))) == set(old)
 
 
 def _trimmed(tmp_path: Path, edit) -> Path:
@@ -232,48 +242,52 @@ def _trimmed(tmp_path: Path, edit) -> Path:
 
 
 def test_like_takes_the_sections_a_release_does_not_give(tmp_path):
-    small = {"arch": ["gfx950"], "tp": [4], "tokens": "1..3", "timeline": [False]}
+    small = {"arch": ["gfx950"], "tp": [4], "tokens": "1..3"}
 
     def newest_small(doc):
         doc["releases"][NEWEST]["axes"] = small
 
-    def old_inherits(doc):
+    def old_own(doc):
         newest_small(doc)
-        del doc["releases"][OLD]["axes"]
+        doc["releases"][OLD]["axes"] = {"arch": ["gfx950"], "tp": [2, 4], "tokens": "1..48"}
 
     # giving its own axes, 0.32.0 keeps them ...
-    own = [k for k in matrix.load(_trimmed(tmp_path, newest_small)).select("full") if k.release == OLD]
+    own = [k for k in matrix.load(_trimmed(tmp_path, old_own)).select("full") if k.release == OLD]
     assert {k.tokens for k in own} == set(range(1, 49)) and {k.tp for k in own} == {2, 4}
     # ... without them, it takes 0.33.0's (like: "0.33.0"), and only those
     (tmp_path / "b").mkdir()
-    old = [k for k in matrix.load(_trimmed(tmp_path / "b", old_inherits)).select("full") if k.release == OLD]
+    old = [k for k in matrix.load(_trimmed(tmp_path / "b", newest_small)).select("full") if k.release == OLD]
     assert {k.tokens for k in old} == {1, 2, 3} and {k.tp for k in old} == {4}
-    assert len(old) == 3 * 5  # its own layer kinds and groups still: 2 ratios x (k1, k2) + ffn
+    assert len(old) == 3 * 5  # its own runner's rules still: 2 ratios x (k1, k2) + ffn
     # a section neither gives is refused, naming the release
     (tmp_path / "c").mkdir()
 
-    def no_groups(doc):
-        del doc["releases"][OLD]["groups"]
+    def no_like(doc):
         del doc["releases"][OLD]["like"]
 
-    with pytest.raises(MatrixError, match=rf"release {OLD}: missing 'groups'"):
-        matrix.load(_trimmed(tmp_path / "c", no_groups))
+    with pytest.raises(MatrixError, match=rf"release {OLD}: missing 'axes'"):
+        matrix.load(_trimmed(tmp_path / "c", no_like))
+
+
+_OLD_DIGEST = "    mono_sources: 0aa9262967c37d51\n"
 
 
 @pytest.mark.parametrize(
     "old, new, needle, words",
     [
-        # a field vLLM 0.32.0's MonoBuild lacks, anywhere its entry names fields
-        ("        - {ratio: 1}\n", "        - {ratio: 1, fold: false}\n", "{ratio: 1, fold: false}",
-         "exactly ['ratio'] (vLLM 0.32.0's MonoBuild layer fields)"),
-        ("      target: {}\n", "      target: {experts: 128}\n", "target: {experts: 128}",
-         "needs exactly [] (vLLM 0.32.0's MonoBuild routing fields)"),
-        ("    rules: []\n", "    rules:\n      - {when: {kind: k2}, set: {index: true}, source: x}\n", "set: {index: true}",
-         "vLLM 0.32.0 rule `set`"),
+        # a field vLLM 0.32.0's MonoBuild lacks, where its own entry names fields
+        (_OLD_DIGEST, _OLD_DIGEST + "    layer_kinds: {ratio: [1, 2], fold: [true]}\n", "layer_kinds: {ratio: [1, 2],",
+         "vLLM 0.32.0's MonoBuild has no fold field"),
         ('      "0.32.0":\n        - k1@gfx950:s=4,tp=4,r=1\n', '      "0.32.0":\n        - k1@gfx950:s=4,tp=4,r=1,f=0\n',
          "r=1,f=0", "vLLM 0.32.0's MonoBuild has no fold field"),
-        # 0.32.0 runs on gfx950 only (CDNA_VERSIONS = (4,))
-        ("      arch: [gfx950]\n", "      arch: [gfx950, gfx942]\n", "arch: [gfx950, gfx942]", "gfx942"),
+        # values of its own entry its runner asks no key for: gfx942 (CDNA_VERSIONS = (4,)),
+        # a whole layer at ratio 0, a draft (a draft layer leaves its mono path)
+        (_OLD_DIGEST, _OLD_DIGEST + "    axes: {arch: [gfx950, gfx942], tp: [2, 4], tokens: 1..48}\n",
+         "axes: {arch: [gfx950, gfx942]", "axes.arch: 'gfx942' adds no key: vLLM 0.32.0's runner"),
+        (_OLD_DIGEST, _OLD_DIGEST + "    layer_kinds: {ratio: [0, 1, 2]}\n", "layer_kinds: {ratio: [0, 1, 2]}",
+         "layer_kinds.ratio: 0 adds no key"),
+        (_OLD_DIGEST, _OLD_DIGEST + "    drafts: {dspark: {experts: 128, topk: 3, swa_width: 192}}\n",
+         "drafts: {dspark:", "drafts.dspark adds no key"),
         # its mono sources digest: 16 hex digits, given
         ("    mono_sources: 0aa9262967c37d51\n", "    mono_sources: 0aa9262967c37d5\n", '  "0.32.0":', "mono_sources must be"),
         ("    mono_sources: 0aa9262967c37d51\n", "", '  "0.32.0":', "mono_sources must be"),

@@ -16,6 +16,7 @@ import pytest
 
 from _smoke import REPO, copy_of, run_cli
 from dsv41_aot import source
+from dsv41_aot.room import folder_name
 
 NEW, LIKE = "0.33.1", "0.33.0"
 
@@ -68,7 +69,7 @@ def test_coverage_checks_the_new_releases_deployments(project):
 def _relabel(d, digest):
     """gfx950's 0.33.0 room of ``d`` as a 0.33.1 build would write it: the same
     objects and bands (the kernels did not change), its own release and digest."""
-    old, new = d / "gfx950" / f"vllm-{LIKE}", d / "gfx950" / f"vllm-{NEW}"
+    old, new = d / "gfx950" / folder_name(LIKE), d / "gfx950" / folder_name(NEW)
     shutil.copytree(old, new)
     man = json.loads((new / "manifest.json").read_text())
     man["release"], man["mono_sources"] = NEW, digest
@@ -88,7 +89,7 @@ def test_the_wheel_gate_and_the_loader_take_the_new_room(project, smoke_dir, tmp
     gate = subprocess.run([sys.executable, str(root / "ci" / "prebuilt.py"), str(d)], capture_output=True, text=True,
                           cwd=root)
     assert gate.returncode == 0, gate.stdout + gate.stderr
-    assert f"gfx950/vllm-{NEW}" in gate.stdout
+    assert f"gfx950/{folder_name(NEW)}" in gate.stdout
     code, out, err = run_cli("verify", "--dir", d, cwd=root, check=False)
     assert code == 0, out + err
     # a process running the 0.33.1 tree is served the 0.33.1 room, by its digest

@@ -27,9 +27,10 @@ from _smoke import REPO, copy_of, room
 
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.manifest import Manifest, rooms
+from dsv41_aot.manifest import Entry, Manifest
 from dsv41_aot.records import NO_EVIDENCE, PROVEN, STALE, Evidence, KeyProof, Proof
 from dsv41_aot.room import Room
+from dsv41_aot.listing import built_rooms
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -51,10 +52,10 @@ def forged(man: Manifest, key: str, *, version: int = 2, evidence: dict | None |
     evidence), or 2 with made-up JIT evidence (``"jit"``), ``None``, or
     the given dict."""
     e = man.entries[key]
-    jit = {"release": man.release, "vllm_version": e["source"]["vllm_version"],
-           "mono_sources": e["source"]["mono_sources"], "flydsl_version": e["source"]["flydsl_version"],
+    jit = {"release": man.release, "vllm_version": e.source["vllm_version"],
+           "mono_sources": e.source["mono_sources"], "flydsl_version": e.source["flydsl_version"],
            "mono_dir": "/somewhere/mono"}
-    rec = {"code_object_sha256": e["code_object_sha256"], "jit": jit}
+    rec = {"code_object_sha256": e.code_object_sha256, "jit": jit}
     if version == 2:
         if evidence == "jit":
             evidence = {"artifact_sha256": hashlib.sha256(f"artifact {key}".encode()).hexdigest(),
@@ -133,13 +134,14 @@ def test_both_versions_parse_and_say_what_they_prove():
     v2 = Proof.parse(json.dumps(_good()).encode(), "f", "gfx950", NEWEST, "FIX")
     v1 = Proof.parse(json.dumps(_good(1)).encode(), "f", "gfx950", NEWEST, "FIX")
     assert v2.keys[K].evidence == Evidence("b" * 64, "c" * 64, "2026-01-02T03:04:05Z") and v1.keys[K].evidence is None
-    entry = {"sha256": "d" * 64, "code_object_sha256": "a" * 64,
-             "source": {"mono_sources": "0123456789abcdef", "flydsl_version": "0.4.2"}}
+    entry = Entry(key=K, kind="k1", arch="gfx950", fields={}, symbol="s", entry="e", object="objects/x.o",
+                  sha256="d" * 64, bytes=1, code_object_sha256="a" * 64, code_object_bytes=1, abi="0" * 12,
+                  source={"mono_sources": "0123456789abcdef", "flydsl_version": "0.4.2"})
     assert v2.verdict(K, entry) == PROVEN and v1.verdict(K, entry) == NO_EVIDENCE
-    assert v2.verdict(K, dict(entry, code_object_sha256="e" * 64)) == STALE
-    assert v2.verdict(K, dict(entry, source=dict(entry["source"], mono_sources="f" * 16))) == STALE
+    assert v2.verdict(K, entry.replace(code_object_sha256="e" * 64)) == STALE
+    assert v2.verdict(K, entry.replace(source=dict(entry.source, mono_sources="f" * 16))) == STALE
     # evidence that is the manifest's own object sha256 is no evidence
-    assert v2.verdict(K, dict(entry, sha256="b" * 64)) == NO_EVIDENCE
+    assert v2.verdict(K, entry.replace(sha256="b" * 64)) == NO_EVIDENCE
     assert v2.verdict("k2@gfx950:s=4,tp=4,r=1", entry) is None
     assert v2.counts({K: entry, "k2@gfx950:s=4,tp=4,r=1": entry}) == \
         {"keys": 2, PROVEN: 1, NO_EVIDENCE: 0, STALE: 0, "unproven": 1}
@@ -188,7 +190,7 @@ def test_verify_reads_every_rooms_proof(copy):
     (bad,) = [f for f in report["failures"] if f["file"] == str(path)]
     assert bad["fix"] == f"dsv41-aot verify --against-jit --record --dir {copy} --release {NEWEST}"
     by_room = {(p["arch"], p["release"]): p for p in report["proofs"]}
-    assert set(by_room) == {(d.name, r) for d, r in rooms(copy)}
+    assert set(by_room) == {(r.arch, r.release) for r in built_rooms(copy)}
     assert "error" in by_room["gfx942", NEWEST]
     assert by_room["gfx950", NEWEST]["unproven"] == by_room["gfx950", NEWEST]["keys"] > 0
 
@@ -211,8 +213,8 @@ def test_record_replaces_an_unreadable_proof_and_verify_counts_per_room(copy):
     proof = Room(copy, "gfx950", NEWEST).proof()
     (p,) = proof.keys.values()
     e = man.entries[K]
-    assert p.key == K and p.code_object_sha256 == e["code_object_sha256"] and proof.verdict(K, e) == PROVEN
-    assert not {p.evidence.artifact_sha256, p.evidence.cache_key_sha256} & {e["sha256"], e["code_object_sha256"]}
+    assert p.key == K and p.code_object_sha256 == e.code_object_sha256 and proof.verdict(K, e) == PROVEN
+    assert not {p.evidence.artifact_sha256, p.evidence.cache_key_sha256} & {e.sha256, e.code_object_sha256}
     when = datetime.fromisoformat(p.evidence.at.replace("Z", "+00:00"))
     assert abs((datetime.now(timezone.utc) - when).total_seconds()) < 24 * 3600  # the session's build cache's run
     # the text report says it per room too
@@ -225,7 +227,7 @@ def test_proofs_copied_from_the_manifest_are_told_apart(copy, tmp_path):
     """Proofs made from the manifest's own digests (version 1, or version 2
     whose "evidence" is the object's sha256) pass no --require-verified and
     verify counts them apart; proofs carrying JIT evidence pass."""
-    mans = [Manifest.read(d, release=r) for d, r in rooms(copy)]
+    mans = [r.manifest() for r in built_rooms(copy)]
     for man in mans:
         write_proofs(man, {k: forged(man, k, version=1) for k in man.entries}, version=1)
     with pytest.raises(merge.MergeError, match="without evidence only a JIT run produced"):
@@ -236,7 +238,7 @@ def test_proofs_copied_from_the_manifest_are_told_apart(copy, tmp_path):
     assert any("carry no evidence only a JIT run produced" in w for w in report["warnings"])
 
     for man in mans:  # "evidence" that is the manifest's object sha256
-        write_proofs(man, {k: forged(man, k, evidence={"artifact_sha256": e["sha256"], "cache_key_sha256": e["sha256"],
+        write_proofs(man, {k: forged(man, k, evidence={"artifact_sha256": e.sha256, "cache_key_sha256": e.sha256,
                                                        "at": "2026-01-02T03:04:05Z"})
                            for k, e in man.entries.items()})
     with pytest.raises(merge.MergeError, match="without evidence"):

@@ -57,6 +57,7 @@ import _workflow
 from _smoke import SMOKE_RELEASE_KEYS
 from ci import release, stages
 from dsv41_aot.aot.cache import ENV_BUILD_CACHE
+from dsv41_aot.room import folder_name
 from dsv41_aot.facts.releases import NEWEST
 
 REPO = _workflow.REPO
@@ -425,11 +426,11 @@ def test_the_release_carries_pictures_summaries_and_each_rooms_proofs(rehearsal)
     files = {Path(a).name for a in argv if "/" in a and Path(create["cwd"], a).is_file()}
     rooms = sorted({(k.split("@")[1].split(":")[0], r) for r, ks in SMOKE_RELEASE_KEYS.items() for k in ks})
     want = {f"residency-{a}.{ext}" for a in ARCHES for ext in ("png", "txt", "json")}
-    want |= {f"verified-{a}-vllm-{r}.json" for a, r in rooms} | {"SHA256SUMS"}
+    want |= {f"verified-{a}-{folder_name(r)}.json" for a, r in rooms} | {"SHA256SUMS"}
     assert files == want
     assets = Path(create["cwd"]) / "release-assets"
     for a, r in rooms:
-        proofs = json.loads((assets / f"verified-{a}-vllm-{r}.json").read_text())["keys"]
+        proofs = json.loads((assets / f"verified-{a}-{folder_name(r)}.json").read_text())["keys"]
         assert sorted(proofs) == sorted(k for k in SMOKE_RELEASE_KEYS[r] if f"@{a}:" in k)
 
 

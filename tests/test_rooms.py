@@ -15,7 +15,8 @@ import json
 from pathlib import Path
 
 from _smoke import REPO, copy_of, run_cli
-from dsv41_aot.room import Room, rooms_of
+from dsv41_aot.room import Room
+from dsv41_aot.listing import rooms_of
 
 PKG = REPO / "dsv41_aot"
 

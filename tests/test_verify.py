@@ -23,8 +23,8 @@ from dsv41_aot.aot.elf import exported_parts
 from dsv41_aot.errors import ToolchainError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, room_dir, sha256_file
-from dsv41_aot.room import Room
+from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, sha256_file
+from dsv41_aot.room import Room, room_dir
 
 ALL = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # smoke keys of every release
 
@@ -90,9 +90,9 @@ def test_swapped_object_with_updated_sha_is_caught(copy):
 
     man = Manifest.read(copy / "gfx950", release="0.32.0")
     victim, donor = "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1"
-    e = man.entries[victim]
     shutil.copyfile(man.object_path(donor), man.object_path(victim))
-    e["sha256"], e["bytes"] = sha256_file(man.object_path(victim)), man.object_path(victim).stat().st_size
+    man.entries[victim] = man.entries[victim].replace(sha256=sha256_file(man.object_path(victim)),
+                                                      bytes=man.object_path(victim).stat().st_size)
     man.write()
     proc = cli("verify", "--dir", copy, "--json")
     assert proc.returncode == 1
@@ -114,7 +114,7 @@ def test_compare_jit_names_every_difference(smoke, tmp_path):
     another key's code object differs in bytes, kernel name and kernargs."""
     man = Manifest.read(smoke / "gfx950", release=NEWEST)
     k1, k2 = "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1"
-    code = {k: exported_parts(man.object_path(k).read_bytes(), man.entries[k]["entry"])[1] for k in (k1, k2)}
+    code = {k: exported_parts(man.object_path(k).read_bytes(), man.entries[k].entry)[1] for k in (k1, k2)}
     (tmp_path / "k2.co").write_bytes(code[k2])
     # the launcher's parameters as the JIT worker reports them: FlyDSL annotation names
     params = [[s["name"], {"int64": "Int64", "int32": "Int32"}.get(s["ctype"], "Stream")] for s in man.abi(k1)]
@@ -220,7 +220,7 @@ def test_libraries_and_libs_json_are_checked(copy, damage):
 def test_mixed_source_identities_fail(copy):
     man = Manifest.read(copy / "gfx942", release="0.33.0")
     key = sorted(man.entries)[0]
-    man.entries[key]["source"] = dict(man.entries[key]["source"], mono_sources="0" * 16)
+    man.entries[key] = man.entries[key].replace(source=dict(man.entries[key].source, mono_sources="0" * 16))
     man.write()
     proc = cli("verify", "--dir", copy, "--json")
     assert proc.returncode == 1
@@ -253,12 +253,12 @@ def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = 
     if band is not None:
         (root / arch / LIB).mkdir(parents=True, exist_ok=True)
         name = f"libdsv41_{arch}_{release.replace('.', '_')}.so.xz"
-        raw = b"\0".join([band] + [man.entries[k]["entry"].encode() for k in keys]) + b"\0"
+        raw = b"\0".join([band] + [man.entries[k].entry.encode() for k in keys]) + b"\0"
         (root / arch / LIB / name).write_bytes(lzma.compress(raw, format=lzma.FORMAT_XZ))
         doc = {"schema": 2, "arch": arch, "release": release, "libraries": [
             {"chunk": name.split(".")[0], "file": name, "sha256": sha256_file(root / arch / LIB / name),
              "bytes": (root / arch / LIB / name).stat().st_size, "raw_sha256": hashlib.sha256(raw).hexdigest(),
-             "raw_bytes": len(raw), "entries": {k: man.entries[k]["sha256"] for k in keys}}]}
+             "raw_bytes": len(raw), "entries": {k: man.entries[k].sha256 for k in keys}}]}
         (man.room / LIBS_JSON).write_text(json.dumps(doc))
     return man
 

@@ -33,6 +33,7 @@ from ci.check_wheel import source_tree  # noqa: E402
 
 
 from dsv41_aot.aot import matrix  # noqa: E402
+from dsv41_aot.room import folder_name
 
 PY = sys.executable
 ARCHES = ("gfx950", "gfx942")
@@ -42,7 +43,7 @@ ROOMS = sorted({(k.arch, k.release) for k in SMOKE})
 
 
 def room(root: Path, arch: str, release: str) -> Path:
-    return root / arch / f"vllm-{release}"
+    return root / arch / folder_name(release)
 
 
 def entries(root: Path, arch: str, release: str) -> dict:
@@ -111,7 +112,7 @@ def test_one_wheel_name_tag_metadata_and_bands(wheel, smoke):
     assert result["problems"] == [], result["problems"]
     assert result["arches"] == sorted(ARCHES) and result["keys"] == len(SMOKE)
     assert result["keys_by_arch"] == {a: sum(1 for k in SMOKE if k.arch == a) for a in ARCHES}
-    assert result["keys_by_room"] == {f"{a}/vllm-{r}": len(entries(smoke, a, r)) for a, r in ROOMS}
+    assert result["keys_by_room"] == {f"{a}/{folder_name(r)}": len(entries(smoke, a, r)) for a, r in ROOMS}
     assert result["vllm"] == ["0.32.0", "0.33.0"]
     assert result["auditwheel_external"] == []  # no DT_NEEDED at all: HIP is the host's
     assert result["raw_library_bytes"] > 2 * result["kernel_bytes"]  # the bands are xz, not raw
@@ -123,7 +124,7 @@ def test_one_wheel_name_tag_metadata_and_bands(wheel, smoke):
     assert not [n for n in kernels if "/objects/" in n]
     assert not [n for n in kernels if n.endswith("timings.json")]  # measured: never shipped
     assert {n.rsplit("/", 1)[0] for n in kernels if n.endswith("manifest.json")} == \
-        {f"{a}/vllm-{r}" for a, r in ROOMS}
+        {f"{a}/{folder_name(r)}" for a, r in ROOMS}
     assert not [n for n in names if n.endswith(".so")]  # nothing raw
     # the bands of an arch: those its rooms' libs.json name, once each, in <arch>/lib/
     named = {f"{a}/lib/{lib['file']}" for a, r in ROOMS

@@ -26,7 +26,8 @@ from _smoke import REPO, SMOKE_RELEASE_KEYS, copy_of, room
 from dsv41_aot.aot import jit, verify
 from dsv41_aot.aot.workers import RUN_PREFIX
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.manifest import Manifest, rooms
+from dsv41_aot.manifest import Manifest
+from dsv41_aot.listing import built_rooms
 
 # (release, key) of every smoke key: a key string names a launch within its release
 SMOKE_ALL = sorted((r, k) for r, keys in SMOKE_RELEASE_KEYS.items() for k in keys)
@@ -212,14 +213,15 @@ def test_verify_on_two_jobs_proves_every_smoke_key(smoke, tmp_path):
     assert report["jobs"] == 2 and report["jit_checked"] == len(SMOKE_ALL) and report["failed"] == 0
     assert "verify --against-jit" in r.stderr  # the progress bar, on stderr
     proven = set()
-    for arch_dir, release in rooms(d):
-        man = Manifest.read(arch_dir, release=release)
+    for r in built_rooms(d):
+        arch_dir, release = r.arch_dir, r.release
+        man = r.manifest()
         recs = jit.read_verified(room(d, arch_dir.name, release))
         assert set(recs) == set(man.entries)
         for k, rec in recs.items():
-            assert rec.code_object_sha256 == man.entries[k]["code_object_sha256"]
+            assert rec.code_object_sha256 == man.entries[k].code_object_sha256
             # each release proven against its own vLLM's JIT
-            assert rec.jit["vllm_version"] == man.entries[k]["source"]["vllm_version"] == release
+            assert rec.jit["vllm_version"] == man.entries[k].source["vllm_version"] == release
         proven |= {(release, k) for k in recs}
     assert sorted(proven) == SMOKE_ALL
     assert runs(tmp_path) == []
@@ -277,12 +279,13 @@ def test_merge_carries_the_proofs_and_can_require_them(smoke, tmp_path):
 
     d = Path(shutil.copytree(smoke, tmp_path / "shard"))
     recs = {}
-    for arch_dir, release in rooms(d):
-        man = Manifest.read(arch_dir, release=release)
+    for r in built_rooms(d):
+        arch_dir, release = r.arch_dir, r.release
+        man = r.manifest()
         recs[arch_dir.name, release] = {  # well formed, with (made-up) evidence of a JIT run
-            k: KeyProof(k, e["code_object_sha256"],
-                        {"release": release, "vllm_version": release, "mono_sources": e["source"]["mono_sources"],
-                         "flydsl_version": e["source"]["flydsl_version"]},
+            k: KeyProof(k, e.code_object_sha256,
+                        {"release": release, "vllm_version": release, "mono_sources": e.source["mono_sources"],
+                         "flydsl_version": e.source["flydsl_version"]},
                         Evidence(hashlib.sha256(k.encode()).hexdigest(), hashlib.sha256(k.encode() * 2).hexdigest(),
                                  "2026-01-02T03:04:05Z"))
             for k, e in man.entries.items()}

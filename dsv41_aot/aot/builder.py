@@ -32,7 +32,7 @@ from .buildroom import RoomState, check_one_source, count_proofs, identity, take
 from .compiler import worker_env
 from ..errors import AotError, OutputDirError, ToolchainError
 from ..keys import BuildKey
-from ..room import orphan_objects
+from ..listing import orphan_objects
 from .lock import arch_lock
 from .residency import spill_notes
 from .workers import check_jobs, check_key_timeout
@@ -211,9 +211,9 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
             bar.close()
     for key in keys:  # compiled or up to date: a failed key's entry is gone
         e = states[key.room].manifest.entries.get(str(key))
-        notes = spill_notes(e["resources"]) if e and e.get("resources") else []
+        notes = spill_notes(e.resources) if e and e.resources else []
         if notes:
-            res = e["resources"]
+            res = e.resources
             summary.spills.append({"key": str(key), "release": key.release, "scratch_bytes": res["scratch_bytes"],
                                    "vgpr_spills": res["vgpr_spill_count"], "sgpr_spills": res["sgpr_spill_count"]})
             print(f"warning: {key.describe()} {'; '.join(notes)}", file=log)
@@ -267,12 +267,11 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
     def on_answer(key: BuildKey, msg: dict) -> None:
         st = states[key.room]
         if msg["ok"]:
-            st.manifest.put(msg["entry"], msg["abi"], seconds=msg["seconds"])
+            e = st.manifest.put(msg["entry"], msg["abi"], seconds=msg["seconds"])
             if store is not None:
-                e = msg["entry"]
-                data = (st.dir / e["object"]).read_bytes()
-                if hashlib.sha256(data).hexdigest() == e["sha256"]:
-                    store.put_object(key, st.ident, data, e["export_bytes"], msg["seconds"])
+                data = (st.dir / e.object).read_bytes()
+                if hashlib.sha256(data).hexdigest() == e.sha256:
+                    store.put_object(key, st.ident, data, e.export_bytes, msg["seconds"])
             st.manifest.refused.pop(str(key), None)
             st.dirty = True
             summary.compiled += 1

@@ -36,7 +36,7 @@ def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:
     unstripped size, is in no stored object: an entry recovered from
     objects/ lacks it until the key comes from the build cache or compiles)."""
     e = m.entries.get(str(key))
-    if e is None or e.get("source") != ident or type(e.get("export_bytes")) is not int:
+    if e is None or e.source != ident or type(e.export_bytes) is not int:
         return False
     try:
         m.check_object(str(key))
@@ -54,10 +54,11 @@ class RoomState:
 
     def __init__(self, out: Path, arch: str, release: str, src: source.MonoSource, ident: dict,
                  recovered: list, log):
-        self.dir = out / arch
+        self.room = Room(out, arch, release)
+        self.dir = self.room.arch_dir
         self.arch, self.release, self.src, self.ident = arch, release, src, ident
         try:
-            self.manifest = Manifest.read(self.dir, arch, release=release, missing_ok=True)
+            self.manifest = self.room.manifest(missing_ok=True)
         except ManifestError as e:
             from .recover import recover
 
@@ -81,10 +82,10 @@ def check_one_source(states: dict, keys: list, out: Path) -> None:
     for k in keys:
         asked.setdefault(k.room, set()).add(str(k))
     for room, st in states.items():
-        stale = sorted(k for k, e in st.manifest.entries.items() if e["source"] != st.ident and k not in asked[room])
+        stale = sorted(k for k, e in st.manifest.entries.items() if e.source != st.ident and k not in asked[room])
         if not stale:
             continue
-        was = st.manifest.entries[stale[0]]["source"]
+        was = st.manifest.entries[stale[0]].source
         differ = sorted(f for f in set(was) | set(st.ident) if was.get(f) != st.ident.get(f))
         raise AotError(
             f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.release} on {st.arch} were built from mono sources "
@@ -102,7 +103,7 @@ def count_proofs(st: RoomState, log) -> dict | None:
     the build made stale (a key rebuilt to another code object), or an
     unreadable file, is a warning naming the command that proves them again.
     The build never writes it."""
-    room = Room(st.dir.parent, st.arch, st.release)
+    room = st.room
     if not room.verified_path.is_file():
         return None
     head = {"arch": st.arch, "release": st.release}
@@ -110,7 +111,7 @@ def count_proofs(st: RoomState, log) -> dict | None:
         counts = room.proof().counts(st.manifest.entries)
     except ManifestError as e:
         print(f"warning: {str(e).splitlines()[0]}; fix: {e.fix}", file=log)
-        return dict(head, keys=len(st.manifest.entries), error=str(e).split("\n  fix: ")[0])
+        return dict(head, keys=len(st.manifest.entries), error=e.message)
     if counts[STALE]:
         print(f"warning: {room.verified_path}: {counts[STALE]} proof(s) against vLLM's JIT are of another code object "
               f"than their key's entry now (rebuilt); prove them again: {room.prove_cmd}", file=log)
@@ -127,9 +128,9 @@ def take_from_cache(store, st: RoomState, key: BuildKey) -> bool:
         return False
     rec, data = hit
     entry, abi = describe_object(key, data, st.ident)
-    entry["export_bytes"] = rec["export_bytes"]
-    obj = st.dir / entry["object"]
-    if not (obj.is_file() and sha256_file(obj) == entry["sha256"]):  # absent, or corrupt in place
+    entry = entry.replace(export_bytes=rec["export_bytes"])
+    obj = st.dir / entry.object
+    if not (obj.is_file() and sha256_file(obj) == entry.sha256):  # absent, or corrupt in place
         atomic_write(obj, data)
     st.manifest.put(entry, abi, seconds=rec["seconds"])  # timings keep what the compile took
     st.manifest.refused.pop(str(key), None)

@@ -27,7 +27,7 @@ from . import elf
 from ..errors import CompileError, ResidencyError
 from ..facts.kinds import KINDS
 from ..keys import BuildKey
-from ..manifest import OBJECTS, atomic_write, sha256_file
+from ..manifest import OBJECTS, Entry, abi_id, atomic_write, sha256_file
 
 
 
@@ -120,12 +120,11 @@ class ArchCompiler:
             data = stripped.read_bytes()
             raw_bytes = raw.stat().st_size
         entry, abi = describe_object(key, data, self.identity)
-        obj = self.arch_dir / entry["object"]
-        if not (obj.is_file() and sha256_file(obj) == entry["sha256"]):  # absent, or corrupt in place
+        obj = self.arch_dir / entry.object
+        if not (obj.is_file() and sha256_file(obj) == entry.sha256):  # absent, or corrupt in place
             self.before_write()
             atomic_write(obj, data)
-        entry["export_bytes"] = raw_bytes
-        return entry, abi
+        return entry.replace(export_bytes=raw_bytes), abi
 
 
 def describe_object(key: BuildKey, data: bytes, identity: dict) -> tuple[dict, list]:
@@ -149,19 +148,9 @@ def describe_object(key: BuildKey, data: bytes, identity: dict) -> tuple[dict, l
     if problems:
         raise ResidencyError(f"{key}: cannot launch as a persistent kernel: {'; '.join(problems)}")
     sha = hashlib.sha256(data).hexdigest()
-    entry = {
-        "key": str(key),
-        "kind": key.kind,
-        "arch": key.arch,
-        "fields": key.build_fields(),
-        "symbol": key.kernel_symbol,
-        "entry": key.entry,
-        "object": f"{OBJECTS}/{sha}.o",
-        "sha256": sha,
-        "bytes": len(data),
-        "code_object_sha256": hashlib.sha256(code).hexdigest(),
-        "code_object_bytes": len(code),
-        "source": identity,
-        "resources": manifest_figures(res),
-    }
-    return entry, abi_of(meta)
+    abi = abi_of(meta)
+    entry = Entry(key=str(key), kind=key.kind, arch=key.arch, fields=key.build_fields(), symbol=key.kernel_symbol,
+                  entry=key.entry, object=f"{OBJECTS}/{sha}.o", sha256=sha, bytes=len(data),
+                  code_object_sha256=hashlib.sha256(code).hexdigest(), code_object_bytes=len(code),
+                  abi=abi_id(abi), source=identity, resources=manifest_figures(res))
+    return entry, abi

@@ -1,43 +1,33 @@
-"""One release's sections -> its (group, BuildKey) pairs: the axes, layer kinds,
-routing presets and launch groups checked and multiplied out, then the
-release's rules (in order) dropping or rewriting keys; and the ``when``
-matching that rules and profiles share. ``m`` is the :class:`.matrix.Matrix`
-being loaded: its ``error`` names the file and line of an offending entry, and
-each release's entry and rules are recorded on it."""
+"""One release's entry in the build matrix, expanded to its keys.
+
+The entry says what a build covers: the axes (arch, tp, tokens), the layer
+kinds (ratio, fold, index) and the drafts. Which keys vLLM's runner asks
+for is not the matrix's to say: the expansion keeps, of the calls
+``facts.coverage.runner_calls`` lists for each covered deployment, those the
+entry covers, and takes their keys. A value the release's own entry gives
+that adds no key is an error, so a typo or a value the release's runner
+never uses does not pass unnoticed. ``m`` is the :class:`.matrix.Matrix`
+being loaded: its ``error`` names the file and line of an offending entry.
+"""
 
 from __future__ import annotations
 
 import itertools
-import operator
-import re
 from dataclasses import dataclass, field
 
-from ..errors import KeyFormatError
+from ..facts.coverage import NotDeployed, deployment, runner_calls
 from ..facts.kinds import KINDS
 from ..facts.releases import RELEASES
 from ..keys import ARCHES, RATIOS, BuildKey
 from .yamllines import line_of
 
-_AXES = {"arch", "tp", "tokens", "timeline"}
-_KIND_FIELDS = {"ratio", "fold", "index"}
-_ROUTING_FIELDS = {"experts", "topk", "ug_groups", "swa_width"}
+AXES = ("arch", "tp", "tokens")
+LAYER_FIELDS = ("ratio", "fold", "index")  # RunnerCall.layer's order
+DRAFT_FIELDS = ("experts", "topk", "swa_width")  # coverage.Deployment.draft's order
 _MATCH_FIELDS = {
-    "arch", "kind", "group", "release", "tokens", "tp", "ratio", "fold", "index",
+    "arch", "kind", "release", "tokens", "tp", "ratio", "fold", "index",
     "experts", "topk", "ug_groups", "swa_width", "timeline",
 }
-_SET_FIELDS = _MATCH_FIELDS - {"arch", "kind", "group", "release"}
-_CMP = re.compile(r"^\s*(<=|>=|!=|==|<|>)\s*(-?\d+)\s*$")
-_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
-
-
-@dataclass
-class Rule:
-    when: dict
-    drop: bool
-    set: dict
-    source: str
-    line: int
-    release: str  # the release whose section holds the rule
 
 
 @dataclass
@@ -47,28 +37,32 @@ class ReleaseEntry:
     version: str
     mono_sources: str
     line: int
-    layer_kinds: dict = field(default_factory=dict)  # name -> [{"ratio"[, "fold", "index"]}]
-    routing: dict = field(default_factory=dict)  # preset -> the release's routing fields
+    drafts: dict = field(default_factory=dict)  # name -> (experts, topk, swa_width)
 
 
-def matches(when: dict, key: BuildKey, group: str | None, ignore_group: bool = False) -> bool:
-    for name, want in when.items():
-        if name == "group":
-            if ignore_group:
-                continue
-            have = group
-        else:
-            have = getattr(key, name)
-        if isinstance(want, list):
-            if have not in want:
-                return False
-        elif isinstance(want, str) and _CMP.match(want):
-            op, num = _CMP.match(want).groups()
-            if not _OPS[op](have, int(num)):
-                return False
-        elif have != want:
+def matches(where: dict, key: BuildKey) -> bool:
+    """Whether ``key``'s fields have the values ``where`` names (a value, or a list of them)."""
+    for name, want in where.items():
+        have = getattr(key, name)
+        if have not in (want if isinstance(want, list) else [want]):
             return False
     return True
+
+
+def check_match(m, where: dict, line: int, what: str) -> dict:
+    """``where`` checked: known fields, and known arches, kinds and releases."""
+    if not isinstance(where, dict):
+        raise m.error(line, f"{what}: expected a mapping of field: value")
+    known = {"arch": ARCHES, "kind": KINDS, "release": RELEASES}
+    for name, want in where.items():
+        if name not in _MATCH_FIELDS:
+            raise m.error(line_of(where, name), f"{what}: unknown field {name!r} "
+                                                f"(known: {', '.join(sorted(_MATCH_FIELDS))})")
+        for v in want if isinstance(want, list) else [want]:
+            if name in known and v not in known[name]:
+                raise m.error(line_of(where, name), f"{what}: unknown {name} {v!r} (known: "
+                                                    f"{', '.join(known[name])}; write a release quoted)")
+    return where
 
 
 def _tokens(value, m, line: int, max_tokens: int) -> list[int]:
@@ -88,162 +82,108 @@ def _tokens(value, m, line: int, max_tokens: int) -> list[int]:
     for t in out:
         if not isinstance(t, int) or isinstance(t, bool) or not 1 <= t <= max_tokens:
             raise m.error(line, f"axis tokens: {t!r} outside 1..{max_tokens} (vLLM's MAX_TOKENS)")
+    if len(set(out)) != len(out):
+        raise m.error(line, "axis tokens: duplicate value")
     return out
 
 
-def _check_values(m, name: str, values, allowed, line: int) -> list:
+def _values(m, what: str, values, allowed, line: int) -> list:
+    """A section's list of values, each one of ``allowed`` (None: a positive integer), none twice."""
     if not isinstance(values, list) or not values:
-        raise m.error(line, f"axis {name}: expected a non-empty list")
-    seen = set()
-    for v in values:
+        raise m.error(line, f"{what}: expected a non-empty list")
+    for i, v in enumerate(values):
+        if allowed is None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise m.error(line, f"{what}: {v!r} is not a positive integer")
         if allowed is not None and v not in allowed:
-            raise m.error(line, f"axis {name}: unknown value {v!r} (known: {', '.join(map(str, allowed))})")
-        if v in seen:
-            raise m.error(line, f"axis {name}: duplicate value {v!r}")
-        seen.add(v)
+            raise m.error(line, f"{what}: unknown value {v!r} (known: {', '.join(map(str, allowed))})")
+        if v in values[:i]:
+            raise m.error(line, f"{what}: duplicate value {v!r}")
     return list(values)
 
 
-def check_match(m, where: dict, line: int, what: str, allowed=_MATCH_FIELDS) -> dict:
-    if not isinstance(where, dict):
-        raise m.error(line, f"{what}: expected a mapping of field: value")
-    for name, want in where.items():
-        if name not in allowed:
-            raise m.error(line_of(where, name), f"{what}: unknown field {name!r} (known: {', '.join(sorted(allowed))})")
-        if isinstance(want, str) and name not in ("arch", "kind", "group", "release") and not _CMP.match(want):
-            raise m.error(line_of(where, name), f"{what}: {name}: {want!r} is not a comparison like '> 42'")
-        if name == "arch":
-            for v in want if isinstance(want, list) else [want]:
-                if v not in ARCHES:
-                    raise m.error(line_of(where, name), f"{what}: unknown arch {v!r} (known: {', '.join(ARCHES)})")
-        if name == "release":
-            for v in want if isinstance(want, list) else [want]:
-                if v not in RELEASES:
-                    raise m.error(line_of(where, name), f"{what}: unknown vLLM release {v!r} (known: "
-                                                     f"{', '.join(RELEASES)}; write it quoted)")
-        if name == "kind":
-            for v in want if isinstance(want, list) else [want]:
-                if v not in KINDS:
-                    raise m.error(line_of(where, name), f"{what}: unknown kind {v!r} (known: {', '.join(KINDS)})")
-    return where
+def _mapping(m, sec: dict, name: str, known, noun: str, version: str, line: int):
+    """Section ``name`` of a release (its entry at ``line``): a mapping whose
+    entries (each a ``noun``) are among ``known`` (None: any)."""
+    value = sec.get(name)
+    if not isinstance(value, dict):
+        raise m.error(line, f"release {version}: {name} must be a mapping")
+    for entry in value:
+        if known is not None and entry not in known:
+            raise m.error(line_of(value, entry), f"unknown {noun} {entry!r} (known: {', '.join(known)})")
+    return value
 
 
-def expand_release(m, doc: dict, version: str, sec: dict, digest: str) -> list:
-    """The (group, key) pairs of one release, after its rules."""
+def _covered(m, version: str, sec: dict, own: set, line: int) -> dict:
+    """What one release's sections cover, checked: {(section, field): its
+    values} for the axes and the layer fields its MonoBuild has, and
+    ("drafts", None): {name: (experts, topk, swa_width)}."""
     rel = RELEASES[version]
-    axes = sec["axes"]
-    for name in axes:
-        if name not in _AXES:
-            raise m.error(line_of(axes, name), f"unknown axis {name!r} (known: {', '.join(sorted(_AXES))})")
-    for name in _AXES:
+    axes = _mapping(m, sec, "axes", AXES, "axis", version, line)
+    for name in AXES:
         if name not in axes:
-            raise m.error(line_of(sec, "axes"), f"missing axis {name!r}")
-    arches = _check_values(m, "arch", axes["arch"], list(rel.arches), line_of(axes, "arch"))
-    tps = _check_values(m, "tp", axes["tp"], None, line_of(axes, "tp"))
-    for tp in tps:
-        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-            raise m.error(line_of(axes, "tp"), f"axis tp: {tp!r} is not a TP size")
-    tokens = _tokens(axes["tokens"], m, line_of(axes, "tokens"), rel.max_tokens)
-    if len(set(tokens)) != len(tokens):
-        raise m.error(line_of(axes, "tokens"), "axis tokens: duplicate value")
-    timelines = _check_values(m, "timeline", axes["timeline"], [False, True], line_of(axes, "timeline"))
+            raise m.error(line_of(axes), f"missing axis {name!r}")
+    covered = {
+        ("axes", "arch"): _values(m, "axis arch", axes["arch"], ARCHES, line_of(axes, "arch")),
+        ("axes", "tp"): _values(m, "axis tp", axes["tp"], None, line_of(axes, "tp")),
+        ("axes", "tokens"): _tokens(axes["tokens"], m, line_of(axes, "tokens"), rel.max_tokens),
+    }
+    kinds = _mapping(m, sec, "layer_kinds", LAYER_FIELDS, "layer field", version, line)
+    for f in LAYER_FIELDS:
+        if rel.reads(f) and f not in kinds:
+            raise m.error(line_of(kinds), f"layer_kinds: missing {f!r} (vLLM {version}'s MonoBuild layer fields: "
+                                          f"{', '.join(x for x in LAYER_FIELDS if rel.reads(x))})")
+        if not rel.reads(f) and f in kinds and "layer_kinds" in own:
+            raise m.error(line_of(kinds, f), f"layer_kinds: vLLM {version}'s MonoBuild has no {f} field")
+        if rel.reads(f):  # a field the release lacks (given by `like`) says nothing of its keys
+            covered[("layer_kinds", f)] = _values(m, f"layer_kinds.{f}", kinds[f], RATIOS if f == "ratio" else
+                                                  [False, True], line_of(kinds, f))
+    drafts = _mapping(m, sec, "drafts", None, "draft", version, line) if sec.get("drafts") is not None else {}
+    for name, preset in drafts.items():
+        if not isinstance(preset, dict) or set(preset) != set(DRAFT_FIELDS) or any(
+                not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in preset.values()):
+            raise m.error(line_of(drafts, name), f"drafts.{name}: needs exactly {', '.join(DRAFT_FIELDS)}, "
+                                                 f"positive integers (the draft runner's routing)")
+    covered[("drafts", None)] = {name: tuple(p[f] for f in DRAFT_FIELDS) for name, p in drafts.items()}
+    return covered
 
-    kind_fields = {f for f in _KIND_FIELDS if rel.reads(f)}
-    routing_fields = {f for f in _ROUTING_FIELDS if rel.reads(f)}
-    layer_kinds = sec.get("layer_kinds") or {}
-    kinds_by_name: dict = {}
-    for lname, entries in layer_kinds.items():
-        seen = set()
-        for i, entry in enumerate(entries or []):
-            line = line_of(entries, i)
-            if not isinstance(entry, dict) or set(entry) != kind_fields:
-                raise m.error(line, f"layer_kinds.{lname}: each entry needs exactly {sorted(kind_fields)} "
-                                   f"(vLLM {version}'s MonoBuild layer fields)")
-            if entry["ratio"] not in RATIOS:
-                raise m.error(line, f"layer_kinds.{lname}: unknown ratio {entry['ratio']!r} (known: {RATIOS})")
-            for b in sorted(kind_fields - {"ratio"}):
-                if not isinstance(entry[b], bool):
-                    raise m.error(line, f"layer_kinds.{lname}: {b} must be true or false")
-            t = tuple(sorted(entry.items()))
-            if t in seen:
-                raise m.error(line, f"layer_kinds.{lname}: duplicate layer kind {dict(entry)}")
-            seen.add(t)
-            kinds_by_name.setdefault(lname, []).append(dict(entry))
-        if lname not in kinds_by_name:
-            raise m.error(line_of(layer_kinds, lname), f"layer_kinds.{lname} is empty")
 
-    routing = sec.get("routing") or {}
-    for rname, preset in routing.items():
-        if not isinstance(preset, dict) or set(preset) != routing_fields:
-            raise m.error(line_of(routing, rname), f"routing.{rname}: needs exactly {sorted(routing_fields)} "
-                                                f"(vLLM {version}'s MonoBuild routing fields)")
-        for f, v in preset.items():
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise m.error(line_of(preset, f), f"routing.{rname}.{f}: {v!r} is not a positive integer")
-
-    entry = ReleaseEntry(version, digest, line=line_of(doc["releases"], version), layer_kinds=kinds_by_name,
-                         routing={name: dict(preset) for name, preset in routing.items()})
-    m.releases[version] = entry
-
-    groups = sec["groups"]
-    expanded: list = []
-    gnames = set()
-    for i, g in enumerate(groups or []):
-        line = line_of(groups, i)
-        if not isinstance(g, dict) or not {"name", "kinds", "routing"} <= set(g) or set(g) - {"name", "kinds", "routing", "layers"}:
-            raise m.error(line, "groups: each group needs name, kinds, routing and (for k1/k2) layers")
-        if g["name"] in gnames:
-            raise m.error(line, f"groups: duplicate group {g['name']!r}")
-        gnames.add(g["name"])
-        for kind in g["kinds"]:
-            if kind not in KINDS:
-                raise m.error(line, f"group {g['name']}: unknown launch kind {kind!r} (known: {', '.join(KINDS)})")
-        if g["routing"] not in routing:
-            raise m.error(line, f"group {g['name']}: unknown routing {g['routing']!r} (known: {', '.join(routing)})")
-        whole = [k for k in g["kinds"] if KINDS[k].whole_layer]  # built per layer kind (facts/kinds.py)
-        if whole and g.get("layers") not in kinds_by_name:
-            raise m.error(line, f"group {g['name']}: unknown layers {g.get('layers')!r} (known: {', '.join(kinds_by_name)})")
-        lkinds = kinds_by_name[g["layers"]] if whole else [{"ratio": 0}]
-        preset = routing[g["routing"]]
-        for arch, tp, lk, s, tl, kind in itertools.product(arches, tps, lkinds, tokens, timelines, g["kinds"]):
+def expand_release(m, version: str, sec: dict, own: set, line: int) -> list[BuildKey]:
+    """The keys of one release (its entry at ``line``, its sections ``sec``,
+    of which it gives ``own`` itself rather than through ``like``): of the
+    calls its runner can make on each covered arch x tp, with and without
+    each draft, those whose width and layer kind are covered."""
+    covered = _covered(m, version, sec, own, line)
+    drafts = covered.pop(("drafts", None))
+    m.releases[version].drafts = drafts
+    used: set = set()  # (section, field, value) of the values that add a key; ("drafts", name, None)
+    keys: set = set()
+    for arch, tp in itertools.product(covered[("axes", "arch")], covered[("axes", "tp")]):
+        base: set = set()
+        for name, draft in [(None, None), *drafts.items()]:
             try:
-                key = BuildKey(kind=kind, arch=arch, tokens=s, tp=tp, timeline=tl, release=version, **lk, **preset)
-            except KeyFormatError as e:
-                raise m.error(line, f"group {g['name']}: {e}") from None
-            expanded.append((g["name"], key))
-
-    allowed = {f for f in _MATCH_FIELDS if f in ("arch", "kind", "group", "release") or rel.reads(f)}
-    rules = []
-    for i, r in enumerate(sec.get("rules") or []):
-        line = line_of(sec["rules"], i)
-        if not isinstance(r, dict) or "when" not in r or ("drop" in r) == ("set" in r) or set(r) - {"when", "drop", "set", "source"}:
-            raise m.error(line, "rules: each rule needs `when` and exactly one of `drop: true` / `set: {...}` (and `source`)")
-        if "source" not in r:
-            raise m.error(line, "rules: name the upstream `source` the rule follows")
-        when = check_match(m, r["when"], line, f"vLLM {version} rule `when`", allowed=allowed)
-        for name in when:
-            if name == "group" and any(v not in gnames for v in (when[name] if isinstance(when[name], list) else [when[name]])):
-                raise m.error(line_of(when, name), f"rule `when`: unknown group {when[name]!r} (known: {', '.join(sorted(gnames))})")
-        sets = r.get("set") or {}
-        check_match(m, sets, line, f"vLLM {version} rule `set`", allowed=allowed & _SET_FIELDS)
-        rules.append(Rule(when=dict(when), drop=bool(r.get("drop")), set=dict(sets), source=r["source"], line=line,
-                          release=version))
-    m.rules += rules
-
-    for rule in rules:
-        out = []
-        for g, key in expanded:
-            if matches(rule.when, key, g):
-                if rule.drop:
-                    continue
-                try:
-                    key = key.with_(**rule.set)
-                except KeyFormatError as e:
-                    raise m.error(rule.line, f"rule `set` makes an invalid key: {e}") from None
-            out.append((g, key))
-        expanded = out
-    if not expanded:
-        raise m.error(entry.line, f"the rules of vLLM {version} drop every key")
-    return expanded
-
-
+                dep = deployment(arch, tp, draft=draft, release=version)
+            except NotDeployed:
+                break  # the release does not run this arch at this TP
+            got = set()
+            for call in runner_calls(dep):
+                layer = [("layer_kinds", f, v) for f, v in zip(LAYER_FIELDS, call.layer or ())
+                         if ("layer_kinds", f) in covered]
+                if call.tokens in covered[("axes", "tokens")] and all(v in covered[s, f] for s, f, v in layer):
+                    got.update(call.keys)
+                    used.update([("axes", "arch", arch), ("axes", "tp", tp), ("axes", "tokens", call.tokens), *layer])
+            if name is None:
+                base = got
+            elif got - base:
+                used.add(("drafts", name, None))
+            keys |= got
+    given = [(s, f, v) for (s, f), values in covered.items() for v in values]
+    given += [("drafts", name, None) for name in drafts]
+    for section, name, value in given:
+        if section in own and (section, name, value) not in used:
+            what = f"drafts.{name}" if section == "drafts" else f"{section}.{name}: {value!r}"
+            raise m.error(line_of(sec[section], name), f"{what} adds no key: vLLM {version}'s runner asks for "
+                                                       f"no such key on what the entry covers (its rules: "
+                                                       f"dsv41-aot facts)")
+    if not keys:
+        raise m.error(line, f"vLLM {version}'s entry covers no key its runner asks for")
+    return sorted(keys)

@@ -20,7 +20,8 @@ from ..facts.arches import arch_facts
 from ..facts.kinds import KINDS, kind_facts
 from ..facts.releases import release_facts
 from ..keys import BuildKey
-from ..manifest import Manifest, atomic_write, rooms_or_error
+from ..manifest import atomic_write
+from ..listing import built_rooms_or_error
 from .codeobject import code_object_resources
 from .elf import exported_parts
 from .residency import RESOURCES, UNITS, cta_threads, residency_problems, spill_notes, usage, waves_per_simd
@@ -35,22 +36,22 @@ def inspect_dir(root, release: str | None = None) -> list[dict]:
     """One row per stored symbol of prebuilt directory ``root`` (of its
     ``release`` rooms only, when given)."""
     root = Path(root)
-    found = rooms_or_error(root, release)
+    found = built_rooms_or_error(root, release)
     rows = []
-    for d, rel in found:
-        man = Manifest.read(d, release=rel)
+    for room in found:
+        man = room.manifest()
         for key in sorted(man.entries):
             e = man.entries[key]
             man.check_object(key)
-            _, code = exported_parts(man.object_path(key).read_bytes(), e["entry"])
+            _, code = exported_parts(man.object_path(key).read_bytes(), e.entry)
             res = code_object_resources(code)
             problems = residency_problems(res, man.arch, man.release)  # by the grid of the room's release
             rows.append({
-                "key": key, "kind": e["kind"], "arch": man.arch, "release": man.release,
-                "threads": cta_threads(man.release), "tokens": e["fields"]["tokens"],
-                "tp": e["fields"]["tp"], "series": series(BuildKey.parse(key, man.release)),
-                "compile_seconds": man.timings.get(key), "bytes": e["bytes"],
-                "code_object_bytes": e["code_object_bytes"], "resources": res,
+                "key": key, "kind": e.kind, "arch": man.arch, "release": man.release,
+                "threads": cta_threads(man.release), "tokens": e.fields["tokens"],
+                "tp": e.fields["tp"], "series": series(BuildKey.parse(key, man.release)),
+                "compile_seconds": man.timings.get(key), "bytes": e.bytes,
+                "code_object_bytes": e.code_object_bytes, "resources": res,
                 "usage": {r: list(v) for r, v in usage(res, man.arch, man.release).items()},
                 "waves_per_simd": waves_per_simd(res, man.arch), "resident": not problems, "problems": problems,
                 "spills": spill_notes(res),
@@ -105,7 +106,7 @@ def report(root, release: str | None = None) -> dict:
 def _one_threads(entries: list[dict]) -> int | None:
     """The threads a CTA of the releases of ``entries`` (rows or summary
     entries, each with its ``release``), when they all agree; else None."""
-    found = {cta_threads(e["release"]) for e in entries}
+    found = {cta_threads(row["release"]) for row in entries}
     return found.pop() if len(found) == 1 else None
 
 

@@ -62,21 +62,21 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
         return rep, None
     if str(parsed) != key:
         rep.problems.append(f"manifest key is not canonical (canonical: {parsed})")
-    if "resources" not in e:
+    if e.resources is None:
         rep.problems.append("manifest entry lacks resources")
-    if (e["kind"], e["arch"], e["fields"]) != (parsed.kind, parsed.arch, parsed.build_fields()):
+    if (e.kind, e.arch, e.fields) != (parsed.kind, parsed.arch, parsed.build_fields()):
         rep.problems.append(f"manifest kind / arch / fields differ from the key's ({parsed.kind}, {parsed.arch}, "
                             f"{parsed.build_fields()})")
-    if e["symbol"] != parsed.kernel_symbol or e["entry"] != parsed.entry:
-        rep.problems.append(f"manifest names symbol {e['symbol']} / entry {e['entry']}, the key's are {parsed.kernel_symbol} / {parsed.entry}")
+    if e.symbol != parsed.kernel_symbol or e.entry != parsed.entry:
+        rep.problems.append(f"manifest names symbol {e.symbol} / entry {e.entry}, the key's are {parsed.kernel_symbol} / {parsed.entry}")
     rep.checks.append("export")
     try:
-        meta_raw, code = elf.exported_parts(man.object_path(key).read_bytes(), e["entry"])
+        meta_raw, code = elf.exported_parts(man.object_path(key).read_bytes(), e.entry)
         meta = json.loads(meta_raw)
     except (elf.ElfError, ValueError) as err:
-        rep.problems.append(f"object {e['object']} is not an export of entry {e['entry']}: {err}")
+        rep.problems.append(f"object {e.object} is not an export of entry {e.entry}: {err}")
         return rep, None
-    if hashlib.sha256(code).hexdigest() != e["code_object_sha256"] or len(code) != e["code_object_bytes"]:
+    if hashlib.sha256(code).hexdigest() != e.code_object_sha256 or len(code) != e.code_object_bytes:
         rep.problems.append("GPU code object inside the object differs from the manifest's code_object_sha256 / bytes")
     if meta.get("arch") != man.arch:
         rep.problems.append(f"export metadata says arch {meta.get('arch')!r}, the manifest {man.arch}")
@@ -89,11 +89,11 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
     except (elf.ElfError, ValueError) as err:
         rep.problems.append(f"GPU code object metadata unreadable: {err}")
         return rep, code
-    if res["name"] != e["symbol"]:
-        rep.problems.append(f"GPU kernel is named {res['name']}, the manifest says {e['symbol']}")
+    if res["name"] != e.symbol:
+        rep.problems.append(f"GPU kernel is named {res['name']}, the manifest says {e.symbol}")
     figures = manifest_figures(res)
-    if "resources" in e and e["resources"] != figures:
-        changed = sorted(k for k in set(figures) | set(e["resources"]) if figures.get(k) != e["resources"].get(k))
+    if e.resources is not None and e.resources != figures:
+        changed = sorted(k for k in set(figures) | set(e.resources) if figures.get(k) != e.resources.get(k))
         rep.problems.append(f"manifest resources differ from the code object's: {', '.join(changed)}")
     rep.problems += kernarg_problems(slots, res)  # the object's own ABI (the manifest's was compared above)
     rep.problems += [f"cannot be resident: {p}" for p in residency_problems(res, man.arch, man.release)]

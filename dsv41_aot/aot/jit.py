@@ -263,7 +263,7 @@ def write_verified(man: Manifest, records: dict) -> None:
     keeping only keys whose manifest entry still holds the code object the
     proof is of."""
     keep = {k: p for k, p in records.items()
-            if k in man.entries and man.entries[k]["code_object_sha256"] == p.code_object_sha256}
+            if k in man.entries and man.entries[k].code_object_sha256 == p.code_object_sha256}
     atomic_write(man.room / VERIFIED, Proof(man.arch, man.release, keep).to_bytes())
 
 

@@ -53,9 +53,10 @@ from pathlib import Path
 from .elf import Elf
 from ..errors import AotError, ManifestError, ToolchainError
 from ..keys import BuildKey
-from ..manifest import BAND_SUFFIX, LIB, LIBS_JSON, LIBS_SCHEMA, Manifest, atomic_write, rooms, sha256_file
-from ..records import Band
-from ..room import Room, named_by_rooms
+from ..manifest import BAND_SUFFIX, LIB, Manifest, sha256_file
+from ..records import Band, LinkRecord
+from ..room import Room
+from ..listing import built_rooms, named_by_rooms
 
 XZ_PRESET = 6  # measured: preset 9, extreme and an x86 BCJ filter gain under 1% on these libraries
 BAND = 8  # step widths per chunk
@@ -150,37 +151,23 @@ def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=No
     libdir.mkdir(parents=True, exist_ok=True)
     libraries, linked, kept = [], 0, 0
     for chunk, keys in sorted(chunks.items()):
-        members = {k: man.entries[k]["sha256"] for k in keys}
+        members = {k: man.entries[k].sha256 for k in keys}
         prev = old.get(chunk)
         # kept only when the room finds nothing wrong with it (the loader's checks)
         if prev and prev.entries == members and not room.band_problems(prev, man):
-            libraries.append(band_record(prev))
+            libraries.append(prev)
             kept += 1
             continue
         linker = linker or find_linker()
         libraries.append(_link_chunk(arch_dir, chunk, keys, man, members, linker))
         linked += 1
         if log:
-            log(f"linked {libraries[-1]['file']} ({len(keys)} keys)")
-    doc = {
-        "schema": LIBS_SCHEMA,
-        "arch": man.arch,
-        "release": release,
-        "hip": "undefined in every library; the loader opens the host's libamdhip64 first",
-        "libraries": libraries,
-    }
-    path = man.room / LIBS_JSON
-    atomic_write(path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
-    os.chmod(path, 0o644)  # installed read-only for every user, like the libraries
+            log(f"linked {libraries[-1].file} ({len(keys)} keys)")
+    room.write_links(LinkRecord.of(man.arch, release, libraries))
+    os.chmod(room.libs_path, 0o644)  # installed read-only for every user, like the libraries
     removed = _remove_unnamed_bands(arch_dir)  # after libs.json: this room's new bands are named
     return {"arch": man.arch, "release": release, "keys": len(man.entries), "libraries": len(libraries),
             "linked": linked, "up_to_date": kept, "removed": removed, "seconds": round(time.perf_counter() - t0, 3)}
-
-
-def band_record(band: Band) -> dict:
-    """A band as libs.json records it (link.py writes libs.json; room.py reads it)."""
-    return {"chunk": band.chunk, "file": band.file, "sha256": band.sha256, "bytes": band.bytes,
-            "raw_sha256": band.raw_sha256, "raw_bytes": band.raw_bytes, "entries": dict(band.entries)}
 
 
 def _remove_unnamed_bands(arch_dir: Path) -> list[str]:
@@ -199,9 +186,9 @@ def _remove_unnamed_bands(arch_dir: Path) -> list[str]:
     return removed
 
 
-def _link_chunk(arch_dir: Path, chunk: str, keys: list[str], man: Manifest, members: dict, linker: str) -> dict:
+def _link_chunk(arch_dir: Path, chunk: str, keys: list[str], man: Manifest, members: dict, linker: str) -> Band:
     libdir = arch_dir / LIB
-    objects = sorted(dict.fromkeys(man.entries[k]["object"] for k in keys))
+    objects = sorted(dict.fromkeys(man.entries[k].object for k in keys))
     # named by what is linked in: same members, same library (across releases)
     soname = f"{chunk}.{hashlib.sha256(json.dumps(members, sort_keys=True).encode()).hexdigest()[:12]}.so"
     with tempfile.TemporaryDirectory(dir=libdir, prefix=".link-") as tmp:
@@ -214,7 +201,7 @@ def _link_chunk(arch_dir: Path, chunk: str, keys: list[str], man: Manifest, memb
                 fix=f"rebuild the objects: dsv41-aot build --arch {man.arch} --release {man.release} --out {arch_dir.parent}",
             )
         raw = out.read_bytes()
-        _check_library(raw, chunk, [man.entries[k]["entry"] for k in keys])
+        _check_library(raw, chunk, [man.entries[k].entry for k in keys])
         band = compress_band(raw)
         digest = hashlib.sha256(band).hexdigest()
         name = f"{chunk}.{digest[:16]}{BAND_SUFFIX}"
@@ -224,8 +211,7 @@ def _link_chunk(arch_dir: Path, chunk: str, keys: list[str], man: Manifest, memb
             staged.write_bytes(band)
             os.chmod(staged, 0o644)  # data, never executed from disk: the loader dlopens a memfd copy
             os.replace(staged, final)
-    return {"chunk": chunk, "file": name, "sha256": digest, "bytes": len(band),
-            "raw_sha256": hashlib.sha256(raw).hexdigest(), "raw_bytes": len(raw), "entries": members}
+    return Band(chunk, name, digest, len(band), hashlib.sha256(raw).hexdigest(), len(raw), dict(members))
 
 
 def compress_band(raw: bytes) -> bytes:
@@ -245,13 +231,13 @@ def link_dir(root: Path, arches=None, *, release: str | None = None, log=None) -
         arch_facts(a)  # "unknown arch", naming the known ones (exit 2), not "no built room"
     if release is not None:
         release_facts(release)
-    found = [(d, r) for d, r in rooms(Path(root), release) if not arches or d.name in arches]
+    found = [r for r in built_rooms(Path(root), release) if not arches or r.arch in arches]
     if not found:
         raise AotError(f"no built room (<arch>/vllm-<release>/manifest.json) under {root}"
                        + (f" for vLLM {release}" if release else ""),
                        fix=f"build first: dsv41-aot build --profile smoke --out {root}")
     out = []
-    for d, r in found:
-        with arch_lock(d, "link"):
-            out.append(link_room(d, r, log=log))
+    for r in found:
+        with arch_lock(r.arch_dir, "link"):
+            out.append(link_room(r.arch_dir, r.release, log=log))
     return out

@@ -1,11 +1,11 @@
 """build_matrix.yaml -> the list of BuildKeys to build: the file's schema, its
 releases (``like`` followed), its profiles, and :func:`load`.
 
-Per vLLM release: every arch x tp x launch group x layer kind x tokens x
-timeline gives one key per launch kind of the group; the rules (in order) drop
-or rewrite keys (expand.py). A profile selects across releases; a CI shard
-takes its part (shards.py). Every error names the file and line (yamllines.py)
-of the offending entry and the command that checks a fix.
+Per vLLM release the matrix says what a build covers (axes, layer kinds,
+drafts); the keys are those of the calls vLLM's runner can make there
+(expand.py, over ``facts.coverage``). A profile selects across releases; a
+CI shard takes its part (shards.py). Every error names the file and line
+(yamllines.py) of the offending entry and the command that checks a fix.
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import KeyFormatError, MatrixError
+from ..facts.coverage import NotDeployed, deployment, required
 from ..facts.releases import RELEASES, version_order
 from ..keys import BuildKey
-from .expand import check_match, expand_release, matches
+from .expand import ReleaseEntry, check_match, expand_release, matches
 from .yamllines import Node, line_of, parse
 
 DEFAULT_MATRIX = Path(__file__).resolve().parents[2] / "build_matrix.yaml"
 
-SCHEMA = 2
+SCHEMA = 3
 _TOP = {"version", "default_profile", "releases", "profiles"}
-_SECTIONS = ("axes", "layer_kinds", "routing", "groups", "rules")
+_SECTIONS = ("axes", "layer_kinds", "drafts")
 _RELEASE = {"like", "mono_sources", *_SECTIONS}
 _DIGEST = re.compile(r"^[0-9a-f]{16}$")
 
@@ -33,11 +34,10 @@ _DIGEST = re.compile(r"^[0-9a-f]{16}$")
 class Matrix:
     path: Path
     default_profile: str
-    keys_by_group: list = field(default_factory=list)  # [(group, BuildKey)] after rules
+    keys: list = field(default_factory=list)  # every release's keys, sorted
     profiles: dict = field(default_factory=dict)  # name -> Node
     profile_lines: dict = field(default_factory=dict)  # name -> line
     releases: dict = field(default_factory=dict)  # version -> ReleaseEntry
-    rules: list = field(default_factory=list)
 
     def error(self, line: int, msg: str) -> MatrixError:
         return MatrixError(
@@ -47,7 +47,7 @@ class Matrix:
 
     def all_keys(self) -> list[BuildKey]:
         """Every key of the matrix (the ``full`` selection), sorted, once each."""
-        return sorted({k for _, k in self.keys_by_group})
+        return list(self.keys)
 
     def profile_names(self) -> list[str]:
         return list(self.profiles)
@@ -84,13 +84,12 @@ class Matrix:
                         raise self.error(line, f"profile {name!r}: duplicate key {key.describe()}")
                     if key not in known:
                         raise self.error(line, f"profile {name!r}: {key.describe()} is not a key the matrix builds "
-                                              f"({self._why_not(key)})")
+                                              f"({self.why_not(key)})")
                     out.append(key)
             selected = out
         else:
             where = spec.get("where", {})
-            selected = [k for g, k in self.keys_by_group if matches(where, k, g)]
-            selected = sorted(set(selected))
+            selected = [k for k in self.keys if matches(where, k)]
         if not selected:
             raise self.error(self.profile_lines.get(name, 0), f"profile {name!r} selects no keys")
         return sorted(selected)
@@ -99,13 +98,27 @@ class Matrix:
     def newest(self) -> str:
         return max(self.releases, key=version_order)
 
-    def _why_not(self, key: BuildKey) -> str:
-        if key.release not in self.releases:
+    @property
+    def drafts(self) -> dict:
+        """Every draft the matrix covers, name -> (experts, topk, swa_width);
+        the newest release's where two releases differ."""
+        out: dict = {}
+        for version in sorted(self.releases, key=version_order):
+            out.update(self.releases[version].drafts)
+        return out
+
+    def why_not(self, key: BuildKey) -> str:
+        """Why the matrix does not build ``key``, for an error message."""
+        entry = self.releases.get(key.release)
+        if entry is None:
             return f"the matrix builds no vLLM {key.release} keys"
-        for rule in self.rules:
-            if rule.release == key.release and rule.drop and matches(rule.when, key, None, ignore_group=True):
-                return f"dropped by the rule at line {rule.line}, {rule.source}"
-        return f"no launch group, layer kind or routing preset of vLLM {key.release} produces it"
+        try:
+            deps = [deployment(key.arch, key.tp, draft=d, release=key.release) for d in [None, *entry.drafts.values()]]
+        except NotDeployed:
+            return f"vLLM {key.release}'s mono path does not run {key.arch} at TP {key.tp}"
+        if any(key in required(dep) for dep in deps):
+            return f"vLLM's runner can ask for it, but vLLM {key.release}'s entry does not cover it"
+        return f"vLLM's runner never asks for it on {deps[-1].describe()}; see dsv41-aot facts"
 
 
 def load(path: str | Path | None = None) -> Matrix:
@@ -127,14 +140,15 @@ def load(path: str | Path | None = None) -> Matrix:
             raise m.error(1, f"missing top-level entry {name!r}")
     if doc.get("version", SCHEMA) != SCHEMA:
         raise m.error(line_of(doc, "version"), f"matrix version {doc.get('version')!r}: this dsv41-aot reads version {SCHEMA} "
-                                             f"(a `releases:` mapping of vLLM release -> its sections)")
+                                             f"(a `releases:` mapping of vLLM release -> its axes, layer kinds and "
+                                             f"drafts; vLLM's own rules are dsv41_aot/facts/'s)")
     releases = doc["releases"]
     if not isinstance(releases, dict) or not releases:
         raise m.error(line_of(doc, "releases"), "releases: expected a mapping of vLLM release -> its entry")
     resolved: dict = {}
 
     def sections(version: str, chain=()) -> dict:
-        """The release's sections, ``like`` followed."""
+        """The release's sections, ``like`` followed: name -> (value, the release that gives it)."""
         if version in resolved:
             return resolved[version]
         spec = releases[version]
@@ -152,14 +166,14 @@ def load(path: str | Path | None = None) -> Matrix:
                 raise m.error(line_of(spec, "like"), f"release {version}: like {like!r} is not another release "
                                                   f"of the matrix ({', '.join(map(str, releases))})")
             out.update(sections(like, chain + (version,)))
-        out.update({k: spec[k] for k in _SECTIONS if k in spec})
-        for name in ("axes", "groups"):
+        out.update({k: (spec[k], version) for k in _SECTIONS if k in spec})
+        for name in ("axes", "layer_kinds"):
             if name not in out:
                 raise m.error(line, f"release {version}: missing {name!r} (give it, or take it with like: RELEASE)")
         resolved[version] = out
         return out
 
-    expanded: list = []
+    keys: list = []
     for version in releases:
         line = line_of(releases, version)
         if not isinstance(version, str) or version not in RELEASES:
@@ -170,8 +184,11 @@ def load(path: str | Path | None = None) -> Matrix:
         if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
             raise m.error(line, f"release {version}: mono_sources must be the release's 16-hex-digit mono sources "
                                f"digest (dsv41-aot fetch-vllm {version} prints it)")
-        expanded += expand_release(m, doc, version, sections(version), digest)
-    m.keys_by_group = expanded
+        m.releases[version] = ReleaseEntry(version, digest, line)
+        given = sections(version)
+        keys += expand_release(m, version, {k: v for k, (v, _) in given.items()},
+                               {k for k, (_, owner) in given.items() if owner == version}, line)
+    m.keys = sorted(keys)
 
     profiles = doc["profiles"]
     if not isinstance(profiles, dict) or not profiles:

@@ -28,7 +28,7 @@ def tally(keys: int, ok: int, failures: list, **fields) -> dict:
 
 def error_doc(command: str, err) -> dict:
     """The --json document of a command stopped by a dsv41_aot error."""
-    message = str(err).split("\n  fix: ")[0]
+    message = getattr(err, "message", str(err))
     fix = getattr(err, "fix", None)
     return tally(0, 0, [{"key": None, "error": message, "fix": fix}], command=command, error=message, fix=fix,
                  exit_code=getattr(err, "exit_code", 1))

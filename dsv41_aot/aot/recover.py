@@ -35,7 +35,7 @@ from pathlib import Path
 from . import elf
 from ..errors import AotError, ManifestError
 from ..keys import BuildKey
-from ..manifest import MANIFEST, OBJECTS, Manifest, read_timings, releases_in, room_dir
+from ..manifest import MANIFEST, OBJECTS, Entry, Manifest, read_timings
 
 _ENTRY_RE = re.compile(r"dsv41_([a-z0-9]+)_(gfx[0-9a-f]+)_([a-z]+[0-9]+(?:_[a-z]+[0-9]+)*)")
 
@@ -54,7 +54,7 @@ def key_of_entry(entry: str, release: str) -> BuildKey:
     return key
 
 
-def entry_of_object(path: Path, arch: str, identity: dict, release: str) -> tuple[dict, list]:
+def entry_of_object(path: Path, arch: str, identity: dict, release: str) -> tuple["Entry", list]:
     """(manifest entry, ABI) re-derived from one stored object, or AotError /
     ElfError / ValueError saying why it cannot be."""
     data = path.read_bytes()
@@ -91,14 +91,17 @@ def recover(arch_dir: Path, arch: str, identity: dict, *, release: str) -> tuple
     """Set the corrupt manifest of ``release``'s room in ``arch_dir`` aside
     and write one rebuilt from the arch's objects. Returns the manifest and
     {"arch", "release", "set_aside", "recovered", "skipped": [why, ...]}."""
+    from ..room import room_dir
+    from ..listing import built_releases
+
     arch_dir = Path(arch_dir)
     room = room_dir(arch_dir, release)
     aside = set_aside(room / MANIFEST)
     others: set = set()  # objects another release's (readable) manifest names
-    for other in releases_in(arch_dir):
+    for other in built_releases(arch_dir):
         if other != release:
             try:
-                others |= {e["object"] for e in Manifest.read(arch_dir, arch, release=other).entries.values()}
+                others |= {e.object for e in Manifest.read(arch_dir, arch, release=other).entries.values()}
             except ManifestError:
                 pass
     found: dict = {}
@@ -112,7 +115,7 @@ def recover(arch_dir: Path, arch: str, identity: dict, *, release: str) -> tuple
         except (AotError, elf.ElfError, ValueError, KeyError, OSError) as e:
             skipped.append(f"{path.name}: {str(e).splitlines()[0]}")
             continue
-        found.setdefault(entry["key"], []).append((entry, abi))
+        found.setdefault(entry.key, []).append((entry, abi))
     man = Manifest(arch_dir, arch, timings=read_timings(room), release=release)
     for key, cands in sorted(found.items()):
         if len(cands) > 1:

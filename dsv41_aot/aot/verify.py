@@ -43,8 +43,9 @@ from pathlib import Path
 
 from ..errors import AotError, ManifestError
 from ..keys import BuildKey
-from ..manifest import Manifest, rooms_or_error
-from ..room import Room, orphan_objects, rooms_in, rooms_of
+from ..manifest import Manifest
+from ..room import Room
+from ..listing import built_rooms_or_error, orphan_objects, rooms_in, rooms_of
 from ..records import NO_EVIDENCE, STALE
 from .integrity import KeyReport, check_entry
 from .jit import compare_jit, verified_record, write_verified
@@ -236,7 +237,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
     if isinstance(vllm_src, (str, Path)):
         vllm_src = (vllm_src,)
     root = Path(root)
-    found = rooms_in(root, release) or rooms_or_error(root, release)  # none at all: bad input, naming the fix
+    found = rooms_in(root, release) or built_rooms_or_error(root, release)  # none at all: bad input, naming the fix
     reports, codes, chosen, lib_failures, warnings = {}, {}, {}, [], {}
     mans = []
     for room in found:
@@ -260,7 +261,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             warnings[orphan] = f"{arch_dir.name}: stored object {orphan.name} is named by no room (left by an older or interrupted build)"
         for foreign in rooms_of(arch_dir):
             if not foreign.known:
-                warnings[foreign.dir] = (f"{foreign.dir}: vllm-{foreign.release} is a release this dsv41-aot does not "
+                warnings[foreign.dir] = (f"{foreign.dir}: {foreign.dir.name} is a release this dsv41-aot does not "
                                          f"know; left as it is (its objects and bands are kept)")
     for man in mans:
         room = Room(root, man.arch, man.release)

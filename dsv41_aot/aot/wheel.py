@@ -10,46 +10,49 @@ import zipfile
 from pathlib import Path
 
 from ..errors import AotError
-from ..facts.releases import version_order
 from ..keys import BuildKey
-from ..manifest import Manifest
-from ..records import NO_EVIDENCE, PROVEN, VERIFIED, LinkRecord, Proof
+from ..records import NO_EVIDENCE, PROVEN, VERIFIED, Proof
+from ..manifest import LIB
+from ..room import Room, ZipReader
+from ..listing import rooms_in_members
 from .link import dynamic_info
 
 PKG = "dsv41_aot/kernels_prebuilt/"  # where a wheel carries its rooms
+FIX = "rebuild the wheel from a prebuilt dir that passes: python ci/prebuilt.py DIR"
 
 
 def rooms_in_wheel(names) -> dict:
     """{arch: [release, ...]} of the rooms (``<arch>/vllm-<release>/manifest.json``) a wheel holds."""
     out: dict = {}
-    for n in names:
-        parts = n[len(PKG):].split("/") if n.startswith(PKG) else []
-        if len(parts) == 3 and parts[1].startswith("vllm-") and parts[2] == "manifest.json":
-            out.setdefault(parts[0], []).append(parts[1][len("vllm-"):])
-    return {a: sorted(r, key=version_order) for a, r in sorted(out.items())}
+    for arch, release in rooms_in_members(names, PKG):
+        out.setdefault(arch, []).append(release)
+    return out
+
+
+def wheel_rooms(z: zipfile.ZipFile) -> list[Room]:
+    """The rooms a wheel holds, each reading its records from the wheel's members."""
+    reader = ZipReader(z, PKG)
+    return [Room(Path(PKG), arch, release, reader) for arch, release in rooms_in_members(reader.names, PKG)]
 
 
 def wheel_bands(z: zipfile.ZipFile) -> dict:
     """{arch: ({release: (Manifest, LinkRecord)}, {band file: raw library})}
     of a wheel, read by the room's own parsers from the wheel's bytes, each
     band checked against the libs.json naming it (AotError otherwise)."""
-    names = set(z.namelist())
-    out = {}
-    fix = "rebuild the wheel from a prebuilt dir that passes: python ci/prebuilt.py DIR"
-    for arch, releases in rooms_in_wheel(names).items():
-        base = f"{PKG}{arch}/"
-        rooms, raw = {}, {}
-        for release in releases:
-            where = f"{base}vllm-{release}/"
-            man = Manifest.parse(z.read(where + "manifest.json"), where + "manifest.json", Path(base), arch, release,
-                                 fix)
-            links = LinkRecord.parse(z.read(where + "libs.json"), where + "libs.json", arch, release, fix)
-            rooms[release] = (man, links)
-            for band in links.bands:
-                path = f"{base}lib/{band.file}"
-                if path in names and band.file not in raw:
-                    raw[band.file] = band.unpack(z.read(path), Path(path), fix)
-        out[arch] = (rooms, raw)
+    out: dict = {}
+    for room in wheel_rooms(z):
+        rooms, raw = out.setdefault(room.arch, ({}, {}))
+        try:
+            man, links = room.manifest(), room.links()
+        except AotError as e:
+            raise type(e)(e.message, fix=FIX) from None
+        rooms[room.release] = (man, links)
+        for band in links.bands:
+            if room.reader.where(f"{room.arch}/{LIB}/{band.file}") in room.reader.names and band.file not in raw:
+                try:
+                    raw[band.file] = room.read_band(band)
+                except AotError as e:
+                    raise type(e)(e.message, fix=FIX) from None
     return out
 
 
@@ -90,14 +93,15 @@ def report(wheel: Path) -> dict:
                 if needed:
                     problems.append(f"{base}lib/{band_file}: DT_NEEDED {needed}")
             for release, (man, links) in rooms_.items():
-                where = f"{arch}/vllm-{release}"
+                room = Room(Path(PKG), arch, release, ZipReader(z, PKG))
+                where = room.name
                 proof = Proof(arch, release, {})
-                vpath = f"{base}vllm-{release}/{VERIFIED}"
+                vpath = f"{PKG}{room.name}/{VERIFIED}"
                 if vpath in names:
                     try:  # its one parser (records.Proof)
-                        proof = Proof.parse(z.read(vpath), vpath, arch, release, "rebuild the wheel from proven rooms")
+                        proof = room.proof()
                     except AotError as e:
-                        problems.append(str(e).splitlines()[0])
+                        problems.append(e.message)
                 linked = {}
                 for band in links.bands:
                     if band.file not in raw:
@@ -110,10 +114,10 @@ def report(wheel: Path) -> dict:
                 for key, e in sorted(man.entries.items()):
                     k = BuildKey.parse(key, release)
                     band = links.band_of.get(key)
-                    if linked.get(key) != e["sha256"]:
+                    if linked.get(key) != e.sha256:
                         problems.append(f"{key} (vLLM {release}): not linked from its object in {where}/libs.json")
-                    elif band is not None and band.file in raw and (e["entry"].encode() + b"\0") not in raw[band.file]:
-                        problems.append(f"{key} (vLLM {release}): {band.file} does not export {e['entry']}")
+                    elif band is not None and band.file in raw and (e.entry.encode() + b"\0") not in raw[band.file]:
+                        problems.append(f"{key} (vLLM {release}): {band.file} does not export {e.entry}")
                     state = proof.verdict(key, e)  # PROVEN, NO_EVIDENCE (no JIT-only evidence), STALE or None
                     proven = state == PROVEN
                     if not proven:

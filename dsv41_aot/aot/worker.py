@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
 
     def answer(compiler, key):
         entry, abi = compiler.compile(key)
-        return {"entry": entry, "abi": abi}
+        return {"entry": entry.to_dict(), "abi": abi}
 
     return serve(arch, start, answer, ready=lambda compiler: {"identity": compiler.identity}, release=release)
 

@@ -32,7 +32,7 @@ def _selected_keys(args) -> list:
             if k not in universe and not args.any_key:
                 near = neighbours(k, universe)
                 raise AotError(
-                    f"{k.describe()} is not a key {m.path} builds ({m._why_not(k)}); nearest it builds: "
+                    f"{k.describe()} is not a key {m.path} builds ({m.why_not(k)}); nearest it builds: "
                     f"{', '.join(near) or 'none'}",
                     fix=f"pick a key from: dsv41-aot build --list --profile full --release {k.release}  "
                         f"(or pass --any-key to build it anyway)",
@@ -97,23 +97,22 @@ def cmd_build(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from ..manifest import arch_dirs, rooms_or_error
-    from ..room import Room, rooms_of
+    from ..listing import built_arches, built_rooms_or_error, rooms_of
 
     root = Path(args.dir)
     entries, proofs, warnings = [], [], []
-    found = rooms_or_error(root, args.release)
+    found = built_rooms_or_error(root, args.release)
     timings = {}
-    for d, release in found:
-        room = Room(root, d.name, release)
+    for room in found:
+        release = room.release
         m = room.manifest()
         proof = _room_proofs(room, m, proofs, warnings)
         for key in sorted(m.entries):
             timings[(release, key)] = m.timings.get(key)
-            entries.append(dict(m.entries[key], release=release, abi=m.abi(key),
+            entries.append(dict(m.entries[key].to_dict(), release=release, abi=m.abi(key),
                                 proof=proof.verdict(key, m.entries[key]) if proof else None))
-    foreign = [f"{r.dir}: vllm-{r.release} is a release this dsv41-aot does not know; left as it is"
-               for d in arch_dirs(root) for r in rooms_of(d) if not r.known]
+    foreign = [f"{r.dir}: {r.dir.name} is a release this dsv41-aot does not know; left as it is"
+               for d in built_arches(root) for r in rooms_of(d) if not r.known]
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if args.json:
@@ -122,11 +121,11 @@ def cmd_list(args) -> int:
         return 0
     short = {"proven": "jit", "no_evidence": "old", "stale": "stale", None: "-"}
     print(f"{'release':8} {'key':44} {'bytes':>8} {'code obj':>8} {'compile s':>9} {'proof':>5}  symbol")
-    for e in entries:
-        secs = timings.get((e["release"], e["key"]))
+    for row in entries:
+        secs = timings.get((row["release"], row["key"]))
         secs = f"{secs:9.2f}" if secs is not None else f"{'-':>9}"
-        print(f"{e['release']:8} {e['key']:44} {e['bytes']:8d} {e['code_object_bytes']:8d} {secs} "
-              f"{short[e['proof']]:>5}  {e['symbol']}")
+        print(f"{row['release']:8} {row['key']:44} {row['bytes']:8d} {row['code_object_bytes']:8d} {secs} "
+              f"{short[row['proof']]:>5}  {row['symbol']}")
     for line in foreign:
         print(line)
     print(f"{len(entries)} symbols in {root}")
@@ -146,9 +145,9 @@ def _room_proofs(room, man, proofs: list, warnings: list):
     try:
         proof = room.proof()
     except ManifestError as e:
-        warnings.append(str(e).replace("\n  fix: ", "; fix: "))
+        warnings.append(e.message + (f"; fix: {e.fix}" if e.fix else ""))
         proofs.append({"arch": room.arch, "release": room.release, "keys": len(man.entries),
-                       "error": str(e).split("\n  fix: ")[0]})
+                       "error": e.message})
         return None
     proofs.append({"arch": room.arch, "release": room.release, **proof.counts(man.entries)})
     return proof

@@ -17,14 +17,14 @@ def register(sub) -> None:
         for rel in RELEASES.values() for arch, d in rel.arches.items()) + ")")
     p.add_argument("--max-rows", type=int, help="largest decode step in rows (default and cap: " + ", ".join(
         f"{rel.version} {arch} {d.max_rows}" for rel in RELEASES.values() for arch, d in rel.arches.items()) + ")")
-    p.add_argument("--draft", help="the DSpark draft's experts,topk,swa_width (e.g. 128,3,192) or a matrix "
-                                   "routing preset name (dspark); omit without a draft")
+    p.add_argument("--draft", help="the DSpark draft's experts,topk,swa_width (e.g. 128,3,192) or the name of "
+                                   "a draft of the matrix (dspark); omit without a draft")
     p.add_argument("--release", help="only this vLLM release (default: every release of the matrix; one that "
                                      "does not run the deployment is skipped)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--dir", help="prebuilt directory to check (default: what the loader uses)")
     src.add_argument("--profile", help="check a build matrix profile instead, without building")
-    p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml): routing presets, profiles")
+    p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml): its releases, drafts, profiles")
     p.add_argument("--json", action="store_true", help='print {"reports": [{"release", "required", "missing", '
                                                        '"unlinked", ...} per release], "skipped": [...], ...}')
     p.set_defaults(func=run)

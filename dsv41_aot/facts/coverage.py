@@ -1,7 +1,9 @@
 """The launches vLLM can ask for on one deployment: each release's runner
-rules, written as code from its sources (paths relative to
-``vllm/models/deepseek_v41/``). ``dsv41-aot coverage`` and ``dsv41-aot
-doctor`` both call :func:`required`; neither needs the build matrix.
+rules, written once as code from its sources (paths relative to
+``vllm/models/deepseek_v41/``). The build matrix's expansion
+(``aot/expand.py``), ``dsv41-aot coverage`` and ``dsv41-aot doctor`` all
+call :func:`runner_calls` / :func:`required`; a rule changed here changes
+all three.
 
 The facts they read are :mod:`releases`' (per release and arch: TP sizes,
 row cap, whole-layer ratios, how draft layers run, MonoBuild's defaults, the
@@ -81,26 +83,25 @@ def deployment(arch: str, tp: int, max_rows: int | None = None, draft: tuple | N
     if draft is not None:
         if len(draft) != 3 or any(not isinstance(v, int) or v < 1 for v in draft):
             raise CoverageInputError(f"--draft {draft}: expected three positive integers experts,topk,swa_width",
-                                     fix="--draft 128,3,192  (or --draft dspark: the matrix's routing preset)")
+                                     fix="--draft 128,3,192  (or --draft dspark: a draft of the matrix)")
     return Deployment(release, arch, tp, min(max_rows, dep.max_rows), tuple(draft) if draft else None)
 
 
 def parse_draft(text: str | None, presets: dict | None = None) -> tuple | None:
     """``--draft``: ``experts,topk,swa_width``, or the name of one of
-    ``presets`` ({name: {"experts", "topk", "swa_width", ...}}: the build
-    matrix's routing presets, when the caller has the matrix)."""
+    ``presets`` ({name: (experts, topk, swa_width)}: the build matrix's
+    drafts, when the caller has the matrix)."""
     if text is None:
         return None
     presets = presets or {}
     if text in presets:
-        r = presets[text]
-        return (r["experts"], r["topk"], r["swa_width"])
+        return tuple(presets[text])
     try:
         parts = tuple(int(p) for p in text.split(","))
     except ValueError:
         parts = ()
     if len(parts) != 3:
-        named = f" or a routing preset ({', '.join(presets)})" if presets else ""
+        named = f" or a draft of the matrix ({', '.join(presets)})" if presets else ""
         raise CoverageInputError(f"--draft {text!r}: expected experts,topk,swa_width{named}",
                                  fix="--draft 128,3,192  (V4.1-Flash's DSpark draft)")
     return parts
@@ -117,11 +118,16 @@ def layer_kinds(release: str) -> dict:
     layer on the mono path. A field the release's MonoBuild lacks takes its
     default."""
     rel = release_facts(release)
+    # amd/mono_decode.py: fold=False on the model's first layer and after an
+    # Engram write, True elsewhere; index where the layer has an indexer
     folds = (False, True) if rel.reads("fold") else (rel.defaults["fold"],)
     indexes = (False, True) if rel.reads("index") else (rel.defaults["index"],)
     whole_drafts = any(d.draft_layers == "whole" for d in rel.arches.values())
     return {
+        # amd/mono/runner.py forward(): `assert not index or ratio`
         "backbone": [(r, f, i) for r in rel.whole_ratios for f in folds for i in indexes if r or not i],
+        # amd/mono_decode.py MonoDecodeLayer._create: a draft layer with
+        # compressed keys or an indexer is refused
         "draft": [(0, f, False) for f in folds] if whole_drafts else [],
     }
 
@@ -161,6 +167,15 @@ class RunnerCall:
     args: tuple
     runner: dict
     keys: tuple
+    # (ratio, fold, index) of the layer a ``kernels`` call runs whole (a
+    # field the release's MonoBuild lacks at its default); None for
+    # ``ffn_kernel``, which runs the FFN of any layer
+    layer: tuple | None = None
+
+    @property
+    def tokens(self) -> int:
+        """The step's rows: the first argument of either method."""
+        return self.args[0]
 
     def as_json(self) -> list:
         """``[method, *args, {runner fields}]``: how tests/_vllm_probe.py and
@@ -173,7 +188,7 @@ def _kernels(dep: Deployment, tokens: int, ratio: int, fold: bool, index: bool, 
     rel = release_facts(dep.release)
     args = (tokens, ratio) + ((fold, index) if rel.reads("fold") and rel.reads("index") else ())
     return RunnerCall("kernels", args, dict(tp=dep.tp, timeline=TIMELINE, **routing),
-                      tuple(_k1_k2(dep, tokens, ratio, fold, index, routing)))
+                      tuple(_k1_k2(dep, tokens, ratio, fold, index, routing)), layer=(ratio, fold, index))
 
 
 def _ffn_kernel(dep: Deployment, tokens: int, runner: dict, routing: dict) -> RunnerCall:

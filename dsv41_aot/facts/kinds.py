@@ -17,8 +17,8 @@ class Kind:
     name: str  # the key's KIND
     builder: str  # mono/layer.py function: build_mono_<kind>(MonoBuild) -> launcher
     # whether the launch is (half of) a whole layer, attention and FFN, built
-    # per layer kind (compress ratio, fold, index): a matrix group of such
-    # kinds names its ``layers``; any other kind runs one fixed layer shape
+    # per layer kind (compress ratio, fold, index); any other kind runs one
+    # fixed layer shape
     whole_layer: bool
     # MonoBuild fields the launch does not read: pinned to the release's
     # MonoBuild default (one symbol, one key); the key string omits them. A
@@ -57,5 +57,5 @@ def kind_facts(name: str) -> Kind:
     except KeyError:
         raise KeyFormatError(
             f"unknown launch kind {name!r} (one of {', '.join(KINDS)})",
-            fix="pick one of those, or add the kind to dsv41_aot/facts/kinds.py and a launch group to build_matrix.yaml",
+            fix="pick one of those, or add the kind to dsv41_aot/facts/kinds.py and its runner call to facts/coverage.py",
         ) from None

@@ -9,8 +9,9 @@ value the launch behaves as (its ``defaults``): one launch, one key. The
 release a process runs is told apart by its mono sources digest
 (``source.mono_digest``), recorded per release in each manifest.
 
-Adding a release is one :data:`RELEASES` entry (what its sources say) plus
-its entry in ``build_matrix.yaml`` (what to build for it).
+Adding a release is one :data:`RELEASES` entry (what its sources say: the
+rules of which keys its runner asks for read it, in :mod:`coverage`) plus
+its entry in ``build_matrix.yaml`` (its digest, and what a build covers).
 
 Standard library only (the runtime reads it too).
 """
@@ -93,7 +94,9 @@ class Release:
     @property
     def folder(self) -> str:
         """The release's folder in an arch folder of a prebuilt directory."""
-        return f"vllm-{self.version}"
+        from ..manifest import folder_name
+
+        return folder_name(self.version)
 
 
 # vLLM 0.33.0's MonoBuild defaults (amd/mono/layer.py): EXPERTS, TOPK = 384, 6
@@ -110,7 +113,10 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
             "gfx950": Deploy(tp_sizes=(2, 4), max_rows=48),
             # amd/mono_decode.py: "gfx942 builds for tensor parallel size 4 only",
             # MAX_ROWS_GFX942 = 42, "On gfx942 the DSpark draft layers take the FFN
-            # launch"; amd/mono/runner.py: "k2 = replace(b, index=False) if GFX942"
+            # launch"; amd/mono/runner.py: "k2 = replace(b, index=False) if GFX942".
+            # Beyond unused, the kernel source refuses gfx942 at TP 2 (measured):
+            # FFN s=33 fails stages/moe.py's `shared_units <= BLOCKS` assert, and
+            # K2 s=17 r=2 needs 77,056 B of LDS (limit 64 KiB)
             "gfx942": Deploy(tp_sizes=(4,), max_rows=42, k2_reads_index=False, draft_layers="ffn", runner_flag=True),
         },
         symbol_params={

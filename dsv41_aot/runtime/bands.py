@@ -46,7 +46,7 @@ def _open_library(idx: _Index, lib: Band) -> ctypes.CDLL:
             hip = _hip.load()
             if state._state.hip_version is None:
                 state._state.hip_version = hip.check_version()
-            path = idx.libdir / lib.file
+            path = idx.room.lib / lib.file
             raw = idx.room.read_band(lib)  # the room's checks: inside lib/, a plain file, sha256, raw sha256
             fd = _library_fd(raw, lib)
             del raw  # the memfd holds the library now: a deployment bound at once keeps one copy of each

@@ -56,7 +56,7 @@ class Report:
         self.checks.append(Check(name, status, text, fix))
 
     def fail(self, name: str, err: AotError | str, fix: str | None = None) -> None:
-        text = str(err).split("\n  fix: ")[0] if isinstance(err, AotError) else err
+        text = err.message if isinstance(err, AotError) else err
         self.add(name, "fail", text, fix or getattr(err, "fix", None))
 
     @property

@@ -76,6 +76,9 @@ class Hip:
     def __init__(self, lib: ctypes.CDLL, path: str):
         self.lib = lib
         self.path = path
+        # set by the first call that reaches a device (count, current device, capture query): from then
+        # on this process's HIP state is not a forked child's to use (state._after_fork_in_child)
+        self.touched = False
         self._name = lib.hipGetErrorName
         self._name.restype = ctypes.c_char_p
         self._name.argtypes = [ctypes.c_int]
@@ -94,12 +97,28 @@ class Hip:
 
     def device_count(self) -> tuple[int, int]:
         """(status, number of visible devices)."""
+        self.touched = True
         n = ctypes.c_int(0)
         return self.lib.hipGetDeviceCount(ctypes.byref(n)), n.value
 
     def current_device(self) -> tuple[int, int]:
+        """(status, hipGetDevice's current device of this thread)."""
+        self.touched = True
         d = ctypes.c_int(-1)
         return self.lib.hipGetDevice(ctypes.byref(d)), d.value
+
+    def kernel_lookup(self, image: bytes, name: str) -> int | None:
+        """hipModuleGetFunction's status for kernel ``name`` in a fresh module
+        of ``image`` (loaded, looked up, unloaded): how a failed first launch
+        tells the lookup from the launch. None when the image does not load."""
+        module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+        buf = ctypes.create_string_buffer(image, len(image))
+        if self.lib.hipModuleLoadData(ctypes.byref(module), buf) != HIP_SUCCESS:
+            return None
+        try:
+            return self.lib.hipModuleGetFunction(ctypes.byref(fn), module, ctypes.c_char_p(name.encode()))
+        finally:
+            self.lib.hipModuleUnload(module)
 
     def arch(self, device: int | None = None) -> str | None:
         """The device's gcnArchName without its feature suffix (``gfx942``
@@ -122,6 +141,7 @@ class Hip:
         """hipStreamIsCapturing on ``stream`` (0: the null stream). A query
         that fails is not an answer: it raises LaunchError with its status
         (a failed query must not read as "not capturing")."""
+        self.touched = True
         state = ctypes.c_int(0)
         status = self.lib.hipStreamIsCapturing(ctypes.c_void_p(stream or None), ctypes.byref(state))
         if status != HIP_SUCCESS:

@@ -102,18 +102,18 @@ def _warn_once(what, message: str) -> None:
         logging.getLogger("dsv41_aot").warning("%s", message)
 
 
-def _check_source(key: str, entry: dict) -> None:
+def _check_source(key: str, entry) -> None:
     digest, src, mono = _installed_vllm()
-    built = entry["source"].get("mono_sources")
+    built = entry.source.get("mono_sources")
     if digest is None or built == digest:
         return
     msg = (f"{key}: installed vLLM {src.version} mono sources ({mono}) digest {digest} differ from the "
-           f"{built} the prebuilt kernels were built from (vLLM {entry['source'].get('vllm_version')})")
+           f"{built} the prebuilt kernels were built from (vLLM {entry.source.get('vllm_version')})")
     if os.environ.get(ENV_ALLOW_SOURCE) == "1":
         _warn_once((digest, built), f"{msg}; running them anyway ({ENV_ALLOW_SOURCE}=1)")
         return
     raise SourceMismatchError(
         msg,
-        fix=(f"install vllm=={entry['source'].get('vllm_version')}, or rebuild against this vLLM "
+        fix=(f"install vllm=={entry.source.get('vllm_version')}, or rebuild against this vLLM "
              f"(dsv41-aot build ...), or accept the difference with {ENV_ALLOW_SOURCE}=1"),
     )

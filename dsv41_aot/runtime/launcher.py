@@ -9,7 +9,9 @@ Runtime-side module: standard library only (plus hip.py's ctypes binding).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
+import os
 import struct
 import sys
 import threading
@@ -20,7 +22,8 @@ from .abi import _CODES, _Abi
 from .bands import _open_library
 from .host import ENV_ARCH, _device_arch
 from .rooms import _Index
-from ..errors import ArchMismatchError, CaptureError, IntegrityError, LaunchError, ManifestError
+from ..errors import ArchMismatchError, CaptureError, ForkError, IntegrityError, LaunchError, ManifestError
+from ..manifest import Entry
 
 
 def _capturing(stream: int, key: str) -> bool:
@@ -68,21 +71,25 @@ class Launcher:
     refused before any of it is mapped."""
 
     __slots__ = ("key", "kernel_name", "entry", "abi", "library", "arch", "_abi", "_idx", "_librec", "_lib",
-                 "_tls", "_call", "_pack", "_ready", "_hip")
+                 "_tls", "_call", "_pack", "_ready", "_hip", "_devices", "_launched", "_image_sha",
+                 "_image_bytes")
 
-    def __init__(self, key: str, entry: dict, abi: _Abi, idx: _Index, lib):
+    def __init__(self, key: str, entry: Entry, abi: _Abi, idx: _Index, lib):
         self.key = key
-        self.kernel_name = entry["symbol"]
-        self.entry = entry["entry"]
-        self.arch = entry["arch"]
+        self.kernel_name = entry.symbol
+        self.entry = entry.entry
+        self.arch = entry.arch
         self.abi = abi.slots
         self.library = idx.band_paths[lib.file]
         self._abi = abi
         self._idx = idx
         self._librec = lib
         self._lib = None
-        self._ready = False
+        self._ready = False  # a launch succeeded: calls take the short path
         self._hip = None
+        self._devices: set = set()  # devices this Launcher loaded its module on
+        self._launched: set = set()  # devices a launch of it succeeded on (its kernel looked up there)
+        self._image_sha, self._image_bytes = entry.code_object_sha256, entry.code_object_bytes
 
     def bind(self) -> None:
         """Verify and open this key's band, resolve its C entry, check its ABI;
@@ -154,7 +161,7 @@ class Launcher:
 
     def __call__(self, *args, stream=0):
         if not self._ready:
-            self.load_module(stream)
+            return self._first_call(args, stream)
         if stream.__class__ is not int:
             stream = _stream_handle(stream)
         try:
@@ -167,42 +174,110 @@ class Launcher:
             raise self._bad_args(args, stream) from None
         status = self._call(argv)
         if status:
-            raise self._failed(status)
+            self._recover(status, stream, argv)
 
-    def load_module(self, stream=None) -> None:
-        """Load this key's code object on the current device (once): refused
-        inside a graph capture, and on a device of another arch."""
-        if self._ready:
-            return
+    def _first_call(self, args, stream) -> None:
+        """A call before any launch of this Launcher succeeded: its module
+        loaded on the current device first, then the call; a success makes
+        every later call take the short path."""
+        stream = _stream_handle(stream)
+        device = self.load_module(stream)
+        try:
+            buf, argv = self._tls.args
+        except AttributeError:
+            buf, argv = self._thread_buffer()
+        try:
+            self._pack(buf, 0, *args, stream)
+        except struct.error:
+            raise self._bad_args(args, stream) from None
+        status = self._call(argv)
+        if status:
+            self._recover(status, stream, argv)
+        else:
+            self._launched.add(device)
+        self._ready = True
+
+    def _recover(self, status: int, stream: int, argv) -> None:
+        """A nonzero status from the entry. FLYDSL_AOT_ERR_NOT_LOADED: the
+        band holds no module of this key for the current device (a
+        hipSetDevice since this Launcher's first load): load it there and call
+        again, once. Anything else raises, naming the HIP call that failed."""
+        if status == ERR_NOT_LOADED:
+            device = self.load_module(stream)
+            status = self._call(argv)
+            if not status:
+                self._launched.add(device)
+                return
+        raise self._failed(status)
+
+    def load_module(self, stream=None) -> int:
+        """Load this key's code object on the current device, once a device;
+        return that device. Refused in a fork() child of a process that had
+        used HIP, inside a graph capture, and on a device of another arch."""
+        if state._state.forked_after_hip is not None:
+            raise self._fork_error()
+        hip = _hip.load()
+        device = self._current_device(hip)
+        if device in self._devices:
+            return device
         stream = _stream_handle(stream)
         with state._state.lock:
-            if self._ready:
-                return
+            if device in self._devices:
+                return device
             self.bind()
-            device = _device_arch()
-            if device is not None and device != self.arch:
+            arch = _device_arch()
+            if arch is not None and arch != self.arch:
                 raise ArchMismatchError(
-                    f"{self.key}: built for {self.arch}, but the current device is {device}",
-                    fix=f"install the {device} kernels (or unset {ENV_ARCH})",
+                    f"{self.key}: built for {self.arch}, but the current device is {arch}",
+                    fix=f"install the {arch} kernels (or unset {ENV_ARCH})",
                 )
             if _capturing(stream, self.key):
                 raise CaptureError(
                     f"{self.key}: first load of its code object inside a HIP/CUDA graph capture",
                     fix="call it once eagerly before capturing, or dsv41_aot.preload([...]) its keys at start-up",
                 )
-            self._hip = _hip.load()
-            for step, arg in (("__module_init", None), ("__module_load", -1)):
-                fn = getattr(self._lib, self.entry + step)
-                fn.restype = ctypes.c_int32
-                status = fn() if arg is None else fn(ctypes.c_int32(arg))
-                if status:
-                    err = LaunchError(
-                        f"{self.key}: {self.entry}{step} failed: {self._hip.error_name(status)} ({status})",
-                        fix="check the ROCm install and that a GPU is visible (rocm-smi; HIP_VISIBLE_DEVICES)",
-                    )
-                    err.status = status
-                    raise err
-            self._ready = True
+            self._hip = hip
+            init = getattr(self._lib, self.entry + "__module_init")
+            init.restype = ctypes.c_int32
+            status = init()
+            if status:  # FlyDSL's own state (host memory), before any HIP call
+                raise self._error(f"{self.entry}__module_init failed: {hip.error_name(status)} ({status})", status,
+                                  "check the host's free memory")
+            load = getattr(self._lib, self.entry + "__module_load")
+            load.restype = ctypes.c_int32
+            status = load(ctypes.c_int32(-1))  # the current device: hipGetDevice, then hipModuleLoadData
+            if status:
+                raise self._error(f"hipModuleLoadData of {self.kernel_name}'s code object on device {device} "
+                                  f"failed: {hip.error_name(status)} ({status}); nothing was launched", status,
+                                  _load_fix(status, self.arch, device))
+            self._devices.add(device)
+        return device
+
+    def _current_device(self, hip) -> int:
+        status, device = hip.current_device()
+        if status:
+            raise self._error(f"hipGetDevice failed: {hip.error_name(status)} ({status}); nothing was loaded",
+                              status, FIX_DEVICE)
+        return device
+
+    def _forget_loads(self) -> None:
+        """After fork(): the parent's modules are not this process's."""
+        self._ready = False
+        self._devices = set()
+        self._launched = set()
+
+    def _fork_error(self) -> ForkError:
+        return ForkError(
+            f"{self.key}: this process (pid {os.getpid()}) was forked from pid {state._state.forked_after_hip} "
+            f"after that process had used HIP; HIP does not survive fork(), so nothing was loaded or launched",
+            fix="start GPU worker processes with spawn, as vLLM does (multiprocessing.get_context('spawn'); "
+                "VLLM_WORKER_MULTIPROC_METHOD=spawn), or fork before the parent's first HIP call",
+        )
+
+    def _error(self, what: str, status: int, fix: str) -> LaunchError:
+        err = LaunchError(f"{self.key}: {what}", fix=fix)
+        err.status = status
+        return err
 
     def _bad_args(self, args, stream) -> LaunchError:
         names = self._abi.names
@@ -219,7 +294,69 @@ class Launcher:
         return LaunchError(f"{self.key}: {why}; nothing was launched")
 
     def _failed(self, status: int) -> LaunchError:
+        """The error of a failed launch, naming the call: FlyDSL's own codes
+        as such; after a success on this device, hipModuleLaunchKernel (the
+        band caches the kernel's function a device); before one, the band
+        also looked the kernel up (hipModuleGetFunction), and a fresh lookup
+        in the same code object tells which of the two failed."""
         hip = self._hip or _hip.load()
-        err = LaunchError(f"{self.key}: launch of {self.kernel_name} failed: {hip.error_name(status)} ({status})")
-        err.status = status
-        return err
+        name = f"{hip.error_name(status)} ({status})"
+        if status in (ERR_NOT_INITIALIZED, ERR_NOT_LOADED):
+            return self._error(f"launch of {self.kernel_name} failed: {name}", status, FIX_DEVICE)
+        hip_status, device = hip.current_device()
+        where = f"on device {device}" if not hip_status else "on the current device"
+        if device not in self._launched:
+            image = self._image()
+            found = hip.kernel_lookup(image, self.kernel_name) if image is not None else None
+            if found:
+                return self._error(
+                    f"hipModuleGetFunction of {self.kernel_name} {where} failed: {name} (a fresh lookup in the same "
+                    f"code object fails with {hip.error_name(found)} ({found})); nothing was launched", status,
+                    f"the band does not hold the kernel its manifest names: {self._idx.fix_reinstall}")
+            if found is None:
+                return self._error(
+                    f"hipModuleGetFunction or hipModuleLaunchKernel of {self.kernel_name} {where} failed: {name} "
+                    f"(its code object no longer loads, so the lookup cannot be told from the launch)", status,
+                    FIX_DEVICE)
+        return self._error(f"hipModuleLaunchKernel of {self.kernel_name} {where} failed: {name}", status,
+                           _launch_fix(status))
+
+    def _image(self) -> bytes | None:
+        """This key's code object, found in the band's own bytes (the
+        descriptor it was dlopened through) by the manifest's sha256."""
+        fd = state._state.fds.get(self.library)
+        if fd is None:
+            return None
+        want, size = self._image_sha, self._image_bytes
+        raw = os.pread(fd, self._librec.raw_bytes, 0)
+        at = raw.find(b"\x7fELF\x02\x01\x01", 1)
+        while at >= 0:
+            if raw[at + 18:at + 20] == EM_AMDGPU and hashlib.sha256(raw[at:at + size]).hexdigest() == want:
+                return raw[at:at + size]
+            at = raw.find(b"\x7fELF\x02\x01\x01", at + 1)
+        return None
+
+
+ERR_NOT_INITIALIZED, ERR_NOT_LOADED = -1, -2  # FlyDSL's AOT runtime's own codes (its export header)
+EM_AMDGPU = (224).to_bytes(2, "little")
+FIX_DEVICE = "check the ROCm install and that a GPU is visible (rocm-smi; HIP_VISIBLE_DEVICES)"
+
+
+def _load_fix(status: int, arch: str, device: int) -> str:
+    """The fix for a failed hipModuleLoadData, by its status."""
+    if status == 2:  # hipErrorOutOfMemory
+        return f"free device memory on device {device} (another process? rocm-smi --showmemuse)"
+    if status in (200, 209, 218, 300, 301, 302, 303):  # an image this device or runtime cannot load
+        return (f"the code object is {arch}'s: check that device {device} is a {arch} (rocminfo) and that ROCm is "
+                f"6.0 to 7.x (hipRuntimeGetVersion)")
+    return FIX_DEVICE
+
+
+def _launch_fix(status: int) -> str:
+    """The fix for a failed hipModuleLaunchKernel, by its status."""
+    if status in (9, 701):  # hipErrorInvalidConfiguration, hipErrorLaunchOutOfResources
+        return ("every CTA of the persistent grid must be resident at once: check that no other kernel holds the "
+                "device's CUs (rocm-smi) and that HIP_VISIBLE_DEVICES names a whole GPU")
+    if status in (1, 400):  # hipErrorInvalidValue, hipErrorInvalidHandle
+        return "pass a live HIP stream of the current device (stream=torch.cuda.current_stream(), or 0)"
+    return FIX_DEVICE + "; FlyDSL's runtime prints the failing call on stderr"

@@ -37,9 +37,8 @@ from .bands import ENV_CACHE, bind_all, cache_dir  # noqa: F401 (re-exported)
 from .host import _ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, _check_source, resolve_arch, running_vllm  # noqa: F401
 from .launcher import Launcher
 from .rooms import _Index, _index, _root, release_of
-from ..manifest import (  # noqa: F401 (ENV_PREBUILT: the plugin reads it here)
-    ENV_PREBUILT, OBJECTS, releases_in, sha256_file,
-)
+from ..manifest import ENV_PREBUILT, sha256_file  # noqa: F401 (ENV_PREBUILT: the plugin reads it here)
+from ..listing import built_releases
 from ..errors import KeyNotPrebuiltError, ManifestError
 
 # keys.py (dataclasses) is imported at first use: ``import
@@ -95,12 +94,12 @@ def _new_launcher(key, text: str, root: Path, release: str | None) -> Launcher:
         )
     _check_source(text, entry)
     lib, obj_sha = idx.lib_of.get(text, (None, None))
-    if lib is None or obj_sha != entry["sha256"]:
+    if lib is None or obj_sha != entry.sha256:
         raise _link_mismatch(idx, text, entry, lib, obj_sha)
     with state._state.lock:
         launcher = state._state.launchers.get((root, release, text))
         if launcher is None:
-            launcher = Launcher(text, entry, idx.abi(entry["abi"]), idx, lib)
+            launcher = Launcher(text, entry, idx.abi(entry.abi), idx, lib)
             state._state.launchers[(root, release, text)] = launcher
     return launcher
 
@@ -109,25 +108,25 @@ def _link_mismatch(idx: _Index, key: str, entry: dict, lib, obj_sha: str | None)
     """Name what disagrees between the manifest and libs.json, and the fix
     that works: relink (the object was rebuilt), rebuild (the manifest entry
     no longer matches its object) or reinstall (no objects: a wheel)."""
-    libs = idx.libs_path
+    libs = idx.room.libs_path
     if lib is None:
         what = f"{key} is in {idx.manifest.path} but in no library of {libs}"
     else:
-        what = (f"{key}: {idx.manifest.path} records object sha256 {entry['sha256'][:16]}..., but {lib.file} was "
+        what = (f"{key}: {idx.manifest.path} records object sha256 {entry.sha256[:16]}..., but {lib.file} was "
                 f"linked from object {obj_sha[:16]}... ({libs})")
-    obj = idx.dir / entry["object"]
-    if not (idx.dir / OBJECTS).is_dir():
+    obj = idx.room.arch_dir / entry.object
+    if not idx.room.objects.is_dir():
         return ManifestError(f"{what}: the installed manifest and libraries disagree", fix=idx.fix_reinstall)
     try:
         actual = sha256_file(obj)
     except OSError:
         actual = None
-    if actual == entry["sha256"]:  # the object was rebuilt after the link
-        return ManifestError(f"{what}: the object was rebuilt after the last link", fix=f"relink: {idx.link_cmd}")
+    if actual == entry.sha256:  # the object was rebuilt after the link
+        return ManifestError(f"{what}: the object was rebuilt after the last link", fix=f"relink: {idx.room.link_cmd}")
     stored = "is missing" if actual is None else f"has sha256 {actual[:16]}..., not the manifest's"
     return ManifestError(
         f"{what}; the stored object {obj.name} {stored}: the manifest entry no longer describes its object",
-        fix=f"rebuild it: dsv41-aot build --release {idx.release} --key '{key}' --out {idx.root} && {idx.link_cmd}",
+        fix=f"rebuild it: dsv41-aot build --release {idx.release} --key '{key}' --out {idx.room.root} && {idx.room.link_cmd}",
     )
 
 
@@ -190,4 +189,4 @@ def keys(arch: str | None = None, *, release: str | None = None,
 def releases(arch: str | None = None, *, prebuilt: str | os.PathLike | None = None) -> list[str]:
     """The vLLM releases with prebuilt kernels for ``arch``, oldest first."""
     root = _root(prebuilt)
-    return releases_in(root / resolve_arch(arch))
+    return built_releases(root / resolve_arch(arch))

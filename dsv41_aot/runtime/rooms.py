@@ -15,8 +15,9 @@ from pathlib import Path
 from . import state
 from .abi import _Abi
 from .host import _ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, _installed_vllm, _warn_once
-from ..manifest import ENV_PREBUILT, MANIFEST, abi_id, prebuilt_dir, releases_in
-from ..room import Room
+from ..manifest import ENV_PREBUILT, MANIFEST, abi_id, prebuilt_dir
+from ..room import PREFIX, Room
+from ..listing import built_releases
 from ..facts.releases import NEWEST
 from ..errors import ArchMismatchError, ManifestError, ReleaseMismatchError
 
@@ -44,27 +45,24 @@ def _root(prebuilt=None) -> Path:
 
 
 class _Index:
-    """One room (``room.Room``: the keys of one vLLM release on one arch) as
-    the loader uses it: its manifest and link record, each read once by the
-    room's own parser, and its ABIs compiled on first use."""
+    """The loader's view of one room (``room.Room``, which owns its paths and
+    reads its records): which band links each key, and the room's ABIs
+    compiled on first use."""
 
-    def __init__(self, root: Path, arch: str, release: str, room: Room | None = None):
-        # ``room``: one whose manifest release_of just read (the same file, unchanged): not parsed twice
-        self.room = room or Room(root, arch, release)
-        self.root, self.arch, self.release = root, arch, release
-        self.dir = self.room.arch_dir
-        self.manifest = self.room.manifest()
+    def __init__(self, room: Room):
+        self.room = room
+        self.manifest = room.manifest()
         self.entries = self.manifest.entries
-        self.link_cmd = self.room.link_cmd
-        self.libs_path = self.room.libs_path
-        self.libdir = self.room.lib
+        links = room.links()
         # key -> (its Band, the object sha256 it was linked from)
-        links = self.room.links()
         self.lib_of = {key: (band, band.entries[key]) for key, band in links.band_of.items()}
         # band file -> its path as a string (the Launcher's ``library``, the key of the band's handle)
-        self.band_paths = {band.file: str(self.libdir / band.file) for band in links.bands}
-        self.fix_link = self.room.fix_relink
+        self.band_paths = {band.file: str(room.lib / band.file) for band in links.bands}
         self.abis: dict = {}
+
+    @property
+    def release(self) -> str:
+        return self.room.release
 
     def abi(self, aid: str) -> _Abi:
         """The compiled ABI ``aid``, whose id must be the hash of its slots."""
@@ -94,13 +92,14 @@ def _index(root: Path, arch: str, release: str | None = None) -> _Index:
         with state._state.lock:
             idx = state._state.indexes.get((root, arch, release))
             if idx is None:
-                held = releases_in(root / arch)
+                held = built_releases(root / arch)
                 if release not in held:
                     _no_room(root, arch, release, held)
                 read = state._state.read_rooms.pop((root, arch, release), None)
+                # a room whose manifest release_of just read (the same file, unchanged): not parsed twice
                 room = read[0] if read and read[1] is not None and read[1] == _file_version(read[0].manifest_path) \
-                    else None
-                idx = state._state.indexes[(root, arch, release)] = _Index(root, arch, release, room)
+                    else Room(root, arch, release)
+                idx = state._state.indexes[(root, arch, release)] = _Index(room)
     return idx
 
 
@@ -120,7 +119,7 @@ def _no_room(root: Path, arch: str, release: str, held: list) -> None:
         raise ReleaseMismatchError(
             f"{folder} holds prebuilt kernels for vLLM {', '.join(held)}, not vLLM {release}",
             fix=f"install the dsv41-aot wheel that serves vLLM {release}, or build: {build}")
-    others = sorted({p.parent.parent.name for p in root.glob(f"*/vllm-*/{MANIFEST}")})
+    others = sorted({p.parent.parent.name for p in root.glob(f"*/{PREFIX}*/{MANIFEST}")})
     if others:
         raise ArchMismatchError(
             f"{root} holds prebuilt kernels for {', '.join(others)}, not {arch}",
@@ -141,7 +140,7 @@ def release_of(root: Path, arch: str) -> str:
     if picked is not None:
         return picked
     folder = root / arch
-    held = releases_in(folder)
+    held = built_releases(folder)
     if not held:
         _no_room(root, arch, NEWEST, held)
     digest, src, mono = _installed_vllm()

@@ -40,21 +40,30 @@ class _State:
         self.installed_digest: tuple | None = None  # (digest or None, source.MonoSource, mono dir, error or None)
         self.abi_checked: dict = {}  # export metadata (entry name removed) -> ABI id it was checked against
         self.warned: set = set()
+        # this process is a fork() child of one that had used HIP: no module may be loaded here (the parent's
+        # pid); see _after_fork_in_child
+        self.forked_after_hip: int | None = None
 
 
 _state = _State()
 
 
 def _after_fork_in_child() -> None:
-    """HIP modules do not survive fork: a child reloads each code object on its
-    first call. Locks are new (one held by another thread at fork would never
-    be released here)."""
+    """HIP does not survive fork: in a child of a process that had used HIP
+    (a device query or a module load), every Launcher's first call raises
+    ForkError (launcher.load_module); a child forked before any HIP use loads
+    its own modules. Either way no Launcher keeps the parent's loads. Locks
+    are new (one held by another thread at fork would never be released here)."""
+    from . import hip
+
     old = _state
     _state.lock = threading.RLock()
     _state.band_locks, _state.band_locks_guard = {}, threading.Lock()
     _state.device_arch, _state.device_arch_read = None, False
+    if _state.forked_after_hip is None and hip._hip is not None and hip._hip.touched:
+        _state.forked_after_hip = os.getppid()
     for launcher in old.launchers.values():
-        launcher._ready = False
+        launcher._forget_loads()
 
 
 if hasattr(os, "register_at_fork"):

@@ -94,7 +94,8 @@ def enable(*, environ=None) -> tuple[bool, str, int]:
     try:
         from .. import source
         from . import loader
-        from ..manifest import Manifest, releases_in
+        from ..manifest import Manifest
+        from ..listing import built_releases
 
         mode = env.get(ENV_MODE) or "strict"
         if mode not in MODES:
@@ -110,7 +111,7 @@ def enable(*, environ=None) -> tuple[bool, str, int]:
         if arch not in ARCHES:
             return False, f"{arch} is not an arch dsv41-aot builds ({', '.join(ARCHES)}); vLLM keeps FlyDSL JIT", logging.WARNING
         root = loader.prebuilt_dir()
-        held = releases_in(root / arch)
+        held = built_releases(root / arch)
         if not held:
             return False, (f"no prebuilt kernels for {arch} at {root} (install the dsv41-aot wheel or set "
                            f"{loader.ENV_PREBUILT}); vLLM keeps FlyDSL JIT"), logging.WARNING

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv41_aot.aot import coverage
+from dsv41_aot.facts import coverage
 from dsv41_aot.facts.releases import release_facts
 from dsv41_aot.runtime import loader
 from dsv41_aot import vllm as plugin
@@ -58,7 +58,7 @@ def _deployment(root: Path):
 
 def _calls(dep, root: Path, n: int, seed: int) -> list:
     have = set(Manifest.read(root / dep.arch, dep.arch, release=dep.release).entries)
-    need = {str(k) for k in coverage.required(dep, coverage.schedule())}
+    need = {str(k) for k in coverage.required(dep)}
     held = {BuildKey.parse(k, dep.release) for k in need & have}
     reads_index = release_facts(dep.release).deploy(dep.arch).k2_reads_index
     calls = set()

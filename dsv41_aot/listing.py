@@ -1,0 +1,108 @@
+"""Listing rooms: of an arch folder, of a prebuilt directory, of a wheel.
+
+``rooms_of`` lists every room folder of one arch folder, foreign ones
+included; ``rooms_in`` the known rooms of a prebuilt directory, readable or
+not; ``built_rooms`` the known rooms that hold a manifest.json (what was
+built), and ``built_releases`` / ``built_arches`` the same as releases of
+one arch folder or as arch folders; ``rooms_in_members`` the rooms of a
+wheel, from its member names. ``named_by_rooms`` and ``orphan_objects`` say
+what the rooms of an arch name, for garbage collection.
+
+Shared core: standard library only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import AotError
+from .facts.releases import RELEASES, release_facts, version_order
+from .manifest import MANIFEST, OBJECTS, PREFIX
+from .room import ROOM_RE, Room, room_dir
+
+
+def rooms_in_members(names, prefix: str) -> list[tuple[str, str]]:
+    """(arch, release) of every ``<prefix><arch>/vllm-<release>/manifest.json``
+    among a wheel's member ``names``, by arch, oldest release first."""
+    found = []
+    for n in names:
+        parts = n[len(prefix):].split("/") if n.startswith(prefix) else []
+        if len(parts) == 3 and (m := ROOM_RE.fullmatch(parts[1])) and parts[2] == MANIFEST:
+            found.append((parts[0], m.group(1)))
+    return sorted(found, key=lambda ar: (ar[0], version_order(ar[1])))
+
+
+def rooms_of(arch_dir: Path) -> list[Room]:
+    """Every room folder of an arch folder (``vllm-X.Y.Z``), known or foreign."""
+    arch_dir = Path(arch_dir)
+    if not arch_dir.is_dir():
+        return []
+    found = [m.group(1) for p in arch_dir.iterdir() if (m := ROOM_RE.fullmatch(p.name)) and p.is_dir()]
+    return [Room(arch_dir.parent, arch_dir.name, v) for v in sorted(found, key=version_order)]
+
+
+def rooms_in(root: Path, release: str | None = None) -> list[Room]:
+    """The known rooms of a prebuilt directory (of ``release`` when given),
+    a room whose manifest is missing or unreadable included: its problem is
+    what a reader reports."""
+    root = Path(root)
+    arches = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    return [r for a in arches for r in rooms_of(a) if r.known and release in (None, r.release)]
+
+
+def built_releases(arch_dir: Path) -> list[str]:
+    """The known releases an arch folder holds a manifest for, oldest first."""
+    return sorted((v for v in RELEASES if (room_dir(arch_dir, v) / MANIFEST).is_file()), key=version_order)
+
+
+def built_arches(root: Path) -> list[Path]:
+    """The arch folders of a prebuilt directory holding a manifest of some known release."""
+    root = Path(root)
+    return sorted(p for p in root.iterdir() if p.is_dir() and built_releases(p)) if root.is_dir() else []
+
+
+def built_rooms(root: Path, release: str | None = None) -> list[Room]:
+    """The known rooms of a prebuilt directory that hold a manifest (only
+    ``release``'s when given), by arch, oldest release first."""
+    return [Room(d.parent, d.name, r) for d in built_arches(root) for r in built_releases(d) if release in (None, r)]
+
+
+def built_rooms_or_error(root: Path, release: str | None = None) -> list[Room]:
+    """:func:`built_rooms`, for a command that needs at least one: an unknown
+    release, or a directory without a room (of ``release``), is an error
+    naming the directory and the build that fills it."""
+    if release is not None:
+        release_facts(release)
+    found = built_rooms(root, release)
+    if not found:
+        what = f"vLLM {release} kernels" if release else "prebuilt architecture"
+        raise AotError(f"{root} holds no {what} (no <arch>/{PREFIX}<release>/{MANIFEST})",
+                       fix=f"dsv41-aot build --out {root}" + (f" --release {release}" if release else ""))
+    return found
+
+
+def named_by_rooms(arch_dir: Path) -> tuple[set, set] | None:
+    """(object paths, band file names) some room of the arch names, foreign
+    rooms included, read by the same parsers. None when a room's records
+    cannot be read: what it names is unknown, so nothing may be collected."""
+    objs, bands = set(), set()
+    for room in rooms_of(arch_dir):
+        try:
+            if room.manifest_path.is_file():
+                objs |= {room.arch_dir / e.object for e in room.manifest().entries.values()}
+            if room.libs_path.is_file():
+                bands |= {b.file for b in room.links().bands}
+        except AotError:
+            return None
+    return objs, bands
+
+
+def orphan_objects(arch_dir: Path) -> list[Path]:
+    """Stored objects of an arch no room names, a foreign room included (left
+    by an interrupted or older build); none while some room's records cannot
+    be read (its objects cannot be told apart)."""
+    named = named_by_rooms(arch_dir)
+    objdir = Path(arch_dir) / OBJECTS
+    if named is None or not objdir.is_dir():
+        return []
+    return sorted(p for p in objdir.glob("*.o") if p not in named[0])

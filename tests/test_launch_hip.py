@@ -1,0 +1,272 @@
+"""The launch path as HIP sees it, on the smoke build: what a Launcher's
+first loads and launches hand HIP, and how a failure there is reported. HIP
+is the recording HIP (tests/hip_recorder/recording_hip.c), the suite's one
+stand-in for the AMD GPU (MOCK-GPU): the band's real exported host code runs,
+and each test reads back the calls it made, by process.
+
+- fork: a child of a process that had used HIP refuses with ForkError (HIP
+  does not survive fork; docs/loader.md says why this and not a reload),
+  making no HIP call at all; a child forked before any HIP use loads its own.
+- devices: a Launcher used on another device loads its module there first.
+- errors: a failing hipModuleLoadData, hipModuleGetFunction or
+  hipModuleLaunchKernel is named, with its status and a fix that fits.
+- wrong arguments: refused before any launch, naming the argument.
+- exit: nothing is unloaded (docs/loader.md: a hung persistent kernel must
+  not keep the process from exiting).
+- the first load's refusals (capture, arch) and one load for many threads.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import _recording_hip as rh
+
+K1 = "k1@gfx950:s=4,tp=4,r=1"
+K2 = "k2@gfx950:s=4,tp=4,r=1"
+
+# a prelude for each process: the smoke build, K1's Launcher, a call with distinct values
+_PRELUDE = """
+import json, os, sys
+import dsv41_aot
+from dsv41_aot.errors import LaunchError
+from dsv41_aot.runtime import hip, state
+root = sys.argv[1]
+def launcher(key={k1!r}):
+    return dsv41_aot.load_key(key, prebuilt=root)
+def launch(l, stream=0x5150):
+    l(*range(100, 100 + len(l.abi) - 1), stream=stream)
+def set_device(d):
+    assert hip.load().lib.hipSetDevice(d) == 0
+""".format(k1=K1)
+
+
+@pytest.fixture(scope="module")
+def smoke(smoke_dir):
+    return smoke_dir
+
+
+def run(code: str, smoke, recording_hip, tmp_path, **opts):
+    """``code`` after the prelude in a fresh process on the recording HIP:
+    (its last stdout line as JSON, or None; every HIP call it and its children made)."""
+    log = tmp_path / "hip.log"
+    proc = rh.python(_PRELUDE + code, smoke, env=rh.env(recording_hip, log, **opts), timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    return (json.loads(lines[-1]) if lines else None), rh.calls(log)
+
+
+def names(calls, pid=None) -> list:
+    return [c.name for c in calls if pid is None or c.pid == pid]
+
+
+# ---------------------------------------------------------------- fork
+
+
+_FORK = """
+l = launcher()
+{before}
+state._state.lock.acquire()  # another thread holding the lock at fork time
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    try:
+        launch(l)
+        out = dict(launched=True)
+    except LaunchError as e:
+        out = dict(error=type(e).__name__, message=str(e))
+    out.update(lock=state._state.lock.acquire(timeout=5), same=launcher() is l, pid=os.getpid())
+    os.write(w, json.dumps(out).encode())
+    os._exit(0)
+os.close(w)
+child = json.loads(os.read(r, 65536))
+os.waitpid(pid, 0)
+print(json.dumps(dict(child=child, parent=os.getpid())))
+"""
+
+
+def test_a_child_forked_after_its_parent_used_hip_refuses_naming_fork(smoke, recording_hip, tmp_path):
+    out, calls = run(_FORK.format(before="launch(l)"), smoke, recording_hip, tmp_path)
+    child = out["child"]
+    assert child["error"] == "ForkError" and child["lock"] and child["same"]
+    assert "was forked from pid" in child["message"] and "HIP does not survive fork()" in child["message"]
+    assert "spawn" in child["message"] and "VLLM_WORKER_MULTIPROC_METHOD=spawn" in child["message"]
+    # the child made no HIP call at all: not with the parent's function handle, not a reload
+    assert names(calls, child["pid"]) == []
+    assert names(calls, out["parent"]).count("hipModuleLaunchKernel") == 1
+
+
+def test_a_child_forked_before_any_hip_use_loads_its_own_module(smoke, recording_hip, tmp_path):
+    out, calls = run(_FORK.format(before="l.bind()"), smoke, recording_hip, tmp_path)
+    child = out["child"]
+    assert child["launched"] and child["lock"] and child["same"]
+    mine = [c for c in calls if c.pid == child["pid"]]
+    assert [c.name for c in mine if c.name.startswith("hipModule")] == \
+        ["hipModuleLoadData", "hipModuleGetFunction", "hipModuleLaunchKernel"]
+    lookup, launched = mine[-3:][1], [c for c in mine if c.name == "hipModuleLaunchKernel"][0]
+    assert launched.status == 0 and launched["fn"] == lookup["fn"]
+    assert names(calls, out["parent"]) == ["hipRuntimeGetVersion"]  # the parent only bound the band
+
+
+# ---------------------------------------------------------------- devices
+
+
+_DEVICES = """
+l, other = launcher(), launcher({k2!r})
+launch(l)
+set_device(1)
+launch(l)              # loads on device 1 first
+dsv41_aot.preload([other], prebuilt=root)   # preload loads on the current device (1)
+launch(other)
+set_device(0)
+launch(l)              # device 0's module again: no load
+launch(other)          # loads on device 0
+print(json.dumps(dict(devices=sorted(l._devices), other=sorted(other._devices))))
+""".format(k2=K2)
+
+
+def test_a_launcher_used_on_another_device_loads_its_module_there_first(smoke, recording_hip, tmp_path):
+    out, calls = run(_DEVICES, smoke, recording_hip, tmp_path, devices=2)
+    assert out == {"devices": [0, 1], "other": [0, 1]}
+    seen = [(c.name, c["kernel"] if "kernel" in c.fields else c["sha256"][:8], c["device"])
+            for c in calls if c.name in ("hipModuleLoadData", "hipModuleLaunchKernel")]
+    k1, k2 = (c["kernel"] for c in calls if c.name == "hipModuleGetFunction" and c["device"] == "0")
+    launches = [c for c in calls if c.name == "hipModuleLaunchKernel"]
+    assert [(c["kernel"], c["device"]) for c in launches] == [(k1, "0"), (k1, "1"), (k2, "1"), (k1, "0"), (k2, "0")]
+    assert all(c.status == 0 and c["fn_device"] == c["device"] for c in launches), seen
+    assert [c["device"] for c in calls if c.name == "hipModuleLoadData"] == ["0", "1", "1", "0"]
+
+
+# ---------------------------------------------------------------- errors
+
+
+_FAIL = """
+l = launcher()
+out = []
+for _ in range(2):
+    try:
+        launch(l)
+        out.append(None)
+    except LaunchError as e:
+        out.append(dict(cls=type(e).__name__, status=e.status, message=str(e)))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("fail,call,status,fix", [
+    ("hipModuleLoadData=209", "hipModuleLoadData", "hipErrorNoBinaryForGpu (209)", "rocminfo"),
+    ("hipModuleGetFunction=500", "hipModuleGetFunction", "hipErrorNotFound (500)", "the band does not hold the kernel"),
+    ("hipModuleLaunchKernel=701", "hipModuleLaunchKernel", "hipErrorLaunchOutOfResources (701)", "resident"),
+    ("hipModuleLaunchKernel=1@2", "hipModuleLaunchKernel", "hipErrorInvalidValue (1)", "stream"),
+], ids=["load", "lookup", "launch", "launch-after-a-success"])
+def test_a_failing_hip_call_is_named_with_its_status_and_a_fitting_fix(smoke, recording_hip, tmp_path, fail,
+                                                                       call, status, fix):
+    out, calls = run(_FAIL, smoke, recording_hip, tmp_path, fail=fail)
+    failed = [c for c in calls if c.status != 0]
+    assert failed and {c.name for c in failed} == {call}  # the stand-in failed that call, and only it
+    errors = [e for e in out if e is not None]
+    assert errors, out
+    first = errors[0]
+    assert first["status"] == int(status.split("(")[1][:-1])
+    assert f"{K1}: {call} " in first["message"] and status in first["message"], first["message"]
+    assert fix in first["message"].split("fix:")[-1], first["message"]
+    others = {"hipModuleLoadData", "hipModuleGetFunction", "hipModuleLaunchKernel"} - {call}
+    assert not any(f"{o} " in first["message"].split("(")[0] for o in others), first["message"]
+    if fail.endswith("@2"):  # the second launch failed: the first went through, no lookup was needed to tell
+        assert out[0] is None and names(calls).count("hipModuleLoadData") == 1
+
+
+# ---------------------------------------------------------------- wrong arguments
+
+
+_WRONG = """
+l = launcher()
+n = len(l.abi) - 1
+cases = [
+    (list(range(n - 1)), {}),
+    (list(range(n + 1)), {}),
+    ([*range(n - 1), 1.5], {}),
+    ([*range(24), 2**31, *range(n - 25)], {}),
+    ([*range(n - 1), "x"], {}),
+    (list(range(n)), {"stream": "s"}),
+]
+out = []
+for args, kw in cases:
+    try:
+        l(*args, **kw)
+        out.append(None)
+    except LaunchError as e:
+        out.append([str(e), hasattr(e, "status")])
+l(*range(n), stream=None)  # the right arguments are launched
+print(json.dumps(dict(n=n, refused=out)))
+"""
+
+
+def test_wrong_arguments_are_refused_before_any_launch(smoke, recording_hip, tmp_path):
+    out, calls = run(_WRONG, smoke, recording_hip, tmp_path)
+    assert out["n"] == 40
+    whys = ["takes 40 positional integers", "got 41", "argument 'tl' (int64) got 1.5",
+            "argument 'swa_block' (int32) got 2147483648", "argument 'tl'", "not a HIP stream"]
+    for why, got in zip(whys, out["refused"]):
+        assert got is not None and why in got[0] and not got[1], (why, got)
+        assert "nothing was launched" in got[0] or "not a HIP stream" in got[0]
+    (launch,) = [c for c in calls if c.name == "hipModuleLaunchKernel"]  # only the right call's
+    assert launch.status == 0 and launch["stream"] == "0"
+
+
+# ---------------------------------------------------------------- exit
+
+
+def test_at_exit_nothing_is_unloaded(smoke, recording_hip, tmp_path):
+    out, calls = run("launch(launcher()); print(1)", smoke, recording_hip, tmp_path)
+    assert out == 1 and "hipModuleLaunchKernel" in names(calls)
+    assert "hipModuleUnload" not in names(calls) and "hipDeviceSynchronize" not in names(calls)
+
+
+# ---------------------------------------------------------------- the first load's refusals, one load for all
+
+
+_REFUSED = """
+from dsv41_aot.errors import ArchMismatchError, CaptureError
+l = launcher()
+out = []
+for step in (lambda: dsv41_aot.preload([l], prebuilt=root), lambda: launch(l)):
+    try:
+        step()
+        out.append(None)
+    except (ArchMismatchError, CaptureError) as e:
+        out.append([type(e).__name__, str(e)])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("opts,error,why", [
+    (dict(capturing=True), "CaptureError", "inside a HIP/CUDA graph capture"),
+    (dict(arch="gfx942"), "ArchMismatchError", "built for gfx950, but the current device is gfx942"),
+], ids=["capture", "arch"])
+def test_a_first_load_is_refused_inside_a_capture_and_on_another_arch(smoke, recording_hip, tmp_path, opts,
+                                                                      error, why):
+    out, calls = run(_REFUSED, smoke, recording_hip, tmp_path, **opts)
+    assert [e[0] for e in out] == [error, error] and all(why in e[1] for e in out)
+    assert not [c for c in calls if c.name.startswith("hipModule")]  # nothing loaded, nothing launched
+
+
+_THREADS = """
+import threading
+ts = [threading.Thread(target=dsv41_aot.preload, args=([{k1!r}],), kwargs=dict(prebuilt=root)) for _ in range(8)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+l = launcher()
+for _ in range(3):
+    launch(l)
+print(json.dumps(sorted(l._devices)))
+""".format(k1=K1)
+
+
+def test_eight_threads_preloading_one_key_load_it_once(smoke, recording_hip, tmp_path):
+    out, calls = run(_THREADS, smoke, recording_hip, tmp_path)
+    assert out == [0]
+    modules = [c for c in calls if c.name.startswith("hipModule")]
+    assert [c.name for c in modules] == ["hipModuleLoadData", "hipModuleGetFunction"] + ["hipModuleLaunchKernel"] * 3
