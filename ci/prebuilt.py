@@ -19,9 +19,11 @@ that fixes it:
   single installed vLLM of that release could match it;
 - a band that needs anything from the build machine (DT_NEEDED).
 
-Used by setup.py (every wheel build), ci/wheels.sh and the CI workflow.
-Reads the build matrix (PyYAML, a build requirement in pyproject.toml); no
-FlyDSL, torch or vLLM.
+Used by setup.py (every kernels wheel build), ci/wheels.sh and the CI
+workflow. PyYAML (the build matrix), tomllib and packaging (the ``vllm``
+extra) are build-system requirements, imported where they are used: the
+cibuildwheel repair step imports this module through ci/check_wheel.py in a
+container that needs none of them. No FlyDSL, torch or vLLM.
 """
 
 from __future__ import annotations
@@ -192,32 +194,40 @@ def check_dir(root: Path, arches=None, digests: dict | None = None) -> list:
     return [check_arch(root, a, digests) for a in arches]
 
 
-# the `vllm` extra's requirement: which vLLM releases one wheel serves
-_OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
-        "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
-
-
 def vllm_extra(pyproject: str) -> str:
-    """The version specifier of the ``vllm`` extra in pyproject.toml's text."""
-    m = re.search(r'^vllm = \["vllm([^"]+)"\]', pyproject, re.M)
-    if not m:
-        raise ManifestError("pyproject.toml has no `vllm = [\"vllm<specifier>\"]` extra: a kernels wheel must say "
-                            "which vLLM releases it serves", fix="add it under [project.optional-dependencies]")
-    return m.group(1).strip()
+    """The version specifier of the ``vllm`` extra, read from pyproject.toml's text.
+
+    The extra says which vLLM releases one kernels wheel serves (a range,
+    e.g. ``>=0.32.0,<0.34``).
+    """
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the build-system requires install tomli there
+        import tomli as tomllib
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    fix = 'add vllm = ["vllm>=X,<Y"] under [project.optional-dependencies] in pyproject.toml'
+    try:
+        extra = tomllib.loads(pyproject).get("project", {}).get("optional-dependencies", {}).get("vllm", [])
+        reqs = [Requirement(r) for r in extra]
+    except (tomllib.TOMLDecodeError, InvalidRequirement) as e:
+        raise ManifestError(f"pyproject.toml: the vllm extra cannot be read: {e}", fix=fix) from None
+    specs = [r.specifier for r in reqs if r.name == "vllm"]
+    if len(specs) != 1 or not str(specs[0]):
+        raise ManifestError("pyproject.toml has no vllm extra with a version range: a kernels wheel must say "
+                            "which vLLM releases it serves", fix=fix)
+    return str(specs[0])
 
 
 def admits(spec: str, version: str) -> bool:
-    """Whether a specifier of plain clauses (``>=0.32.0,<0.34``) admits ``version``."""
-    for clause in spec.split(","):
-        m = re.fullmatch(r"\s*(>=|<=|==|!=|<|>)\s*([0-9][0-9.]*)\s*", clause)
-        if not m:
-            raise ManifestError(f"vllm extra clause {clause.strip()!r} is not OP VERSION (>=, <, ==, ...)",
-                                fix="write the vllm extra as e.g. vllm>=0.32.0,<0.34")
-        width = max(len(version.split(".")), len(m[2].split(".")))
-        pad = lambda v: version_order(v) + (0,) * (width - len(v.split(".")))  # noqa: E731
-        if not _OPS[m[1]](pad(version), pad(m[2])):
-            return False
-    return True
+    """Whether the PEP 440 specifier ``spec`` (e.g. ``>=0.32.0,<0.34``) admits ``version``."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        return SpecifierSet(spec).contains(version, prereleases=True)
+    except InvalidSpecifier:
+        raise ManifestError(f"vllm extra {spec!r} is not a PEP 440 version specifier",
+                            fix="write the vllm extra as e.g. vllm>=0.32.0,<0.34") from None
 
 
 def main(argv=None) -> int:

@@ -1,32 +1,29 @@
-"""The release path's stages: one subcommand a step of .github/workflows/wheels.yml.
+"""The release path's stages: one subcommand per step of .github/workflows/wheels.yml.
 
-    python ci/release.py check-tag                      version: a tag is v + dsv41_aot.__version__
-    python ci/release.py facts                          version: the arches and releases (dsv41-aot facts)
-    python ci/release.py cache-key                      shard: the build cache's key and restore keys
-    python ci/release.py shard --out DIR                shard: build one shard's keys, prove them (verified.json)
+docs/releases.md describes each stage (which job runs it, what it does,
+when it fails); ``--help`` gives each subcommand's options.
+
+    python ci/release.py check-tag
+    python ci/release.py facts
+    python ci/release.py cache-key
+    python ci/release.py shard --out DIR
     python ci/release.py merge --shards DIR --out DIR --report DIR
-                                                        merge: merge + link, check, residency, compile seconds
-    python ci/release.py prewheel PREBUILT              wheel: every room checked, auditwheel on the raw libraries
-    python ci/release.py build-wheel PREBUILT OUT       the suite's stand-in for the cibuildwheel step
+    python ci/release.py prewheel PREBUILT
+    python ci/release.py build-wheel PREBUILT OUT       (the suite's stand-in for the cibuildwheel step)
     python ci/release.py checkwheel --prebuilt PREBUILT WHEELHOUSE [--require-proofs]
-                                                        wheel: check_wheel, twine check, the wheel's report
-    python ci/release.py wheel PREBUILT OUT             prewheel + build-wheel + checkwheel (ci/wheels.sh)
+    python ci/release.py wheel PREBUILT OUT             (prewheel, build-wheel and checkwheel: ci/wheels.sh)
     python ci/release.py attach --prebuilt DIR --residency DIR --out DIR
-                                                        release: assets to the GitHub release of the tag (gh)
 
 The workflow gives each cell its coordinates in the environment (``ARCH``,
-``SHARD``, ``SHARDS``, ``PROFILE``) and GitHub gives the ref
+``SHARD``, ``SHARDS``, ``PROFILE``), and GitHub gives the ref
 (``GITHUB_REF_TYPE``, ``GITHUB_REF_NAME``) and the step's output file
 (``GITHUB_OUTPUT``); each is also an option, so every stage runs the same on
-a laptop. tests/test_release.py runs the workflow's own steps, in order, on
-the smoke profile (two shards an arch), then serves the wheel from a real
-package index and lets vLLM find the plugin. No logic of the release lives
-only in YAML: what a step does is here (or in the scripts this calls:
-ci/build_shard.py, ci/merge.py, ci/prebuilt.py, ci/check_wheel.py). The
-stages that only read the checkout and tell the workflow something
-(check-tag, facts, cache-key), and what every stage shares, are
-ci/stages.py's: standard library only, as the version job's bare
-interpreter needs.
+a laptop. No logic of the release lives only in YAML: what a step does is
+here or in the scripts this calls (ci/build_shard.py, ci/merge.py,
+ci/prebuilt.py, ci/check_wheel.py). The stages that only read the checkout
+and tell the workflow something (check-tag, facts, cache-key), and what
+every stage shares, are in ci/stages.py, which uses the standard library
+only, since the version job runs it with a bare interpreter.
 
 Exit codes: 0 ok, 1 a check failed, 2 bad input.
 """
@@ -310,7 +307,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_shard)
 
     p = sub.add_parser("merge", help="merge + link an arch's shards, check, residency picture, compile seconds")
-    p.add_argument("--shards", required=True, help="folder holding one folder a shard")
+    p.add_argument("--shards", required=True, help="folder holding one folder per shard")
     p.add_argument("--out", required=True, help="the merged prebuilt dir")
     p.add_argument("--report", required=True, help="residency-<arch>.png/.txt/.json and seconds/ go here")
     p.add_argument("--arch", default=env("ARCH"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -366,3 +367,46 @@ def test_an_empty_prebuilt_dir_is_refused_with_a_fix_that_builds_every_deployed_
     with pytest.raises(ManifestError) as e:
         prebuilt.check_dir(tmp_path)
     assert f"--arch {gone}" not in e.value.fix and f"--arch {deployed[0]}" in e.value.fix
+
+
+def test_the_vllm_extra_is_read_from_pyproject_and_matched_by_pep_440():
+    """ci/prebuilt.py reads the vllm extra with tomllib and matches releases
+    with packaging: the range admits both releases the matrix builds, not the
+    next minor or its pre-releases; a malformed extra is refused by name."""
+    from ci import prebuilt
+
+    spec = prebuilt.vllm_extra((ROOT / "pyproject.toml").read_text())
+    assert [prebuilt.admits(spec, v) for v in ("0.31.9", "0.32.0", "0.33.1", "0.34", "0.34.0rc1")] == \
+        [False, True, True, False, False]
+    with pytest.raises(ManifestError, match="no vllm extra"):
+        prebuilt.vllm_extra('[project.optional-dependencies]\nvllm = ["vllm"]\n')
+    with pytest.raises(ManifestError, match="cannot be read"):
+        prebuilt.vllm_extra('[project.optional-dependencies]\nvllm = ["vllm>=>1"]\n')
+    with pytest.raises(ManifestError, match="not a PEP 440 version specifier"):
+        prebuilt.admits(">=0.32,<x", "0.33.0")
+
+
+def test_the_wheel_gate_runs_when_a_wheel_is_built_not_when_setup_py_is_imported(tmp_path):
+    """With DSV41_AOT_PREBUILT naming an empty dir, the backend's metadata
+    step (what pip install -e runs first) and an sdist succeed; only the wheel
+    build runs the gate and refuses the dir."""
+    from ci.check_wheel import source_tree
+
+    src = source_tree(tmp_path / "src")
+    (tmp_path / "empty").mkdir()
+    hooks = ("import sys; from setuptools import build_meta as b; "
+             "print(getattr(b, sys.argv[1])(sys.argv[2]))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_AOT_")}
+    env["DSV41_AOT_PREBUILT"] = str(tmp_path / "empty")
+    for hook in ("prepare_metadata_for_build_wheel", "build_sdist", "build_wheel"):
+        out = tmp_path / hook
+        out.mkdir()
+        r = subprocess.run([PY, "-c", hooks, hook, str(out)], cwd=src, env=env, capture_output=True, text=True,
+                           timeout=300)
+        if hook == "build_wheel":
+            assert r.returncode == ManifestError.exit_code and "dsv41-aot wheel: error: no prebuilt kernels in" in r.stderr, \
+                r.stderr
+            assert not list(out.glob("*.whl"))
+        else:
+            assert r.returncode == 0, r.stderr[-3000:]
+            assert "no prebuilt kernels" not in r.stderr
