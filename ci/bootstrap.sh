@@ -22,6 +22,8 @@ fi
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+# the FlyDSL is the one pyproject.toml's build extra pins (why that one: its
+# comment there), never named here
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[build,test]" 2>&1 | grep -v "^WARNING: Location" || true
 # the releases, newest first: "newest other other ..." on one line
 read -r newest others < <(.venv/bin/dsv41-aot facts --json | .venv/bin/python -c '

@@ -17,6 +17,7 @@ from _smoke import OLD, REPO, SMOKE_KEYS, SMOKE_RELEASE_KEYS, copy_of, room, run
 
 from dsv41_aot import cli, source
 from dsv41_aot.aot import buildroom, elf, matrix, toolchain
+from dsv41_aot.facts import flydsl
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import BAND_SUFFIX, LIB, LIBS_JSON, Entry, Manifest, sha256_file
@@ -73,7 +74,7 @@ def test_smoke_build_reproduces_the_golden_code_objects(smoke_dir):
             # each release from its own tree, with the digest the matrix records for it
             assert (e.source["vllm_version"], e.source["mono_sources"]) == (release, DIGESTS[release])
             assert e.source["helpers"]["impl"] == "dsv41_aot.compat"  # the label manifests carry
-            assert e.source["flydsl_version"] == toolchain.FLYDSL_VERSION
+            assert e.source["flydsl_version"] == toolchain.flydsl_version()  # the installed FlyDSL
             assert e.bytes <= 160_000, "stripped objects stay small"
             abi = m.abi(key)
             assert abi[-1] == {"name": "stream", "ctype": "pointer", "size": 8}
@@ -395,8 +396,8 @@ def test_a_linker_change_rebuilds_only_keys_linked_by_another(built_k1s, tmp_pat
 
 def _flydsl_release(root, version):
     """FlyDSL as a ``version`` release would install (the installed FlyDSL's
-    modules, its distribution and ``flydsl.__version__`` saying ``version``):
-    FlyDSL is pinned, and no other release is at hand offline."""
+    modules, its distribution and ``flydsl.__version__`` saying ``version``): a
+    release facts/flydsl.py does not list until a test's project copy adds it."""
     import flydsl
 
     real = os.path.realpath(flydsl.__file__)
@@ -414,16 +415,14 @@ def _flydsl_release(root, version):
 def test_a_flydsl_change_rebuilds_only_keys_built_by_another(built_k1s, tmp_path):
     out = copy_of(built_k1s, tmp_path / "pb")
     env = dict(os.environ, PYTHONPATH=str(_flydsl_release(tmp_path / "flydsl-next", "0.4.3")))
-    # the project as it is refuses another FlyDSL (its compile path is pinned) ...
+    # the project as it is refuses a FlyDSL its facts table does not list, naming the ones it does ...
     code, _, err = run_cli("build", "--key", K1S[0], "--out", out, "--no-progress", env=env, check=False)
-    assert code == 2 and "FlyDSL 0.4.3 is installed" in err
-    # ... and a project pinned to it rebuilds what an older FlyDSL built
+    assert code == 2 and "FlyDSL 0.4.3 is installed" in err and f"FlyDSL {flydsl.supported()}" in err, err
+    assert "Traceback" not in err
+    # ... and a project whose table lists it (as the installed release does) rebuilds what another FlyDSL built
     def pin(root):
-        tc = root / "dsv41_aot" / "aot" / "toolchain.py"
-        text = tc.read_text()
-        was = f'FLYDSL_VERSION = "{toolchain.FLYDSL_VERSION}"'
-        assert was in text
-        tc.write_text(text.replace(was, 'FLYDSL_VERSION = "0.4.3"'))
+        _append(root / "dsv41_aot" / "facts" / "flydsl.py",
+                f'\nFLYDSL["0.4.3"] = FlyDSLRelease(**dict(vars(FLYDSL[{toolchain.flydsl_version()!r}]), version="0.4.3"))\n')
 
     pinned = _project_copy(tmp_path, pin)
     assert _only_the_changed_key_rebuilds(out, "flydsl_version", env=env, cwd=pinned) == "0.4.3"

@@ -4,13 +4,13 @@ Runs inside a worker process bound to one architecture: the mono package fixes
 its target at import (``common/arch.py`` reads ``ARCH``), so ``ArchCompiler``
 sets the environment first, then imports vLLM's mono package in isolation.
 
-The compile path is FlyDSL 0.4.2's own JIT compile without a launch: the mono
+The compile path is FlyDSL's own JIT compile without a launch: the mono
 launchers take only scalars, so ``flyc.compile`` would try to launch them.
 ``JitFunction._compile_or_execute(..., execute=False)`` compiles,
 ``_make_compiled_function`` wraps the artifact, ``export_to_c`` writes the C
-object. These are FlyDSL internals: FlyDSL is pinned exactly
-(toolchain.FLYDSL_VERSION) and tests/test_flydsl_pin.py fails loudly when
-they drift.
+object. These are FlyDSL internals: only the FlyDSL releases facts/flydsl.py
+lists are accepted (toolchain.flydsl_version) and tests/test_flydsl_pin.py
+fails loudly when they drift.
 """
 
 from __future__ import annotations

@@ -16,9 +16,7 @@ from pathlib import Path
 
 from ..errors import ToolchainError
 
-FLYDSL_VERSION = "0.4.2"  # the FlyDSL whose internal compile path compiler.py uses
 FIX_LLD = "install a ROCm (set ROCM_PATH) or Debian's lld-19 and llvm-19: apt-get install lld-19 llvm-19"
-FIX_FLYDSL = f"pip install flydsl=={FLYDSL_VERSION}"
 SHIM_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dsv41-aot" / "rocm"
 
 
@@ -32,9 +30,11 @@ class Toolchain:
 
 
 def _llvm_dirs():
-    """LLVM bin folders to look in, best first: ROCm's, then Debian's."""
+    """LLVM bin folders to look in, best first: ROCm's, then Debian's. The
+    shim folder (what a worker's ROCM_PATH names on a machine without ROCm) is
+    never one: its ld.lld is a link this module makes to a real one."""
     for rocm in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
-        if rocm:
+        if rocm and Path(rocm) != SHIM_DIR:
             yield Path(rocm) / "llvm" / "bin"
     for d in sorted(Path("/usr/lib").glob("llvm-*"), key=lambda p: -int(p.name[5:]) if p.name[5:].isdigit() else 0):
         yield d / "bin"
@@ -58,7 +58,7 @@ def tool_version(tool: Path) -> str:
 
 def find() -> Toolchain:
     """Find ld.lld and llvm-strip, make a ROCM_PATH FlyDSL can use, and check
-    the FlyDSL version this build pins."""
+    that the installed FlyDSL is one dsv41-aot supports."""
     lld, strip = llvm_tool("ld.lld"), llvm_tool("llvm-strip")
     if lld is None:
         raise ToolchainError("no ld.lld found (FlyDSL links GPU code objects with $ROCM_PATH/llvm/bin/ld.lld)", fix=FIX_LLD)
@@ -84,18 +84,17 @@ def find() -> Toolchain:
 
 
 def flydsl_version() -> str:
+    """The installed FlyDSL's version; ToolchainError (exit 2) when none is
+    installed or it is not one of facts/flydsl.py's, naming the supported set."""
     from importlib.metadata import PackageNotFoundError, version
+
+    from ..facts.flydsl import fix_install, flydsl_facts
 
     try:
         have = version("flydsl")
     except PackageNotFoundError:
-        raise ToolchainError("FlyDSL is not installed", fix=FIX_FLYDSL) from None
-    if have != FLYDSL_VERSION:
-        raise ToolchainError(
-            f"FlyDSL {have} is installed; dsv41-aot's compile path is pinned to FlyDSL {FLYDSL_VERSION}",
-            fix=FIX_FLYDSL,
-        )
-    return have
+        raise ToolchainError("FlyDSL is not installed", fix=fix_install()) from None
+    return flydsl_facts(have).version
 
 
 def check_arch(arch: str) -> None:
