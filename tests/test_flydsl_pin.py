@@ -1,22 +1,33 @@
 """The FlyDSL releases dsv41-aot supports are data (dsv41_aot/facts/flydsl.py),
-and compiler.py drives FlyDSL through internals (compile without a launch).
-This fails loudly, naming what moved, the day those internals change."""
+and aot/flydsl_api.py, the one module that touches FlyDSL's internals, works
+under each of them: the real path (the build's compile of one key without a
+launch, its export, and verify --against-jit's JIT finding the artifact in
+FlyDSL's disk cache) runs under the installed FlyDSL and, in a second
+environment made here, under every other supported one. This fails loudly,
+naming what moved, the day a release or its internals change."""
 
 from __future__ import annotations
 
-import inspect
+import json
+import os
 import re
+import subprocess
+import sys
+import sysconfig
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from dsv41_aot.aot import toolchain
+from dsv41_aot.aot import flydsl_api, toolchain
 from dsv41_aot.errors import ToolchainError
 from dsv41_aot.facts.flydsl import FLYDSL, supported
 
 REPO = Path(__file__).resolve().parents[1]
+PROBE = REPO / "tests" / "_flydsl_probe.py"
+KEY = "k1@gfx950:s=1,tp=2,r=0"  # the cheapest key to compile
 INSTALLED = version("flydsl")
+OTHERS = sorted(set(FLYDSL) - {INSTALLED})
 # where a FlyDSL release may be named: its facts table (tests and docs may too)
 OWNER = REPO / "dsv41_aot" / "facts" / "flydsl.py"
 
@@ -61,15 +72,9 @@ def test_a_flydsl_not_in_the_table_is_refused_naming_the_supported_ones(monkeypa
     assert all(f"pip install flydsl=={v}" in e.value.fix for v in FLYDSL), e.value.fix
 
 
-def test_internal_compile_path_is_where_compiler_py_expects_it():
-    from flydsl.compiler.jit_function import CompiledFunction, JitFunction
-
-    sig = inspect.signature(JitFunction._compile_or_execute)
-    assert list(sig.parameters) == ["self", "args", "kwargs", "execute", "return_compiled"], sig
-    assert list(inspect.signature(JitFunction._make_compiled_function).parameters) == [
-        "self", "cache_key", "bound", "call_state"
-    ]
-    assert list(inspect.signature(CompiledFunction.export_to_c).parameters)[:3] == ["self", "file_path", "file_name"]
+def test_every_release_names_its_disk_artifact_in_a_way_flydsl_api_knows():
+    assert {r.disk_name for r in FLYDSL.values()} <= set(flydsl_api.DISK_NAMES)
+    assert all(r.version == v and r.compile_only_env for v, r in FLYDSL.items())
 
 
 def test_disk_cache_switch_is_the_one_worker_env_sets():
@@ -77,3 +82,78 @@ def test_disk_cache_switch_is_the_one_worker_env_sets():
 
     assert RuntimeEnvManager.options["enable_cache"].env_var == "FLYDSL_RUNTIME_ENABLE_CACHE"
     assert RuntimeEnvManager.options["cache_dir"].env_var == "FLYDSL_RUNTIME_CACHE_DIR"
+
+
+# ---------------------------------------------------------------- the real path, under every supported FlyDSL
+
+
+def _real_path(python: str, tmp_path: Path, want: str) -> None:
+    """Compile KEY and JIT it under the FlyDSL ``python`` imports (two
+    processes at once, as a build and a verify are separate): both name
+    ``want``, the export holds the code object the build recorded, and the
+    JIT found its artifact in its disk cache and built the same code object."""
+    procs = {}
+    for what in ("compile", "jit"):
+        out = tmp_path / what
+        out.mkdir()
+        procs[what] = subprocess.Popen([python, str(PROBE), what, KEY, str(out)], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, cwd=REPO)
+    got = {}
+    for what, p in procs.items():
+        stdout, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, f"FlyDSL {want}: the {what} path failed (aot/flydsl_api.py):\n{stderr[-3000:]}"
+        got[what] = json.loads(stdout.strip().splitlines()[-1])
+    c, j = got["compile"], got["jit"]
+    assert c["flydsl"] == j["flydsl"] == want
+    assert c["toolchain_flydsl"] == c["identity_flydsl"] == c["export_meta_flydsl"] == want, c
+    assert c["code_object_sha256"] == c["export_code_sha256"], "the manifest entry misstates the exported code object"
+    assert j["identity_flydsl"] == want
+    assert len(j["artifacts"]) == 1, f"FlyDSL {want}'s JIT wrote {j['artifacts']} to its disk cache"
+    pkl = next((tmp_path / "jit" / "flydsl-cache").rglob("*.pkl"))
+    import hashlib
+
+    assert hashlib.sha256(pkl.read_bytes()).hexdigest() == j["evidence"]["artifact_sha256"], "the artifact found is not the one on disk"
+    assert j["code_object_sha256"] == c["code_object_sha256"], "the JIT's code object is not the one the build exports"
+    assert j["params"][-1] == ["stream", "Stream"] and len(j["params"]) > 1
+
+
+@pytest.mark.slow
+def test_the_real_path_under_the_installed_flydsl(tmp_path):
+    _real_path(sys.executable, tmp_path, INSTALLED)
+
+
+@pytest.fixture(scope="session")
+def flydsl_python(tmp_path_factory):
+    """``flydsl_python(version)``: the Python of a second environment whose
+    FlyDSL is ``version`` and whose everything else (torch, vLLM's source,
+    pyyaml) is this environment's: a venv holding only that FlyDSL (installed
+    by this environment's pip), and a .pth naming this environment's
+    site-packages, which Python puts after the venv's own (so the venv's
+    FlyDSL is the one imported). Made once a session."""
+    made: dict = {}
+
+    def make(v: str) -> str:
+        if v not in made:
+            env = tmp_path_factory.mktemp(f"flydsl-{v}")
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, capture_output=True)
+            py = str(env / "bin" / "python")
+            pip = subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--disable-pip-version-check",
+                                  f"flydsl=={v}"], capture_output=True, text=True)
+            assert pip.returncode == 0, f"pip install flydsl=={v} failed:\n{pip.stdout}\n{pip.stderr}"
+            site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            Path(site, "dsv41-aot-first-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+            made[v] = py
+        return made[v]
+
+    return make
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("other", OTHERS)
+def test_the_real_path_under_another_supported_flydsl(flydsl_python, tmp_path, other):
+    py = flydsl_python(other)
+    where = subprocess.run([py, "-c", "import flydsl, importlib.metadata as m; print(flydsl.__file__, m.version('flydsl'))"],
+                           capture_output=True, text=True, check=True, cwd=os.path.dirname(py)).stdout.split()
+    assert where[1] == other and not where[0].startswith(sysconfig.get_paths()["purelib"]), where
+    _real_path(py, tmp_path, other)

@@ -4,13 +4,9 @@ Runs inside a worker process bound to one architecture: the mono package fixes
 its target at import (``common/arch.py`` reads ``ARCH``), so ``ArchCompiler``
 sets the environment first, then imports vLLM's mono package in isolation.
 
-The compile path is FlyDSL's own JIT compile without a launch: the mono
-launchers take only scalars, so ``flyc.compile`` would try to launch them.
-``JitFunction._compile_or_execute(..., execute=False)`` compiles,
-``_make_compiled_function`` wraps the artifact, ``export_to_c`` writes the C
-object. These are FlyDSL internals: only the FlyDSL releases facts/flydsl.py
-lists are accepted (toolchain.flydsl_version) and tests/test_flydsl_pin.py
-fails loudly when they drift.
+The compile path is FlyDSL's own JIT compile without a launch, then its
+``export_to_c``: FlyDSL internals, driven through ``aot/flydsl_api.py`` (the one
+module that touches them) under any FlyDSL ``facts/flydsl.py`` supports.
 """
 
 from __future__ import annotations
@@ -81,14 +77,14 @@ class ArchCompiler:
         self.layer = source.import_mono(self.src, "layer")
         from importlib import import_module
 
-        from flydsl import __version__ as flydsl_version
+        from . import flydsl_api
 
         sources = import_module(f"{source.MONO}.sources").SOURCES
         self.identity = {
             "vllm_version": self.src.version,
             "mono_sources": sources,
             "helpers": self.helpers,
-            "flydsl_version": flydsl_version,
+            "flydsl_version": flydsl_api.release().version,
             "linker": linker,
         }
 
@@ -103,16 +99,13 @@ class ArchCompiler:
         same bytes): the worker protocol reports the seconds beside it."""
         if key.arch != self.arch or key.release != self.release:
             raise CompileError(f"{key.describe()}: sent to the {self.arch} worker of vLLM {self.release}")
+        from . import flydsl_api
+
         launcher = self.launcher(key)
         args = typed_args(launcher)
-        launcher._compile_or_execute(args, {}, execute=False)
-        cache_key, _ = launcher._last_compiled
-        bound = launcher._sig.bind(*args)
-        bound.apply_defaults()
-        compiled = launcher._make_compiled_function(cache_key, bound, None)
+        cache_key = flydsl_api.compile_without_launch(launcher, args)
         with tempfile.TemporaryDirectory(prefix="dsv41-export-") as tmp:
-            compiled.export_to_c(tmp, key.entry)
-            raw = Path(tmp) / f"{key.entry}.o"
+            raw = flydsl_api.export_c(launcher, args, cache_key, Path(tmp), key.entry)
             stripped = Path(tmp) / "stripped.o"
             proc = subprocess.run([self.strip, "--strip-debug", str(raw), "-o", str(stripped)], capture_output=True, text=True)
             if proc.returncode != 0:

@@ -17,9 +17,9 @@ The worker also reports what only its run produced (``records.Evidence``: the
 sha256 of that artifact file, of FlyDSL's cache key, and when): a proof in
 verified.json carries it, so a proof copied from the manifest is told apart.
 
-FlyDSL internals are used here (compile without launch, the disk cache's
-file naming): FlyDSL is pinned exactly and tests/test_flydsl_pin.py fails
-loudly when they drift.
+FlyDSL internals (compile without launch, the disk cache's file naming, the
+artifact's IR) are reached through ``aot/flydsl_api.py``, the one module that
+touches them, under any FlyDSL ``facts/flydsl.py`` supports.
 """
 
 from __future__ import annotations
@@ -57,10 +57,9 @@ class VllmJit:
     def __init__(self, arch: str, release: str, vllm_root: str):
         from importlib import import_module
 
-        from flydsl import __version__ as flydsl_version
-
         from .. import source
         from . import compat
+        from . import flydsl_api
 
         compat.install_aiter_shim()
         src = source.MonoSource(Path(vllm_root).resolve())
@@ -71,7 +70,7 @@ class VllmJit:
             "vllm_version": src.version,
             "mono_sources": import_module(f"{source.MONO}.sources").SOURCES,
             "mono_dir": str(Path(self.runner_mod.__file__).resolve().parent),
-            "flydsl_version": flydsl_version,
+            "flydsl_version": flydsl_api.release().version,
         }
 
     def runner(self, key: BuildKey):
@@ -115,49 +114,21 @@ class VllmJit:
         file FlyDSL's JIT wrote to its disk cache, of its cache key, and the
         UTC time of the compile)."""
         import inspect
-        import pickle
         from datetime import datetime, timezone
 
+        from . import flydsl_api
         from .compiler import typed_args
 
         launcher = self.launcher(key)
         params = [[p.name, getattr(p.annotation, "__name__", str(p.annotation))]
                   for p in inspect.signature(launcher.func).parameters.values()]
         at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        launcher._compile_or_execute(typed_args(launcher), {}, execute=False)
-        cache_key, _ = launcher._last_compiled
-        mgr = launcher.cache_manager
-        if mgr is None:
-            raise RuntimeError("FlyDSL's disk cache is off: FLYDSL_RUNTIME_CACHE_DIR / ENABLE_CACHE not honoured")
-        key_text = launcher._cache_key_to_str(cache_key)
-        pkl = mgr._cache_file(key_text)
-        if not pkl.is_file():
-            raise RuntimeError(f"FlyDSL wrote no cache artifact at {pkl}")
+        cache_key = flydsl_api.compile_without_launch(launcher, typed_args(launcher))
+        pkl, key_text = flydsl_api.disk_artifact(launcher, cache_key)
         raw = pkl.read_bytes()
-        artifact = pickle.loads(raw)
         evidence = {"artifact_sha256": hashlib.sha256(raw).hexdigest(),
                     "cache_key_sha256": hashlib.sha256(key_text.encode()).hexdigest(), "at": at}
-        return gpu_binary(artifact._ir_text), params, evidence
-
-
-def gpu_binary(ir_text: str) -> bytes:
-    """The one GPU code object in a FlyDSL artifact's compiled IR (its
-    ``gpu.binary`` op's object)."""
-    from flydsl._mlir import ir
-    from flydsl._mlir.dialects import gpu
-    from flydsl.compiler.jit_function import _create_mlir_context
-
-    with _create_mlir_context():
-        module = ir.Module.parse(ir_text)
-        objs = [
-            gpu.ObjectAttr(a).object
-            for op in module.body.operations
-            if op.operation.name == "gpu.binary"
-            for a in ir.ArrayAttr(op.operation.attributes["objects"])
-        ]
-    if len(objs) != 1:
-        raise RuntimeError(f"FlyDSL artifact holds {len(objs)} GPU objects, expected 1")
-    return bytes(objs[0])
+        return flydsl_api.gpu_binary(flydsl_api.artifact_ir(raw)), params, evidence
 
 
 def _worker_main(argv: list[str]) -> int:
