@@ -46,6 +46,17 @@ PREBUILT = os.environ.get("DSV41_AOT_PREBUILT", "").strip()
 PLAT = os.environ.get("DSV41_AOT_PLAT", "manylinux_2_28_x86_64").strip()
 WITH_OBJECTS = os.environ.get("DSV41_AOT_WHEEL_OBJECTS") == "1"
 
+# A reproducible wheel: bdist_wheel stamps every file with SOURCE_DATE_EPOCH;
+# unset, a build in a git checkout takes the commit's time (ci/stages.py), so
+# two builds of one commit give the same sha256 (docs/releases.md)
+if not os.environ.get("SOURCE_DATE_EPOCH") and (HERE / "ci" / "stages.py").is_file():
+    sys.path.insert(0, str(HERE))
+    from ci.stages import source_date_epoch
+
+    _epoch = source_date_epoch(HERE)
+    if _epoch:
+        os.environ["SOURCE_DATE_EPOCH"] = _epoch
+
 
 def _fail(message: str, code: int = 2):
     print(f"\ndsv41-aot wheel: error: {message}\n", file=sys.stderr)

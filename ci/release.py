@@ -6,6 +6,7 @@ when it fails); ``--help`` gives each subcommand's options.
     python ci/release.py check-tag
     python ci/release.py facts
     python ci/release.py cache-key
+    python ci/release.py source-date-epoch
     python ci/release.py shard --out DIR
     python ci/release.py merge --shards DIR --out DIR --report DIR
     python ci/release.py prewheel PREBUILT
@@ -21,9 +22,10 @@ The workflow gives each cell its coordinates in the environment (``ARCH``,
 a laptop. No logic of the release lives only in YAML: what a step does is
 here or in the scripts this calls (ci/build_shard.py, ci/merge.py,
 ci/prebuilt.py, ci/check_wheel.py). The stages that only read the checkout
-and tell the workflow something (check-tag, facts, cache-key), and what
-every stage shares, are in ci/stages.py, which uses the standard library
-only, since the version job runs it with a bare interpreter.
+and tell the workflow something (check-tag, facts, cache-key,
+source-date-epoch), and what every stage shares, are in ci/stages.py, which
+uses the standard library only, since the version job runs it with a bare
+interpreter.
 
 Exit codes: 0 ok, 1 a check failed, 2 bad input.
 """
@@ -44,7 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ci.stages import (PY, StageError, check_tag, cli, cmd_cache_key, cmd_check_tag, cmd_facts,  # noqa: E402
-                       must, package_version, run)
+                       cmd_source_date_epoch, must, package_version, run, source_date_epoch)
 
 
 # ---------------------------------------------------------------- shard
@@ -142,13 +144,23 @@ def build_wheel(prebuilt: Path, out: Path, frontend: str = "build") -> Path:
     from a copy of the files a wheel build reads (never this checkout's
     build/ folder) with the frontend cibuildwheel uses (``build``, no
     isolation: nothing is fetched), then the cibuildwheel repair step's
-    check (``check_wheel.py --audit-only``)."""
+    check (``check_wheel.py --audit-only``). Reproducible: every file of the
+    wheel is stamped with ``SOURCE_DATE_EPOCH``, this checkout's commit time
+    when it is unset (the copy is no git checkout), so two builds of one
+    commit and prebuilt dir give the same sha256."""
     from ci.check_wheel import source_tree
 
     prebuilt, out = Path(prebuilt).resolve(), Path(out).resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     env = dict(os.environ, DSV41_AOT_PREBUILT=str(prebuilt))
+    if not env.get("SOURCE_DATE_EPOCH"):
+        epoch = source_date_epoch()
+        if epoch is None:
+            print(f"warning: {ROOT} is not a git checkout and SOURCE_DATE_EPOCH is unset: the wheel's timestamps "
+                  "are the build's, so another build will not reproduce its sha256", file=sys.stderr)
+        else:
+            env["SOURCE_DATE_EPOCH"] = epoch
     with tempfile.TemporaryDirectory(prefix="dsv41-wheel-src-") as tmp:
         src = source_tree(Path(tmp) / "src")
         if frontend == "build":
@@ -312,6 +324,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--report", required=True, help="residency-<arch>.png/.txt/.json and seconds/ go here")
     p.add_argument("--arch", default=env("ARCH"))
     p.set_defaults(func=cmd_merge)
+
+    p = sub.add_parser("source-date-epoch", help="the checkout's commit time, SOURCE_DATE_EPOCH for a reproducible "
+                                                 "wheel (to $GITHUB_OUTPUT)")
+    p.set_defaults(func=cmd_source_date_epoch)
 
     p = sub.add_parser("prewheel", help="check every room, auditwheel on the raw libraries")
     p.add_argument("prebuilt")

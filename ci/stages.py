@@ -1,8 +1,9 @@
 """What every stage of ci/release.py shares, and the stages that only read
 the checkout and tell the workflow something: ``check-tag`` and ``facts``
 (the version job, run by setup-python's bare interpreter before anything is
-installed) and ``cache-key`` (the shard job's build cache key), the last two
-as step outputs (``$GITHUB_OUTPUT``). Standard library only.
+installed), ``cache-key`` (the shard job's build cache key) and
+``source-date-epoch`` (the wheel job's timestamp for a reproducible wheel),
+the last three as step outputs (``$GITHUB_OUTPUT``). Standard library only.
 
 The stages that build, merge, pack and publish, and the command line that
 runs every stage, are ci/release.py's.
@@ -111,6 +112,34 @@ def cmd_cache_key(args) -> int:
         raise StageError("dsv41-aot cache --identity failed", r.returncode)
     key, restore = cache_keys(args.arch, str(args.shard), r.stdout.strip())
     write_outputs({"key": key, "restore-keys": "\n".join(restore)}, os.environ.get("GITHUB_OUTPUT"))
+    return 0
+
+
+# ---------------------------------------------------------------- source-date-epoch
+
+
+def source_date_epoch(root: Path = ROOT) -> str | None:
+    """The commit time of the git checkout at ``root`` (``git log -1
+    --format=%ct``: seconds since the epoch), the ``SOURCE_DATE_EPOCH`` a
+    wheel build stamps every file with, so that two builds of one commit
+    give the same sha256; None when ``root`` is not a git checkout (or git
+    is absent)."""
+    try:
+        r = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct"], capture_output=True, text=True,
+                           timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    t = r.stdout.strip()
+    return t if r.returncode == 0 and t.isdigit() else None
+
+
+def cmd_source_date_epoch(args) -> int:
+    """The checkout's commit time as the step output ``epoch``."""
+    t = source_date_epoch()
+    if t is None:
+        raise StageError(f"{ROOT} is not a git checkout: no commit time for SOURCE_DATE_EPOCH\n"
+                         "  fix: run it in a clone of the repository (actions/checkout)", 2)
+    write_outputs({"epoch": t}, os.environ.get("GITHUB_OUTPUT"))
     return 0
 
 

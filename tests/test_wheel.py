@@ -231,6 +231,55 @@ def test_no_arch_gives_a_pure_wheel_without_kernels(tmp_path):
         assert not [n for n in z.namelist() if "kernels_prebuilt" in n]
 
 
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_wheel_is_reproducible_from_its_commit(smoke, tmp_path, monkeypatch):
+    """Two builds of the same commit and prebuilt dir, from two copies in two
+    folders, with the two frontends (pip wheel, python -m build), through
+    ci/wheels.sh's path with SOURCE_DATE_EPOCH unset: the same sha256, every
+    file stamped with the commit's time. A plain build in a git checkout
+    stamps its files with that checkout's commit time (setup.py); another
+    SOURCE_DATE_EPOCH, another sha256."""
+    import time
+
+    from ci import release
+    from ci.stages import source_date_epoch
+
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    epoch = source_date_epoch(ROOT)
+    assert epoch and epoch == subprocess.run(["git", "-C", ROOT, "log", "-1", "--format=%ct"], capture_output=True,
+                                             text=True).stdout.strip()
+    a = release.build_wheel(smoke, tmp_path / "a" / "dist", frontend="pip")
+    b = release.build_wheel(smoke, tmp_path / "b" / "elsewhere", frontend="build")
+    assert a.name == b.name and _sha256(a) == _sha256(b), "two builds of one commit differ"
+    t = time.gmtime(int(epoch))
+    stamp = (*t[:5], t[5] // 2 * 2)  # a zip entry's time is to the even second
+    with zipfile.ZipFile(a) as z:
+        assert {i.date_time for i in z.infolist()} == {stamp}
+    # a plain pip wheel in a git checkout of these files (nothing sets SOURCE_DATE_EPOCH): setup.py stamps
+    # them with that checkout's commit time
+    clone = source_tree(tmp_path / "checkout")
+    when = "1767225600"  # 2026-01-01T00:00:00Z, the commit's time
+    git = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@localhost", "GIT_COMMITTER_DATE": f"@{when}", "GIT_AUTHOR_DATE": f"@{when}"}
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the wheel's sources"]):
+        r = run(["git", *cmd], cwd=clone, env=git)
+        assert r.returncode == 0, r.stderr
+    r = pip_wheel(clone, tmp_path / "checkout-dist", smoke)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (c,) = (tmp_path / "checkout-dist").glob("*.whl")
+    with zipfile.ZipFile(c) as z:
+        assert {i.date_time for i in z.infolist()} == {time.gmtime(int(when))[:6]}
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(int(epoch) + 86400))
+    other = release.build_wheel(smoke, tmp_path / "c" / "dist", frontend="pip")
+    assert _sha256(other) != _sha256(a), "SOURCE_DATE_EPOCH is not what stamps the wheel"
+    print(f"wheel sha256 (commit time {epoch}): {_sha256(a)} twice")
+
+
 def _broken(smoke: Path, dest: Path, how: str) -> Path:
     shutil.copytree(smoke, dest)
     a = dest / "gfx950"
