@@ -135,11 +135,13 @@ class LinkRecord:
 # ---------------------------------------------------------------- verified.json
 
 
-PROOF_VERSION = 2  # 2: each proof carries its JIT run's evidence (null: a version-1 proof kept); 1: none
+# 3: a key's proofs under other FlyDSL releases kept beside its own ("flydsl"); 2: each proof carries its
+# JIT run's evidence (null: a version-1 proof kept); 1: none
+PROOF_VERSION = 3
 # what a key's proof says of its current manifest entry (Proof.verdict)
 PROVEN = "proven"  # same code object and vLLM sources, and evidence only a JIT run produced
 NO_EVIDENCE = "no_evidence"  # same code object, but nothing a JIT run alone produced (version 1, or copied)
-STALE = "stale"  # a proof of another code object (rebuilt since) or of other vLLM sources
+STALE = "stale"  # a proof of another code object (rebuilt since) or of other vLLM sources (KeyProof.changed)
 PROOF_STATES = (PROVEN, NO_EVIDENCE, STALE)
 
 
@@ -176,12 +178,30 @@ class KeyProof:
         return {"code_object_sha256": self.code_object_sha256, "jit": dict(self.jit),
                 "evidence": self.evidence.as_dict() if self.evidence else None}
 
-    def verdict(self, entry: dict) -> str:
-        """PROVEN, NO_EVIDENCE or STALE against a manifest entry of its key."""
+    @property
+    def flydsl(self) -> str:
+        """The FlyDSL release the JIT run compared under ("" when the proof does not say)."""
+        return self.jit.get("flydsl_version") or ""
+
+    def changed(self, entry) -> str | None:
+        """What changed since this proof was made, of a manifest entry of its
+        key (None: nothing that makes it stale): the code object (rebuilt
+        since, and under which FlyDSL) or the vLLM source. The FlyDSL alone
+        is no change: a proof says that FlyDSL's JIT builds the entry's code
+        object, whichever FlyDSL built the entry."""
         source = entry.source or {}
         if self.code_object_sha256 != entry.code_object_sha256:
-            return STALE
-        if any(f in self.jit and self.jit[f] != source.get(f) for f in ("mono_sources", "flydsl_version")):
+            built = source.get("flydsl_version")
+            under = f" by FlyDSL {built}, proven under {self.flydsl or 'an unnamed FlyDSL'}" \
+                if built and built != self.flydsl else ""
+            return f"the code object (rebuilt since{under})"
+        if "mono_sources" in self.jit and self.jit["mono_sources"] != source.get("mono_sources"):
+            return f"the vLLM source (mono sources {source.get('mono_sources')}, proven against {self.jit['mono_sources']})"
+        return None
+
+    def verdict(self, entry) -> str:
+        """PROVEN, NO_EVIDENCE or STALE against a manifest entry of its key."""
+        if self.changed(entry):
             return STALE
         ev = self.evidence
         if ev is None or {ev.artifact_sha256, ev.cache_key_sha256} & {entry.sha256, self.code_object_sha256}:
@@ -197,8 +217,50 @@ class Proof:
 
     arch: str
     release: str
-    keys: dict  # key -> KeyProof
+    keys: dict  # key -> KeyProof: under the FlyDSL its object was built with when there is one, else its latest
     version: int = PROOF_VERSION
+    others: tuple = ()  # KeyProofs of keys under other FlyDSL releases than their ``keys`` proof's
+
+    @classmethod
+    def of(cls, arch: str, release: str, proofs, entries: dict) -> "Proof":
+        """A room's proof from ``proofs`` (KeyProofs; the last one a key and
+        FlyDSL stands), keeping those whose manifest entry (``entries``: key
+        -> entry) holds the code object proven. A key's ``keys`` proof is the
+        one under the FlyDSL its entry was built with, else its latest."""
+        by_key: dict = {}
+        for p in proofs:
+            if p.key in entries and entries[p.key].code_object_sha256 == p.code_object_sha256:
+                by_key.setdefault(p.key, {})[p.flydsl] = p
+        keys, others = {}, []
+        for k, ps in by_key.items():
+            built = (entries[k].source or {}).get("flydsl_version")
+            main = ps.get(built) or max(ps.values(), key=lambda p: p.evidence.at if p.evidence else "")
+            keys[k] = main
+            others += [p for p in ps.values() if p is not main]
+        return cls(arch, release, keys, PROOF_VERSION, tuple(sorted(others, key=lambda p: (p.key, p.flydsl))))
+
+    def all(self) -> list:
+        """Every proof the record holds: each key's, then those under other FlyDSL releases."""
+        return [*self.keys.values(), *self.others]
+
+    def flydsl_counts(self, entries: dict) -> dict:
+        """FlyDSL release -> how many of ``entries`` (key -> manifest entry)
+        carry a PROVEN proof made under it (a key may count under several)."""
+        out: dict = {}
+        for p in self.all():
+            if p.key in entries and p.verdict(entries[p.key]) == PROVEN:
+                out[p.flydsl] = out.get(p.flydsl, 0) + 1
+        return dict(sorted(out.items()))
+
+    def changes(self, entries: dict) -> dict:
+        """What changed (KeyProof.changed) -> how many of ``entries``' proofs it made stale."""
+        out: dict = {}
+        for k, e in entries.items():
+            why = self.keys[k].changed(e) if k in self.keys else None
+            if why:
+                what = why.split(" (")[0]
+                out[what] = out.get(what, 0) + 1
+        return out
 
     @classmethod
     def parse(cls, data: bytes, where: str, arch: str, release: str, fix: str) -> "Proof":
@@ -215,15 +277,20 @@ class Proof:
         if not isinstance(doc, dict) or not isinstance(doc.get("keys"), dict):
             raise ManifestError(f"{where}: not a dsv41-aot proof record (verified.json)", fix=fix)
         version = doc.get("version")
-        if type(version) is not int or version not in (1, PROOF_VERSION):
-            raise ManifestError(f"{where}: proof record version {version!r}, this dsv41-aot reads 1 and "
+        if type(version) is not int or version not in (1, 2, PROOF_VERSION):
+            raise ManifestError(f"{where}: proof record version {version!r}, this dsv41-aot reads 1 to "
                                 f"{PROOF_VERSION}", fix=fix)
+        more = doc.get("flydsl", {}) if version == PROOF_VERSION else {}
+        if not isinstance(more, dict) or not all(isinstance(v, dict) for v in more.values()):
+            raise ManifestError(f"{where}: flydsl must map a FlyDSL release to its proofs", fix=fix)
         if doc.get("arch") != arch or doc.get("release") != release:
             raise ManifestError(f"{where}: proof record for {doc.get('arch')!r} vLLM {doc.get('release')!r} in the "
                                 f"{arch} vLLM {release} folder", fix=fix)
-        keys = {}
-        for key, rec in doc["keys"].items():
-            what = f"{where}: proof of {key}"
+        keys, others = {}, []
+        records = [(None, key, rec) for key, rec in doc["keys"].items()]
+        records += [(v, key, rec) for v, recs in sorted(more.items()) for key, rec in sorted(recs.items())]
+        for under, key, rec in records:
+            what = f"{where}: proof of {key}" + (f" under FlyDSL {under}" if under else "")
             if f"@{arch}:" not in key:
                 raise ManifestError(f"{what}: not a key of {arch}", fix=fix)
             if not isinstance(rec, dict) or not isinstance(rec.get("code_object_sha256"), str) \
@@ -246,13 +313,24 @@ class Proof:
                                         f"flydsl_version", fix=fix)
                 if rec["evidence"] is not None:
                     evidence = _evidence(rec["evidence"], rec["code_object_sha256"], what, fix)
-            keys[key] = KeyProof(key, rec["code_object_sha256"], dict(jit), evidence)
-        return cls(arch, release, keys, version)
+            proof = KeyProof(key, rec["code_object_sha256"], dict(jit), evidence)
+            if under is None:
+                keys[key] = proof
+            elif jit.get("flydsl_version") != under:
+                raise ManifestError(f"{what}: its jit names FlyDSL {jit.get('flydsl_version')!r}", fix=fix)
+            elif key not in keys or keys[key].flydsl == under:
+                raise ManifestError(f"{what}: the key has no proof of its own in keys, or that one is under FlyDSL "
+                                    f"{under} too", fix=fix)
+            else:
+                others.append(proof)
+        return cls(arch, release, keys, version, tuple(others))
 
     def to_bytes(self) -> bytes:
         """verified.json as written: always this version, keys sorted."""
         doc = {"version": PROOF_VERSION, "arch": self.arch, "release": self.release,
-               "keys": {k: self.keys[k].as_dict() for k in sorted(self.keys)}}
+               "keys": {k: self.keys[k].as_dict() for k in sorted(self.keys)}, "flydsl": {}}
+        for p in self.others:
+            doc["flydsl"].setdefault(p.flydsl, {})[p.key] = p.as_dict()
         return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
     def verdict(self, key: str, entry: dict) -> str | None:
@@ -269,6 +347,14 @@ class Proof:
             if state:
                 out[state] += 1
         return dict(keys=len(entries), **out, unproven=len(entries) - sum(out.values()))
+
+
+def flydsl_text(by_flydsl: dict) -> str:
+    """Per-FlyDSL proof counts (``Proof.flydsl_counts``) as a clause of a
+    report line: "; proven under FlyDSL X: 7, Y: 7" ("" when none)."""
+    if not by_flydsl:
+        return ""
+    return "; proven under FlyDSL " + ", ".join(f"{v or '(unnamed)'}: {n}" for v, n in by_flydsl.items())
 
 
 def _evidence(ev, code_sha: str, what: str, fix: str) -> Evidence:

@@ -47,6 +47,38 @@ def smoke_dir(tmp_path_factory):
     return _smoke.smoke_dir(tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def flydsl_python(tmp_path_factory):
+    """``flydsl_python(version)``: the Python of a second environment whose
+    FlyDSL is ``version`` and whose everything else (torch, vLLM's source,
+    pyyaml) is this environment's: a venv holding only that FlyDSL (installed
+    by this environment's pip), and a .pth naming this environment's
+    site-packages, which Python puts after the venv's own (so the venv's
+    FlyDSL is the one imported). Made once a session (tests/test_flydsl_pin.py)."""
+    import subprocess
+    import sys
+    import sysconfig
+    from pathlib import Path
+
+    made: dict = {}
+
+    def make(v: str) -> str:
+        if v not in made:
+            env = tmp_path_factory.mktemp(f"flydsl-{v}")
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, capture_output=True)
+            py = str(env / "bin" / "python")
+            pip = subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--disable-pip-version-check",
+                                  f"flydsl=={v}"], capture_output=True, text=True)
+            assert pip.returncode == 0, f"pip install flydsl=={v} failed:\n{pip.stdout}\n{pip.stderr}"
+            site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            Path(site, "dsv41-aot-first-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+            made[v] = py
+        return made[v]
+
+    return make
+
+
 FAST = "DSV41_AOT_TEST_FAST"  # ci/test.sh --fast: a compile is a test-selection bug
 
 

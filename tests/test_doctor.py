@@ -13,6 +13,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -227,7 +228,11 @@ def test_json_is_one_document(full):
     assert r.returncode == 0 and doc["command"] == "doctor" and doc["exit_code"] == 0
     assert doc["keys"] == doc["ok"] == TP4 and doc["failed"] == 0 and doc["failures"] == []
     assert [c["check"] for c in doc["checks"]] == ["vllm", "arch", "hip", "device", "plugin", "room", "bands",
-                                                  "coverage"]
+                                                  "flydsl", "coverage"]
+    # the host's FlyDSL, and how many keys of the room are proven under it
+    fly = doc["flydsl"]
+    assert fly["version"] == version("flydsl") and fly["keys"] == doc["room"]["keys"]
+    assert fly["proven"] == fly["by_flydsl"].get(fly["version"], 0)
     assert doc["vllm"]["version"] == "0.33.0" and doc["arch"] == {"arch": "gfx950", "from": "DSV41_AOT_ARCH"}
     assert doc["plugin"]["mode"] == "strict" and doc["room"]["release"] == "0.33.0"
     assert doc["hip"]["version"] == "5.2" and doc["hip"]["devices"] == 0 and doc["bands"]["checked"] == 6

@@ -22,6 +22,7 @@ import pytest
 from dsv41_aot.aot import flydsl_api, toolchain
 from dsv41_aot.errors import ToolchainError
 from dsv41_aot.facts.flydsl import FLYDSL, supported
+from dsv41_aot.facts.releases import NEWEST
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = REPO / "tests" / "_flydsl_probe.py"
@@ -122,33 +123,6 @@ def test_the_real_path_under_the_installed_flydsl(tmp_path):
     _real_path(sys.executable, tmp_path, INSTALLED)
 
 
-@pytest.fixture(scope="session")
-def flydsl_python(tmp_path_factory):
-    """``flydsl_python(version)``: the Python of a second environment whose
-    FlyDSL is ``version`` and whose everything else (torch, vLLM's source,
-    pyyaml) is this environment's: a venv holding only that FlyDSL (installed
-    by this environment's pip), and a .pth naming this environment's
-    site-packages, which Python puts after the venv's own (so the venv's
-    FlyDSL is the one imported). Made once a session."""
-    made: dict = {}
-
-    def make(v: str) -> str:
-        if v not in made:
-            env = tmp_path_factory.mktemp(f"flydsl-{v}")
-            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, capture_output=True)
-            py = str(env / "bin" / "python")
-            pip = subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--disable-pip-version-check",
-                                  f"flydsl=={v}"], capture_output=True, text=True)
-            assert pip.returncode == 0, f"pip install flydsl=={v} failed:\n{pip.stdout}\n{pip.stderr}"
-            site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  capture_output=True, text=True, check=True).stdout.strip()
-            Path(site, "dsv41-aot-first-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-            made[v] = py
-        return made[v]
-
-    return make
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("other", OTHERS)
 def test_the_real_path_under_another_supported_flydsl(flydsl_python, tmp_path, other):
@@ -157,3 +131,51 @@ def test_the_real_path_under_another_supported_flydsl(flydsl_python, tmp_path, o
                            capture_output=True, text=True, check=True, cwd=os.path.dirname(py)).stdout.split()
     assert where[1] == other and not where[0].startswith(sysconfig.get_paths()["purelib"]), where
     _real_path(py, tmp_path, other)
+
+
+# ---------------------------------------------------------------- proofs under another FlyDSL
+
+
+def _verify(python: str, *args) -> dict:
+    r = subprocess.run([python, "-m", "dsv41_aot.cli", "verify", *map(str, args), "--json", "--no-progress"],
+                       capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("other", OTHERS)
+def test_verify_under_another_flydsl_adds_its_proof_and_rebuilds_nothing(smoke_dir, flydsl_python, tmp_path, other):
+    """The smoke build (built under the installed FlyDSL) proven by vLLM's JIT
+    under another supported FlyDSL, one key: the room's proof gains that
+    FlyDSL's, proven (not stale), and keeps the installed one's; no object,
+    manifest or band changes; verify counts the keys proven under each."""
+    from _smoke import copy_of
+
+    d = copy_of(smoke_dir, tmp_path / "p")
+    key = "k1@gfx950:s=4,tp=4,r=1"  # the cheapest smoke key to JIT-build
+
+    def served():
+        return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
+                if p.is_file() and p.name not in ("verified.json", "timings.json") and not p.name.startswith(".")}
+
+    # the room's proof under the installed FlyDSL, as a verify --record under it leaves one (made-up evidence:
+    # tests/test_proofs.py proves the recording itself)
+    from dsv41_aot.aot.jit import write_verified
+    from dsv41_aot.manifest import Manifest
+    from dsv41_aot.records import Evidence, KeyProof
+
+    man = Manifest.read(d / "gfx950", release=NEWEST)
+    e = man.entries[key]
+    jit = {"release": NEWEST, "vllm_version": e["source"]["vllm_version"], "mono_sources": e["source"]["mono_sources"],
+           "flydsl_version": INSTALLED}
+    write_verified(man, [KeyProof(key, e["code_object_sha256"], jit, Evidence("1" * 64, "2" * 64, "2026-01-02T03:04:05Z"))])
+    before = served()
+    _verify(flydsl_python(other), "--dir", d, "--against-jit", "--record", "--key", key)
+    assert served() == before, "a proof under another FlyDSL rebuilt or relinked something"
+    out = _verify(sys.executable, "--dir", d)
+    (room,) = [p for p in out["proofs"] if (p["arch"], p["release"]) == ("gfx950", NEWEST)]
+    assert room["by_flydsl"] == {INSTALLED: 1, other: 1} and room["proven"] == 1 and room["stale"] == 0, room
+    text = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "verify", "--dir", d], capture_output=True, text=True,
+                          cwd=REPO).stdout
+    assert f"proven under FlyDSL {INSTALLED}: 1, {other}: 1" in text, text

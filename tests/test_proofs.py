@@ -78,7 +78,7 @@ def write_proofs(man: Manifest, recs: dict, version: int = 2, **doc) -> Path:
 def _good(version=2) -> dict:
     rec = {"code_object_sha256": "a" * 64, "jit": {"release": NEWEST, "vllm_version": NEWEST,
                                                    "mono_sources": "0123456789abcdef", "flydsl_version": "0.4.2"}}
-    if version == 2:
+    if version >= 2:
         rec["evidence"] = {"artifact_sha256": "b" * 64, "cache_key_sha256": "c" * 64, "at": "2026-01-02T03:04:05Z"}
     return {"version": version, "arch": "gfx950", "release": NEWEST, "keys": {K: rec}}
 
@@ -107,7 +107,7 @@ BAD = {
     "a list": b"[]",
     "keys a list": json.dumps({"version": 2, "arch": "gfx950", "release": NEWEST, "keys": [K]}).encode(),
     "no version": _with(_set(["version"], KeyError)),
-    "version 3": _with(_set(["version"], 3)),
+    "version 4": _with(_set(["version"], 4)),
     "other arch": _with(_set(["arch"], "gfx942")),
     "other release": _with(_set(["release"], "0.32.0")),
     "key of another arch": _with(lambda d: d["keys"].update({"k1@gfx942:s=4,tp=4,r=1": d["keys"].pop(K)})),
@@ -147,7 +147,44 @@ def test_both_versions_parse_and_say_what_they_prove():
         {"keys": 2, PROVEN: 1, NO_EVIDENCE: 0, STALE: 0, "unproven": 1}
     # written back: always the newest version, a version-1 proof kept without evidence
     again = Proof.parse(Proof("gfx950", NEWEST, {K: v1.keys[K]}).to_bytes(), "f", "gfx950", NEWEST, "FIX")
-    assert again.version == 2 and again.keys[K] == KeyProof(K, "a" * 64, v1.keys[K].jit, None)
+    assert again.version == 3 and again.keys[K] == KeyProof(K, "a" * 64, v1.keys[K].jit, None)
+
+
+def test_a_key_keeps_its_proof_under_each_flydsl_and_a_stale_one_says_what_changed():
+    """A proof under another FlyDSL of the same code object is a proof (the
+    FlyDSL alone changes nothing that is served); a room's record keeps one a
+    key and FlyDSL, each key's own under the FlyDSL its entry was built with,
+    and counts the keys proven under each. A stale proof names what changed."""
+    ev = Evidence("b" * 64, "c" * 64, "2026-01-02T03:04:05Z")
+    jit = {"release": NEWEST, "vllm_version": NEWEST, "mono_sources": "0123456789abcdef"}
+    built, other = "0.4.2", "0.5.0"  # the build's FlyDSL and another supported one
+    entry = {"sha256": "d" * 64, "code_object_sha256": "a" * 64,
+             "source": {"mono_sources": "0123456789abcdef", "flydsl_version": built}}
+    k2 = "k2@gfx950:s=4,tp=4,r=1"
+    under_built = KeyProof(K, "a" * 64, dict(jit, flydsl_version=built), ev)
+    under_other = KeyProof(K, "a" * 64, dict(jit, flydsl_version=other), Evidence("e" * 64, "f" * 64, "2026-02-01T00:00:00Z"))
+    k2_other = KeyProof(k2, "a" * 64, dict(jit, flydsl_version=other), ev)
+    assert under_other.verdict(entry) == PROVEN and under_other.changed(entry) is None
+    entries = {K: entry, k2: entry}
+    proof = Proof.of("gfx950", NEWEST, [under_other, under_built, k2_other], entries)
+    assert proof.keys == {K: under_built, k2: k2_other} and proof.others == (under_other,)
+    assert proof.flydsl_counts(entries) == {built: 1, other: 2}
+    assert proof.counts(entries)[PROVEN] == 2
+    again = Proof.parse(proof.to_bytes(), "f", "gfx950", NEWEST, "FIX")
+    assert again == proof and json.loads(proof.to_bytes())["flydsl"] == {other: {K: under_other.as_dict()}}
+    # a proof of a code object the entry no longer holds is dropped from the record
+    assert Proof.of("gfx950", NEWEST, [under_built], {K: dict(entry, code_object_sha256="9" * 64)}).keys == {}
+    # stale: what changed, named
+    rebuilt = dict(entry, code_object_sha256="9" * 64, source=dict(entry["source"], flydsl_version=other))
+    assert under_built.changed(rebuilt) == f"the code object (rebuilt since by FlyDSL {other}, proven under {built})"
+    resourced = dict(entry, source=dict(entry["source"], mono_sources="f" * 16))
+    assert under_built.changed(resourced).startswith("the vLLM source (mono sources ffff")
+    assert proof.changes({K: rebuilt, k2: resourced}) == {"the code object": 1, "the vLLM source": 1}
+    # the record's other-FlyDSL section must say the FlyDSL its proofs name
+    doc = json.loads(proof.to_bytes())
+    doc["flydsl"] = {"0.4.9": doc["flydsl"][other]}
+    with pytest.raises(ManifestError, match="under FlyDSL 0.4.9"):
+        Proof.parse(json.dumps(doc).encode(), "f", "gfx950", NEWEST, "FIX")
 
 
 # ---------------------------------------------------------------- every reader

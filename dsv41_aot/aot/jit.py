@@ -229,13 +229,13 @@ def read_verified(room) -> dict:
     return dict(room.proof().keys)
 
 
-def write_verified(man: Manifest, records: dict) -> None:
-    """Write ``records`` (key -> KeyProof) as ``man``'s room's verified.json,
-    keeping only keys whose manifest entry still holds the code object the
-    proof is of."""
-    keep = {k: p for k, p in records.items()
-            if k in man.entries and man.entries[k].code_object_sha256 == p.code_object_sha256}
-    atomic_write(man.room / VERIFIED, Proof(man.arch, man.release, keep).to_bytes())
+def write_verified(man: Manifest, proofs) -> None:
+    """Write ``proofs`` (KeyProofs, or key -> KeyProof; each key's under one
+    FlyDSL or more) as ``man``'s room's verified.json, keeping only those
+    whose manifest entry still holds the code object the proof is of
+    (``records.Proof.of``)."""
+    proofs = proofs.values() if isinstance(proofs, dict) else proofs
+    atomic_write(man.room / VERIFIED, Proof.of(man.arch, man.release, proofs, man.entries).to_bytes())
 
 
 def verified_record(key: str, code: bytes, identity: dict | None, evidence: dict) -> KeyProof:

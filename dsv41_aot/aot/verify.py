@@ -152,11 +152,13 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         rep.problems += compare_jit(man, str(key), code, msg)
         if "error" not in msg and not isinstance(msg.get("evidence"), dict):
             rep.problems.append("the JIT answer carries no evidence of its run (artifact / cache key sha256, time)")
-        if record:
+        if record:  # a key's proof under this run's FlyDSL; those under other FlyDSL releases are kept
+            flydsl = (msg.get("identity") or {}).get("flydsl_version") or ""
             if rep.ok:
-                proofs[key.room][str(key)] = verified_record(str(key), code, msg.get("identity"), msg["evidence"])
+                proofs[key.room][str(key), flydsl] = verified_record(str(key), code, msg.get("identity"),
+                                                                     msg["evidence"])
             else:
-                proofs[key.room].pop(str(key), None)
+                proofs[key.room].pop((str(key), flydsl), None)
         if bar is not None:
             bar.update(1)
 
@@ -174,18 +176,19 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         if bar is not None:
             bar.close()
         for room, recs in proofs.items():
-            write_verified(mans[room], recs)
+            write_verified(mans[room], list(recs.values()))
 
 
 def _proofs_to_record(man: Manifest) -> dict:
-    """The proofs ``--record`` starts from: the room's verified.json
-    (through its parser); an unreadable one is set aside (never over an
-    earlier one) and the room's proofs are recorded anew."""
+    """The proofs ``--record`` starts from, (key, FlyDSL) -> KeyProof: the
+    room's verified.json (through its parser), every FlyDSL's; an unreadable
+    one is set aside (never over an earlier one) and the room's proofs are
+    recorded anew."""
     from .recover import set_aside
 
     room = Room(man.dir.parent, man.arch, man.release)
     try:
-        return dict(room.proof().keys)
+        return {(p.key, p.flydsl): p for p in room.proof().all()}
     except ManifestError as e:
         aside = set_aside(room.verified_path)
         print(f"warning: {str(e).splitlines()[0]}; set aside as {aside}: the keys proven now are recorded anew",
@@ -202,14 +205,15 @@ def proof_counts(root: Path, man: Manifest) -> tuple[dict, list, str | None]:
     bad = room.proof_problems()
     if bad:
         return dict(head, keys=len(man.entries), error=bad[0].message), bad, None
-    counts = room.proof().counts(man.entries)
+    proof = room.proof()
+    counts = dict(proof.counts(man.entries), by_flydsl=proof.flydsl_counts(man.entries))
     notes = []
     if counts[NO_EVIDENCE]:
         notes.append(f"{counts[NO_EVIDENCE]} proof(s) carry no evidence only a JIT run produced (verified.json "
                      f"version 1, written by an older dsv41-aot, or copied)")
     if counts[STALE]:
-        notes.append(f"{counts[STALE]} proof(s) are of another code object or vLLM source than the manifest's "
-                     f"(rebuilt since)")
+        why = ", ".join(f"{what} changed ({n})" for what, n in sorted(proof.changes(man.entries).items()))
+        notes.append(f"{counts[STALE]} proof(s) are stale: {why}")
     how = (f"prove them again: {room.prove_cmd}" if room.built_here else
            f"the room ships without objects/: prove them again where it was built, dsv41-aot verify --against-jit "
            f"--record --dir BUILT_DIR --release {man.release}")

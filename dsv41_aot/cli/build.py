@@ -10,6 +10,7 @@ from pathlib import Path
 from ..aot.output import print_json, tally
 from ..errors import AotError
 from ..manifest import prebuilt_dir
+from ..records import flydsl_text
 
 
 # ---------------------------------------------------------------- build
@@ -132,7 +133,8 @@ def cmd_list(args) -> int:
     for p in proofs:
         if "error" not in p:
             print(f"proofs {p['arch']} vLLM {p['release']}: {p['proven']} of {p['keys']} proven against vLLM's JIT "
-                  f"(jit), {p['no_evidence']} of the old format without JIT evidence (old), {p['stale']} stale")
+                  f"(jit), {p['no_evidence']} of the old format without JIT evidence (old), {p['stale']} stale"
+                  f"{flydsl_text(p.get('by_flydsl') or {})}")
     return 0
 
 
@@ -149,7 +151,8 @@ def _room_proofs(room, man, proofs: list, warnings: list):
         proofs.append({"arch": room.arch, "release": room.release, "keys": len(man.entries),
                        "error": e.message})
         return None
-    proofs.append({"arch": room.arch, "release": room.release, **proof.counts(man.entries)})
+    proofs.append({"arch": room.arch, "release": room.release, **proof.counts(man.entries),
+                   "by_flydsl": proof.flydsl_counts(man.entries)})
     return proof
 
 

@@ -10,6 +10,7 @@ from ..aot.verify import shard_keys, verify
 from ..errors import AotError
 from ..facts.releases import NEWEST
 from ..keys import BuildKey
+from ..records import flydsl_text
 from .cache import add_args
 
 
@@ -107,10 +108,10 @@ def run(args) -> int:
                 print(f"proofs {p['arch']} vLLM {p['release']}: verified.json unreadable")
                 continue
             more = "".join(f", {p[f]} {what}" for f, what in (
-                ("no_evidence", "without JIT-only evidence (old format)"), ("stale", "of another code object"))
+                ("no_evidence", "without JIT-only evidence (old format)"), ("stale", "stale"))
                 if p[f])
             print(f"proofs {p['arch']} vLLM {p['release']}: {p['proven']} of {p['keys']} keys carry a proof against "
-                  f"vLLM's JIT matching their entry{more}")
+                  f"vLLM's JIT matching their entry{more}{flydsl_text(p.get('by_flydsl') or {})}")
         for w in report["warnings"]:
             print(f"warning: {w}", file=sys.stderr)
         print(f"{report['keys']} keys checked ({report['jit_checked']} against vLLM's JIT, "

@@ -82,6 +82,8 @@ def diagnose(tp: int | None = None, max_rows: int | None = None, draft: tuple | 
     rep.facts["prebuilt"] = str(root)
     room = _room(rep, root, arch, src, digest) if arch else None
     problems = _bands(rep, room) if room else None
+    if room:
+        _flydsl(rep, room)
     if tp is not None:
         _coverage(rep, root, arch, room, src, problems, mode, tp, max_rows, draft)
     return rep
@@ -252,6 +254,40 @@ def _bands(rep: Report, room: Room) -> list:
         rep.add("bands", "ok", f"{bands} band(s) of {room.lib} sound (sha256, decompressed, raw sha256, every key's "
                                f"entry exported); nothing bound")
     return problems
+
+
+def _flydsl(rep: Report, room: Room) -> None:
+    """The host's FlyDSL (its distribution's version, read without importing
+    it) and how many of the room's keys are proven equal to what its JIT
+    builds (the room's verified.json, per FlyDSL: records.Proof)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ..records import flydsl_text
+
+    try:
+        have = version("flydsl")
+    except PackageNotFoundError:
+        rep.facts["flydsl"] = None
+        rep.add("flydsl", "info", "no FlyDSL installed: nothing here JIT-compiles what the prebuilt kernels replace")
+        return
+    try:
+        entries = room.manifest().entries
+        by = room.proof().flydsl_counts(entries)
+    except AotError as e:
+        rep.facts["flydsl"] = {"version": have, "error": str(e).split("\n  fix: ")[0]}
+        rep.add("flydsl", "warn", f"FlyDSL {have}: the room's proofs are unreadable: {rep.facts['flydsl']['error']}",
+                getattr(e, "fix", None))
+        return
+    n = by.get(have, 0)
+    rep.facts["flydsl"] = {"version": have, "proven": n, "keys": len(entries), "by_flydsl": by}
+    text = (f"FlyDSL {have}: {n} of {len(entries)} keys of the room proven equal to its JIT's code objects"
+            f"{flydsl_text(by) or '; the room carries no proof'}")
+    if entries and n == len(entries):
+        rep.add("flydsl", "ok", text)
+    else:
+        how = room.prove_cmd if room.built_here else (
+            f"dsv41-aot verify --against-jit --record --dir BUILT_DIR --release {room.release}, where it was built")
+        rep.add("flydsl", "warn", text, f"prove them under FlyDSL {have}: {how}")
 
 
 def _refused(room: Room, problems: list) -> dict:
