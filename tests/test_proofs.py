@@ -20,6 +20,7 @@ import json
 import shutil
 import sys
 from datetime import datetime, timezone
+from importlib.metadata import version as dist_version
 from pathlib import Path
 
 import pytest
@@ -246,7 +247,7 @@ def test_record_replaces_an_unreadable_proof_and_verify_counts_per_room(copy):
     counts = {(p["arch"], p["release"]): p for p in report["proofs"]}[("gfx950", NEWEST)]
     man = Manifest.read(copy / "gfx950", release=NEWEST)
     assert counts == {"arch": "gfx950", "release": NEWEST, "keys": len(man.entries), PROVEN: 1, NO_EVIDENCE: 0,
-                      STALE: 0, "unproven": len(man.entries) - 1}
+                      STALE: 0, "unproven": len(man.entries) - 1, "by_flydsl": {dist_version("flydsl"): 1}}
     proof = Room(copy, "gfx950", NEWEST).proof()
     (p,) = proof.keys.values()
     e = man.entries[K]
