@@ -179,3 +179,12 @@ def test_verify_under_another_flydsl_adds_its_proof_and_rebuilds_nothing(smoke_d
     text = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "verify", "--dir", d], capture_output=True, text=True,
                           cwd=REPO).stdout
     assert f"proven under FlyDSL {INSTALLED}: 1, {other}: 1" in text, text
+
+
+def test_the_build_cache_identity_covers_the_flydsl_internals_module():
+    """A change to aot/flydsl_api.py changes what a compile or a JIT run
+    produces, so it is part of the build cache's code identity."""
+    from dsv41_aot.aot import cache
+
+    covered = {p.resolve() for pattern in cache.CODE for p in cache.PACKAGE.glob(pattern)}
+    assert Path(flydsl_api.__file__).resolve() in covered and OWNER.resolve() in covered

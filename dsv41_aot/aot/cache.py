@@ -48,7 +48,7 @@ ENV_BUILD_CACHE = "DSV41_AOT_BUILD_CACHE"  # the loader's DSV41_AOT_CACHE is whe
 LAYOUT = "v1"
 PACKAGE = Path(__file__).resolve().parents[1]
 # the project's files whose code decides a stored object's or a JIT proof's bytes
-CODE = ("aot/compiler.py", "aot/worker.py", "aot/jit.py", "keys.py", "source.py", "facts/*.py")
+CODE = ("aot/compiler.py", "aot/flydsl_api.py", "aot/worker.py", "aot/jit.py", "keys.py", "source.py", "facts/*.py")
 
 
 def code_digest() -> str:
