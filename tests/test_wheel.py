@@ -242,8 +242,8 @@ def test_the_wheel_is_reproducible_from_its_commit(smoke, tmp_path, monkeypatch)
     folders, with the two frontends (pip wheel, python -m build), through
     ci/wheels.sh's path with SOURCE_DATE_EPOCH unset: the same sha256, every
     file stamped with the commit's time. A plain build in a git checkout
-    stamps its files with that checkout's commit time (setup.py); another
-    SOURCE_DATE_EPOCH, another sha256."""
+    stamps its files with that checkout's commit time (setup.py), and so
+    gets another sha256."""
     import time
 
     from ci import release
@@ -274,9 +274,8 @@ def test_the_wheel_is_reproducible_from_its_commit(smoke, tmp_path, monkeypatch)
     (c,) = (tmp_path / "checkout-dist").glob("*.whl")
     with zipfile.ZipFile(c) as z:
         assert {i.date_time for i in z.infolist()} == {time.gmtime(int(when))[:6]}
-    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(int(epoch) + 86400))
-    other = release.build_wheel(smoke, tmp_path / "c" / "dist", frontend="pip")
-    assert _sha256(other) != _sha256(a), "SOURCE_DATE_EPOCH is not what stamps the wheel"
+    # the same files stamped with another time: another sha256 (the stamp is what made them differ)
+    assert c.name == a.name and _sha256(c) != _sha256(a)
     print(f"wheel sha256 (commit time {epoch}): {_sha256(a)} twice")
 
 
