@@ -159,8 +159,9 @@ def test_a_key_keeps_its_proof_under_each_flydsl_and_a_stale_one_says_what_chang
     ev = Evidence("b" * 64, "c" * 64, "2026-01-02T03:04:05Z")
     jit = {"release": NEWEST, "vllm_version": NEWEST, "mono_sources": "0123456789abcdef"}
     built, other = "0.4.2", "0.5.0"  # the build's FlyDSL and another supported one
-    entry = {"sha256": "d" * 64, "code_object_sha256": "a" * 64,
-             "source": {"mono_sources": "0123456789abcdef", "flydsl_version": built}}
+    entry = Entry(key=K, kind="k1", arch="gfx950", fields={}, symbol="s", entry="e", object="objects/x.o",
+                  sha256="d" * 64, bytes=1, code_object_sha256="a" * 64, code_object_bytes=1, abi="0" * 12,
+                  source={"mono_sources": "0123456789abcdef", "flydsl_version": built})
     k2 = "k2@gfx950:s=4,tp=4,r=1"
     under_built = KeyProof(K, "a" * 64, dict(jit, flydsl_version=built), ev)
     under_other = KeyProof(K, "a" * 64, dict(jit, flydsl_version=other), Evidence("e" * 64, "f" * 64, "2026-02-01T00:00:00Z"))
@@ -174,11 +175,11 @@ def test_a_key_keeps_its_proof_under_each_flydsl_and_a_stale_one_says_what_chang
     again = Proof.parse(proof.to_bytes(), "f", "gfx950", NEWEST, "FIX")
     assert again == proof and json.loads(proof.to_bytes())["flydsl"] == {other: {K: under_other.as_dict()}}
     # a proof of a code object the entry no longer holds is dropped from the record
-    assert Proof.of("gfx950", NEWEST, [under_built], {K: dict(entry, code_object_sha256="9" * 64)}).keys == {}
+    assert Proof.of("gfx950", NEWEST, [under_built], {K: entry.replace(code_object_sha256="9" * 64)}).keys == {}
     # stale: what changed, named
-    rebuilt = dict(entry, code_object_sha256="9" * 64, source=dict(entry["source"], flydsl_version=other))
+    rebuilt = entry.replace(code_object_sha256="9" * 64, source=dict(entry.source, flydsl_version=other))
     assert under_built.changed(rebuilt) == f"the code object (rebuilt since by FlyDSL {other}, proven under {built})"
-    resourced = dict(entry, source=dict(entry["source"], mono_sources="f" * 16))
+    resourced = entry.replace(source=dict(entry.source, mono_sources="f" * 16))
     assert under_built.changed(resourced).startswith("the vLLM source (mono sources ffff")
     assert proof.changes({K: rebuilt, k2: resourced}) == {"the code object": 1, "the vLLM source": 1}
     # the record's other-FlyDSL section must say the FlyDSL its proofs name
