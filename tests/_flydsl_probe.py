@@ -36,10 +36,10 @@ def compile_key(key, out: Path) -> dict:
     comp = ArchCompiler(key.arch, str(source.find().root), str(arch_dir), str(tools.strip), tools.lld_version,
                         release=key.release)
     entry, _ = comp.compile(key)
-    meta, code = elf.exported_parts((arch_dir / entry["object"]).read_bytes(), entry["entry"])
-    return {"toolchain_flydsl": tools.flydsl_version, "identity_flydsl": entry["source"]["flydsl_version"],
+    meta, code = elf.exported_parts((arch_dir / entry.object).read_bytes(), entry.entry)
+    return {"toolchain_flydsl": tools.flydsl_version, "identity_flydsl": entry.source["flydsl_version"],
             "export_meta_flydsl": json.loads(meta).get("flydsl_version"),
-            "code_object_sha256": entry["code_object_sha256"], "export_code_sha256": hashlib.sha256(code).hexdigest()}
+            "code_object_sha256": entry.code_object_sha256, "export_code_sha256": hashlib.sha256(code).hexdigest()}
 
 
 def jit_key(key, out: Path) -> dict:

@@ -167,9 +167,9 @@ def test_verify_under_another_flydsl_adds_its_proof_and_rebuilds_nothing(smoke_d
 
     man = Manifest.read(d / "gfx950", release=NEWEST)
     e = man.entries[key]
-    jit = {"release": NEWEST, "vllm_version": e["source"]["vllm_version"], "mono_sources": e["source"]["mono_sources"],
+    jit = {"release": NEWEST, "vllm_version": e.source["vllm_version"], "mono_sources": e.source["mono_sources"],
            "flydsl_version": INSTALLED}
-    write_verified(man, [KeyProof(key, e["code_object_sha256"], jit, Evidence("1" * 64, "2" * 64, "2026-01-02T03:04:05Z"))])
+    write_verified(man, [KeyProof(key, e.code_object_sha256, jit, Evidence("1" * 64, "2" * 64, "2026-01-02T03:04:05Z"))])
     before = served()
     _verify(flydsl_python(other), "--dir", d, "--against-jit", "--record", "--key", key)
     assert served() == before, "a proof under another FlyDSL rebuilt or relinked something"
