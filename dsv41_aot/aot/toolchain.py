@@ -30,11 +30,11 @@ class Toolchain:
 
 
 def _llvm_dirs():
-    """LLVM bin folders to look in, best first: ROCm's, then Debian's. The
-    shim folder (what a worker's ROCM_PATH names on a machine without ROCm) is
-    never one: its ld.lld is a link this module makes to a real one."""
+    """LLVM bin folders to look in, best first: ROCm's, then Debian's. Never
+    the shim's own folder (a compile worker's ROCM_PATH is the shim): taking
+    its ld.lld would relink the shim to itself, a loop every build then fails on."""
     for rocm in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
-        if rocm and Path(rocm) != SHIM_DIR:
+        if rocm and os.path.realpath(rocm) != os.path.realpath(SHIM_DIR):
             yield Path(rocm) / "llvm" / "bin"
     for d in sorted(Path("/usr/lib").glob("llvm-*"), key=lambda p: -int(p.name[5:]) if p.name[5:].isdigit() else 0):
         yield d / "bin"
