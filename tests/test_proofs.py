@@ -218,6 +218,23 @@ def test_merge_refuses_a_malformed_proof_naming_it(copy, tmp_path, case, capsys)
     assert not (tmp_path / "out").exists()
 
 
+def test_the_wheel_gate_refuses_a_truncated_proof(copy):
+    """ci/prebuilt.py (what every wheel build runs) never ships a room whose
+    verified.json cannot be read: the room's verdict includes its proof
+    record, and the refusal names the file and the command that proves the
+    room again."""
+    from ci import prebuilt
+
+    assert [r.name for c in prebuilt.check_dir(copy, ["gfx950"]) for r in c.rooms]  # sound as built
+    man = Manifest.read(copy / "gfx950", release=NEWEST)
+    path = write_proofs(man, {k: forged(man, k) for k in man.entries})
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    with pytest.raises(ManifestError, match="malformed JSON") as e:
+        prebuilt.check_dir(copy, ["gfx950"])
+    assert str(path) in str(e.value)
+    assert e.value.fix == f"dsv41-aot verify --against-jit --record --dir {copy.resolve()} --release {NEWEST}"
+
+
 def test_verify_reads_every_rooms_proof(copy):
     """verify without --against-jit refuses an unreadable verified.json
     (exit 1, the file and its fix), and reports the other rooms' counts."""
