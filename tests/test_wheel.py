@@ -356,3 +356,43 @@ def test_wheel_build_refuses_a_bad_prebuilt_dir(smoke, tmp_path, how):
     assert NAMES_ROOM.get(how, "") in text
     assert str(bad) in text and "fix: " in text and "dsv41-aot " in text
     assert not list((tmp_path / "dist").glob("*.whl")) if (tmp_path / "dist").exists() else True
+
+
+# ---------------------------------------------------------------- a wheel's link records
+
+
+def _rewritten(wheel: Path, dest: Path, change=None, extra: dict | None = None) -> Path:
+    """A copy of ``wheel`` under its own name in ``dest``: each member's bytes
+    through ``change(name, data)``, then the ``extra`` members added."""
+    dest.mkdir()
+    out = dest / wheel.name
+    with zipfile.ZipFile(wheel) as z, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as w:
+        for info in z.infolist():
+            data = z.read(info)
+            w.writestr(info, change(info.filename, data) if change else data)
+        for name, data in (extra or {}).items():
+            w.writestr(name, data)
+    return out
+
+
+def test_a_key_linked_from_another_object_fails_both_wheel_checks(wheel, tmp_path):
+    """A room's libs.json in the wheel links a key from another key's object
+    (a well-formed sha256, the band's own sha256s intact): the key is linked,
+    but not from its own object, and both checks say so."""
+    from dsv41_aot.aot.wheel import report
+
+    member = "dsv41_aot/kernels_prebuilt/gfx950/vllm-0.33.0/libs.json"
+
+    def relink(name, data):
+        if name != member:
+            return data
+        doc = json.loads(data)
+        (a, sha_a), (b, sha_b) = sorted(doc["libraries"][0]["entries"].items())[:2]
+        doc["libraries"][0]["entries"][a] = sha_b
+        relink.key = a
+        return json.dumps(doc).encode()
+
+    bad = _rewritten(wheel, tmp_path / "bad", relink)
+    want = f"{relink.key} (vLLM 0.33.0): not linked from its object"
+    assert any(want in p for p in check_wheel.check(bad, auditwheel=False)["problems"])
+    assert any(want in p for p in report(bad)["problems"])
