@@ -6,6 +6,11 @@
     python ci/check_wheel.py --report WHEEL [--json] [--require-proofs]
                                                      (what a downloaded wheel holds, checked offline)
 
+- the file: a sound zip (every member read back by CRC) with one
+  ``.dist-info``, and no member an installer would write outside its target
+  folder (absolute, or a ``..`` step): ``aot/wheel.open_wheel``, which
+  ``dsv41-aot verify --wheel`` runs too; a file that is not a sound zip is bad
+  input (exit 2), a member outside the tree a failed check;
 - name, tag: a kernels wheel is ``dsv41_aot-<version>-py3-none-manylinux_2_28_x86_64``
   (host shared libraries, no Python extension), with no local version label;
   a wheel without kernels ``py3-none-any``;
@@ -50,7 +55,7 @@ from dsv41_aot.facts.releases import version_order  # noqa: E402
 from dsv41_aot.manifest import TIMINGS  # noqa: E402
 from dsv41_aot.room import folder_name  # noqa: E402
 from dsv41_aot.listing import built_arches, built_releases, built_rooms  # noqa: E402
-from dsv41_aot.aot.wheel import PKG, report, rooms_in_wheel as _rooms, wheel_bands  # noqa: E402,F401
+from dsv41_aot.aot.wheel import PKG, dist_info, open_wheel, report, rooms_in_wheel as _rooms, wheel_bands  # noqa: E402,F401
 from dsv41_aot.cli.verify import print_wheel_report as print_report  # noqa: E402
 
 PLAT = "manylinux_2_28_x86_64"
@@ -97,15 +102,22 @@ def audit_raw(libraries: dict) -> list:
 
 
 def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) -> dict:
-    from dsv41_aot.errors import AotError
+    """The checks above of one wheel file: its problems (a file that is not
+    a sound zip raises AotError, exit 2)."""
+    from dsv41_aot.errors import AotError, IntegrityError
 
     problems: list = []
-    out = {"wheel": wheel.name, "bytes": wheel.stat().st_size, "problems": problems}
-    with zipfile.ZipFile(wheel) as z:
+    out = {"wheel": wheel.name, "bytes": wheel.stat().st_size, "problems": problems, "arches": []}
+    try:
+        z = open_wheel(wheel)  # a sound zip whose members all install inside the target folder
+    except IntegrityError as e:
+        problems.append(str(e).splitlines()[0])
+        return out
+    with z:
         names = z.namelist()
-        dist_info = next(n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info"))
-        meta = email.parser.Parser().parsestr(z.read(f"{dist_info}/METADATA").decode())
-        tags = [v for k, v in email.parser.Parser().parsestr(z.read(f"{dist_info}/WHEEL").decode()).items()
+        info = dist_info(names)  # open_wheel: one, holding METADATA and WHEEL
+        meta = email.parser.Parser().parsestr(z.read(f"{info}/METADATA").decode(errors="replace"))
+        tags = [v for k, v in email.parser.Parser().parsestr(z.read(f"{info}/WHEEL").decode(errors="replace")).items()
                 if k == "Tag"]
         out.update(name=meta["Name"], version=meta["Version"], tags=tags)
         arches = sorted({n[len(PKG):].split("/")[0] for n in names if n.startswith(PKG) and n.count("/") > 2})
@@ -121,8 +133,8 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
             elif extra.group(1) == "vllm" and name == "vllm":
                 spec = req.split(";")[0][len(name):].strip().strip("()")
         for lic in ("LICENSE", "NOTICE"):
-            if not any(n.startswith(dist_info) and n.rsplit("/", 1)[-1] == lic for n in names):
-                problems.append(f"{lic} missing from {dist_info}")
+            if not any(n.startswith(info) and n.rsplit("/", 1)[-1] == lic for n in names):
+                problems.append(f"{lic} missing from {info}")
         if "+" in meta["Version"]:
             problems.append(f"local version label in {meta['Version']}: an index refuses it")
         raw_so = [n for n in names if n.endswith(".so") or ".so." in n.rsplit("/", 1)[-1] and not n.endswith(".xz")]
@@ -242,7 +254,7 @@ def audit_prebuilt(root: Path) -> int:
 
 def audit_only(wheel: Path) -> int:
     """cibuildwheel's repair step: auditwheel on the wheel's raw libraries."""
-    with zipfile.ZipFile(wheel) as z:
+    with open_wheel(wheel) as z:
         libraries = {f"{arch}/{f[:-3]}": b for arch, (_, raw) in wheel_bands(z).items() for f, b in raw.items()}
     bad = [x for x in audit_raw(libraries) if not x.startswith(ALLOWED_EXTERNAL)]
     print(f"{wheel.name}: auditwheel on {len(libraries)} raw libraries: "
@@ -269,6 +281,16 @@ def source_tree(dest: Path, root: Path = Path(__file__).resolve().parents[1]) ->
 
 
 def main(argv=None) -> int:
+    from dsv41_aot.errors import AotError
+
+    try:
+        return _main(argv)
+    except AotError as e:  # bad input (a file that is not a sound zip): named, exit 2, no traceback
+        print(f"ci/check_wheel.py: error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("wheels", nargs="*")
     ap.add_argument("--prebuilt", help="the prebuilt dir the wheel was built from")

@@ -358,7 +358,7 @@ def test_wheel_build_refuses_a_bad_prebuilt_dir(smoke, tmp_path, how):
     assert not list((tmp_path / "dist").glob("*.whl")) if (tmp_path / "dist").exists() else True
 
 
-# ---------------------------------------------------------------- a wheel's link records
+# ---------------------------------------------------------------- wheels judged as pip judges them
 
 
 def _rewritten(wheel: Path, dest: Path, change=None, extra: dict | None = None) -> Path:
@@ -373,6 +373,14 @@ def _rewritten(wheel: Path, dest: Path, change=None, extra: dict | None = None) 
         for name, data in (extra or {}).items():
             w.writestr(name, data)
     return out
+
+
+def _offline(wheel: Path) -> list:
+    """(exit code, output) of the offline checks a user and the release run."""
+    return [(r.returncode, r.stdout + r.stderr) for r in (
+        run([PY, "-m", "dsv41_aot.cli", "verify", "--wheel", wheel]),
+        run([PY, "ci/check_wheel.py", "--report", wheel]),
+        run([PY, "ci/check_wheel.py", "--no-auditwheel", wheel]))]
 
 
 def test_a_key_linked_from_another_object_fails_both_wheel_checks(wheel, tmp_path):
@@ -396,3 +404,28 @@ def test_a_key_linked_from_another_object_fails_both_wheel_checks(wheel, tmp_pat
     want = f"{relink.key} (vLLM 0.33.0): not linked from its object"
     assert any(want in p for p in check_wheel.check(bad, auditwheel=False)["problems"])
     assert any(want in p for p in report(bad)["problems"])
+
+
+@pytest.mark.parametrize("name", ["../escaped", "dsv41_aot/kernels_prebuilt/gfx950/lib/../../../../../escaped",
+                                  "/tmp/dsv41-escaped"])
+def test_a_member_outside_the_install_tree_is_refused_as_pip_refuses_it(wheel, tmp_path, name):
+    bad = _rewritten(wheel, tmp_path / "bad", extra={name: b"x"})
+    r = run([PY, "-m", "pip", "install", "--no-deps", "--no-index", "--target", tmp_path / "site", bad])
+    assert r.returncode != 0 and "outside the target directory" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert not Path("/tmp/dsv41-escaped").exists()
+    for code, out in _offline(bad):
+        assert code == 1 and name in out and "outside the install tree" in out and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("how", ["empty", "truncated", "not a zip", "damaged member"])
+def test_a_file_that_is_not_a_sound_zip_is_bad_input(wheel, tmp_path, how):
+    bad = tmp_path / wheel.name
+    data = wheel.read_bytes()
+    if how == "damaged member":  # the zip's directory intact, one band's compressed bytes flipped
+        with zipfile.ZipFile(wheel) as z:
+            info = next(i for i in z.infolist() if i.filename.endswith(".so.xz"))
+        at = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra) + info.compress_size // 2
+        data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+    bad.write_bytes({"empty": b"", "truncated": data[: len(data) // 2], "not a zip": b"not a wheel\n"}.get(how, data))
+    for code, out in _offline(bad):
+        assert code == 2 and str(bad) in out and "not a sound zip" in out and "Traceback" not in out, out

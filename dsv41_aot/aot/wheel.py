@@ -1,15 +1,17 @@
 """What a kernels wheel holds, read offline from its bytes by the room's own
 parsers (``Manifest.parse``, ``records.LinkRecord``, ``records.Proof``):
 ``dsv41-aot verify --wheel FILE`` and the release's wheel checks
-(``ci/check_wheel.py``). No auditwheel, FlyDSL, torch or vLLM."""
+(``ci/check_wheel.py``), each opening it through :func:`open_wheel`, which
+judges the file as pip does first. No auditwheel, FlyDSL, torch or vLLM."""
 
 from __future__ import annotations
 
 import email.parser
 import zipfile
+import zlib
 from pathlib import Path
 
-from ..errors import AotError
+from ..errors import AotError, IntegrityError
 from ..keys import BuildKey
 from ..records import NO_EVIDENCE, PROVEN, VERIFIED, Proof
 from ..manifest import LIB
@@ -19,6 +21,53 @@ from .link import dynamic_info
 
 PKG = "dsv41_aot/kernels_prebuilt/"  # where a wheel carries its rooms
 FIX = "rebuild the wheel from a prebuilt dir that passes: python ci/prebuilt.py DIR"
+FIX_DOWNLOAD = "download the wheel again (pip download --no-deps dsv41-aot), or rebuild it"
+
+
+def open_wheel(wheel: Path) -> zipfile.ZipFile:
+    """A wheel file opened for reading, judged first as pip judges it: a
+    sound zip (every member's bytes read back and checked by CRC; AotError,
+    exit 2, naming the file otherwise) whose members all install inside the
+    target folder: no absolute name, no ``..`` step, no name given twice
+    (IntegrityError, exit 1, naming the member: pip refuses such a wheel)."""
+    wheel = Path(wheel)
+    try:
+        z = zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise AotError(f"{wheel}: not a wheel: not a sound zip file ({e or type(e).__name__})",
+                       fix=FIX_DOWNLOAD) from None
+    try:
+        bad = z.testzip()
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError) as e:
+        bad, why = "?", str(e) or type(e).__name__
+    else:
+        why = "its CRC does not match its bytes"
+    if bad is not None:
+        z.close()
+        raise AotError(f"{wheel}: not a wheel: not a sound zip file (member {bad}: {why})", fix=FIX_DOWNLOAD)
+    seen = set()
+    for name in z.namelist():
+        if name.startswith("/") or ".." in name.split("/"):
+            z.close()
+            raise IntegrityError(f"{wheel}: member {name!r} is absolute or takes a `..` step: it may lie outside the "
+                                 f"install tree, and pip refuses to install a wheel whose member does", fix=FIX_DOWNLOAD)
+        if name in seen:
+            z.close()
+            raise IntegrityError(f"{wheel}: member {name!r} is in the wheel twice (which copy is installed depends "
+                                 f"on the installer)", fix=FIX_DOWNLOAD)
+        seen.add(name)
+    info = dist_info(seen)
+    if info is None or not {f"{info}/METADATA", f"{info}/WHEEL"} <= seen:
+        z.close()
+        raise AotError(f"{wheel}: not a wheel: no <name>.dist-info/ folder holding METADATA and WHEEL",
+                       fix=FIX_DOWNLOAD)
+    return z
+
+
+def dist_info(names) -> str | None:
+    """The one top-level ``*.dist-info`` folder among a wheel's member names (None: none, or several)."""
+    found = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info") and "/" in n}
+    return found.pop() if len(found) == 1 else None
 
 
 def rooms_in_wheel(names) -> dict:
@@ -71,13 +120,14 @@ def report(wheel: Path) -> dict:
     out = {"wheel": Path(wheel).name, "bytes": Path(wheel).stat().st_size, "rooms": [], "bands": [],
            "problems": [], "unproven": []}
     problems = out["problems"]
-    with zipfile.ZipFile(wheel) as z:
+    try:
+        z = open_wheel(wheel)  # not a sound zip: AotError (exit 2)
+    except IntegrityError as e:
+        problems.append(str(e).splitlines()[0])
+        return out
+    with z:
         names = set(z.namelist())
-        dist_info = next((n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")), None)
-        if dist_info is None:
-            problems.append("no .dist-info: not a wheel")
-            return out
-        meta = email.parser.Parser().parsestr(z.read(f"{dist_info}/METADATA").decode())
+        meta = email.parser.Parser().parsestr(z.read(f"{dist_info(names)}/METADATA").decode(errors="replace"))
         out.update(name=meta["Name"], version=meta["Version"])
         try:
             contents = wheel_bands(z)
