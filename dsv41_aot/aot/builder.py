@@ -101,7 +101,6 @@ def build(
     progress: bool = True,
     link: bool = True,
     cache: Path | None = None,
-    reuse: bool = True,
     log=None,
 ) -> Summary:
     """Build ``keys`` into the prebuilt directory ``out``, then link each
@@ -112,8 +111,8 @@ def build(
     the installed vLLM or the tree cache), whose mono sources must have the
     release's digest (``digests``, default build_matrix.yaml's). With
     ``cache`` (a folder, aot/cache.py), a key whose whole build identity is
-    cached is copied from it, not compiled (unless not ``reuse``), and every
-    compiled key is added."""
+    cached is copied from it, not compiled, and every compiled key is added
+    (a cache that cannot be used is a warning, never a failed build)."""
     t_start = time.perf_counter()
     out = Path(out).resolve()
     jobs = check_jobs(jobs)
@@ -150,7 +149,7 @@ def build(
     if cache is not None:
         from .cache import BuildCache
 
-        store = BuildCache(cache, tools, reuse)
+        store = BuildCache(cache, tools)
     with contextlib.ExitStack() as held:
         # each arch's lock (its releases share objects and bands) from its
         # manifests' read through their link, taken in one order so that two
@@ -184,8 +183,7 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         else:
             st.pending.append(key)
     if store is not None:
-        for why in store.dropped:
-            print(f"warning: {why}", file=log)
+        store.say(log)
     todo = sum(len(s.pending) for s in states.values())
 
     bar = None
@@ -197,6 +195,8 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         if todo:
             _run(states, tools, jobs, key_timeout, summary, bar, store)
     finally:
+        if store is not None:
+            store.say(log)  # a cache write that failed: said, never fatal
         for st in states.values():
             if st.dirty:
                 st.manifest.write()

@@ -120,14 +120,19 @@ def count_proofs(st: RoomState, log) -> dict | None:
 
 def take_from_cache(store, st: RoomState, key: BuildKey) -> bool:
     """Take ``key``'s object from the build cache into its room (checked
-    like a fresh compile: arch, kernel symbol, residency); False on a miss."""
+    like a fresh compile: arch, kernel symbol, residency); False on a miss,
+    a record whose blob fails those checks included (dropped, said)."""
     from .compiler import describe_object
 
     hit = store.get_object(key, st.ident)
     if hit is None:
         return False
     rec, data = hit
-    entry, abi = describe_object(key, data, st.ident)
+    try:
+        entry, abi = describe_object(key, data, st.ident)
+    except (AotError, ValueError) as e:  # an intact blob, but not this key's object (elf.ElfError is a ValueError)
+        store.reject_object(key, st.ident, f"names a blob that is not its object ({str(e).splitlines()[0]})")
+        return False
     entry = entry.replace(export_bytes=rec["export_bytes"])
     obj = st.dir / entry.object
     if not (obj.is_file() and sha256_file(obj) == entry.sha256):  # absent, or corrupt in place

@@ -1,8 +1,12 @@
 """The build cache: compiled objects and JIT proofs stored by their full
 build identity, shared by every ``--out`` (``build --cache DIR`` or
-``$DSV41_AOT_BUILD_CACHE``). ``--no-cache`` compiles (or JIT-builds) every
-key without reading the cache, and stores what it built, as ``docker build
---no-cache`` does: a forced rebuild refreshes the cache, never empties it.
+``$DSV41_AOT_BUILD_CACHE``; set empty, none). ``--no-cache`` compiles (or
+JIT-builds) every key and never opens the cache, neither reading nor writing it.
+
+The cache only ever saves work: a cache that cannot be created, read or
+written, and a record whose blob is damaged or is not the key's object,
+each become a ``warning:`` and a miss. The key is built for real, and the
+build goes on as if there were no cache.
 
 A key compiles to the same bytes whenever its identity is the same (the
 pipeline is deterministic, and tests/test_build.py proves it). The identity
@@ -28,9 +32,10 @@ the cache carries what the JIT run that built it produced.
 
 ``id`` is the sha256 of the identity. Every file is written atomically (a
 blob before the record naming it), so concurrent builders sharing a cache
-see a whole record or none; a record's blob is read back and checked by
-sha256 on the way out, and a mismatch is a miss (the record is dropped and
-the key compiled again), never a trusted hit. Build side only.
+see a whole record or none. A record's blob is read back and checked by
+sha256 on the way out, and a stored object is checked as a fresh compile is
+(``buildroom.take_from_cache``); a mismatch is a miss (the record is
+dropped and the key compiled again), never a trusted hit. Build side only.
 """
 
 from __future__ import annotations
@@ -40,7 +45,6 @@ import json
 import os
 from pathlib import Path
 
-from ..errors import AotError
 from ..keys import BuildKey
 from ..manifest import atomic_write
 
@@ -60,27 +64,44 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
-def cache_dir(given: str | None) -> Path | None:
-    """The cache folder a command uses: ``--cache DIR``, else
-    ``$DSV41_AOT_BUILD_CACHE``, else none."""
+def cache_dir(given: str | None, no_cache: bool = False) -> Path | None:
+    """The cache folder a command uses: none with ``--no-cache``; else
+    ``--cache DIR``, else ``$DSV41_AOT_BUILD_CACHE`` (set empty: none), else none."""
+    if no_cache:
+        return None
     chosen = given or os.environ.get(ENV_BUILD_CACHE)
     return Path(chosen).resolve() if chosen else None
 
 
 class BuildCache:
     """One cache folder, and the identity parts that are the same for every
-    key of a run (``tools``: toolchain.Toolchain)."""
+    key of a run (``tools``: toolchain.Toolchain). What goes wrong with the
+    folder is collected in ``warnings`` (the command prints them: :meth:`say`),
+    never raised."""
 
-    def __init__(self, root: Path, tools, reuse: bool = True):
-        self.root = Path(root) / LAYOUT
-        self.reuse = reuse  # False (--no-cache): every lookup misses; what is built is still stored
+    def __init__(self, root: Path, tools):
+        self.given = Path(root)
+        self.root = self.given / LAYOUT
+        self.warnings: list[str] = []  # said once each, then cleared (say)
+        self.writable = True  # False once a write failed: nothing more is tried
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise AotError(f"build cache {root}: cannot create it ({e.strerror})",
-                           fix=f"pass --cache DIR (or set {ENV_BUILD_CACHE}) to a writable folder, or --no-cache") from None
+            self._cannot_write(e)
         self.common = self.parts(tools)
-        self.dropped: list[str] = []  # records whose blob was missing or did not match: compiled again
+
+    def say(self, log) -> None:
+        """Print the warnings collected so far (``warning: ...``) and forget them."""
+        for why in self.warnings:
+            print(f"warning: {why}", file=log)
+        self.warnings.clear()
+
+    def _cannot_write(self, e: OSError) -> None:
+        if self.writable:
+            self.writable = False
+            self.warnings.append(f"build cache {self.given} cannot be written ({e.strerror or e}): nothing is stored "
+                                 f"there this run; pass --cache DIR (or set {ENV_BUILD_CACHE}) to a writable folder, "
+                                 f"or --no-cache")
 
     @staticmethod
     def parts(tools) -> dict:
@@ -98,27 +119,40 @@ class BuildCache:
         return self.root / what / cid[:2] / f"{cid}.json"
 
     def _get(self, what: str, key: BuildKey, ident: dict) -> tuple[dict, bytes] | None:
-        if not self.reuse:
-            return None
         path = self._record(what, self._id(what, key, ident))
         try:
             rec = json.loads(path.read_bytes())
             data = (self.root / "blobs" / rec["sha256"]).read_bytes()
         except FileNotFoundError:
             return None
-        except (ValueError, KeyError, TypeError):  # a torn or foreign record: never trusted
+        except (ValueError, KeyError, TypeError, OSError):  # torn, foreign or unreadable: never trusted
             rec, data = {}, b""
-        if rec.get("key") != str(key) or hashlib.sha256(data).hexdigest() != rec.get("sha256"):
-            self.dropped.append(f"{key.describe()}: cache record {path} does not match its blob; compiled again")
-            path.unlink(missing_ok=True)
+        if rec.get("key") != str(key) or rec.get("release") != key.release \
+                or hashlib.sha256(data).hexdigest() != rec.get("sha256"):
+            self.drop(path, key, "does not match its blob")
             return None
         return rec, data
 
+    def drop(self, path: Path, key: BuildKey, why: str) -> None:
+        """Forget the record at ``path`` (a miss: the key is built again), saying why."""
+        self.warnings.append(f"{key.describe()}: cache record {path} {why}; built again")
+        if self.writable:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as e:
+                self._cannot_write(e)
+
     def _put(self, what: str, key: BuildKey, ident: dict, data: bytes, **fields) -> None:
+        if not self.writable:
+            return
         sha = hashlib.sha256(data).hexdigest()
-        atomic_write(self.root / "blobs" / sha, data)  # always: a damaged blob of this name is replaced
         rec = {"key": str(key), "release": key.release, "sha256": sha, **fields}
-        atomic_write(self._record(what, self._id(what, key, ident)), (json.dumps(rec, sort_keys=True) + "\n").encode())
+        try:
+            atomic_write(self.root / "blobs" / sha, data)  # always: a damaged blob of this name is replaced
+            atomic_write(self._record(what, self._id(what, key, ident)),
+                         (json.dumps(rec, sort_keys=True) + "\n").encode())
+        except OSError as e:
+            self._cannot_write(e)
 
     # a compiled key: its stripped export object
 
@@ -126,6 +160,10 @@ class BuildCache:
         """(record, stripped object bytes) of ``key`` built under ``ident``
         (buildroom.identity), or None."""
         return self._get("compile", key, ident)
+
+    def reject_object(self, key: BuildKey, ident: dict, why: str) -> None:
+        """The object :meth:`get_object` gave is not ``key``'s (``why``): its record is dropped."""
+        self.drop(self._record("compile", self._id("compile", key, ident)), key, why)
 
     def put_object(self, key: BuildKey, ident: dict, data: bytes, export_bytes: int, seconds: float) -> None:
         self._put("compile", key, ident, data, export_bytes=export_bytes, seconds=round(float(seconds), 3))
@@ -139,6 +177,10 @@ class BuildCache:
         if hit is not None and not isinstance(hit[0].get("evidence"), dict):
             return None
         return hit
+
+    def reject_jit(self, key: BuildKey, ident: dict, why: str) -> None:
+        """The JIT code object :meth:`get_jit` gave is not to be trusted (``why``): its record is dropped."""
+        self.drop(self._record("jit", self._id("jit", key, ident)), key, why)
 
     def put_jit(self, key: BuildKey, ident: dict, code: bytes, params: list, identity: dict, evidence: dict,
                 seconds: float) -> None:

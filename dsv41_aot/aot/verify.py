@@ -100,15 +100,14 @@ def release_trees(releases, mans: dict, trees=(), matrix_path=None) -> dict:
 
 
 def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_timeout: float,
-                 trees, matrix_path, progress: bool, record: bool, cache: Path | None = None,
-                 reuse: bool = True) -> None:
+                 trees, matrix_path, progress: bool, record: bool, cache: Path | None = None) -> None:
     """Build ``chosen`` (room -> BuildKeys) again through its release's vLLM
     JIT on the worker pool and add what differs to each key's report; with
     ``record``, keep the proof of each key that passed in its room's
     verified.json. With ``cache`` (aot/cache.py), a key whose JIT code
     object is cached under the same build identity is compared with that,
-    not JIT-built again (its report says so; not with ``reuse`` False), and
-    every JIT build is added."""
+    not JIT-built again (its report says so), and every JIT build is added
+    (a cache that cannot be used is a warning, never a failure)."""
     import tempfile
 
     from . import jit
@@ -123,7 +122,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         from .cache import BuildCache
 
         tools = toolchain.find()
-        store = BuildCache(cache, tools, reuse)
+        store = BuildCache(cache, tools)
         idents = {release: identity(src, tools) for release, src in sources.items()}
         for k in todo:
             hit = store.get_jit(k, idents[k.release])
@@ -131,8 +130,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
                 hits.append((k, hit))
         cached = {k for k, _ in hits}
         todo = [k for k in todo if k not in cached]
-        for why in store.dropped:
-            print(f"warning: {why}", file=sys.stderr)
+        store.say(sys.stderr)
     proofs = {room: _proofs_to_record(man) for room, man in mans.items()} if record else {}
     bar = None
     if progress and (todo or hits):
@@ -167,14 +165,21 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
             for k, (rec, data) in hits:
                 path = Path(tmp) / f"{k.entry}.jit.co"
                 path.write_bytes(data)
-                on_answer(k, {"ok": True, "key": str(k), "code": str(path), "params": rec["params"],
-                              "identity": rec.get("identity"), "evidence": rec["evidence"],
-                              "seconds": rec.get("seconds"), "cached": True})
+                msg = {"ok": True, "key": str(k), "code": str(path), "params": rec.get("params") or [],
+                       "identity": rec.get("identity"), "evidence": rec["evidence"],
+                       "seconds": rec.get("seconds"), "cached": True}
+                if compare_jit(codes[k][0], str(k), codes[k][1], msg):  # never fail a key on a cached answer
+                    store.reject_jit(k, idents[k.release], "disagrees with the prebuilt code object")
+                    todo.append(k)  # the JIT runs for real: its answer decides
+                    continue
+                on_answer(k, msg)
         if todo:
             jit.run(todo, on_answer, jobs=jobs, key_timeout=key_timeout, sources=sources)
     finally:
         if bar is not None:
             bar.close()
+        if store is not None:
+            store.say(sys.stderr)
         for room, recs in proofs.items():
             write_verified(mans[room], list(recs.values()))
 
@@ -227,13 +232,13 @@ def proof_counts(root: Path, man: Manifest) -> tuple[dict, list, str | None]:
 def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, sample: int | None = None,
            seed: int = 0, vllm_src=(), progress: bool = False, jobs: int | None = None,
            key_timeout: float | None = None, record: bool = False, release: str | None = None,
-           matrix_path=None, cache: Path | None = None, reuse: bool = True) -> dict:
+           matrix_path=None, cache: Path | None = None) -> dict:
     """Verify the prebuilt directory ``root`` (its rooms of ``release``, or
     every room); returns the JSON report. ``keys`` (BuildKeys, each of its
     own release, named or a shard's) must all be in ``root``. ``vllm_src``: vLLM trees to JIT-build from, one a
     release (``--vllm-src``, repeatable). ``cache``: the build cache whose JIT
-    code objects stand in for JIT builds of the same identity (``reuse``
-    False: JIT-build every key, still storing what it built)."""
+    code objects stand in for JIT builds of the same identity (None: no
+    cache, every key JIT-built)."""
     from .workers import check_jobs, check_key_timeout
 
     t0 = time.perf_counter()
@@ -283,7 +288,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             chosen[f"{man.arch}/{man.room.name}"] = [k for k in keys_ if codes[k][1] is not None]
     if against_jit:
         _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, trees=vllm_src,
-                     matrix_path=matrix_path, progress=progress, record=record, cache=cache, reuse=reuse)
+                     matrix_path=matrix_path, progress=progress, record=record, cache=cache)
     proofs = []
     for man in mans:  # after --record wrote them
         counts, bad, warning = proof_counts(root, man)

@@ -77,7 +77,7 @@ def cmd_build(args) -> int:
     summary = builder.build(
         keys, Path(args.out), jobs=args.jobs, key_timeout=args.key_timeout, vllm_src=args.vllm_src or (),
         digests=digests, progress=not args.no_progress, link=not args.no_link,
-        cache=cache.cache_dir(args.cache), reuse=not args.no_cache,
+        cache=cache.cache_dir(args.cache, args.no_cache),
     )
     if args.json:
         print_json(summary.as_dict())

@@ -11,8 +11,8 @@ def add_args(p, what: str) -> None:
                    help=f"build cache of {what}, keyed by their full build identity and shared by every --out "
                         f"(default: ${ENV_BUILD_CACHE}; none when unset)")
     p.add_argument("--no-cache", action="store_true",
-                   help="do not take anything from the build cache: build every key for real (what it builds is "
-                        "still stored there)")
+                   help="no build cache at all: build every key for real, and neither read nor write the cache "
+                        f"(nor ${ENV_BUILD_CACHE})")
 
 
 def register(sub) -> None:

@@ -84,8 +84,7 @@ def run(args) -> int:
     report = verify(Path(args.dir), against_jit=args.against_jit, keys=keys, sample=args.sample, seed=args.seed,
                     vllm_src=args.vllm_src or (), progress=args.against_jit and not args.no_progress,
                     jobs=args.jobs, key_timeout=args.key_timeout, record=args.record, release=args.release,
-                    matrix_path=args.matrix, cache=cache_dir(args.cache) if args.against_jit else None,
-                    reuse=not args.no_cache)
+                    matrix_path=args.matrix, cache=cache_dir(args.cache, args.no_cache) if args.against_jit else None)
     if args.json:
         from ..aot.output import print_json
 
