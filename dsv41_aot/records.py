@@ -135,9 +135,14 @@ class LinkRecord:
 # ---------------------------------------------------------------- verified.json
 
 
-# 3: a key's proofs under other FlyDSL releases kept beside its own ("flydsl"); 2: each proof carries its
-# JIT run's evidence (null: a version-1 proof kept); 1: none
-PROOF_VERSION = 3
+# 4: each proof's evidence names its JIT run's compiled module (module_sha256); 3: a key's proofs under other
+# FlyDSL releases kept beside its own ("flydsl"), evidence naming FlyDSL's cache key (cache_key_sha256: the same
+# for every key of one arch and kind); 2: that evidence, no "flydsl"; 1: no evidence. Older proofs stay readable.
+PROOF_VERSION = 4
+# the evidence digests a proof of each version may carry (a version-4 record keeps an older proof's as it was)
+_OLD_EVIDENCE = (("artifact_sha256", "cache_key_sha256"),)
+EVIDENCE_FIELDS = {2: _OLD_EVIDENCE, 3: _OLD_EVIDENCE, 4: (("artifact_sha256", "module_sha256"), *_OLD_EVIDENCE)}
+HOST_FIELDS = ("mono_dir",)  # a JIT identity's build-host paths: never written into a proof
 # what a key's proof says of its current manifest entry (Proof.verdict)
 PROVEN = "proven"  # same code object and vLLM sources, and evidence only a JIT run produced
 NO_EVIDENCE = "no_evidence"  # same code object, but nothing a JIT run alone produced (version 1, or copied)
@@ -149,25 +154,36 @@ PROOF_STATES = (PROVEN, NO_EVIDENCE, STALE)
 class Evidence:
     """What only the JIT run that made a proof produced (``aot/jit.py``'s
     worker): the sha256 of the artifact FlyDSL's JIT wrote to its own disk
-    cache, the sha256 of that compile's FlyDSL cache key, and when it ran.
-    Nothing in the manifest holds them, so a proof copied from the manifest
-    cannot carry them."""
+    cache, the sha256 of the compiled module that artifact holds (its IR,
+    host and GPU code: different for every key), and when it ran. Nothing
+    in the manifest holds them, so a proof copied from the manifest cannot
+    carry them; nothing signs them either (docs/releases.md). A proof of
+    version 2 carries FlyDSL's cache key's sha256 (``cache_key_sha256``)
+    instead of the module's."""
 
     artifact_sha256: str
-    cache_key_sha256: str
+    module_sha256: str | None
     at: str  # UTC, ISO 8601 ("2026-03-01T12:00:00Z")
+    cache_key_sha256: str | None = None  # a version-2 proof's, kept as it was
+
+    @property
+    def digests(self) -> set:
+        return {d for d in (self.artifact_sha256, self.module_sha256, self.cache_key_sha256) if d}
 
     def as_dict(self) -> dict:
-        return {"artifact_sha256": self.artifact_sha256, "cache_key_sha256": self.cache_key_sha256, "at": self.at}
+        second = ("module_sha256", self.module_sha256) if self.module_sha256 else \
+            ("cache_key_sha256", self.cache_key_sha256)
+        return {"artifact_sha256": self.artifact_sha256, second[0]: second[1], "at": self.at}
 
 
 @dataclass(frozen=True)
 class KeyProof:
     """One key's proof: vLLM's JIT built ``code_object_sha256`` (the code
     object the room's entry was byte-identical to), under ``jit`` (the JIT
-    worker's identity: release, vllm_version, mono_sources, mono_dir,
-    flydsl_version), with ``evidence`` of that run (None: a proof of the
-    old format, recorded before proofs carried any)."""
+    worker's identity: release, vllm_version, mono_sources, flydsl_version;
+    a build-host path such as mono_dir is never written), with ``evidence``
+    of that run (None: a proof of the old format, recorded before proofs
+    carried any)."""
 
     key: str
     code_object_sha256: str
@@ -175,7 +191,8 @@ class KeyProof:
     evidence: Evidence | None = None
 
     def as_dict(self) -> dict:
-        return {"code_object_sha256": self.code_object_sha256, "jit": dict(self.jit),
+        return {"code_object_sha256": self.code_object_sha256,
+                "jit": {k: v for k, v in self.jit.items() if k not in HOST_FIELDS},
                 "evidence": self.evidence.as_dict() if self.evidence else None}
 
     @property
@@ -204,7 +221,7 @@ class KeyProof:
         if self.changed(entry):
             return STALE
         ev = self.evidence
-        if ev is None or {ev.artifact_sha256, ev.cache_key_sha256} & {entry.sha256, self.code_object_sha256}:
+        if ev is None or ev.digests & {entry.sha256, self.code_object_sha256}:
             return NO_EVIDENCE  # nothing, or the manifest's own digests passed off as the JIT's
         return PROVEN
 
@@ -277,10 +294,10 @@ class Proof:
         if not isinstance(doc, dict) or not isinstance(doc.get("keys"), dict):
             raise ManifestError(f"{where}: not a dsv41-aot proof record (verified.json)", fix=fix)
         version = doc.get("version")
-        if type(version) is not int or version not in (1, 2, PROOF_VERSION):
+        if type(version) is not int or version not in (1, *EVIDENCE_FIELDS):
             raise ManifestError(f"{where}: proof record version {version!r}, this dsv41-aot reads 1 to "
                                 f"{PROOF_VERSION}", fix=fix)
-        more = doc.get("flydsl", {}) if version == PROOF_VERSION else {}
+        more = doc.get("flydsl", {}) if version >= 3 else {}
         if not isinstance(more, dict) or not all(isinstance(v, dict) for v in more.values()):
             raise ManifestError(f"{where}: flydsl must map a FlyDSL release to its proofs", fix=fix)
         if doc.get("arch") != arch or doc.get("release") != release:
@@ -312,8 +329,9 @@ class Proof:
                     raise ManifestError(f"{what}: jit must name its release, vllm_version, mono_sources and "
                                         f"flydsl_version", fix=fix)
                 if rec["evidence"] is not None:
-                    evidence = _evidence(rec["evidence"], rec["code_object_sha256"], what, fix)
-            proof = KeyProof(key, rec["code_object_sha256"], dict(jit), evidence)
+                    evidence = parse_evidence(rec["evidence"], rec["code_object_sha256"], what, fix, version)
+            proof = KeyProof(key, rec["code_object_sha256"], {k: v for k, v in jit.items() if k not in HOST_FIELDS},
+                             evidence)
             if under is None:
                 keys[key] = proof
             elif jit.get("flydsl_version") != under:
@@ -357,20 +375,24 @@ def flydsl_text(by_flydsl: dict) -> str:
     return "; proven under FlyDSL " + ", ".join(f"{v or '(unnamed)'}: {n}" for v, n in by_flydsl.items())
 
 
-def _evidence(ev, code_sha: str, what: str, fix: str) -> Evidence:
-    if not isinstance(ev, dict) or set(ev) != {"artifact_sha256", "cache_key_sha256", "at"} \
-            or not all(isinstance(ev[f], str) and _SHA_RE.fullmatch(ev[f]) for f in ("artifact_sha256",
-                                                                                      "cache_key_sha256")) \
+def parse_evidence(ev, code_sha: str, what: str, fix: str, version: int = PROOF_VERSION) -> Evidence:
+    """A proof's evidence (a JIT answer's, or a ``version`` record's):
+    ManifestError naming ``what`` unless it holds the artifact's sha256, the
+    module's (or, kept from version 2, the cache key's) and a UTC time, and
+    repeats no digest of the code object it proves."""
+    shapes = EVIDENCE_FIELDS.get(version, ())
+    shape = next((f for f in shapes if isinstance(ev, dict) and set(ev) == {*f, "at"}), None)
+    if shape is None or not all(isinstance(ev[f], str) and _SHA_RE.fullmatch(ev[f]) for f in shape) \
             or not isinstance(ev["at"], str):
-        raise ManifestError(f"{what}: evidence must be artifact_sha256, cache_key_sha256 (sha256 digests) and at",
-                            fix=fix)
+        want = " or ".join(", ".join(f) for f in shapes) or "none"
+        raise ManifestError(f"{what}: evidence must be {want} (sha256 digests) and at", fix=fix)
     try:
         when = datetime.fromisoformat(ev["at"].replace("Z", "+00:00"))
     except ValueError:
         when = None
     if when is None or when.tzinfo is None:
         raise ManifestError(f"{what}: evidence time {ev['at']!r} is not a UTC ISO 8601 time", fix=fix)
-    if code_sha in (ev["artifact_sha256"], ev["cache_key_sha256"]):
+    if code_sha in (ev[f] for f in shape):
         raise ManifestError(f"{what}: its evidence repeats the code object's sha256: not what a JIT run produced",
                             fix=fix)
-    return Evidence(ev["artifact_sha256"], ev["cache_key_sha256"], ev["at"])
+    return Evidence(ev["artifact_sha256"], ev.get("module_sha256"), ev["at"], ev.get("cache_key_sha256"))

@@ -29,7 +29,7 @@ from _smoke import REPO, copy_of, room
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.manifest import Entry, Manifest
-from dsv41_aot.records import NO_EVIDENCE, PROVEN, STALE, Evidence, KeyProof, Proof
+from dsv41_aot.records import NO_EVIDENCE, PROOF_VERSION, PROVEN, STALE, Evidence, KeyProof, Proof
 from dsv41_aot.room import Room
 from dsv41_aot.listing import built_rooms
 
@@ -134,7 +134,8 @@ def test_a_malformed_proof_record_is_refused_naming_its_file(case):
 def test_both_versions_parse_and_say_what_they_prove():
     v2 = Proof.parse(json.dumps(_good()).encode(), "f", "gfx950", NEWEST, "FIX")
     v1 = Proof.parse(json.dumps(_good(1)).encode(), "f", "gfx950", NEWEST, "FIX")
-    assert v2.keys[K].evidence == Evidence("b" * 64, "c" * 64, "2026-01-02T03:04:05Z") and v1.keys[K].evidence is None
+    assert v2.keys[K].evidence == Evidence("b" * 64, None, "2026-01-02T03:04:05Z", cache_key_sha256="c" * 64)
+    assert v1.keys[K].evidence is None
     entry = Entry(key=K, kind="k1", arch="gfx950", fields={}, symbol="s", entry="e", object="objects/x.o",
                   sha256="d" * 64, bytes=1, code_object_sha256="a" * 64, code_object_bytes=1, abi="0" * 12,
                   source={"mono_sources": "0123456789abcdef", "flydsl_version": "0.4.2"})
@@ -148,7 +149,10 @@ def test_both_versions_parse_and_say_what_they_prove():
         {"keys": 2, PROVEN: 1, NO_EVIDENCE: 0, STALE: 0, "unproven": 1}
     # written back: always the newest version, a version-1 proof kept without evidence
     again = Proof.parse(Proof("gfx950", NEWEST, {K: v1.keys[K]}).to_bytes(), "f", "gfx950", NEWEST, "FIX")
-    assert again.version == 3 and again.keys[K] == KeyProof(K, "a" * 64, v1.keys[K].jit, None)
+    assert again.version == PROOF_VERSION and again.keys[K] == KeyProof(K, "a" * 64, v1.keys[K].jit, None)
+    # and a version-2 proof kept in a version-4 record, its evidence as it was
+    kept = Proof.parse(Proof("gfx950", NEWEST, {K: v2.keys[K]}).to_bytes(), "f", "gfx950", NEWEST, "FIX")
+    assert kept.version == PROOF_VERSION and kept.keys[K] == v2.keys[K] and kept.verdict(K, entry) == PROVEN
 
 
 def test_a_key_keeps_its_proof_under_each_flydsl_and_a_stale_one_says_what_changed():
@@ -186,6 +190,26 @@ def test_a_key_keeps_its_proof_under_each_flydsl_and_a_stale_one_says_what_chang
     doc = json.loads(proof.to_bytes())
     doc["flydsl"] = {"0.4.9": doc["flydsl"][other]}
     with pytest.raises(ManifestError, match="under FlyDSL 0.4.9"):
+        Proof.parse(json.dumps(doc).encode(), "f", "gfx950", NEWEST, "FIX")
+
+
+def test_version_4_evidence_names_the_compiled_module_and_no_host_path():
+    """A version-4 proof's evidence is the artifact's and the compiled
+    module's sha256 (FlyDSL's cache key, the same for every key of one arch
+    and kind, is no longer written); a JIT identity's mono_dir (a path of the
+    machine that made it) is never written into a record, an old one's
+    included; a version-2 or 3 record cannot carry the new field."""
+    doc = _good()
+    doc["version"] = 4
+    doc["keys"][K]["evidence"] = {"artifact_sha256": "b" * 64, "module_sha256": "c" * 64, "at": "2026-01-02T03:04:05Z"}
+    doc["keys"][K]["jit"]["mono_dir"] = "/home/builder/vllm/models/deepseek_v41/amd/mono"
+    p = Proof.parse(json.dumps(doc).encode(), "f", "gfx950", NEWEST, "FIX")
+    assert p.keys[K].evidence == Evidence("b" * 64, "c" * 64, "2026-01-02T03:04:05Z")
+    written = p.to_bytes()
+    assert b"mono_dir" not in written and b"/home/builder" not in written and b"cache_key_sha256" not in written
+    assert Proof.parse(written, "f", "gfx950", NEWEST, "FIX").keys[K].evidence == p.keys[K].evidence
+    doc["version"] = 2
+    with pytest.raises(ManifestError, match="evidence must be artifact_sha256, cache_key_sha256"):
         Proof.parse(json.dumps(doc).encode(), "f", "gfx950", NEWEST, "FIX")
 
 
@@ -270,7 +294,8 @@ def test_record_replaces_an_unreadable_proof_and_verify_counts_per_room(copy):
     (p,) = proof.keys.values()
     e = man.entries[K]
     assert p.key == K and p.code_object_sha256 == e.code_object_sha256 and proof.verdict(K, e) == PROVEN
-    assert not {p.evidence.artifact_sha256, p.evidence.cache_key_sha256} & {e.sha256, e.code_object_sha256}
+    assert p.evidence.module_sha256 and not p.evidence.digests & {e.sha256, e.code_object_sha256}
+    assert "mono_dir" not in p.jit and b"mono_dir" not in path.read_bytes()
     when = datetime.fromisoformat(p.evidence.at.replace("Z", "+00:00"))
     assert abs((datetime.now(timezone.utc) - when).total_seconds()) < 24 * 3600  # the session's build cache's run
     # the text report says it per room too

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _smoke import SMOKE_RELEASE_KEYS
+from _smoke import REPO, SMOKE_RELEASE_KEYS
 
 from dsv41_aot.aot import jit, matrix, verify
 from dsv41_aot.aot.elf import exported_parts
@@ -58,12 +58,19 @@ def test_against_jit_passes_on_smoke(copy):
     # each room's proof is in the room, and its keys were JIT-built by that
     # release's own mono package (the matrix's digest of the release)
     m = matrix.load()
+    modules = []
     for arch, release in {(k.arch, k.release) for k in SMOKE}:
         recs = jit.read_verified(room_dir(copy / arch, release))
         assert set(recs) == {str(k) for k in SMOKE if (k.arch, k.release) == (arch, release)}
         assert {r.jit["mono_sources"] for r in recs.values()} == {m.releases[release].mono_sources}
         assert {r.jit["release"] for r in recs.values()} == {release}
         assert all(r.evidence is not None for r in recs.values())  # what only the JIT run produced
+        assert all("mono_dir" not in r.jit for r in recs.values())
+        path = room_dir(copy / arch, release) / jit.VERIFIED
+        assert str(REPO).encode() not in path.read_bytes() and b"site-packages" not in path.read_bytes()
+        modules += [r.evidence.module_sha256 for r in recs.values()]
+    # each compile's own evidence: no two keys (two K2 of one arch and kind included) share a module digest
+    assert len(set(modules)) == len(modules) == ALL and None not in modules
     assert not (copy / "gfx950" / jit.VERIFIED).exists()
 
 

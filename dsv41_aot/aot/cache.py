@@ -26,8 +26,8 @@ Layout (``<cache>/v1/``)::
     compile/<id[:2]>/<id>.json      {"key", "release", "sha256", "export_bytes", "seconds"}
     jit/<id[:2]>/<id>.json          {"key", "release", "sha256", "params", "identity", "evidence", "seconds"}
 
-A JIT record keeps its run's evidence (``records.Evidence``: the artifact and
-cache key sha256 FlyDSL's JIT produced, and when), so a proof recorded from
+A JIT record keeps its run's evidence (``records.Evidence``: the sha256 of the
+artifact FlyDSL's JIT produced and of its compiled module, and when), so a proof recorded from
 the cache carries what the JIT run that built it produced.
 
 ``id`` is the sha256 of the identity. Every file is written atomically (a

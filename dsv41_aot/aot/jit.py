@@ -14,8 +14,9 @@ that cache's pickled artifact (its IR's ``gpu.binary``), not from
 with the prebuilt code object, and the launcher's parameters with the ABI.
 
 The worker also reports what only its run produced (``records.Evidence``: the
-sha256 of that artifact file, of FlyDSL's cache key, and when): a proof in
-verified.json carries it, so a proof copied from the manifest is told apart.
+sha256 of that artifact file, of the compiled module it holds, and when): a
+proof in verified.json carries it, so a proof copied from the manifest is told
+apart (a claim, not a signature: docs/releases.md).
 
 FlyDSL internals (compile without launch, the disk cache's file naming, the
 artifact's IR) are reached through ``aot/flydsl_api.py``, the one module that
@@ -34,7 +35,7 @@ from ..facts.kinds import kind_facts
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write
 from ..room import Room
-from ..records import VERIFIED, Evidence, KeyProof, Proof
+from ..records import VERIFIED, KeyProof, Proof, parse_evidence
 from .codeobject import code_object_resources
 
 # FlyDSL annotation class name -> the ABI ctype export_to_c records
@@ -124,11 +125,19 @@ class VllmJit:
                   for p in inspect.signature(launcher.func).parameters.values()]
         at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         cache_key = flydsl_api.compile_without_launch(launcher, typed_args(launcher))
-        pkl, key_text = flydsl_api.disk_artifact(launcher, cache_key)
+        pkl, _ = flydsl_api.disk_artifact(launcher, cache_key)
         raw = pkl.read_bytes()
-        evidence = {"artifact_sha256": hashlib.sha256(raw).hexdigest(),
-                    "cache_key_sha256": hashlib.sha256(key_text.encode()).hexdigest(), "at": at}
-        return flydsl_api.gpu_binary(flydsl_api.artifact_ir(raw)), params, evidence
+        ir_text = flydsl_api.artifact_ir(raw)
+        return flydsl_api.gpu_binary(ir_text), params, run_evidence(raw, ir_text, at)
+
+
+def run_evidence(artifact: bytes, ir_text, at: str) -> dict:
+    """A JIT run's evidence (``records.Evidence`` fields): the sha256 of the
+    artifact file FlyDSL's JIT wrote, of the compiled module it holds (both
+    differ from key to key), and ``at``, when the compile ran."""
+    module = ir_text.encode() if isinstance(ir_text, str) else bytes(ir_text)
+    return {"artifact_sha256": hashlib.sha256(artifact).hexdigest(),
+            "module_sha256": hashlib.sha256(module).hexdigest(), "at": at}
 
 
 def _worker_main(argv: list[str]) -> int:
@@ -241,8 +250,9 @@ def write_verified(man: Manifest, proofs) -> None:
 def verified_record(key: str, code: bytes, identity: dict | None, evidence: dict) -> KeyProof:
     """The proof of ``key``: its prebuilt code object ``code`` was what
     vLLM's JIT built under ``identity`` in the run ``evidence`` describes."""
-    return KeyProof(key, hashlib.sha256(code).hexdigest(), dict(identity or {}),
-                    Evidence(evidence["artifact_sha256"], evidence["cache_key_sha256"], evidence["at"]))
+    sha = hashlib.sha256(code).hexdigest()
+    return KeyProof(key, sha, dict(identity or {}), parse_evidence(evidence, sha, f"the JIT answer of {key}",
+                                                                   "report it: the JIT worker's evidence is malformed"))
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
                           msg.get("identity") or {}, msg.get("evidence"), msg.get("seconds"))
         rep.problems += compare_jit(man, str(key), code, msg)
         if "error" not in msg and not isinstance(msg.get("evidence"), dict):
-            rep.problems.append("the JIT answer carries no evidence of its run (artifact / cache key sha256, time)")
+            rep.problems.append("the JIT answer carries no evidence of its run (artifact / module sha256, time)")
         if record:  # a key's proof under this run's FlyDSL; those under other FlyDSL releases are kept
             flydsl = (msg.get("identity") or {}).get("flydsl_version") or ""
             if rep.ok:
