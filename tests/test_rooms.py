@@ -12,7 +12,10 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import shutil
 from pathlib import Path
+
+import pytest
 
 from _smoke import REPO, copy_of, run_cli
 from dsv41_aot.room import Room
@@ -98,3 +101,30 @@ def test_a_room_is_named_by_its_release_always():
 
     sig = inspect.signature(Room)
     assert sig.parameters["release"].default is inspect.Parameter.empty
+
+
+def test_an_arch_holding_only_an_unknown_releases_room_says_so(smoke_dir, tmp_path, fresh):
+    """A prebuilt folder whose gfx950 holds only a newer dsv41-aot's room
+    (vllm-0.34.0): the loader and doctor say the release is unknown (not
+    "holds kernels for gfx950, not gfx950"), and the build their fix names
+    is one this dsv41-aot accepts."""
+    import os
+    import shlex
+
+    from dsv41_aot.errors import ReleaseMismatchError
+
+    d = tmp_path / "p"
+    (d / "gfx950").mkdir(parents=True)
+    for name in ("lib", "objects"):
+        shutil.copytree(smoke_dir / "gfx950" / name, d / "gfx950" / name)
+    shutil.copytree(smoke_dir / "gfx950" / "vllm-0.33.0", d / "gfx950" / "vllm-0.34.0")
+    with pytest.raises(ReleaseMismatchError, match=r"holds prebuilt kernels only for vLLM 0\.34\.0, a release this "
+                                                   r"dsv41-aot does not know") as e:
+        fresh.load_key("k1@gfx950:s=4,tp=4,r=1", prebuilt=d)
+    assert "not gfx950" not in str(e.value)
+    env = dict(os.environ, DSV41_AOT_PREBUILT=str(d), DSV41_AOT_ARCH="gfx950")
+    code, out, _ = run_cli("doctor", check=False, env=env)
+    assert "only for vLLM 0.34.0" in out and "not gfx950" not in out, out
+    build = next(c for c in e.value.fix.split(" or build vLLM 0.33.0's: ")[1].split(" && ") if " build " in c)
+    code, out, err = run_cli(*shlex.split(build)[1:], "--list", check=False)
+    assert code == 0, err  # a release and arch this dsv41-aot builds

@@ -17,8 +17,8 @@ from .abi import _Abi
 from .host import _ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, _installed_vllm, _warn_once
 from ..manifest import ENV_PREBUILT, MANIFEST, abi_id, prebuilt_dir
 from ..room import PREFIX, Room
-from ..listing import built_releases
-from ..facts.releases import NEWEST
+from ..listing import built_releases, rooms_of
+from ..facts.releases import NEWEST, RELEASES, version_order
 from ..errors import ArchMismatchError, ManifestError, ReleaseMismatchError
 
 
@@ -119,7 +119,14 @@ def _no_room(root: Path, arch: str, release: str, held: list) -> None:
         raise ReleaseMismatchError(
             f"{folder} holds prebuilt kernels for vLLM {', '.join(held)}, not vLLM {release}",
             fix=f"install the dsv41-aot wheel that serves vLLM {release}, or build: {build}")
-    others = sorted({p.parent.parent.name for p in root.glob(f"*/{PREFIX}*/{MANIFEST}")})
+    foreign = [r.release for r in rooms_of(folder) if not r.known and r.manifest_path.is_file()]
+    if foreign:  # a newer dsv41-aot's rooms only
+        raise ReleaseMismatchError(
+            f"{folder} holds prebuilt kernels only for vLLM {', '.join(foreign)}, a release this dsv41-aot does not "
+            f"know (it knows {', '.join(sorted(RELEASES, key=version_order))})",
+            fix=f"install the dsv41-aot that built them (pip install --upgrade dsv41-aot), or build vLLM {release}'s: "
+                f"{build}")
+    others = sorted({p.parent.parent.name for p in root.glob(f"*/{PREFIX}*/{MANIFEST}")} - {arch})
     if others:
         raise ArchMismatchError(
             f"{root} holds prebuilt kernels for {', '.join(others)}, not {arch}",
@@ -171,9 +178,10 @@ def release_of(root: Path, arch: str) -> str:
                    f"release in {folder}: {have}")
             fallback = src.version if src.version in held else held[-1]
             if os.environ.get(ENV_ALLOW_SOURCE) != "1":
+                own = (f"build this one's kernels (dsv41-aot build --release {src.version} ...)" if src.version in RELEASES
+                       else f"upgrade dsv41-aot to one that knows vLLM {src.version} (pip install --upgrade dsv41-aot)")
                 raise ReleaseMismatchError(
-                    msg, fix=f"install one of those vLLM releases, or build this one's kernels "
-                             f"(dsv41-aot build --release {src.version} ...), or run vLLM {fallback}'s kernels "
+                    msg, fix=f"install one of those vLLM releases, or {own}, or run vLLM {fallback}'s kernels "
                              f"anyway with {ENV_ALLOW_SOURCE}=1")
             _warn_once(("release", digest), f"{msg}; using vLLM {fallback}'s ({ENV_ALLOW_SOURCE}=1)")
             pick = fallback
