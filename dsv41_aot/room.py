@@ -265,10 +265,13 @@ class Room:
         arch folder's own lib/ (no symlinked band or lib/ leading elsewhere)."""
         path = self.lib / band.file
         real = Path(os.path.realpath(path))
-        if self.lib.is_symlink() or real.parent != Path(os.path.realpath(self.arch_dir)) / LIB \
-                or real.name != band.file:
+        inside = not self.lib.is_symlink() and real.parent == Path(os.path.realpath(self.arch_dir)) / LIB
+        if not inside:
             raise ManifestError(f"{self.libs_path}: library {band.file} resolves to {real}, outside {self.lib}",
                                 fix=self.fix_band)
+        if real.name != band.file:
+            raise ManifestError(f"{self.libs_path}: library {band.file} is a symlink to {real.name}, another file in "
+                                f"{self.lib}: a band must be its own plain file", fix=self.fix_band)
         return path
 
     @property

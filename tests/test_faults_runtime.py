@@ -182,6 +182,19 @@ def test_band_symlinked_outside_its_lib_folder(prebuilt, fresh, tmp_path):
     assert f"resolves to {outside}, outside" in str(err)
 
 
+def test_band_symlinked_to_another_band_inside_lib(prebuilt, fresh):
+    """K1's band replaced by a symlink to another band of the same lib/:
+    refused, and said as what it is (not "outside lib/")."""
+    _, doc = _libs(prebuilt)
+    lib_dir = libdir(prebuilt, "gfx950")
+    own = _own(doc)["file"]
+    other = next(p.name for p in lib_dir.iterdir() if p.name != own)
+    (lib_dir / own).unlink()
+    (lib_dir / own).symlink_to(other)
+    err = _bind_refused(prebuilt, ManifestError, rf"{own} is a symlink to {other}, another file in ")
+    assert "outside" not in str(err)
+
+
 def test_band_folder_symlinked_outside(prebuilt, fresh, tmp_path):
     lib_dir = libdir(prebuilt, "gfx950")
     shutil.move(lib_dir, tmp_path / "lib-elsewhere")

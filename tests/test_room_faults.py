@@ -79,6 +79,14 @@ def band_symlinked_outside(d, tmp):
     band.symlink_to(outside)
 
 
+def band_symlinked_inside(d, tmp):
+    """The band replaced by a symlink to another band of the same lib/."""
+    _, doc = _libs(d)
+    band = libdir(d, "gfx950") / _band_of(doc, K1)["file"]
+    band.unlink()
+    band.symlink_to(_band_of(doc, K2W)["file"])
+
+
 def lib_folder_symlinked(d, tmp):
     """The arch's whole lib/ folder a symlink to a copy elsewhere."""
     lib = libdir(d, "gfx950")
@@ -139,6 +147,7 @@ ROWS = [
     (truncate_libs_json, "libs", "ManifestError"),
     (forge_raw_sha256, "band", "IntegrityError"),
     (band_symlinked_outside, "band", "ManifestError"),
+    (band_symlinked_inside, "band", "ManifestError"),
     (lib_folder_symlinked, "band", "ManifestError"),
     (key_under_wrong_band, "band", "LoadError"),
     (linked_from_another_object, "link", "ManifestError"),
