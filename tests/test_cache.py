@@ -5,7 +5,7 @@ each become a ``warning:`` and a miss; the build goes on and ends with the
 bytes a build without a cache gives. ``--no-cache`` never opens the cache,
 and ``DSV41_AOT_BUILD_CACHE=`` (empty) turns it off.
 
-Every build is of two of the cheapest keys (about 3 s each, one worker);
+Every build (the slow tests) is of two of the cheapest keys (about 3 s each, one worker);
 the damage is done to a copy of the session's cache, never to it."""
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from _smoke import run_cli
 
 from dsv41_aot.aot.cache import ENV_BUILD_CACHE, LAYOUT
 from dsv41_aot.facts.releases import NEWEST
-
-pytestmark = pytest.mark.slow
 
 K = "k1@gfx950:s=1,tp=2,r=0"
 K_BOTH = "k1@gfx950:s=1,tp=2,r=1"  # a key string both releases build
@@ -65,6 +63,7 @@ def reference(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["parent is a file", "blobs is a file"])
 def test_a_cache_that_cannot_be_written_is_a_warning_and_nothing_is_lost(reference, tmp_path, how):
     """A cache folder that cannot be made (its parent is a file), or whose
@@ -84,6 +83,7 @@ def test_a_cache_that_cannot_be_written_is_a_warning_and_nothing_is_lost(referen
     assert not records(cache) if how == "blobs is a file" else not cache.exists()
 
 
+@pytest.mark.slow
 def test_no_cache_never_opens_it_and_an_empty_variable_turns_it_off(reference, tmp_path):
     """--no-cache with a --cache that cannot even be made and a
     DSV41_AOT_BUILD_CACHE naming a folder: no warning, nothing created, the
@@ -100,6 +100,7 @@ def test_no_cache_never_opens_it_and_an_empty_variable_turns_it_off(reference, t
     assert cache_dir(None, no_cache=True) is None and cache_dir(str(env_cache), no_cache=True) is None
 
 
+@pytest.mark.slow
 def test_a_record_naming_the_wrong_intact_blob_is_a_miss(reference, tmp_path):
     """In a copy of the session's cache (which holds KEYS since the
     reference build), K's record names K_BOTH's blob (another key's intact
@@ -122,3 +123,9 @@ def test_a_record_naming_the_wrong_intact_blob_is_a_miss(reference, tmp_path):
     assert tree(tmp_path / "out") == tree(reference)
     assert {k: r[1]["sha256"] for k, r in records(cache).items() if k[1] == NEWEST and k[0] in KEYS} == \
         {k: r[1]["sha256"] for k, r in recs.items() if k[1] == NEWEST and k[0] in KEYS}
+
+
+def test_a_cache_that_is_a_file_is_bad_input(tmp_path):
+    (tmp_path / "file").write_text("not a folder\n")
+    code, out, err = run_cli("cache", "--cache", tmp_path / "file", check=False)
+    assert code == 2 and f"build cache {tmp_path / 'file'}: not a folder" in err and "Traceback" not in err

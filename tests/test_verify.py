@@ -157,6 +157,9 @@ def test_bad_input_exits_2(tmp_path):
     (tmp_path / "gfx950" / "manifest.json").write_text("{}")
     proc = cli("verify", "--dir", tmp_path)
     assert proc.returncode == 2 and "vllm-<release>/manifest.json" in proc.stderr
+    # a --sample without --against-jit would be ignored: refused, naming the fix
+    proc = cli("verify", "--dir", tmp_path, "--sample", "2")
+    assert proc.returncode == 2 and "without --against-jit" in proc.stderr and "--against-jit --sample 2" in proc.stderr
 
 
 @pytest.mark.slow

@@ -29,7 +29,12 @@ def run(args) -> int:
     from ..aot import toolchain
     from ..aot.output import print_json, tally
 
+    from ..errors import AotError
+
     folder = cache_dir(args.cache)
+    if folder is not None and folder.exists() and not folder.is_dir():
+        raise AotError(f"build cache {folder}: not a folder", fix=f"pass --cache DIR (or set {ENV_BUILD_CACHE}) to a "
+                                                                 f"folder, or unset it")
     digest = identity_digest(toolchain.find(), args.matrix)
     if args.identity:
         print(digest)

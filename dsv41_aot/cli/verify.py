@@ -71,6 +71,10 @@ def run(args) -> int:
         return print_wheel_report(r, require_proofs=True)
     if args.sample is not None and args.sample < 1:
         raise AotError(f"--sample {args.sample}: must be at least 1", fix="pass --sample N with N >= 1")
+    if args.sample is not None and not args.against_jit:
+        raise AotError(f"--sample {args.sample} picks the keys vLLM's JIT builds again; without --against-jit it would "
+                       f"be ignored", fix=f"pass --against-jit --sample {args.sample} (or drop --sample: every key's "
+                                          f"integrity is checked)")
     if args.record and not args.against_jit:
         raise AotError("--record writes the proof of a JIT comparison", fix="pass --against-jit --record")
     keys = None
