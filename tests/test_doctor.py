@@ -217,6 +217,20 @@ def test_bad_input_exit_2(full, args, words):
     assert r.returncode == 2 and doc["exit_code"] == 2 and words in doc["error"] and doc["fix"]
 
 
+def test_a_draft_doctor_refuses_gets_a_fix_doctor_takes(full):
+    r = doctor(full, "--tp", 4, "--draft", "0,0,0")
+    assert r.returncode == 2 and "three positive integers" in r.stderr
+    fix = r.stderr.split("fix: ", 1)[1].split()[:2]
+    assert fix[0] == "--draft" and doctor(full, "--tp", 4, *fix).returncode in (0, 1)  # a verdict, not bad input
+
+
+def test_a_prebuilt_variable_naming_a_file_is_bad_input(tmp_path):
+    (tmp_path / "file").write_text("not a folder\n")
+    r = doctor(tmp_path / "file")
+    assert r.returncode == 2 and "DSV41_AOT_PREBUILT" in r.stderr and "not a folder" in r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_a_tp_the_hosts_arch_does_not_run_is_bad_input(full):
     r = doctor(full, "--tp", 2, env={"DSV41_AOT_ARCH": "gfx942"})
     assert r.returncode == 2 and "gfx942 takes tensor parallel size 4" in r.stderr

@@ -83,7 +83,7 @@ def deployment(arch: str, tp: int, max_rows: int | None = None, draft: tuple | N
     if draft is not None:
         if len(draft) != 3 or any(not isinstance(v, int) or v < 1 for v in draft):
             raise CoverageInputError(f"--draft {draft}: expected three positive integers experts,topk,swa_width",
-                                     fix="--draft 128,3,192  (or --draft dspark: a draft of the matrix)")
+                                     fix="--draft 128,3,192  (V4.1-Flash's DSpark draft)")  # a preset name only where the matrix is read
     return Deployment(release, arch, tp, min(max_rows, dep.max_rows), tuple(draft) if draft else None)
 
 

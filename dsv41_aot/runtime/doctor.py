@@ -73,12 +73,15 @@ def diagnose(tp: int | None = None, max_rows: int | None = None, draft: tuple | 
                                  f"{' or '.join(map(str, runs))})", fix=f"dsv41-aot doctor --tp {runs[-1]}")
     if max_rows is not None and max_rows < 1:
         raise CoverageInputError(f"--max-rows {max_rows}: a step has at least one row", fix="pass --max-rows 1..48")
+    root = loader.prebuilt_dir()
+    if root.exists() and not root.is_dir():  # $DSV41_AOT_PREBUILT naming a file: bad input, before any check
+        raise AotError(f"{ENV_PREBUILT}={root}: not a folder (a prebuilt directory holds <arch>/vllm-<release>/)",
+                       fix=f"point {ENV_PREBUILT} at a prebuilt directory, or unset it to use the installed wheel's")
     rep = Report()
     src, digest = _vllm(rep)
     arch = _arch(rep)
     _hip(rep, arch)
     mode = _plugin(rep)
-    root = loader.prebuilt_dir()
     rep.facts["prebuilt"] = str(root)
     room = _room(rep, root, arch, src, digest) if arch else None
     problems = _bands(rep, room) if room else None

@@ -114,6 +114,9 @@ def _file_version(path: Path) -> tuple | None:
 
 def _no_room(root: Path, arch: str, release: str, held: list) -> None:
     folder = root / arch
+    if root.exists() and not root.is_dir():
+        raise ManifestError(f"prebuilt directory {root} is a file, not a folder",
+                            fix=f"point {ENV_PREBUILT} (or prebuilt=) at a prebuilt directory, or unset it")
     build = f"dsv41-aot build --arch {arch} --release {release} --out {root} && dsv41-aot link --dir {root}"
     if held:
         raise ReleaseMismatchError(
