@@ -263,6 +263,10 @@ def main(argv=None) -> int:
                   log=None if args.json else print, require_verified=args.require_verified)
     except AotError as e:
         print(f"ci/merge.py: error: {e}", file=sys.stderr)
+        if args.json:  # still one document on stdout, saying why
+            from dsv41_aot.aot.output import error_doc, print_json
+
+            print_json(error_doc("ci/merge.py", e))
         return e.exit_code
     if args.json:
         print(json.dumps(s, indent=1))

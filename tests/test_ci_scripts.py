@@ -342,6 +342,15 @@ def test_merge_refuses_no_shards(tmp_path):
         merge.merge([tmp_path], tmp_path / "out", log=None)
 
 
+def test_merge_json_is_one_document_when_it_fails(tmp_path, capsys):
+    (tmp_path / "gfx950" / "objects").mkdir(parents=True)
+    assert merge.main([str(tmp_path), "--out", str(tmp_path / "out"), "--json"]) == 1
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["exit_code"] == 1 and "no shard holds" in doc["error"] and doc["failures"][0]["error"] == doc["error"]
+    assert "no shard holds" in captured.err
+
+
 def test_cibuildwheel_config_selects_one_linux_x86_64_build():
     exe = Path(PY).with_name("cibuildwheel")
     if not exe.exists():
