@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -222,7 +223,10 @@ def test_libraries_and_libs_json_are_checked(copy, damage):
     assert f"FAILED {named} (vLLM 0.32.0)" in proc.stdout, proc.stdout
     fix = f"fix: dsv41-aot link --dir {copy} --arch gfx950 --release 0.32.0"
     assert fix in proc.stderr
-    assert "0 failed" in proc.stdout  # every key's own object is fine: the link is what is wrong
+    # every key's own object is fine (no key line fails): the link is what is wrong, and the keys it
+    # serves are counted failed with it
+    assert not [ln for ln in proc.stdout.splitlines() if ln.startswith("FAILED") and str(copy) not in ln]
+    assert re.search(r"\): [1-9]\d* failed; [1-9]\d* library problems", proc.stdout), proc.stdout
     assert cli("link", "--dir", copy, "--arch", "gfx950").returncode == 0
     assert cli("verify", "--dir", copy).returncode == 0
 
@@ -399,3 +403,39 @@ def test_jit_proofs_come_from_the_build_cache_and_say_so(smoke, tmp_path):
     assert (healed["jit_checked"], healed["jit_cached"]) == (1, 0) and healed["reports"][0]["ok"]
     assert "does not match its blob" in err
     assert run("--cache", cache)[0]["jit_cached"] == 1  # the JIT run wrote a sound entry back
+
+
+@pytest.mark.slow
+def test_what_the_wheel_gate_refuses_fails_verify_and_counts_per_key(copy):
+    """A band file no room names (the wheel gate refuses it) fails verify
+    with link as its fix, which removes it; a corrupt band fails the keys it
+    links in the ok count; a key's own failure says what it is; a killed
+    write's temporary file is named."""
+    lib = copy / "gfx950" / LIB
+    band = sorted(lib.glob("*.so.xz"))[0]
+    stray = lib / "libdsv41_stray.0123456789ab.so.xz"
+    shutil.copyfile(band, stray)
+    left = room_dir(copy / "gfx950", NEWEST) / ".manifest.json.abc123.tmp"
+    left.write_text("{")
+    proc = cli("verify", "--dir", copy, "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    (f,) = [f for f in doc["failures"] if f["file"] == str(stray)]
+    assert f["what"] == "band" and f["fix"] == f"dsv41-aot link --dir {copy} --arch gfx950"
+    assert any(str(left) in w for w in doc["warnings"])
+    assert cli("link", "--dir", copy, "--arch", "gfx950").returncode == 0 and not stray.exists()
+    left.unlink(missing_ok=True)
+    assert cli("verify", "--dir", copy).returncode == 0
+
+    data = bytearray(band.read_bytes())
+    data[len(data) // 2] ^= 1
+    band.write_bytes(bytes(data))
+    doc = json.loads(cli("verify", "--dir", copy, "--json").stdout)
+    (bad,) = [f for f in doc["failures"] if f["file"] == str(band)]
+    assert bad["what"] == "band" and bad["serving"] and bad["keys"]
+    assert doc["ok"] == doc["keys"] - len(bad["keys"]) and doc["failed"] >= 1
+    man = Manifest.read(copy / "gfx942", release=NEWEST)
+    man.object_path(sorted(man.entries)[0]).unlink()
+    doc = json.loads(cli("verify", "--dir", copy, "--json").stdout)
+    (own,) = [f for f in doc["failures"] if f["key"] == sorted(man.entries)[0] and f["file"] is None]
+    assert (own["what"], own["serving"]) == ("object", False)

@@ -43,9 +43,9 @@ from pathlib import Path
 
 from ..errors import AotError, ManifestError
 from ..keys import BuildKey
-from ..manifest import Manifest
+from ..manifest import BAND_SUFFIX, LIB, LIBS_JSON, Manifest
 from ..room import Room
-from ..listing import built_rooms_or_error, orphan_objects, rooms_in, rooms_of
+from ..listing import built_rooms_or_error, named_by_rooms, orphan_objects, rooms_in, rooms_of
 from ..records import NO_EVIDENCE, STALE
 from .integrity import KeyReport, check_entry
 from .jit import compare_jit, verified_record, write_verified
@@ -247,7 +247,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
         vllm_src = (vllm_src,)
     root = Path(root)
     found = rooms_in(root, release) or built_rooms_or_error(root, release)  # none at all: bad input, naming the fix
-    reports, codes, chosen, lib_failures, warnings = {}, {}, {}, [], {}
+    reports, codes, chosen, lib_failures, warnings, served_bad = {}, {}, {}, [], {}, set()
     mans = []
     for room in found:
         try:
@@ -268,6 +268,10 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
     for arch_dir in sorted({room.arch_dir for room in found}):
         for orphan in orphan_objects(arch_dir):  # an arch's objects are its rooms' (once per arch)
             warnings[orphan] = f"{arch_dir.name}: stored object {orphan.name} is named by no room (left by an older or interrupted build)"
+        lib_failures += _unnamed_bands(root, arch_dir)
+        for left in sorted(arch_dir.glob(".*.tmp")) + sorted(arch_dir.glob("*/.*.tmp")):  # a killed atomic write's
+            warnings[left] = (f"{left}: a temporary file a killed write left (the file it was for is whole); "
+                              f"remove it: rm '{left}'")
         for foreign in rooms_of(arch_dir):
             if not foreign.known:
                 warnings[foreign.dir] = (f"{foreign.dir}: {foreign.dir.name} is a release this dsv41-aot does not "
@@ -275,7 +279,12 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
     for man in mans:
         room = Room(root, man.arch, man.release)
         # the room's one verdict (what the loader refuses); stored objects are checked key by key below
-        lib_failures += [dict(p.as_dict(), release=man.release) for p in room.problems(objects=False, proof=False)]
+        for p in room.problems(objects=False, proof=False):
+            band = next((b for b in room.links().bands if b.file == p.band), None) if p.band and not p.key else None
+            keys_ = [p.key] if p.key else sorted(band.entries) if band else sorted(man.entries)  # the room's: all
+            lib_failures.append(dict(p.as_dict(), release=man.release, keys=keys_))
+            if p.serving:  # a key counts as ok only when its room serves it too
+                served_bad |= {(man.release, k) for k in keys_}
         names = [k for k in sorted(man.entries) if wanted is None or BuildKey.parse(k, man.release) in wanted]
         for k in names:
             rep, code = check_entry(man, k)
@@ -297,13 +306,42 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
         if warning:
             warnings[Room(root, man.arch, man.release).verified_path] = warning
     order = list(reports.values())
-    failures = [{"key": r.key, "release": r.release, "file": None, "error": "; ".join(r.problems),
-                 "fix": _fix_for(r, root)} for r in order if not r.ok] + lib_failures
-    return tally(len(order), sum(r.ok for r in order), failures, dir=str(root.resolve()),
+    failures = [_key_failure(r, root) for r in order if not r.ok] + lib_failures
+    return tally(len(order), sum(r.ok and (r.release, r.key) not in served_bad for r in order), failures,
+                 dir=str(root.resolve()),
                  jit_checked=sum(len(v) for v in chosen.values()),
                  jit_cached=sum(r.jit_cached for r in order), jobs=jobs,
                  wall_seconds=round(time.perf_counter() - t0, 3), warnings=list(warnings.values()),
                  proofs=proofs, reports=[r.as_dict() for r in order])
+
+
+def _unnamed_bands(root: Path, arch_dir: Path) -> list:
+    """Failures for the files of an arch's lib/ no room's libs.json names
+    (the wheel gate refuses them; link removes the bands among them):
+    nothing while some room's records cannot be read (what it names is
+    unknown)."""
+    named = named_by_rooms(arch_dir)
+    lib = arch_dir / LIB
+    if named is None or not lib.is_dir():
+        return []
+    out = []
+    for p in sorted(lib.iterdir()):
+        if p.name in named[1] or p.name.startswith("."):
+            continue
+        band = p.name.startswith("libdsv41_") and p.name.endswith((".so", BAND_SUFFIX))
+        out.append({"key": None, "release": None, "file": str(p), "what": "band", "serving": False,
+                    "error": f"{p} is named by no room's {LIBS_JSON} (a wheel would refuse to ship it)",
+                    "fix": f"dsv41-aot link --dir {root} --arch {arch_dir.name}" if band else f"rm '{p}'"})
+    return out
+
+
+def _key_failure(rep: KeyReport, root: Path) -> dict:
+    """The failure of one key's own checks: ``what`` "object" (its stored
+    object missing or altered: a builder's problem, the bands still serve)
+    or "entry" (the manifest entry does not describe its object)."""
+    what = "object" if rep.checks == ["sha256"] else "entry"  # check_entry stops at a bad object
+    return {"key": rep.key, "release": rep.release, "file": None, "error": "; ".join(rep.problems),
+            "fix": _fix_for(rep, root), "what": what, "serving": what != "object"}
 
 
 def _fix_for(rep: KeyReport, root: Path) -> str:
