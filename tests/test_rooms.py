@@ -128,3 +128,15 @@ def test_an_arch_holding_only_an_unknown_releases_room_says_so(smoke_dir, tmp_pa
     build = next(c for c in e.value.fix.split(" or build vLLM 0.33.0's: ")[1].split(" && ") if " build " in c)
     code, out, err = run_cli(*shlex.split(build)[1:], "--list", check=False)
     assert code == 0, err  # a release and arch this dsv41-aot builds
+
+
+def test_a_foreign_room_whose_records_cannot_be_read_is_said(smoke_dir, tmp_path):
+    """A foreign room whose libs.json cannot be read stops all collection of
+    unnamed objects and bands in its arch (what it names is unknown):
+    verify says so instead of doing it silently."""
+    d = copy_of(smoke_dir, tmp_path / "p")
+    arch = d / "gfx950"
+    (arch / "vllm-0.32.0").rename(arch / "vllm-0.34.0")
+    (arch / "vllm-0.34.0" / "libs.json").write_text("{")
+    code, out, err = run_cli("verify", "--dir", d, check=False)
+    assert "some room's records cannot be read" in err and str(arch) in err, err

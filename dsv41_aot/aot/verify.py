@@ -269,6 +269,10 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
         for orphan in orphan_objects(arch_dir):  # an arch's objects are its rooms' (once per arch)
             warnings[orphan] = f"{arch_dir.name}: stored object {orphan.name} is named by no room (left by an older or interrupted build)"
         lib_failures += _unnamed_bands(root, arch_dir)
+        if named_by_rooms(arch_dir) is None:  # N9g: said, not silent
+            warnings[arch_dir] = (f"{arch_dir}: some room's records cannot be read, so what it names is unknown: "
+                                  f"no stored object or band of {arch_dir.name} is removed by build or link until "
+                                  f"they can (see its failure, or remove a foreign room you do not need)")
         for left in sorted(arch_dir.glob(".*.tmp")) + sorted(arch_dir.glob("*/.*.tmp")):  # a killed atomic write's
             warnings[left] = (f"{left}: a temporary file a killed write left (the file it was for is whole); "
                               f"remove it: rm '{left}'")
@@ -318,11 +322,12 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
 def _unnamed_bands(root: Path, arch_dir: Path) -> list:
     """Failures for the files of an arch's lib/ no room's libs.json names
     (the wheel gate refuses them; link removes the bands among them):
-    nothing while some room's records cannot be read (what it names is
-    unknown)."""
+    nothing while some room's records are missing or cannot be read (what
+    it names is unknown)."""
     named = named_by_rooms(arch_dir)
     lib = arch_dir / LIB
-    if named is None or not lib.is_dir():
+    unlinked = any(r.manifest_path.is_file() and not r.libs_path.is_file() for r in rooms_of(arch_dir))
+    if named is None or unlinked or not lib.is_dir():  # a room whose bands are unknown: its own failure says so
         return []
     out = []
     for p in sorted(lib.iterdir()):
