@@ -108,7 +108,7 @@ BAD = {
     "a list": b"[]",
     "keys a list": json.dumps({"version": 2, "arch": "gfx950", "release": NEWEST, "keys": [K]}).encode(),
     "no version": _with(_set(["version"], KeyError)),
-    "version 4": _with(_set(["version"], 4)),
+    "a newer version": _with(_set(["version"], PROOF_VERSION + 1)),
     "other arch": _with(_set(["arch"], "gfx942")),
     "other release": _with(_set(["release"], "0.32.0")),
     "key of another arch": _with(lambda d: d["keys"].update({"k1@gfx942:s=4,tp=4,r=1": d["keys"].pop(K)})),
