@@ -26,6 +26,14 @@ _SHA_RE = re.compile(r"[0-9a-f]{64}")
 # ---------------------------------------------------------------- libs.json
 
 
+def soname(chunk: str, members: dict) -> str:
+    """The SONAME a band's library carries: its chunk and a digest of its
+    members (key -> the sha256 of the object it was linked from). A band
+    linked from other objects, another release's included, has another one."""
+    digest = hashlib.sha256(json.dumps(members, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{chunk}.{digest}.so"
+
+
 @dataclass(frozen=True)
 class Band:
     """One linked library of a room, as libs.json records it: the .so.xz in
@@ -51,7 +59,8 @@ class Band:
 
     def unpack(self, data: bytes, where: Path, fix: str) -> bytes:
         """The library inside the band's (checked) bytes, checked against
-        raw_sha256 and raw_bytes."""
+        raw_sha256 and raw_bytes, and linked from the objects libs.json
+        names for its keys (the SONAME it carries, :func:`soname`)."""
         import lzma  # only when a band is read: importing the room stays cheap
 
         self.check_compressed(data, where, fix)
@@ -62,6 +71,10 @@ class Band:
         if len(raw) != self.raw_bytes or hashlib.sha256(raw).hexdigest() != self.raw_sha256:
             raise IntegrityError(f"{where} decompresses to a library whose sha256 is not the raw_sha256 in "
                                  f"{LIBS_JSON} (altered band or link record)", fix=fix)
+        name = soname(self.chunk, self.entries)
+        if name.encode() + b"\0" not in raw:
+            raise IntegrityError(f"{where} was not linked from the objects {LIBS_JSON} names for its keys (its "
+                                 f"library is not {name}): another room's or an older link's band", fix=fix)
         return raw
 
 

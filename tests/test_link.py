@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from _smoke import OLD, REPO, SMOKE_RELEASE_KEYS, cli, copy_of, libdir, room
+from dsv41_aot import records
 from dsv41_aot.aot import link
 from dsv41_aot.errors import IntegrityError
 from dsv41_aot.facts.releases import NEWEST
@@ -296,3 +297,28 @@ def test_chunks_with_different_members_have_different_sonames(smoke):
     # every band of the arch: one SONAME each
     sonames = [_soname(p) for p in libdir(smoke, "gfx950").iterdir()]
     assert len(set(sonames)) == len(sonames) == 3
+
+
+def test_a_band_whose_keys_changed_is_relinked(smoke, tmp_path):
+    """A key dropped from the room changes its band's members: link links
+    that band again from the keys left (its SONAME names them), keeps the
+    room's other band, and the band it replaced goes once no room names it."""
+    d = copy_of(smoke, tmp_path / "p")
+    drop = "k2@gfx950:s=4,tp=4,r=1"  # one of the three keys of 0.33.0's s01-08 band
+    before = {lib["chunk"]: lib for lib in _libs(d, "gfx950")}
+    chunk = next(c for c, lib in before.items() if drop in lib["entries"])
+    man = Manifest.read(d / "gfx950", release=NEWEST)
+    del man.entries[drop]
+    man.write()
+    r = cli("link", "--dir", d, "--arch", "gfx950", "--release", NEWEST, "--json")
+    assert r.returncode == 0, r.stderr
+    (summary,) = json.loads(r.stdout)["arches"]
+    assert (summary["linked"], summary["up_to_date"]) == (1, len(before) - 1)
+    after = {lib["chunk"]: lib for lib in _libs(d, "gfx950")}
+    members = {k: sha for k, sha in before[chunk]["entries"].items() if k != drop}
+    assert after[chunk]["entries"] == members and after[chunk]["file"] != before[chunk]["file"]
+    assert _soname(libdir(d, "gfx950") / after[chunk]["file"]) == records.soname(chunk, members)
+    assert all(after[c] == before[c] for c in before if c != chunk)
+    assert not (libdir(d, "gfx950") / before[chunk]["file"]).exists() or any(
+        before[chunk]["file"] == lib["file"] for lib in _libs(d, "gfx950", OLD))
+    assert cli("verify", "--dir", d).returncode == 0

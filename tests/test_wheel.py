@@ -219,6 +219,27 @@ def test_installed_wheel_lists_and_binds_every_room_without_flydsl_torch_or_vllm
     assert list(home.rglob("*")) == []
 
 
+def test_a_band_of_another_room_fails_both_wheel_checks(wheel, tmp_path):
+    """N1 in a wheel: the 0.32.0 room's libs.json names the 0.33.0 s01-08
+    band, with its real sha256 and sizes. verify --wheel (wheel.report) and
+    ci/check_wheel.py both refuse it: the band was not linked from the
+    objects the 0.32.0 room names."""
+    from dsv41_aot.aot.wheel import report
+
+    pkg = "dsv41_aot/kernels_prebuilt/gfx950/"
+    bad = tmp_path / wheel.name
+    with zipfile.ZipFile(wheel) as z, zipfile.ZipFile(bad, "w", zipfile.ZIP_DEFLATED) as out:
+        docs = {r: json.loads(z.read(f"{pkg}{folder_name(r)}/libs.json")) for r in ("0.32.0", "0.33.0")}
+        chunk = "libdsv41_gfx950_tp4_s01-08"
+        mine, theirs = ([lib for lib in docs[r]["libraries"] if lib["chunk"] == chunk][0] for r in ("0.32.0", "0.33.0"))
+        mine.update({f: theirs[f] for f in ("file", "sha256", "bytes", "raw_sha256", "raw_bytes")})
+        for info in z.infolist():
+            forged = info.filename == f"{pkg}{folder_name('0.32.0')}/libs.json"
+            out.writestr(info, json.dumps(docs["0.32.0"]) if forged else z.read(info))
+    for problems in (report(bad)["problems"], check_wheel.check(bad, auditwheel=False)["problems"]):
+        assert any("was not linked from the objects libs.json names" in p for p in problems), problems
+
+
 def test_no_arch_gives_a_pure_wheel_without_kernels(tmp_path):
     src = source_tree(tmp_path / "src")
     (src / "kernels_prebuilt" / "gfx950").mkdir(parents=True)  # never looked at without DSV41_AOT_PREBUILT

@@ -40,7 +40,6 @@ Build side (runs the linker); the loader reads libs.json and the bands only.
 from __future__ import annotations
 
 import hashlib
-import json
 import lzma
 import os
 import shutil
@@ -54,7 +53,7 @@ from .elf import Elf
 from ..errors import AotError, ManifestError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import BAND_SUFFIX, LIB, Manifest, sha256_file
-from ..records import Band, LinkRecord
+from ..records import Band, LinkRecord, soname
 from ..room import Room
 from ..listing import built_rooms, named_by_rooms
 
@@ -189,11 +188,11 @@ def _remove_unnamed_bands(arch_dir: Path) -> list[str]:
 def _link_chunk(arch_dir: Path, chunk: str, keys: list[str], man: Manifest, members: dict, linker: str) -> Band:
     libdir = arch_dir / LIB
     objects = sorted(dict.fromkeys(man.entries[k].object for k in keys))
-    # named by what is linked in: same members, same library (across releases)
-    soname = f"{chunk}.{hashlib.sha256(json.dumps(members, sort_keys=True).encode()).hexdigest()[:12]}.so"
+    # named by what is linked in: same members, same library (across releases); every reader checks it
+    so_name = soname(chunk, members)
     with tempfile.TemporaryDirectory(dir=libdir, prefix=".link-") as tmp:
         out = Path(tmp) / f"{chunk}.so"
-        cmd = [linker, *LINK_FLAGS, f"-soname={soname}", "-o", str(out), *objects]
+        cmd = [linker, *LINK_FLAGS, f"-soname={so_name}", "-o", str(out), *objects]
         r = subprocess.run(cmd, cwd=arch_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if r.returncode:
             raise AotError(
