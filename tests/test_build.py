@@ -20,7 +20,7 @@ from dsv41_aot.aot import buildroom, elf, matrix, toolchain
 from dsv41_aot.facts import flydsl
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import BAND_SUFFIX, LIB, LIBS_JSON, Entry, Manifest, sha256_file
+from dsv41_aot.manifest import BAND_SUFFIX, LIB, LIBS_JSON, Manifest, sha256_file
 from dsv41_aot.listing import built_rooms
 
 GOLDEN = REPO / "tests" / "data" / "golden_code_objects.txt"
@@ -428,20 +428,16 @@ def test_a_flydsl_change_rebuilds_only_keys_built_by_another(built_k1s, tmp_path
     assert _only_the_changed_key_rebuilds(out, "flydsl_version", env=env, cwd=pinned) == "0.4.3"
 
 
-def test_identity_change_makes_a_key_stale(tmp_path):
-    m = Manifest(tmp_path / "gfx950", "gfx950", release=NEWEST)
+def test_identity_change_makes_a_key_stale(smoke_dir):
+    """A key is up to date only when its entry is what a clean build of this
+    source identity writes and verify's check of the entry passes."""
     from dsv41_aot.keys import BuildKey
 
-    key = BuildKey.parse(CHEAP[0], NEWEST)
-    obj = m.dir / "objects" / "x.o"
-    obj.parent.mkdir(parents=True)
-    obj.write_bytes(b"object")
-    ident = {"vllm_version": "0.33.0", "mono_sources": "a", "helpers": {}, "flydsl_version": "0.4.2", "linker": "l"}
-    m.put(Entry(key=str(key), kind=key.kind, arch=key.arch, fields=key.build_fields(), symbol=key.kernel_symbol,
-                entry=key.entry, object="objects/x.o", sha256=sha256_file(obj), bytes=6, code_object_sha256="0" * 64,
-                code_object_bytes=1, abi="", source=ident, export_bytes=60), [])
-    assert buildroom.up_to_date(m, key, ident)
+    m = Manifest.read(smoke_dir / "gfx950", release=NEWEST)
+    key = BuildKey.parse("k1@gfx950:s=4,tp=4,r=1", NEWEST)  # a smoke key
     built = m.entries[str(key)]
+    ident = built.source
+    assert buildroom.up_to_date(m, key, ident)
     m.entries[str(key)] = built.replace(export_bytes=None)  # as a recovery from objects/ leaves it
     assert not buildroom.up_to_date(m, key, ident)
     m.entries[str(key)] = built
@@ -449,8 +445,13 @@ def test_identity_change_makes_a_key_stale(tmp_path):
     assert not buildroom.up_to_date(m, key, dict(ident, mono_sources="b"))
     assert not buildroom.up_to_date(m, key, dict(ident, linker="m"))
     assert not buildroom.up_to_date(m, key, dict(ident, helpers={"impl": "aiter", "version": "1"}))
-    obj.write_bytes(b"objecT")
-    assert not buildroom.up_to_date(m, key, ident)
+    # an entry verify refuses (its object intact) is not up to date: verify's fix, build --key, rebuilds it
+    for edit in (dict(symbol="_ZN5aiter5otherE"), dict(entry="dsv41_other"), dict(code_object_sha256="0" * 64),
+                 dict(resources=dict(built.resources, vgpr_count=1))):
+        m.entries[str(key)] = built.replace(**edit)
+        assert not buildroom.up_to_date(m, key, ident), edit
+    m.entries[str(key)] = built
+    assert buildroom.up_to_date(m, key, ident)
 
 
 @pytest.mark.slow

@@ -168,6 +168,34 @@ def band_of_objects_with_equal_abis(d, tmp):
     path.write_text(json.dumps(doc))
 
 
+def _edit_entry(d, **fields):
+    path = room(d, "gfx950") / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["entries"][K1].update(fields)
+    path.write_text(json.dumps(doc))
+
+
+def edit_symbol(d, tmp):
+    """N2: an entry's kernel symbol edited (its object intact)."""
+    _edit_entry(d, symbol="_ZN5aiter12dsv41_editedE")
+
+
+def edit_resources(d, tmp):
+    """N2: an entry's code object figures edited."""
+    res = json.loads((room(d, "gfx950") / "manifest.json").read_text())["entries"][K1]["resources"]
+    _edit_entry(d, resources=dict(res, vgpr_count=res["vgpr_count"] - 1))
+
+
+def edit_code_object_sha256(d, tmp):
+    """N2: an entry's code object digest edited."""
+    _edit_entry(d, code_object_sha256="0" * 64)
+
+
+def edit_entry_point(d, tmp):
+    """N2: an entry's C entry point name edited (no band exports it)."""
+    _edit_entry(d, entry="dsv41_k1_gfx950_edited")
+
+
 def delete_object(d, tmp):
     path = room(d, "gfx950") / "manifest.json"
     obj = json.loads(path.read_text())["entries"][K1]["object"]
@@ -193,6 +221,10 @@ ROWS = [
     (delete_object, "object", "ok"),
     (other_releases_band, "band", "IntegrityError"),
     (band_of_objects_with_equal_abis, "band", "IntegrityError"),
+    (edit_symbol, "entry", "ok"),
+    (edit_resources, "entry", "ok"),
+    (edit_code_object_sha256, "entry", "ok"),
+    (edit_entry_point, "entry", "LoadError"),
 ]
 RELEASE = {other_releases_band: OLD}  # the room a row's fault is in, when not NEWEST's
 

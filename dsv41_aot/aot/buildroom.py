@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import source
 from . import toolchain
-from ..errors import AotError, IntegrityError, ManifestError
+from ..errors import AotError, ManifestError
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write, sha256_file
 from ..records import STALE
@@ -32,17 +32,17 @@ def identity(src: source.MonoSource, tools: toolchain.Toolchain) -> dict:
 
 def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:
     """The key's entry is what a clean build writes: same source identity,
-    its stored object intact, and whole (``export_bytes``, FlyDSL's
-    unstripped size, is in no stored object: an entry recovered from
-    objects/ lacks it until the key comes from the build cache or compiles)."""
+    whole (``export_bytes``, FlyDSL's unstripped size, is in no stored
+    object: an entry recovered from objects/ lacks it until the key comes
+    from the build cache or compiles), and passing verify's own check of an
+    entry against its stored object (``integrity.check_entry``): a key verify
+    refuses is built again, so verify's fix ``build --key`` fixes it."""
+    from .integrity import check_entry
+
     e = m.entries.get(str(key))
     if e is None or e.source != ident or type(e.export_bytes) is not int:
         return False
-    try:
-        m.check_object(str(key))
-    except IntegrityError:
-        return False
-    return True
+    return check_entry(m, str(key))[0].ok
 
 
 class RoomState:
