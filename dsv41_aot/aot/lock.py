@@ -26,7 +26,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..manifest import LIB, OBJECTS
+from ..manifest import LIB, OBJECTS, PREFIX
 
 LOCK_FILE = ".build.lock"
 
@@ -62,7 +62,7 @@ def remove_leftovers(arch_dir: Path) -> list[str]:
     ``.<name>.*.tmp`` files (the folder, objects/, lib/, each release's
     room) and link's ``lib/.link-*`` folders. Call only holding the arch lock."""
     removed = []
-    rooms = sorted(p for p in arch_dir.glob("vllm-*") if p.is_dir())
+    rooms = sorted(p for p in arch_dir.glob(f"{PREFIX}*") if p.is_dir())
     for folder in (arch_dir, arch_dir / OBJECTS, arch_dir / LIB, *rooms):
         if not folder.is_dir():
             continue

@@ -30,14 +30,14 @@ def recorded_seconds(paths) -> dict:
     import json
 
     from ..facts.releases import RELEASES as _RELEASES
-    from ..manifest import TIMINGS, read_timings
+    from ..manifest import PREFIX, TIMINGS, read_timings
 
     folders = {r.folder: v for v, r in _RELEASES.items()}
     files: list = []
     for p in paths or ():
         p = Path(p)
         if p.is_dir():
-            rooms = sorted(p.glob(f"vllm-*/{TIMINGS}"))
+            rooms = sorted(p.glob(f"{PREFIX}*/{TIMINGS}"))
             files += rooms if rooms and not (p / TIMINGS).is_file() else [p / TIMINGS]
         else:
             files.append(p)
