@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from _smoke import REPO, SMOKE_RELEASE_KEYS
 
+from dsv41_aot import records
 from dsv41_aot.aot import jit, matrix, verify
 from dsv41_aot.aot.elf import exported_parts
 from dsv41_aot.errors import ToolchainError
@@ -251,8 +252,9 @@ def test_mixed_source_identities_fail(copy):
 def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = b"band") -> Manifest:
     """A room whose manifest names ``keys`` (objects/ there, its objects
     absent) and, with ``band``, a libs.json linking them all from one xz band
-    in the arch's lib/ (a stand-in library: ``band`` and each key's entry
-    name, what the room checks a band exports)."""
+    in the arch's lib/ (a stand-in library: ``band``, the SONAME link gives
+    a library of those objects and each key's entry name: what the room
+    checks a band carries)."""
     import lzma
 
     man = Manifest(root / arch, arch, release=release)
@@ -267,12 +269,14 @@ def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = 
     if band is not None:
         (root / arch / LIB).mkdir(parents=True, exist_ok=True)
         name = f"libdsv41_{arch}_{release.replace('.', '_')}.so.xz"
-        raw = b"\0".join([band] + [man.entries[k].entry.encode() for k in keys]) + b"\0"
+        members = {k: man.entries[k].sha256 for k in keys}
+        so_name = records.soname(name.split(".")[0], members).encode()
+        raw = b"\0".join([band, so_name] + [man.entries[k].entry.encode() for k in keys]) + b"\0"
         (root / arch / LIB / name).write_bytes(lzma.compress(raw, format=lzma.FORMAT_XZ))
         doc = {"schema": 2, "arch": arch, "release": release, "libraries": [
             {"chunk": name.split(".")[0], "file": name, "sha256": sha256_file(root / arch / LIB / name),
              "bytes": (root / arch / LIB / name).stat().st_size, "raw_sha256": hashlib.sha256(raw).hexdigest(),
-             "raw_bytes": len(raw), "entries": {k: man.entries[k].sha256 for k in keys}}]}
+             "raw_bytes": len(raw), "entries": members}]}
         (man.room / LIBS_JSON).write_text(json.dumps(doc))
     return man
 
@@ -298,8 +302,9 @@ def test_libs_json_is_checked_per_room(tmp_path):
     # a 0.32.0 key linked from another object than its room's manifest names
     doc = json.loads(json.dumps(good))
     doc["libraries"][0]["entries"][KEYS[1]] = "f" * 64
-    (f,) = failures(doc)
-    assert f.key == KEYS[1] and "links it from object ffffffffffffffff" in f.message and f.serving
+    link, band = failures(doc)  # and the band was not linked from that object either
+    assert link.key == KEYS[1] and "links it from object ffffffffffffffff" in link.message and link.serving
+    assert band.what == "band" and "was not linked from the objects libs.json names" in band.message
     # the 0.33.0 room's libs.json copied into the 0.32.0 room
     (f,) = failures(json.loads((new.room / LIBS_JSON).read_text()))
     assert "vLLM '0.33.0' in the gfx950 vLLM 0.32.0 folder" in f.message and f.file == str(path)
