@@ -337,6 +337,12 @@ def _broken(smoke: Path, dest: Path, how: str) -> Path:
         p32.write_text(json.dumps(m32))
     elif how == "unknown_release":  # a room of a release neither dsv41-aot nor the matrix knows
         shutil.copytree(room(dest, "gfx950", "0.32.0"), a / "vllm-0.31.0")
+    elif how == "other_band":  # N1: 0.32.0's libs.json names 0.33.0's s01-08 band, its real sha256 and sizes
+        docs = {r: json.loads((room(dest, "gfx950", r) / "libs.json").read_bytes()) for r in ("0.32.0", "0.33.0")}
+        mine, theirs = ([lib for lib in docs[r]["libraries"] if lib["chunk"].endswith("_s01-08")][0]
+                        for r in ("0.32.0", "0.33.0"))
+        mine.update({f: theirs[f] for f in ("file", "sha256", "bytes", "raw_sha256", "raw_bytes")})
+        (room(dest, "gfx950", "0.32.0") / "libs.json").write_text(json.dumps(docs["0.32.0"]))
     elif how == "unlinked":
         (room(dest, "gfx950", "0.33.0") / "libs.json").unlink()
     elif how == "mixed_source":  # one entry from other sources (what a write of mixed entries records)
@@ -360,9 +366,10 @@ REFUSALS = {
     "missing_library": "is missing",
     "unlinked": "vllm-0.33.0/libs.json is missing: the objects of",
     "mixed_source": "mixes 2 source identities",
+    "other_band": "was not linked from the objects libs.json names",
 }
 # the room each refusal must name (the wheel holds several rooms of an arch)
-NAMES_ROOM = {"other_vllm": "gfx950/vllm-0.33.0", "other_digest": "gfx950/vllm-0.32.0",
+NAMES_ROOM = {"other_band": "gfx950/vllm-0.32.0", "other_vllm": "gfx950/vllm-0.33.0", "other_digest": "gfx950/vllm-0.32.0",
               "mixed_source": "gfx950/vllm-0.33.0", "unlinked": "gfx950/vllm-0.33.0", "no_entries": "gfx950/vllm-0.33.0"}
 
 
