@@ -169,8 +169,8 @@ def test_resume_rebuilds_only_missing_or_corrupt_and_is_deterministic(smoke_dir,
         assert sorted(a.entries) == sorted(b.entries)
         for key in a.entries:
             assert a.entries[key].sha256 == b.entries[key].sha256, key
-    assert Manifest.read(out / "gfx950", release=NEWEST).entries["k1@gfx950:s=4,tp=4,r=1"].sha256 == dropped["sha256"]
-    assert Manifest.read(out / "gfx950", release=OLD).entries["k1@gfx950:s=4,tp=4,r=1"].sha256 == dropped_old["sha256"]
+    assert Manifest.read(out / "gfx950", release=NEWEST).entries["k1@gfx950:s=4,tp=4,r=1"].sha256 == dropped.sha256
+    assert Manifest.read(out / "gfx950", release=OLD).entries["k1@gfx950:s=4,tp=4,r=1"].sha256 == dropped_old.sha256
 
 
 # The build in a process group of its own, SIGKILLed (workers and all) at one
@@ -242,7 +242,7 @@ def test_a_build_killed_mid_flight_resumes_with_what_is_missing(moment, tmp_path
     m = Manifest.read(out / "gfx950", release=NEWEST)
     assert sorted(m.entries) == sorted(K1S)
     for key, e in recorded.items():
-        assert m.entries[key].sha256 == e["sha256"], f"{key} was compiled again"
+        assert m.entries[key].sha256 == e.sha256, f"{key} was compiled again"
     for key in m.entries:
         m.check_object(key)
     assert not list((out / "gfx950" / "objects").glob(".*.tmp")), "a finished build leaves no temp files"
@@ -271,7 +271,7 @@ def test_a_build_killed_during_link_relinks_and_compiles_nothing(built_k1s, tmp_
     assert (s["compiled"], s["up_to_date"], s["failed"], s["libraries"]) == (0, len(K1S), 0, 1)
     libs = json.loads(record.read_bytes())["libraries"]
     assert [sorted(lib["entries"]) for lib in libs] == [sorted(K1S)]
-    assert libs[0]["entries"] == {k: e["sha256"] for k, e in recorded.items()}
+    assert libs[0]["entries"] == {k: e.sha256 for k, e in recorded.items()}
     assert sha256_file(libdir / libs[0]["file"]) == libs[0]["sha256"]
     assert sorted(p.name for p in libdir.glob(f"*{BAND_SUFFIX}")) == [libs[0]["file"]]
 

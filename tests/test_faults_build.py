@@ -535,7 +535,7 @@ def test_a_corrupt_old_release_manifest_recovers_only_that_releases_objects(smok
     (report,) = s["recovered"]
     assert (report["release"], report["recovered"], s["failed"]) == (OLD, len(before.entries), 0)
     # the stray 0.33.0 object was looked at and refused: its kernel is not 0.32.0's
-    assert any(why.startswith(Path(stray["object"]).name) for why in report["skipped"]), report["skipped"]
+    assert any(why.startswith(Path(stray.object).name) for why in report["skipped"]), report["skipped"]
     assert path.read_bytes() == good  # the clean build's bytes, export_bytes included
     assert (room(d, "gfx950") / MANIFEST).read_bytes() == new_bytes  # 0.33.0's room untouched
     record("refused")
