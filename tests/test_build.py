@@ -351,11 +351,11 @@ def _only_the_changed_key_rebuilds(out, field, **run) -> str:
     s = build_json(a, b, out=out, **run)
     assert (s["compiled"], s["up_to_date"], s["failed"]) == (2, 0, 0), f"a changed {field} did not rebuild the room"
     after = Manifest.read(out / "gfx950", release=NEWEST).entries
-    new, old = after[a]["source"], before[a]["source"]
-    assert {f for f in new if new[f] != old.get(f)} == {field} and after[b]["source"] == new
+    new, old = after[a].source, before[a].source
+    assert {f for f in new if new[f] != old.get(f)} == {field} and after[b].source == new
     # the same kernel source and compile: the same GPU code (the object's own
     # bytes may differ: export_to_c records FlyDSL's version in its metadata)
-    assert after[a]["code_object_sha256"] == before[a]["code_object_sha256"]
+    assert after[a].code_object_sha256 == before[a].code_object_sha256
     s = build_json(a, b, out=out, **run)
     assert (s["compiled"], s["up_to_date"], s["failed"]) == (0, 2, 0)
     return new[field]
