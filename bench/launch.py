@@ -3,8 +3,8 @@ launcher (FlyDSL), K1, K2 and FFN, in one run.
 
     .venv/bin/python bench/launch.py [--dir DIR] [--batches 51] [--per-batch 200]
 
-Both launch through the recording HIP (tests/hip_recorder/recording_hip.c,
-built here with gcc), the stand-in for the AMD GPU no machine here has: it
+Both launch through the recording HIP (dsv41_aot/aot/hiprec/recording_hip.c,
+built here with cc), the stand-in for the AMD GPU no machine here has: it
 answers each HIP call without GPU work, so what is timed is the host side of
 a launch, from the Python call to hipModuleLaunchKernel's return: the
 Launcher's packing and its band's exported host code (hipGetDevice +

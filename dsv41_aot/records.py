@@ -171,13 +171,17 @@ class Evidence:
     host and GPU code: different for every key), and when it ran. Nothing
     in the manifest holds them, so a proof copied from the manifest cannot
     carry them; nothing signs them either (docs/releases.md). A proof of
-    version 2 carries FlyDSL's cache key's sha256 (``cache_key_sha256``)
-    instead of the module's."""
+    version 2 or 3 carries FlyDSL's cache key's sha256 (``cache_key_sha256``)
+    instead of the module's. ``launch_sha256``: the sha256 of the launch
+    vLLM's JIT and the prebuilt Launcher both handed the recording HIP (the
+    stand-in for the AMD GPU; ``aot/hiprec``'s ``launch_digest``); None in a
+    proof recorded before launches were compared (the field absent)."""
 
     artifact_sha256: str
     module_sha256: str | None
     at: str  # UTC, ISO 8601 ("2026-03-01T12:00:00Z")
-    cache_key_sha256: str | None = None  # a version-2 proof's, kept as it was
+    cache_key_sha256: str | None = None  # a version-2 or 3 proof's, kept as it was
+    launch_sha256: str | None = None
 
     @property
     def digests(self) -> set:
@@ -186,7 +190,10 @@ class Evidence:
     def as_dict(self) -> dict:
         second = ("module_sha256", self.module_sha256) if self.module_sha256 else \
             ("cache_key_sha256", self.cache_key_sha256)
-        return {"artifact_sha256": self.artifact_sha256, second[0]: second[1], "at": self.at}
+        out = {"artifact_sha256": self.artifact_sha256, second[0]: second[1], "at": self.at}
+        if self.launch_sha256 is not None:
+            out["launch_sha256"] = self.launch_sha256
+        return out
 
 
 @dataclass(frozen=True)
@@ -391,14 +398,19 @@ def flydsl_text(by_flydsl: dict) -> str:
 def parse_evidence(ev, code_sha: str, what: str, fix: str, version: int = PROOF_VERSION) -> Evidence:
     """A proof's evidence (a JIT answer's, or a ``version`` record's):
     ManifestError naming ``what`` unless it holds the artifact's sha256, the
-    module's (or, kept from version 2, the cache key's) and a UTC time, and
-    repeats no digest of the code object it proves."""
+    module's (or, kept from versions 2 and 3, the cache key's), a UTC time
+    and optionally the launch's sha256, and repeats no digest of the code
+    object it proves."""
     shapes = EVIDENCE_FIELDS.get(version, ())
-    shape = next((f for f in shapes if isinstance(ev, dict) and set(ev) == {*f, "at"}), None)
+    named = set(ev) - {"launch_sha256"} if isinstance(ev, dict) else None
+    shape = next((f for f in shapes if named == {*f, "at"}), None)
+    launch = ev.get("launch_sha256") if isinstance(ev, dict) else None
     if shape is None or not all(isinstance(ev[f], str) and _SHA_RE.fullmatch(ev[f]) for f in shape) \
-            or not isinstance(ev["at"], str):
+            or not isinstance(ev["at"], str) or not (launch is None or isinstance(launch, str)
+                                                     and _SHA_RE.fullmatch(launch)):
         want = " or ".join(", ".join(f) for f in shapes) or "none"
-        raise ManifestError(f"{what}: evidence must be {want} (sha256 digests) and at", fix=fix)
+        raise ManifestError(f"{what}: evidence must be {want} (sha256 digests), at and optionally "
+                            f"launch_sha256", fix=fix)
     try:
         when = datetime.fromisoformat(ev["at"].replace("Z", "+00:00"))
     except ValueError:
@@ -408,4 +420,5 @@ def parse_evidence(ev, code_sha: str, what: str, fix: str, version: int = PROOF_
     if code_sha in (ev[f] for f in shape):
         raise ManifestError(f"{what}: its evidence repeats the code object's sha256: not what a JIT run produced",
                             fix=fix)
-    return Evidence(ev["artifact_sha256"], ev.get("module_sha256"), ev["at"], ev.get("cache_key_sha256"))
+    return Evidence(ev["artifact_sha256"], ev.get("module_sha256"), ev["at"], ev.get("cache_key_sha256"),
+                    ev.get("launch_sha256"))

@@ -113,9 +113,10 @@ def pytest_terminal_summary(terminalreporter, config):
 
 @pytest.fixture(scope="session")
 def recording_hip(tmp_path_factory):
-    """The recording HIP (tests/hip_recorder/recording_hip.c), the suite's one
-    stand-in for the AMD GPU (MOCK-GPU), built once a session: its
-    libamdhip64.so.7. Processes use it through ``_recording_hip.env``."""
+    """The recording HIP (dsv41_aot/aot/hiprec/recording_hip.c), the suite's
+    one stand-in for the AMD GPU (MOCK-GPU), built once a session by the
+    package's own builder: its libamdhip64.so.7. Processes use it through
+    ``_recording_hip.env``."""
     import _recording_hip
 
     return _recording_hip.build(tmp_path_factory.mktemp("recording-hip"))

@@ -1,7 +1,7 @@
 """Every shipped key, launched: each key of both shared full deployments
 (gfx950 TP4: 1,152 keys of two vLLM releases; gfx942 TP4: 630) runs its
 band's real exported host code through the recording HIP (the suite's one
-stand-in for the AMD GPU, MOCK-GPU: tests/hip_recorder/recording_hip.c), and
+stand-in for the AMD GPU, MOCK-GPU: dsv41_aot/aot/hiprec/recording_hip.c), and
 what HIP is handed is checked against the key's code object's own AMDGPU
 metadata (aot/codeobject.py) and the manifest:
 

@@ -1,6 +1,6 @@
 """The launch path as HIP sees it, on the smoke build: what a Launcher's
 first loads and launches hand HIP, and how a failure there is reported. HIP
-is the recording HIP (tests/hip_recorder/recording_hip.c), the suite's one
+is the recording HIP (dsv41_aot/aot/hiprec/recording_hip.c), the suite's one
 stand-in for the AMD GPU (MOCK-GPU): the band's real exported host code runs,
 and each test reads back the calls it made, by process.
 

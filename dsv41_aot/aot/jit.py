@@ -12,6 +12,9 @@ the worker's own fresh FlyDSL disk cache, and takes the GPU code object from
 that cache's pickled artifact (its IR's ``gpu.binary``), not from
 ``export_to_c``. The parent compares bytes, kernel name and kernarg layout
 with the prebuilt code object, and the launcher's parameters with the ABI.
+Given the recording HIP (``aot/hiprec``, the stand-in for the AMD GPU), the
+worker maps it first and has FlyDSL's JIT launch the compiled launcher once
+through it; the parent compares that launch with the prebuilt Launcher's.
 
 The worker also reports what only its run produced (``records.Evidence``: the
 sha256 of that artifact file, of the compiled module it holds, and when): a
@@ -25,6 +28,7 @@ touches them, under any FlyDSL ``facts/flydsl.py`` supports.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sys
 from pathlib import Path
@@ -37,6 +41,7 @@ from ..manifest import Manifest, atomic_write
 from ..room import Room
 from ..records import VERIFIED, KeyProof, Proof, parse_evidence
 from .codeobject import code_object_resources
+from .hiprec import launch_digest
 
 # FlyDSL annotation class name -> the ABI ctype export_to_c records
 CTYPES = {"Int64": "int64", "Int32": "int32"}
@@ -108,12 +113,15 @@ class VllmJit:
         got = method(*(getattr(key, p) for p in params))
         return got[kind.runner_index] if kind.runner_index is not None else got
 
-    def code_object(self, key: BuildKey) -> tuple[bytes, list, dict]:
+    def code_object(self, key: BuildKey, launch_in: Path | None = None) -> tuple[bytes, list, dict]:
         """The GPU code object FlyDSL's JIT builds for ``key``, the
         launcher's parameters as [name, annotation class name], and the
         run's evidence (``records.Evidence`` fields: the sha256 of the artifact
         file FlyDSL's JIT wrote to its disk cache, of its cache key, and the
-        UTC time of the compile)."""
+        UTC time of the compile). With ``launch_in`` (a folder; the process's
+        HIP is the recording HIP, ``hiprec.preload``), the launcher is then
+        launched once by FlyDSL's JIT with ``hiprec.launch_values`` and the
+        evidence carries that launch as HIP saw it (``launch``, canonical)."""
         import inspect
         from datetime import datetime, timezone
 
@@ -128,7 +136,29 @@ class VllmJit:
         pkl, _ = flydsl_api.disk_artifact(launcher, cache_key)
         raw = pkl.read_bytes()
         ir_text = flydsl_api.artifact_ir(raw)
-        return flydsl_api.gpu_binary(ir_text), params, run_evidence(raw, ir_text, at)
+        code = flydsl_api.gpu_binary(ir_text)
+        evidence = run_evidence(raw, ir_text, at)
+        if launch_in is not None:
+            evidence["launch"] = self.launch(key, launcher, params, code, launch_in)
+        return code, params, evidence
+
+    @staticmethod
+    def launch(key: BuildKey, launcher, params: list, code: bytes, folder: Path) -> dict:
+        """Launch ``launcher`` (compiled) once through FlyDSL's JIT with the
+        values the prebuilt launch is given; what the recording HIP saw."""
+        import os
+
+        from . import hiprec
+
+        log, layouts = folder / f"{key.entry}.jit.hip.log", folder / f"{key.entry}.jit.layouts"
+        hiprec.write_layout_file(layouts, [hiprec.kernel_metadata(code)])
+        values = hiprec.launch_values([CTYPES.get(t, t) for n, t in params if n != "stream"])
+        os.environ.update(RECORDING_HIP_LOG=str(log), RECORDING_HIP_KERNELS=str(layouts))  # read at each call
+        try:
+            launcher(*values, stream=hiprec.Stream())
+        finally:
+            os.environ.pop("RECORDING_HIP_LOG", None)
+        return hiprec.recorded_launch(log, f"{key.describe()}: vLLM's JIT launch")
 
 
 def run_evidence(artifact: bytes, ir_text, at: str) -> dict:
@@ -146,9 +176,14 @@ def _worker_main(argv: list[str]) -> int:
     from .worker import ensure_parent, serve
 
     arch, release, folder, vllm_root = argv[0], argv[1], Path(argv[2]), argv[3]
+    hip = argv[4] if len(argv) > 4 else None  # the recording HIP to launch through (stand-in for the AMD GPU)
+    if hip:
+        from .hiprec import preload
+
+        preload(Path(hip))  # before FlyDSL maps any libamdhip64
 
     def answer(jit: VllmJit, key: BuildKey) -> dict:
-        code, params, evidence = jit.code_object(key)
+        code, params, evidence = jit.code_object(key, folder if hip else None)
         path = folder / f"{key.entry}.jit.co"
         ensure_parent()
         path.write_bytes(code)
@@ -161,10 +196,13 @@ def _worker_main(argv: list[str]) -> int:
 # ---------------------------------------------------------------- parent side
 
 
-def run(chosen: list[BuildKey], on_answer, *, jobs: int, key_timeout: float, sources: dict) -> None:
+def run(chosen: list[BuildKey], on_answer, *, jobs: int, key_timeout: float, sources: dict,
+        hip: Path | None = None) -> None:
     """JIT-build ``chosen`` on the worker pool, one worker a room (arch and
     release), each importing the mono package of ``sources[key.release]``
-    (a ``source.MonoSource``); ``on_answer(key, message)`` once per key
+    (a ``source.MonoSource``), and with ``hip`` (the recording HIP,
+    ``hiprec.build``) launch each once through it (the evidence's
+    ``launch``); ``on_answer(key, message)`` once per key
     (message: worker.serve's, plus ``identity``, the ready line's release,
     vLLM and FlyDSL; ``code`` is readable only during the call). A worker
     whose imported mono sources are not its tree's is refused: its keys fail."""
@@ -181,7 +219,13 @@ def run(chosen: list[BuildKey], on_answer, *, jobs: int, key_timeout: float, sou
         env = worker_env(key.arch, rocm, str(folder / "flydsl-cache"))
         env["FLYDSL_RUNTIME_ENABLE_CACHE"] = "1"  # the artifact is read back from FlyDSL's disk cache
         root = str(sources[key.release].root)
-        return [sys.executable, "-m", "dsv41_aot.aot.jit", key.arch, key.release, str(folder), root], env
+        argv = [sys.executable, "-m", "dsv41_aot.aot.jit", key.arch, key.release, str(folder), root]
+        if hip is not None:
+            from .hiprec import env as hip_env
+
+            env.update(hip_env(hip, None, arch=key.arch))
+            argv.append(str(hip))
+        return argv, env
 
     def accept(room: str, ready: dict) -> str | None:
         got = ready.get("identity") or {}
@@ -249,10 +293,15 @@ def write_verified(man: Manifest, proofs) -> None:
 
 def verified_record(key: str, code: bytes, identity: dict | None, evidence: dict) -> KeyProof:
     """The proof of ``key``: its prebuilt code object ``code`` was what
-    vLLM's JIT built under ``identity`` in the run ``evidence`` describes."""
+    vLLM's JIT built under ``identity`` in the run ``evidence`` describes
+    (and, when it carries the launch, the launch both made: its digest)."""
     sha = hashlib.sha256(code).hexdigest()
-    return KeyProof(key, sha, dict(identity or {}), parse_evidence(evidence, sha, f"the JIT answer of {key}",
-                                                                   "report it: the JIT worker's evidence is malformed"))
+    launch = evidence.get("launch")
+    ev = parse_evidence({k: v for k, v in evidence.items() if k != "launch"}, sha, f"the JIT answer of {key}",
+                        "report it: the JIT worker's evidence is malformed")
+    if launch:
+        ev = dataclasses.replace(ev, launch_sha256=launch_digest(launch))
+    return KeyProof(key, sha, dict(identity or {}), ev)
 
 
 if __name__ == "__main__":

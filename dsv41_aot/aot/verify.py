@@ -48,6 +48,7 @@ from ..room import Room
 from ..listing import built_rooms_or_error, named_by_rooms, orphan_objects, rooms_in, rooms_of
 from ..records import NO_EVIDENCE, STALE
 from .integrity import KeyReport, check_entry
+from . import hiprec
 from .jit import compare_jit, verified_record, write_verified
 from .output import tally
 
@@ -126,12 +127,14 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         idents = {release: identity(src, tools) for release, src in sources.items()}
         for k in todo:
             hit = store.get_jit(k, idents[k.release])
-            if hit is not None:
+            if hit is not None and isinstance(hit[0]["evidence"].get("launch"), dict):  # else JIT-built again
                 hits.append((k, hit))
         cached = {k for k, _ in hits}
         todo = [k for k in todo if k not in cached]
         store.say(sys.stderr)
     proofs = {room: _proofs_to_record(man) for room, man in mans.items()} if record else {}
+    hip = hiprec.build(cache=cache) if todo or hits else None
+    launches: dict = {}  # key -> the prebuilt launch (hiprec.recorded_launch), or what went wrong
     bar = None
     if progress and (todo or hits):
         from tqdm import tqdm
@@ -150,6 +153,9 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         rep.problems += compare_jit(man, str(key), code, msg)
         if "error" not in msg and not isinstance(msg.get("evidence"), dict):
             rep.problems.append("the JIT answer carries no evidence of its run (artifact / module sha256, time)")
+        elif "error" not in msg:
+            rep.checks.append("launch")
+            rep.problems += _compare_launches(launches.get(key), msg["evidence"].get("launch"), code)
         if record:  # a key's proof under this run's FlyDSL; those under other FlyDSL releases are kept
             flydsl = (msg.get("identity") or {}).get("flydsl_version") or ""
             if rep.ok:
@@ -162,6 +168,9 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
 
     try:
         with tempfile.TemporaryDirectory(prefix="dsv41-jit-cached-") as tmp:
+            for room, ks in chosen.items():
+                if ks:
+                    launches.update(_prebuilt_launches(codes, ks, sources, hip, Path(tmp) / room.replace("/", "-")))
             for k, (rec, data) in hits:
                 path = Path(tmp) / f"{k.entry}.jit.co"
                 path.write_bytes(data)
@@ -174,7 +183,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
                     continue
                 on_answer(k, msg)
         if todo:
-            jit.run(todo, on_answer, jobs=jobs, key_timeout=key_timeout, sources=sources)
+            jit.run(todo, on_answer, jobs=jobs, key_timeout=key_timeout, sources=sources, hip=hip)
     finally:
         if bar is not None:
             bar.close()
@@ -182,6 +191,26 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
             store.say(sys.stderr)
         for room, recs in proofs.items():
             write_verified(mans[room], list(recs.values()))
+
+
+def _prebuilt_launches(codes: dict, keys: list, sources: dict, hip: Path, folder: Path) -> dict:
+    """BuildKey -> the prebuilt launch of each of ``keys`` (one room's),
+    through the recording HIP ``hip`` (``hiprec.prebuilt``), or its problem."""
+    from .hiprec.prebuilt import prebuilt_launches
+
+    man = codes[keys[0]][0]
+    got = prebuilt_launches(man.dir.parent, man.arch, man.release, sources[man.release].mono_dir,
+                            {str(k): (man.abi(str(k)), codes[k][1]) for k in keys}, hip, folder)
+    return {k: got[str(k)] for k in keys}
+
+
+def _compare_launches(prebuilt, jit_launch, code: bytes) -> list[str]:
+    """The problems of one key's launch comparison (``hiprec.compare_launch``)."""
+    if not isinstance(jit_launch, dict):
+        return ["the JIT answer carries no launch through the recording HIP (stand-in for the AMD GPU)"]
+    if not isinstance(prebuilt, dict):
+        return [f"prebuilt launch through the recording HIP failed: {prebuilt}"]
+    return hiprec.compare_launch(prebuilt, jit_launch, hiprec.kernel_metadata(code))
 
 
 def _proofs_to_record(man: Manifest) -> dict:

@@ -5,10 +5,12 @@
  * runtime make is answered and written to a log, one tab-separated line a
  * call, so the tests can read what a real libamdhip64 would have been handed.
  *
- * Built by tests/_recording_hip.py with gcc into a temporary folder, as
- * libamdhip64.so.7 (its SONAME) with every hip* symbol at version hip_4.2
- * (recording_hip.map), so FlyDSL's libfly_jit_runtime.so binds to it through
- * LD_LIBRARY_PATH and the loader opens it through DSV41_AOT_HIP_LIB.
+ * Built by dsv41_aot/aot/hiprec/__init__.py (build) with the system C
+ * compiler, once, into a cache folder, as libamdhip64.so.7 (its SONAME) with
+ * every hip* symbol at version hip_4.2 (recording_hip.map), so FlyDSL's
+ * libfly_jit_runtime.so binds to it (LD_LIBRARY_PATH, or mapped first) and
+ * the loader opens it through DSV41_AOT_HIP_LIB. verify --against-jit and
+ * the tests launch through it.
  *
  * Told by the environment:
  *   RECORDING_HIP_LOG      file the calls are appended to (none: nothing recorded)
@@ -19,8 +21,8 @@
  *                          status (every time, or only its n-th time, 1-based)
  *   RECORDING_HIP_KERNELS  file of kernel argument layouts, one line a kernel:
  *                          name TAB kernarg_segment_size TAB offset:size,...
- *                          (written by the tests from the code object's own
- *                          AMDGPU metadata; reread when a kernel is not in it)
+ *                          (written from the code object's own AMDGPU
+ *                          metadata; reread when a kernel is not in it)
  *   RECORDING_HIP_IMAGES   folder each loaded image is written to, as <sha256>.co
  *   RECORDING_HIP_CAPTURING  hipStreamIsCapturing's answer for every stream (default 0: none)
  *

@@ -1,0 +1,240 @@
+"""The recording HIP: a small C library (``recording_hip.c``) that stands in
+for the AMD GPU no build machine has (MOCK-GPU), and what reads it back.
+
+It answers the HIP calls the loader, the bands' exported host code and
+FlyDSL's JIT runtime make, does no GPU work, and writes each call with its
+arguments to a log (the bytes behind every ``kernelParams`` pointer
+included). ``verify --against-jit`` launches each key through it twice, by
+vLLM's JIT and by the prebuilt Launcher, and compares the two launches
+(``compare_launch``); the tests use it to see what a launch hands HIP.
+
+``build()`` compiles it once with the system C compiler (``cc``) into a
+cache folder, as ``libamdhip64.so.7`` (that SONAME, every hip* at version
+hip_4.2, as FlyDSL's JIT runtime binds). ``env()`` is what a process needs
+to use it: the loader finds it by DSV41_AOT_HIP_LIB, FlyDSL's JIT runtime by
+LD_LIBRARY_PATH (a JIT worker also maps it first: ``preload``). ``calls``
+reads its log; ``write_layouts`` gives it each kernel's argument layout from
+the code object's own AMDGPU metadata (aot/codeobject.py), so it can build
+the argument segment HIP would hand the GPU. Build side only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import AotError
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "recording_hip.c"
+VERSION_SCRIPT = HERE / "recording_hip.map"
+SONAME = "libamdhip64.so.7"
+CC_FLAGS = ("-O2", "-g0", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror")
+ROCM_6_4_3 = 60443483  # hipRuntimeGetVersion of ROCm 6.4.3: inside the loader's accepted range
+ARCH_NAMES = {"gfx950": "gfx950:sramecc+:xnack-", "gfx942": "gfx942:sramecc+:xnack-"}
+# the stream both launches of a comparison are given (what torch.cuda.current_stream().cuda_stream holds)
+STREAM = 0x7E57
+# the fields of a launch compared, in the order a difference is reported
+FIELDS = ("image_sha256", "kernel", "grid", "block", "shared", "stream", "kernarg")
+
+
+def default_folder(cache: Path | None = None) -> Path:
+    """Where ``build`` keeps the library: under the build cache folder when
+    there is one (``--cache`` / DSV41_AOT_BUILD_CACHE), else the user's cache."""
+    base = Path(cache) if cache else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dsv41-aot"
+    return base / "recording-hip"
+
+
+def build(folder: Path | None = None, *, cache: Path | None = None) -> Path:
+    """The compiled recording HIP: ``folder/<digest>/libamdhip64.so.7``
+    (``folder``: ``default_folder(cache)``), compiled with ``cc`` the first
+    time its source, version script and flags are seen, atomically (a
+    concurrent build renames the same bytes into place)."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + b"\0" + VERSION_SCRIPT.read_bytes() + b"\0"
+                            + " ".join(CC_FLAGS).encode()).hexdigest()[:16]
+    out = Path(folder or default_folder(cache)) / digest / SONAME
+    if out.is_file():
+        return out
+    cc = shutil.which("cc")
+    if cc is None:
+        raise AotError("no C compiler (cc) to build the recording HIP, the stand-in for the AMD GPU that "
+                       "verify --against-jit launches through", fix="install one (apt-get install gcc), then run again")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{SONAME}.", dir=out.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *CC_FLAGS, "-o", tmp, f"-Wl,-soname,{SONAME}",
+                               f"-Wl,--version-script={VERSION_SCRIPT}", str(SOURCE), "-lpthread"],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise AotError(f"cc could not build the recording HIP ({SOURCE}): {proc.stderr.strip()[-600:]}",
+                           fix="install a working C compiler (gcc), then run again")
+        os.replace(tmp, out)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return out
+
+
+def env(lib: Path, log: Path | None, *, arch: str = "gfx950", devices: int = 1, version: int = ROCM_6_4_3,
+        fail: str | None = None, images: Path | None = None, layouts: Path | None = None,
+        capturing: bool = False) -> dict:
+    """The environment of a process whose HIP is the recording HIP at ``lib``
+    (the loader's DSV41_AOT_HIP_LIB, the JIT runtime's LD_LIBRARY_PATH)."""
+    out = {
+        "DSV41_AOT_HIP_LIB": str(lib),
+        "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(Path(lib).parent), os.environ.get("LD_LIBRARY_PATH")])),
+        "RECORDING_HIP_ARCH": ARCH_NAMES.get(arch, arch),
+        "RECORDING_HIP_DEVICES": str(devices),
+        "RECORDING_HIP_VERSION": str(version),
+        "RECORDING_HIP_CAPTURING": str(int(capturing)),
+    }
+    for name, value in (("LOG", log), ("FAIL", fail), ("IMAGES", images), ("KERNELS", layouts)):
+        if value is not None:
+            out[f"RECORDING_HIP_{name}"] = str(value)
+    return out
+
+
+def preload(lib: Path) -> None:
+    """Map the recording HIP into this process first, globally: a later
+    ``libamdhip64.so.7`` dependency (FlyDSL's JIT runtime, whose RPATH names
+    /opt/rocm/lib) then binds to it, never to a real HIP."""
+    import ctypes
+
+    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+
+
+@dataclass
+class Call:
+    """One HIP call the recording HIP answered: its process, name, status and fields."""
+
+    pid: int
+    name: str
+    status: int
+    fields: dict
+
+    def __getitem__(self, field: str) -> str:
+        return self.fields[field]
+
+
+def calls(log: Path, name: str | None = None) -> list[Call]:
+    """The calls in ``log``, in order (only those named ``name`` if given)."""
+    out = []
+    log = Path(log)
+    if not log.exists():
+        return out
+    for line in log.read_text().splitlines():
+        pid, call, status, *fields = line.split("\t")
+        if name is None or call == name:
+            out.append(Call(int(pid), call, int(status), dict(f.split("=", 1) for f in fields if f)))
+    return out
+
+
+def kernel_metadata(code: bytes) -> dict:
+    """The one kernel's map of a code object's AMDGPU metadata (``amdhsa.kernels[0]``)."""
+    from ..codeobject import amdgpu_metadata
+
+    (kernel,) = amdgpu_metadata(code)["amdhsa.kernels"]
+    return kernel
+
+
+def layout_line(kernel: dict) -> str:
+    """The recording HIP's layout line of one kernel (its metadata map)."""
+    args = ",".join(f"{a['.offset']}:{a['.size']}" for a in kernel[".args"])
+    return f"{kernel['.name']}\t{kernel['.kernarg_segment_size']}\t{args}\n"
+
+
+def write_layouts(images: Path, path: Path) -> dict:
+    """Write the recording HIP's layout file for every image it saved in
+    ``images`` (``<sha256>.co``); return sha256 -> kernel metadata."""
+    out = {f.stem: kernel_metadata(f.read_bytes()) for f in sorted(Path(images).glob("*.co"))}
+    write_layout_file(path, out.values())
+    return out
+
+
+def write_layout_file(path: Path, kernels) -> None:
+    """Write the layout file of ``kernels`` (metadata maps), atomically."""
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text("".join(layout_line(k) for k in kernels))
+    os.replace(tmp, path)
+
+
+def kernarg(kernel: dict, values: list) -> str:
+    """The argument segment (hex) a launch of ``kernel`` with ``values`` must
+    carry: each value at its argument's .offset, .size bytes, little-endian
+    two's complement, zeros everywhere else."""
+    seg = bytearray(kernel[".kernarg_segment_size"])
+    assert len(values) == len(kernel[".args"]), (kernel[".name"], len(values), len(kernel[".args"]))
+    for arg, v in zip(kernel[".args"], values):
+        off, size = arg[".offset"], arg[".size"]
+        seg[off:off + size] = (v % (1 << (8 * size))).to_bytes(size, "little")
+    return seg.hex()
+
+
+# ---------------------------------------------------------------- the launch a comparison is of
+
+
+def launch_values(ctypes_: list) -> list:
+    """The argument values both launches of a key are given, one per slot
+    (``ctypes_``: "int32" / "int64", the stream excluded): every one
+    distinct, negative int32s and int64s with high bytes set, so a swapped,
+    truncated or dropped argument shows in the argument bytes."""
+    return [-(j + 1) * 7919 if t == "int32" else ((j + 1) << 40) + j for j, t in enumerate(ctypes_)]
+
+
+class Stream:
+    """The stream both launches are given, as vLLM passes it (a torch stream's ``.cuda_stream``)."""
+
+    cuda_stream = STREAM
+
+
+def recorded_launch(log: Path, what: str) -> dict:
+    """The one launch in ``log`` as compared (``FIELDS``), canonical; an
+    AotError naming ``what`` when there is not exactly one successful one."""
+    got = calls(log, "hipModuleLaunchKernel")
+    if len(got) != 1 or got[0].status != 0:
+        states = [c.status for c in got]
+        raise AotError(f"{what}: the recording HIP saw {len(got)} launch(es) (statuses {states}), not one "
+                       f"successful launch", fix="report it: the launch path did not reach the stand-in HIP")
+    c = got[0]
+    return {"image_sha256": c["module"], "kernel": c["kernel"], "grid": c["grid"], "block": c["block"],
+            "shared": int(c["shared"]), "stream": c["stream"], "kernarg": c["kernarg"]}
+
+
+def launch_digest(launch: dict) -> str:
+    """sha256 of a canonical recorded launch (its ``FIELDS``, sorted JSON)."""
+    doc = {f: launch[f] for f in FIELDS}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def compare_launch(prebuilt: dict, jit: dict, kernel: dict | None = None) -> list[str]:
+    """What differs between the prebuilt Launcher's launch and vLLM's JIT
+    launch of the same values, field by field (``kernel``: the code object's
+    metadata map, to name the argument whose bytes differ)."""
+    out = []
+    for f in FIELDS:
+        a, b = prebuilt.get(f), jit.get(f)
+        if a == b:
+            continue
+        if f == "kernarg" and isinstance(a, str) and isinstance(b, str):
+            out.append(f"launch argument bytes differ: {_first_difference(a, b, kernel)}")
+        else:
+            out.append(f"launch {f} differs: prebuilt {str(a)[:80]}, JIT {str(b)[:80]}")
+    return out
+
+
+def _first_difference(a: str, b: str, kernel: dict | None) -> str:
+    if len(a) != len(b):
+        return f"prebuilt {len(a) // 2} bytes, JIT {len(b) // 2}"
+    at = next(i for i in range(0, len(a), 2) if a[i:i + 2] != b[i:i + 2]) // 2
+    for j, arg in enumerate((kernel or {}).get(".args", [])):
+        off, size = arg[".offset"], arg[".size"]
+        if off <= at < off + size:
+            return (f"argument {j} (offset {off}, {size} bytes): prebuilt {a[2 * off:2 * (off + size)]}, "
+                    f"JIT {b[2 * off:2 * (off + size)]}")
+    return f"first at byte {at}: prebuilt {a[2 * at:2 * at + 2]}, JIT {b[2 * at:2 * at + 2]}"

@@ -1,0 +1,91 @@
+"""The prebuilt side of ``verify --against-jit``'s launch comparison: each
+key's prebuilt Launcher (``dsv41_aot.load_key``, the public path) launched
+once through the recording HIP, the stand-in for the AMD GPU (MOCK-GPU), in
+a fresh process whose only HIP it is; ``prebuilt_launches`` runs that
+process for one room and reads back what HIP was handed.
+
+The process (``python -m dsv41_aot.aot.hiprec.prebuilt``, a JSON job on
+stdin) imports only the runtime (standard library), says which vLLM mono
+package the keys are of (``running_vllm``: the release's tree, so the
+loader's source check is the serving one), and answers per key None (it
+launched) or the loader's error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from . import Stream, env, kernel_metadata, launch_values, recorded_launch, write_layout_file
+
+
+def launch_argv() -> list[str]:
+    """The command of the prebuilt launch process."""
+    return [sys.executable, "-m", "dsv41_aot.aot.hiprec.prebuilt"]
+
+
+def prebuilt_launches(root: Path, arch: str, release: str, mono_dir: Path, keys: dict, lib: Path,
+                      folder: Path) -> dict:
+    """key -> its prebuilt launch (``recorded_launch``'s canonical dict) or
+    the text of what went wrong, for ``keys`` (key -> (ABI slots, the
+    prebuilt GPU code object)) of one room of ``root``, launched through the
+    recording HIP ``lib``; logs in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    layouts = folder / "layouts.tsv"
+    write_layout_file(layouts, [kernel_metadata(code) for _, code in keys.values()])
+    job = {"root": str(root), "release": release, "mono_dir": str(mono_dir), "layouts": str(layouts), "keys": [
+        {"key": k, "log": str(folder / f"{i}.hip.log"),
+         "values": launch_values([s["ctype"] for s in abi if s["name"] != "stream"])}
+        for i, (k, (abi, _)) in enumerate(sorted(keys.items()))]}
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith(("DSV41_AOT_", "RECORDING_HIP_"))}
+    run_env.update(env(lib, None, arch=arch))
+    run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[3]),
+                                                          run_env.get("PYTHONPATH")]))
+    proc = subprocess.run(launch_argv(), input=json.dumps(job), capture_output=True, text=True, env=run_env,
+                          timeout=600)
+    try:
+        answers = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "(no output)"
+        return {k: f"the prebuilt launch process failed (exit {proc.returncode}): {tail}" for k in keys}
+    out = {}
+    for k in job["keys"]:
+        err = answers.get(k["key"], "no answer")
+        if err is None:
+            try:
+                out[k["key"]] = recorded_launch(Path(k["log"]), f"{k['key']}: the prebuilt launch")
+            except Exception as e:  # noqa: BLE001 - its text is the key's problem
+                out[k["key"]] = str(e)
+        else:
+            out[k["key"]] = err
+    return out
+
+
+def _main() -> int:
+    """The prebuilt launch process: one launch per key of the job on stdin."""
+    job = json.loads(sys.stdin.read())
+    from ...errors import AotError
+    from ...runtime import loader
+
+    loader.running_vllm(Path(job["mono_dir"]))
+    os.environ["RECORDING_HIP_KERNELS"] = job["layouts"]
+    answers = {}
+    for k in job["keys"]:
+        os.environ["RECORDING_HIP_LOG"] = k["log"]  # read by the recording HIP at each call
+        try:
+            launcher = loader.load_key(k["key"], release=job["release"], prebuilt=job["root"])
+            launcher(*k["values"], stream=Stream())
+            answers[k["key"]] = None
+        except AotError as e:
+            answers[k["key"]] = str(e).splitlines()[0]
+        finally:
+            os.environ.pop("RECORDING_HIP_LOG", None)
+    print(json.dumps(answers))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
