@@ -164,15 +164,42 @@ def _launcher(what: str, derive):
             text = "the running vLLM release"
         with _state.lock:
             _state.served["jit"] += 1
-            if text in _state.warned:
-                return None
+            first = text not in _state.warned
             _state.warned.add(text)
-        log.warning("dsv41-aot: %s not served from the prebuilt kernels, FlyDSL JIT-compiles it "
-                    "(fallback mode): %s: %s", text, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        if first:
+            log.warning("dsv41-aot: %s not served from the prebuilt kernels, FlyDSL JIT-compiles it "
+                        "(fallback mode): %s: %s", text, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        report_jit_compile(what if key is None else key.describe())
         return None
     with _state.lock:
         _state.served["aot"] += 1
     return launcher
+
+
+JIT_MONITOR = "vllm.utils.jit_monitor"  # vLLM's --jit-monitor-mode (0.33.0): Triton, CuTeDSL, TileLang
+
+
+def report_jit_compile(what: str) -> None:
+    """Tell vLLM's JIT monitor, when it is active (``--jit-monitor-mode``:
+    vLLM activates it after warm-up), that FlyDSL JIT-compiles the mono launch
+    ``what`` (a key the prebuilt kernels do not serve; vLLM's runner asks for
+    its launcher right before its first launch, where FlyDSL compiles it):
+    ``warn`` logs it, ``error`` raises. The monitor watches Triton, CuTeDSL
+    and TileLang only. Reported through vLLM's own event handler
+    (``_handle_jit_event``, the one its hooks call); never imported here:
+    an active monitor is already in ``sys.modules``."""
+    monitor = sys.modules.get(JIT_MONITOR)
+    if monitor is None or not monitor.is_active():
+        return
+    handle = getattr(monitor, "_handle_jit_event", None)
+    if handle is None:  # a vLLM whose monitor reports otherwise: say it here, once
+        if ("jit_monitor", what) not in _state.warned:
+            _state.warned.add(("jit_monitor", what))
+            log.warning("dsv41-aot: FlyDSL JIT compilation during inference: %s (vLLM's JIT monitor has no "
+                        "_handle_jit_event to report it through)", what)
+        return
+    handle(backend="FlyDSL", event="JIT compilation", fn_name=what,
+           detail="not served from the prebuilt dsv41-aot kernels (fallback mode)")
 
 
 # ------------------------------------------------------------------ patching the runner
