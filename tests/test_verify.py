@@ -57,6 +57,7 @@ def test_against_jit_passes_on_smoke(copy):
     assert report["jit_checked"] == ALL
     assert {(r["release"], r["key"]) for r in report["reports"]} == {(k.release, str(k)) for k in SMOKE}
     assert all("jit" in r["checks"] and r["ok"] for r in report["reports"])
+    assert all("launch" in r["checks"] for r in report["reports"])  # both releases' launches compared
     # each room's proof is in the room, and its keys were JIT-built by that
     # release's own mono package (the matrix's digest of the release)
     m = matrix.load()
@@ -68,6 +69,7 @@ def test_against_jit_passes_on_smoke(copy):
         assert {r.jit["release"] for r in recs.values()} == {release}
         assert all(r.evidence is not None for r in recs.values())  # what only the JIT run produced
         assert all("mono_dir" not in r.jit for r in recs.values())
+        assert all(r.evidence.launch_sha256 for r in recs.values())  # the launch both made
         path = room_dir(copy / arch, release) / jit.VERIFIED
         assert str(REPO).encode() not in path.read_bytes() and b"site-packages" not in path.read_bytes()
         modules += [r.evidence.module_sha256 for r in recs.values()]
