@@ -363,6 +363,8 @@ def test_list_and_build_read_the_proofs(copy):
 def test_a_cached_jit_result_keeps_its_runs_evidence(copy, tmp_path):
     """The build cache's JIT record holds the evidence of the run that made
     it; a proof recorded from the cache carries that run's evidence."""
+    from dsv41_aot.aot.hiprec import launch_digest
+
     cache = tmp_path / "cache"
     second = copy_of(copy, tmp_path / "second")
     got = []
@@ -375,7 +377,8 @@ def test_a_cached_jit_result_keeps_its_runs_evidence(copy, tmp_path):
     assert (first_cached, second_cached) == (0, 1)
     assert a == b and a.evidence is not None
     (rec,) = [json.loads(p.read_text()) for p in (cache / "v1" / "jit").rglob("*.json")]
-    assert rec["evidence"] == a.evidence.as_dict()
+    launch = rec["evidence"].pop("launch")  # the JIT's launch as HIP saw it; the proof keeps its digest
+    assert dict(rec["evidence"], launch_sha256=launch_digest(launch)) == a.evidence.as_dict()
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} (the shared full deployment) is not on this machine")
