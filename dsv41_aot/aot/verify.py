@@ -17,12 +17,18 @@ Per room (``<arch>/vllm-<release>/``: one vLLM release's keys on one arch):
   runner (the mono package of that release's tree, ``source.find_release``)
   and FlyDSL's JIT (``dsv41_aot.aot.jit``), on the build's worker pool
   (``--jobs``, ``--key-timeout``), and its GPU code object, kernel name,
-  kernarg layout and launcher parameters are compared with the prebuilt one.
+  kernarg layout and launcher parameters are compared with the prebuilt one;
+  then its launch: vLLM's JIT (in its worker) and the prebuilt Launcher (in a
+  fresh runtime process, ``aot/hiprec/prebuilt.py``) each launch it once
+  with the same values through the recording HIP, the stand-in for the AMD
+  GPU no build machine has (``aot/hiprec``, built once with ``cc``), and the
+  image sha256, kernel name, grid, block, shared memory, stream and argument
+  bytes must agree (``hiprec.compare_launch``);
   ``--shard i/N`` checks the keys ``dsv41-aot build --shard i/N`` builds (same
   selection across releases, same partition, same ``--seconds`` files);
   ``--record`` writes the proof, the room's ``verified.json`` (``records.Proof``:
-  per key the code object, the JIT's identity and its run's evidence; an
-  unreadable one is set aside and written again).
+  per key the code object, the JIT's identity and its run's evidence, with
+  the launch's digest; an unreadable one is set aside and written again).
 
 Every room's verified.json is read through its one parser (an unreadable one
 is the room's problem) and ``proofs`` says per room how many keys carry a

@@ -20,7 +20,9 @@ def register(sub) -> None:
     p = sub.add_parser("verify", help="check prebuilt objects; with --against-jit, against vLLM's own JIT build")
     p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
     p.add_argument("--against-jit", action="store_true",
-                   help="rebuild keys through vLLM's runner and FlyDSL's JIT (compile only) and compare code objects")
+                   help="rebuild keys through vLLM's runner and FlyDSL's JIT and compare code objects, and each "
+                        "key's launch by the JIT and the prebuilt Launcher through the recording HIP (the "
+                        "stand-in for the AMD GPU, built with cc)")
     p.add_argument("--wheel", metavar="FILE",
                    help="check a kernels wheel (e.g. from pip download) offline instead of a folder: what it holds per "
                         "(arch, vLLM release, TP), its proofs against vLLM's JIT, every band; exit 1 unless every key "
