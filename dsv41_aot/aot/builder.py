@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import source
-from . import toolchain
+from . import toolchain, toolmove
 from .buildroom import RoomState, check_one_source, count_proofs, identity, take_from_cache, up_to_date
-from .compiler import worker_env
+from .compiler import describe_object, worker_env
 from ..errors import AotError, OutputDirError, ToolchainError
 from ..keys import BuildKey
 from ..listing import orphan_objects
@@ -61,6 +61,12 @@ class Summary:
     # per built room holding a verified.json: how many of its keys carry a
     # proof matching their entry (records.Proof.counts), or its "error"
     proofs: list = field(default_factory=list)
+    # keys built before under another FlyDSL (aot/toolmove.py): "kept", whose
+    # GPU code object this toolchain compiles the same (their stored object,
+    # entry and bands stay; counted up to date), and "changed", rebuilt
+    # because it differs (counted compiled or cached)
+    kept: list = field(default_factory=list)
+    changed: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         """The --json summary (aot/output.py's vocabulary)."""
@@ -78,6 +84,8 @@ class Summary:
             spills=self.spills,
             recovered=self.recovered,
             proofs=self.proofs,
+            toolchain_kept=self.kept,
+            toolchain_changed=self.changed,
         )
 
 
@@ -175,6 +183,22 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         known = st.manifest.refused.get(str(key))
         if up_to_date(st.manifest, key, st.ident):
             summary.up_to_date += 1
+        elif toolmove.moved(st.manifest, key, st.ident):
+            old = st.manifest.entries[str(key)]
+            if toolmove.proven_under(st.room, old, st.ident["flydsl_version"]):
+                summary.up_to_date += 1  # its proof under this FlyDSL compiled it already: the same code object
+                summary.kept.append(str(key))
+                continue
+            st.moved[str(key)] = old
+            hit = store.get_object(key, st.ident) if store is not None else None
+            if hit is not None and toolmove.same_code(old, describe_object(key, hit[1], st.ident)[0]):
+                summary.up_to_date += 1
+                summary.kept.append(str(key))
+            elif hit is not None and take_from_cache(store, st, key):
+                summary.cached += 1
+                summary.changed.append(str(key))
+            else:
+                st.pending.append(key)
         elif known is not None and known.get("source") == st.ident:
             summary.failed += 1  # refused by this very source: compiling again would refuse again
             summary.failures.append({"key": str(key), "release": key.release, "error": known["error"], "known": True})
@@ -266,7 +290,19 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
 
     def on_answer(key: BuildKey, msg: dict) -> None:
         st = states[key.room]
-        if msg["ok"]:
+        if msg["ok"] and str(key) in st.moved and toolmove.same_code(st.moved[str(key)], msg["entry"]):
+            # the same GPU code object under this toolchain: keep the stored object (the new one is an orphan)
+            if store is not None:
+                data = (st.dir / msg["entry"]["object"]).read_bytes()
+                store.put_object(key, st.ident, data, msg["entry"]["export_bytes"], msg["seconds"])
+            summary.up_to_date += 1
+            summary.kept.append(str(key))
+            summary.compile_seconds += msg["seconds"]
+            if bar is not None:
+                bar.update(1)
+        elif msg["ok"]:
+            if str(key) in st.moved:
+                summary.changed.append(str(key))
             e = st.manifest.put(msg["entry"], msg["abi"], seconds=msg["seconds"])
             if store is not None:
                 data = (st.dir / e.object).read_bytes()

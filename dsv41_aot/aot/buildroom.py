@@ -9,8 +9,8 @@ import collections
 from pathlib import Path
 
 from .. import source
-from . import toolchain
-from ..errors import AotError, ManifestError
+from . import toolchain, toolmove
+from ..errors import AotError, IntegrityError, ManifestError
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write, sha256_file
 from ..records import STALE
@@ -72,6 +72,7 @@ class RoomState:
                   file=log, flush=True)
         self.pending: collections.deque = collections.deque()
         self.dirty = self.manifest.migrated  # compile seconds still in the manifest: move them out
+        self.moved: dict = {}  # key -> its entry built under another toolchain, compiled now to compare (aot/toolmove.py)
 
 
 def check_one_source(states: dict, keys: list, out: Path) -> None:
@@ -82,9 +83,21 @@ def check_one_source(states: dict, keys: list, out: Path) -> None:
     for k in keys:
         asked.setdefault(k.room, set()).add(str(k))
     for room, st in states.items():
-        stale = sorted(k for k, e in st.manifest.entries.items() if e.source != st.ident and k not in asked[room])
+        stale = sorted(k for k, e in st.manifest.entries.items() if e.source != st.ident and k not in asked[room]
+                       and not toolmove.proven_under(st.room, e, st.ident["flydsl_version"]))
         if not stale:
             continue
+        if all(toolmove.served(st.manifest.entries[k].source) == toolmove.served(st.ident) for k in stale):
+            was = st.manifest.entries[stale[0]].source
+            raise AotError(
+                f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.release} on {st.arch} were built with FlyDSL "
+                f"{was.get('flydsl_version')} (linker {was.get('linker')}), this build's is "
+                f"{st.ident['flydsl_version']} (linker {st.ident['linker']}), and no proof under this FlyDSL says "
+                f"their GPU code objects are unchanged; building only some keys could leave the room serving code "
+                f"of two toolchains",
+                fix=f"prove the room under this FlyDSL first (dsv41-aot verify --dir {out} --against-jit --record), "
+                    f"or build the whole room (each key compiles once and keeps its object where its code object "
+                    f"is unchanged): dsv41-aot build --release {st.release} --out {out}")
         was = st.manifest.entries[stale[0]].source
         differ = sorted(f for f in set(was) | set(st.ident) if was.get(f) != st.ident.get(f))
         raise AotError(

@@ -87,6 +87,11 @@ def cmd_build(args) -> int:
             f"{summary.up_to_date} up to date, "
             f"{summary.failed} failed in {summary.wall_seconds:.1f} s -> {Path(args.out).resolve()}"
         )
+        if summary.kept:
+            print(f"  {len(summary.kept)} key(s) built before under another FlyDSL compile to the same GPU code object "
+                  f"under this one: their objects and bands are kept")
+        for k in summary.changed:
+            print(f"  rebuilt {k}: its GPU code object under this FlyDSL differs from the one built before")
         for p in summary.proofs:
             if "error" not in p:
                 print(f"  proofs {p['arch']} vLLM {p['release']}: {p['proven']} of {p['keys']} keys carry a proof "
