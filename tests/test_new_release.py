@@ -103,3 +103,30 @@ def test_the_wheel_gate_and_the_loader_take_the_new_room(project, smoke_dir, tmp
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=root)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [NEW, NEW]
+
+
+@pytest.mark.slow
+def test_a_release_with_the_same_gpu_code_ships_no_second_band(project, tmp_path):
+    """The new release built and proven (one of the cheapest smoke keys)
+    beside 0.33.0 in one folder: its exported object is byte-identical to
+    0.33.0's (its metadata names the arch, FlyDSL version, symbols and ABI,
+    never the vLLM release or source digest), so both rooms name the same
+    object and the same band; what the release adds is its room's records."""
+    root, mono, digest = project
+    key, out = "k1@gfx950:s=4,tp=4,r=1", tmp_path / "p"
+    run_cli("build", "--release", LIKE, "--key", key, "--out", out, "--no-progress", cwd=root)
+    run_cli("build", "--release", NEW, "--key", key, "--out", out, "--vllm-src", mono.parents[len(source.MONO_REL.parts) - 1],
+            "--no-progress", cwd=root)
+    _, text, _ = run_cli("verify", "--dir", out, "--release", NEW, "--against-jit", "--record", "--vllm-src",
+                         mono.parents[len(source.MONO_REL.parts) - 1], "--no-progress", cwd=root)
+    assert "1 of 1 keys carry a proof" in text, text
+    arch = out / "gfx950"
+    rooms = {r: json.loads((arch / folder_name(r) / "manifest.json").read_text()) for r in (LIKE, NEW)}
+    old, new = (rooms[r]["entries"][key] for r in (LIKE, NEW))
+    assert new["source"]["mono_sources"] == digest != old["source"]["mono_sources"]
+    assert (new["object"], new["sha256"], new["code_object_sha256"]) == \
+        (old["object"], old["sha256"], old["code_object_sha256"])
+    bands = {r: sorted(p for p in json.dumps(json.loads((arch / folder_name(r) / "libs.json").read_text())).split('"')
+                       if p.endswith(".so.xz")) for r in (LIKE, NEW)}
+    assert bands[NEW] == bands[LIKE] and bands[NEW], bands
+    assert len(list((arch / "objects").glob("*.o"))) == 1 and sorted(p.name for p in (arch / "lib").iterdir()) == bands[NEW]
