@@ -333,7 +333,7 @@ def _append(path, text):
 
 def _only_the_changed_key_rebuilds(out, field, **run) -> str:
     """``out`` holds K1S built by this project as it is, cut to a room of two
-    keys A and B. Under a toolchain or helper change (``run``: the env / cwd
+    keys A and B. Under a helper change (``run``: the env / cwd
     the CLI runs with), building A alone is refused (the room would hold two
     source identities; the message names the field that differs) and
     changes nothing; A and B together rebuild both, their entries' source
@@ -361,6 +361,28 @@ def _only_the_changed_key_rebuilds(out, field, **run) -> str:
     return new[field]
 
 
+def _a_toolchain_change_keeps_the_same_code(out, **run) -> str:
+    """``out`` holds K1S built by this project as it is, cut to a room of two
+    keys A and B. Under another FlyDSL or linker (``run``: the env / cwd the
+    CLI runs with) that compiles the same GPU code objects
+    (aot/toolmove.py): building A alone is refused, as B would stay unproven
+    under it, and changes nothing; A and B together compile once each and
+    keep their objects and entries. Returns the refusal's message."""
+    a, b = K1S[:2]
+    m = Manifest.read(out / "gfx950", release=NEWEST)
+    for k in K1S[2:]:
+        del m.entries[k]
+    m.write()
+    before = Manifest.read(out / "gfx950", release=NEWEST).entries
+    code, _, err = run_cli("build", "--key", a, "--out", out, "--json", "--no-progress", check=False, **run)
+    assert code == 2 and "no proof under this FlyDSL" in err and "build the whole room" in err, err
+    assert Manifest.read(out / "gfx950", release=NEWEST).entries == before
+    s = build_json(a, b, out=out, **run)
+    assert (s["compiled"], s["up_to_date"], s["failed"]) == (0, 2, 0) and sorted(s["toolchain_kept"]) == [a, b], s
+    assert s["toolchain_changed"] == [] and Manifest.read(out / "gfx950", release=NEWEST).entries == before
+    return err
+
+
 @pytest.mark.slow
 def test_a_helper_change_rebuilds_only_keys_built_with_other_helpers(built_k1s, tmp_path):
     out = copy_of(built_k1s, tmp_path / "pb")
@@ -374,10 +396,10 @@ def test_a_helper_change_rebuilds_only_keys_built_with_other_helpers(built_k1s, 
 
 
 @pytest.mark.slow
-def test_a_linker_change_rebuilds_only_keys_linked_by_another(built_k1s, tmp_path):
+def test_a_linker_change_keeps_keys_whose_code_object_is_the_same(built_k1s, tmp_path):
     """The linker FlyDSL runs is $ROCM_PATH/llvm/bin/ld.lld: the same ld.lld
     found in another folder is the same identity; one that reports another
-    version is not."""
+    version is not, and its keys are judged by their GPU code object."""
     out = copy_of(built_k1s, tmp_path / "pb")
     real = toolchain.llvm_tool("ld.lld")
     bindir = tmp_path / "rocm" / "llvm" / "bin"
@@ -391,7 +413,7 @@ def test_a_linker_change_rebuilds_only_keys_linked_by_another(built_k1s, tmp_pat
     # another build of lld: its own version line, lld-19's linking
     (bindir / "ld.lld").write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "{version}"; exit 0; }}\nexec {real} "$@"\n')
     (bindir / "ld.lld").chmod(0o755)
-    assert _only_the_changed_key_rebuilds(out, "linker", env=env) == version
+    assert version in _a_toolchain_change_keeps_the_same_code(out, env=env)
 
 
 def _flydsl_release(root, version):
@@ -412,20 +434,20 @@ def _flydsl_release(root, version):
 
 
 @pytest.mark.slow
-def test_a_flydsl_change_rebuilds_only_keys_built_by_another(built_k1s, tmp_path):
+def test_a_flydsl_change_keeps_keys_whose_code_object_is_the_same(built_k1s, tmp_path):
     out = copy_of(built_k1s, tmp_path / "pb")
     env = dict(os.environ, PYTHONPATH=str(_flydsl_release(tmp_path / "flydsl-next", "0.4.3")))
     # the project as it is refuses a FlyDSL its facts table does not list, naming the ones it does ...
     code, _, err = run_cli("build", "--key", K1S[0], "--out", out, "--no-progress", env=env, check=False)
     assert code == 2 and "FlyDSL 0.4.3 is installed" in err and f"FlyDSL {flydsl.supported()}" in err, err
     assert "Traceback" not in err
-    # ... and a project whose table lists it (as the installed release does) rebuilds what another FlyDSL built
+    # ... and a project whose table lists it (as the installed release does) keeps what compiles the same
     def pin(root):
         _append(root / "dsv41_aot" / "facts" / "flydsl.py",
                 f'\nFLYDSL["0.4.3"] = FlyDSLRelease(**dict(vars(FLYDSL[{toolchain.flydsl_version()!r}]), version="0.4.3"))\n')
 
     pinned = _project_copy(tmp_path, pin)
-    assert _only_the_changed_key_rebuilds(out, "flydsl_version", env=env, cwd=pinned) == "0.4.3"
+    assert "0.4.3" in _a_toolchain_change_keeps_the_same_code(out, env=env, cwd=pinned)
 
 
 def test_identity_change_makes_a_key_stale(smoke_dir):
