@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import source
 from . import toolchain, toolmove
-from ..errors import AotError, IntegrityError, ManifestError
+from ..errors import AotError, ManifestError
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write, sha256_file
 from ..records import STALE
