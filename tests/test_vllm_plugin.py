@@ -23,6 +23,8 @@ import pytest
 from _smoke import OLD, REPO, SMOKE_KEYS, cli, copy_of, libdir, room, smoke_count
 from dsv41_aot.aot import elf
 from dsv41_aot import vllm as plugin
+from dsv41_aot.runtime import runner_patch
+from dsv41_aot.errors import AotError
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.manifest import Manifest
@@ -476,7 +478,7 @@ def test_the_plugin_lock_is_renewed_in_a_forked_child():
     held, release = threading.Event(), threading.Event()
 
     def hold():
-        with plugin._state.lock:
+        with runner_patch._state.lock:
             held.set()
             release.wait(30)
 
@@ -511,7 +513,7 @@ def test_install_is_idempotent_and_uninstall_removes_the_hook():
     try:
         plugin.install()
         plugin.install("fallback")
-        hooks = [f for f in sys.meta_path if isinstance(f, plugin._RunnerHook)]
+        hooks = [f for f in sys.meta_path if isinstance(f, runner_patch._RunnerHook)]
         assert len(hooks) == 1 and plugin.installed()["mode"] == "fallback"
         assert plugin.RUNNER not in sys.modules  # installing imports nothing of vLLM
     finally:
@@ -520,7 +522,7 @@ def test_install_is_idempotent_and_uninstall_removes_the_hook():
 
 
 def test_install_refuses_an_unknown_mode():
-    with pytest.raises(plugin.AotError, match="unknown dsv41-aot vLLM mode"):
+    with pytest.raises(AotError, match="unknown dsv41-aot vLLM mode"):
         plugin.install("lenient")
     assert plugin.installed()["mode"] is None
 
@@ -598,7 +600,7 @@ def test_no_prebuilt_dir_and_unknown_arch(tmp_path, monkeypatch):
     (ok, why, level), _ = _enable({"DSV41_AOT_ARCH": "gfx950"})
     assert not ok and "no prebuilt kernels for gfx950" in why and level == logging.WARNING
     (ok, why, _), _ = _enable({"DSV41_AOT_ARCH": "gfx90a"})
-    assert not ok and "gfx90a is not an arch" in why
+    assert not ok and "gfx90a (from DSV41_AOT_ARCH) is not an arch" in why
 
 
 def test_register_never_raises_and_logs_one_line(tmp_path):

@@ -78,15 +78,11 @@ class ArchCompiler:
         from importlib import import_module
 
         from . import flydsl_api
+        from .buildroom import source_identity
 
         sources = import_module(f"{source.MONO}.sources").SOURCES
-        self.identity = {
-            "vllm_version": self.src.version,
-            "mono_sources": sources,
-            "helpers": self.helpers,
-            "flydsl_version": flydsl_api.release().version,
-            "linker": linker,
-        }
+        self.identity = source_identity(vllm_version=self.src.version, mono_sources=sources, helpers=self.helpers,
+                                        flydsl_version=flydsl_api.release().version, linker=linker)
 
     def launcher(self, key: BuildKey):
         """vLLM's launcher for ``key``, built exactly as the runner builds it."""

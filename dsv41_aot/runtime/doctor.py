@@ -24,7 +24,7 @@ from ..facts.coverage import CoverageInputError, compare, counts_text, deploymen
 from ..facts.releases import NEWEST, RELEASES
 from ..manifest import ENV_PREBUILT
 from ..room import Room
-from . import hip, host, loader, rooms, vllm_plugin
+from . import decision, hip, host, loader, rooms
 
 ENTRY_GROUP = "vllm.general_plugins"
 ENTRY_VALUE = "dsv41_aot.vllm:register"
@@ -79,9 +79,10 @@ def diagnose(tp: int | None = None, max_rows: int | None = None, draft: tuple | 
                        fix=f"point {ENV_PREBUILT} at a prebuilt directory, or unset it to use the installed wheel's")
     rep = Report()
     src, digest = _vllm(rep)
-    arch = _arch(rep)
+    d = decision.decide(device=_device_arch)
+    arch = _arch(rep, d)
     _hip(rep, arch)
-    mode = _plugin(rep)
+    mode = _plugin(rep, d)
     rep.facts["prebuilt"] = str(root)
     room = _room(rep, root, arch, src, digest) if arch else None
     problems = _bands(rep, room) if room else None
@@ -113,30 +114,16 @@ def _vllm(rep: Report) -> tuple:
     return src, digest
 
 
-def _arch(rep: Report) -> str | None:
-    """The arch the plugin serves: DSV41_AOT_ARCH, else the KFD topology's
-    one GPU arch (as the plugin reads it), else the HIP device's."""
-    named = os.environ.get(host.ENV_ARCH)
-    if named:
-        arch, where = named, host.ENV_ARCH
-    else:
-        found = vllm_plugin.kfd_arches()
-        if len(found) > 1:
-            rep.fail("arch", f"GPUs of several archs ({', '.join(found)}): the plugin serves none of them",
-                     fix=f"name the one vLLM runs on: {host.ENV_ARCH}={found[0]}")
-            return None
-        arch, where = (found[0], "the KFD topology") if found else (_device_arch(), "the HIP device")
-        if arch is None:
-            rep.fail("arch", "no GPU found (no KFD GPU node, no HIP device) and DSV41_AOT_ARCH is not set",
-                     fix=f"run on the serving host, or name its arch: {host.ENV_ARCH}=gfx950")
-            return None
-    rep.facts["arch"] = {"arch": arch, "from": where}
-    if arch not in ARCHES:
-        rep.fail("arch", f"{arch} (from {where}) is not an arch dsv41-aot builds ({', '.join(ARCHES)}): "
-                         f"vLLM keeps FlyDSL JIT", fix=f"run on {' or '.join(a.products for a in ARCHES.values())}, "
-                                                       f"or correct {host.ENV_ARCH}")
+def _arch(rep: Report, d: decision.Decision) -> str | None:
+    """The arch the plugin serves (the decision's), and whether vLLM's
+    runner compiles for the same one."""
+    if d.arch is not None:
+        rep.facts["arch"] = {"arch": d.arch, "from": d.arch_from}
+    if d.arch_problem:
+        rep.fail("arch", d.arch_problem if d.arch is None else f"{d.arch_problem}: {decision.JIT}", d.arch_fix)
         return None
-    runner = os.environ.get("ARCH", "").lower().split(":")[0]  # what vLLM's runner (FlyDSL) compiles for
+    arch, where = d.arch, d.arch_from
+    runner = os.environ.get("ARCH", "").lower().split(":")[0]  # vLLM's variable: what its runner compiles for
     if runner and runner != arch:
         rep.fail("arch", f"vLLM's runner compiles for ARCH={runner}, the plugin serves {arch} (from {where}): "
                          f"the plugin refuses that runner",
@@ -180,10 +167,9 @@ def _hip(rep: Report, arch: str | None) -> None:
         rep.add("device", "info", f"{count} GPU device(s) visible to HIP, the current one {h.arch() or 'unknown'}")
 
 
-def _plugin(rep: Report) -> str | None:
-    """The ``vllm.general_plugins`` entry point vLLM calls, and the mode it
-    would enable (vllm_plugin.enable's variables). None when vLLM would not
-    call it or it would not serve."""
+def _plugin(rep: Report, d: decision.Decision) -> str | None:
+    """The ``vllm.general_plugins`` entry point vLLM calls, and the mode the
+    decision gives it. None when vLLM would not call it or it is off."""
     from importlib.metadata import entry_points
 
     eps = [ep for ep in entry_points(group=ENTRY_GROUP) if ep.value == ENTRY_VALUE]
@@ -200,17 +186,14 @@ def _plugin(rep: Report) -> str | None:
         rep.fail("plugin", f"VLLM_PLUGINS={allowed} leaves out {ep.name}: vLLM does not call the plugin",
                  fix=f"VLLM_PLUGINS={allowed},{ep.name}  (or unset VLLM_PLUGINS)")
         return None
-    disable = os.environ.get(vllm_plugin.ENV_DISABLE, "")
-    if disable not in ("", "0"):
+    if d.stopped_at == "disabled":
         rep.facts["plugin"]["mode"] = "disabled"
-        rep.fail("plugin", f"disabled by {vllm_plugin.ENV_DISABLE}={disable}: vLLM JIT-compiles every launch",
-                 fix=f"unset {vllm_plugin.ENV_DISABLE}")
+        rep.fail("plugin", f"{d.why}: vLLM JIT-compiles every launch", fix=d.fix)
         return None
-    mode = os.environ.get(vllm_plugin.ENV_MODE) or "strict"
-    if mode not in vllm_plugin.MODES:
-        rep.fail("plugin", f"{vllm_plugin.ENV_MODE}={mode!r} is not one of {', '.join(vllm_plugin.MODES)}: "
-                           f"the plugin stays off", fix=f"{vllm_plugin.ENV_MODE}=strict (or fallback)")
+    if d.stopped_at == "mode":
+        rep.fail("plugin", f"{d.why}: the plugin stays off", fix=d.fix)
         return None
+    mode = d.mode
     rep.facts["plugin"]["mode"] = mode
     what = ("a launch not prebuilt stops vLLM with the loader's error" if mode == "strict"
             else "a launch not prebuilt is JIT-compiled by FlyDSL, one warning each")
@@ -367,5 +350,5 @@ def _fix_coverage(report: dict, room: Room | None, dep, root: Path, mode) -> str
     else:
         fix = room.fix_relink
     if mode == "strict":
-        fix += f"; meanwhile {vllm_plugin.ENV_MODE}=fallback lets vLLM JIT-compile them"
+        fix += f"; meanwhile {decision.ENV_MODE}=fallback lets vLLM JIT-compile them"
     return fix

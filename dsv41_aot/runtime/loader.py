@@ -36,7 +36,7 @@ from . import state
 from .bands import ENV_CACHE, bind_all, cache_dir  # noqa: F401 (re-exported)
 from .host import _ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, _check_source, resolve_arch, running_vllm  # noqa: F401
 from .launcher import Launcher
-from .rooms import _Index, _index, _root, release_of
+from .rooms import _Index, _index, release_of, resolve_root
 from ..manifest import ENV_PREBUILT, sha256_file  # noqa: F401 (ENV_PREBUILT: the plugin reads it here)
 from ..listing import built_releases
 from ..errors import KeyNotPrebuiltError, ManifestError
@@ -50,7 +50,7 @@ def load_key(key, *, release: str | None = None, prebuilt: str | os.PathLike | N
     naming a launch of ``release`` (default: the running vLLM's, :func:`release_of`).
     A key asked for again is a dict lookup: the directory, the running room
     and the Launcher are each found once per process."""
-    root = _root(prebuilt)
+    root = resolve_root(prebuilt)
     st = state._state
     if isinstance(key, str):
         text = key
@@ -134,7 +134,7 @@ def prebuilt_dir() -> Path:
     """The prebuilt directory the loader reads by default, absolute:
     ``$DSV41_AOT_PREBUILT``, else the installed package's ``kernels_prebuilt/``
     (``manifest.prebuilt_dir``), resolved once per value of the variable."""
-    return _root(None)
+    return resolve_root(None)
 
 
 def load(kind: str, *, tokens: int, tp: int, ratio: int, fold: bool | None = None, index: bool | None = None,
@@ -149,7 +149,7 @@ def load(kind: str, *, tokens: int, tp: int, ratio: int, fold: bool | None = Non
     from ..keys import BuildKey
 
     arch = resolve_arch(arch)
-    root = _root(prebuilt)
+    root = resolve_root(prebuilt)
     key = BuildKey(kind=kind, arch=arch, tokens=tokens, tp=tp, ratio=ratio, fold=fold, index=index,
                    experts=experts, topk=topk, ug_groups=ug_groups, swa_width=swa_width, timeline=timeline,
                    release=release or release_of(root, arch))
@@ -182,11 +182,11 @@ def keys(arch: str | None = None, *, release: str | None = None,
          prebuilt: str | os.PathLike | None = None) -> list[str]:
     """Every prebuilt key of ``arch`` (default: as :func:`load`) in vLLM
     ``release`` (default: the running vLLM's)."""
-    root = _root(prebuilt)
+    root = resolve_root(prebuilt)
     return sorted(_index(root, resolve_arch(arch), release).entries)
 
 
 def releases(arch: str | None = None, *, prebuilt: str | os.PathLike | None = None) -> list[str]:
     """The vLLM releases with prebuilt kernels for ``arch``, oldest first."""
-    root = _root(prebuilt)
+    root = resolve_root(prebuilt)
     return built_releases(root / resolve_arch(arch))

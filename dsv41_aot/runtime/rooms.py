@@ -1,4 +1,4 @@
-"""The rooms (one vLLM release's keys on one arch): ``_root``, the prebuilt
+"""The rooms (one vLLM release's keys on one arch): ``resolve_root``, the prebuilt
 directory resolved once per way of naming it; ``_Index``, a room's manifest
 and link record read once; ``_index``, the room of a release, made once per
 process; ``_no_room``, what to say when there is none; and ``release_of``,
@@ -22,7 +22,7 @@ from ..facts.releases import NEWEST, RELEASES, version_order
 from ..errors import ArchMismatchError, ManifestError, ReleaseMismatchError
 
 
-def _root(prebuilt=None) -> Path:
+def resolve_root(prebuilt=None) -> Path:
     """The absolute prebuilt directory: ``prebuilt`` resolved, else
     ``manifest.prebuilt_dir()`` ($DSV41_AOT_PREBUILT, else the package's).
     Resolved once per process for each way of naming it (the argument, or the

@@ -52,11 +52,9 @@ from ..facts.arches import arch_facts
 from ..facts.kinds import KINDS
 from ..facts.releases import RELEASES, release_facts
 from ..keys import BuildKey
+from .decision import ENV_DISABLE, ENV_MODE, MODES
 
 RUNNER = "vllm.models.deepseek_v41.amd.mono.runner"
-ENV_DISABLE = "DSV41_AOT_DISABLE"
-ENV_MODE = "DSV41_AOT_MODE"
-MODES = ("strict", "fallback")
 
 log = logging.getLogger("dsv41_aot")
 

@@ -1,0 +1,167 @@
+"""Whether this process serves the prebuilt kernels: the one decision the
+vLLM plugin acts on and ``dsv41-aot doctor`` reports.
+
+:func:`decide` reads the plugin's variables once -- ``DSV41_AOT_DISABLE``,
+``DSV41_AOT_MODE``, ``DSV41_AOT_ARCH``, ``DSV41_AOT_PREBUILT`` -- and the
+GPU's arch from the kernel driver's topology (no HIP call, so a process vLLM
+later forks is not left with a HIP runtime), then looks for the room of the
+installed vLLM. The answer is a :class:`Decision`: the arch, the mode, the
+room, whether to serve and why, in plain words.
+
+Runtime-side module: standard library only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import AotError, ReleaseMismatchError
+from ..facts.arches import ARCHES
+from ..manifest import ENV_PREBUILT
+from .host import ENV_ALLOW_SOURCE, ENV_ARCH
+
+ENV_DISABLE = "DSV41_AOT_DISABLE"
+ENV_MODE = "DSV41_AOT_MODE"
+MODES = ("strict", "fallback")
+KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
+JIT = "vLLM keeps FlyDSL JIT"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What this process serves and why.
+
+    ``mode`` is what the variables ask for: "strict", "fallback", or "off"
+    (disabled, or a mode the plugin does not know); ``serve`` says whether
+    there is something to serve in that mode. ``stopped_at`` names the step
+    that said no ("disabled", "mode", "arch", "prebuilt", "vllm", "room",
+    "error"), None when serving. ``arch_problem`` is why the arch cannot be
+    served (None when it can), told even when an earlier step said no."""
+
+    serve: bool
+    why: str
+    mode: str
+    arch: str | None = None
+    arch_from: str | None = None
+    arch_problem: str | None = None
+    arch_fix: str | None = None
+    root: Path | None = None
+    release: str | None = None
+    stopped_at: str | None = None
+    fix: str | None = None
+    warning: bool = False  # the host has something the kernels cannot serve, not simply "off"
+
+    @property
+    def level(self) -> int:
+        """The log level of the plugin's line: WARNING when something is wrong."""
+        return logging.WARNING if self.warning else logging.INFO
+
+
+def kfd_arches(nodes: Path = KFD_NODES) -> list[str]:
+    """The GPU architectures the kernel driver lists (KFD topology
+    ``gfx_target_version``, e.g. 90402 -> gfx942), read from sysfs."""
+    out = set()
+    try:
+        props = sorted(nodes.glob("*/properties"))
+    except OSError:
+        return []
+    for p in props:
+        try:
+            fields = dict(line.split(None, 1) for line in p.read_text().splitlines() if " " in line)
+            v = int(fields.get("gfx_target_version", "0"))
+        except (OSError, ValueError):
+            continue
+        if v:  # CPU nodes have 0
+            major, minor, step = v // 10000, v // 100 % 100, v % 100
+            out.add(f"gfx{major}{minor:x}{step:x}")
+    return sorted(out)
+
+
+def _arch(env, kfd, device) -> tuple:
+    """(arch, where it came from, problem, fix, whether the problem is a
+    warning rather than simply no GPU here): DSV41_AOT_ARCH, else the
+    KFD topology's one GPU arch, else (when ``device`` is given) the HIP
+    device's."""
+    named = env.get(ENV_ARCH)
+    if named:
+        arch, where = named, ENV_ARCH
+    else:
+        found = kfd()
+        if len(found) > 1:
+            return (None, None, f"GPUs of several archs ({', '.join(found)}): the plugin serves none of them",
+                    f"name the one vLLM runs on: {ENV_ARCH}={found[0]}", True)
+        if found:
+            arch, where = found[0], "the KFD topology"
+        else:
+            arch, where = (device() if device else None), "the HIP device"
+        if arch is None:
+            where = "no GPU node in the KFD topology" + (", no HIP device" if device else "")
+            return (None, None, f"no ROCm device ({where}) and {ENV_ARCH} is not set",
+                    f"run on the serving host, or name its arch: {ENV_ARCH}=gfx950", False)
+    if arch not in ARCHES:
+        return (arch, where, f"{arch} (from {where}) is not an arch dsv41-aot builds ({', '.join(ARCHES)})",
+                f"run on {' or '.join(a.products for a in ARCHES.values())}, or correct {ENV_ARCH}", True)
+    return arch, where, None, None, False
+
+
+def decide(env=None, *, kfd=kfd_arches, device=None) -> Decision:
+    """Decide whether this process serves the prebuilt kernels, reading
+    ``env`` (default: ``os.environ``); ``device``, when given, names the HIP
+    device's arch when the KFD topology has none (doctor asks; the plugin
+    never touches HIP). Never raises."""
+    env = os.environ if env is None else env
+    try:
+        return _decide(env, kfd, device)
+    except Exception as e:  # noqa: BLE001 - the plugin must never stop vLLM
+        return Decision(False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", "off",
+                        stopped_at="error", warning=True)
+
+
+def _decide(env, kfd, device) -> Decision:
+    from . import rooms
+
+    arch, where, arch_problem, arch_fix, arch_warning = _arch(env, kfd, device)
+    seen = dict(arch=arch, arch_from=where, arch_problem=arch_problem, arch_fix=arch_fix)
+
+    def no(stage: str, why: str, fix: str | None = None, warning: bool = True, mode="off", **more) -> Decision:
+        return Decision(False, why, mode, stopped_at=stage, fix=fix, warning=warning, **{**seen, **more})
+
+    disable = env.get(ENV_DISABLE, "")
+    if disable not in ("", "0"):
+        return no("disabled", f"disabled by {ENV_DISABLE}={disable}", f"unset {ENV_DISABLE}", warning=False)
+    mode = env.get(ENV_MODE) or "strict"
+    if mode not in MODES:
+        return no("mode", f"{ENV_MODE}={mode!r} is not one of {', '.join(MODES)}", f"{ENV_MODE}=strict (or fallback)")
+    if arch_problem:
+        return no("arch", f"{arch_problem}; {JIT}", arch_fix, warning=arch_warning, mode=mode)
+    root = rooms.resolve_root(env.get(ENV_PREBUILT) or None)  # None: DSV41_AOT_PREBUILT, else the package's
+    from .. import source
+    from ..listing import built_releases
+    from ..manifest import Manifest
+
+    if not built_releases(root / arch):
+        return no("prebuilt", f"no prebuilt kernels for {arch} at {root} (install the dsv41-aot wheel or set "
+                              f"{ENV_PREBUILT}); {JIT}", f"pip install dsv41-aot, or {ENV_PREBUILT}=DIR",
+                  mode=mode, root=root)
+    try:
+        src = source.find()
+    except AotError as e:
+        return no("vllm", f"vLLM's mono package not found ({e.message})", e.fix, mode=mode, root=root)
+    allowed = env.get(ENV_ALLOW_SOURCE) == "1"
+    try:
+        release = rooms.release_of(root, arch)  # by the installed vLLM's mono sources digest
+    except ReleaseMismatchError as e:
+        if not allowed:
+            return no("room", f"{e.message}; {JIT} (or {ENV_ALLOW_SOURCE}=1)", e.fix, mode=mode, root=root)
+        # the loader serves the room of vLLM's version anyway, warning once
+        return Decision(True, f"enabled ({mode}) for {arch} with {ENV_ALLOW_SOURCE}=1: {e.message}", mode,
+                        root=root, warning=True, **seen)
+    except AotError as e:
+        return no("room", f"{e.message}; {JIT}", e.fix, mode=mode, root=root)
+    man = Manifest.read(root / arch, arch, release=release)
+    return Decision(True, f"enabled ({mode}) for {arch}: {len(man.entries)} prebuilt keys of vLLM {release} in "
+                          f"{man.room}, vLLM {src.version} mono sources {man.mono_sources}", mode,
+                    root=root, release=release, **seen)
