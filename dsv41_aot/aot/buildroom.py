@@ -17,19 +17,13 @@ from ..records import STALE
 from ..room import Room
 
 
-def source_identity(*, vllm_version: str, mono_sources: str, helpers: str, flydsl_version: str, linker: str) -> dict:
-    """The source identity a built entry records (its ``source``): what it
-    was built from and with. The only place its fields are named."""
-    return {"vllm_version": vllm_version, "mono_sources": mono_sources, "helpers": helpers,
-            "flydsl_version": flydsl_version, "linker": linker}
-
-
 def identity(src: source.MonoSource, tools: toolchain.Toolchain) -> dict:
     """The source identity every entry built now will carry."""
     from . import compat
 
-    return source_identity(vllm_version=src.version, mono_sources=src.digest, helpers=compat.install_aiter_shim(),
-                           flydsl_version=tools.flydsl_version, linker=tools.lld_version)
+    return toolchain.source_identity(vllm_version=src.version, mono_sources=src.digest,
+                                     helpers=compat.install_aiter_shim(), flydsl_version=tools.flydsl_version,
+                                     linker=tools.lld_version)
 
 
 def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:

@@ -78,7 +78,7 @@ class ArchCompiler:
         from importlib import import_module
 
         from . import flydsl_api
-        from .buildroom import source_identity
+        from .toolchain import source_identity
 
         sources = import_module(f"{source.MONO}.sources").SOURCES
         self.identity = source_identity(vllm_version=self.src.version, mono_sources=sources, helpers=self.helpers,

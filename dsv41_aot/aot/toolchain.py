@@ -102,3 +102,10 @@ def check_arch(arch: str) -> None:
     from ..facts.arches import arch_facts
 
     arch_facts(arch)
+
+
+def source_identity(*, vllm_version: str, mono_sources: str, helpers: str, flydsl_version: str, linker: str) -> dict:
+    """The source identity a built entry records (its ``source``): what it
+    was built from and with. The only place its fields are named."""
+    return {"vllm_version": vllm_version, "mono_sources": mono_sources, "helpers": helpers,
+            "flydsl_version": flydsl_version, "linker": linker}
