@@ -98,7 +98,7 @@ import dsv41_aot
 t1 = time.perf_counter()
 from dsv41_aot.runtime import host, loader  # what the first dsv41_aot.keys() imports
 t2 = time.perf_counter()
-host._installed_vllm()  # the installed vLLM's mono sources digest (release_of computes it first thing)
+host.installed_vllm()  # the installed vLLM's mono sources digest (release_of computes it first thing)
 t3 = time.perf_counter()
 keys = dsv41_aot.keys(arch, prebuilt=root)  # picks the room, reads its manifest and libs.json
 t4 = time.perf_counter()
@@ -140,7 +140,7 @@ def memory():
     with open("/proc/self/status") as f:
         fields = dict(line.split(":", 1) for line in f)
     return {"rss": int(fields["VmRSS"].split()[0]) * 1024,
-            "memfd": sum(os.fstat(fd).st_size for fd in state._state.fds.values())}
+            "memfd": sum(os.fstat(fd).st_size for fd in state.current().fds.values())}
 
 def runner(fields):
     r = object.__new__(mod.DSV41MonoLayer)  # no GPU: only what kernels() / ffn_kernel() read
@@ -170,7 +170,7 @@ t4 = time.perf_counter()
 m2, c2 = memory(), time.process_time()
 from dsv41_aot.runtime import state
 print(json.dumps(dict(import_s=t1 - t0, first_s=t3 - t2, all_s=t4 - t2, launchers=handed,
-                      bands=len(state._state.libraries), served=plugin.installed(),
+                      bands=len(state.current().libraries), served=plugin.installed(),
                       first_cpu_s=c1 - c0, all_cpu_s=c2 - c0,
                       first_rss=m1["rss"] - m0["rss"], all_rss=m2["rss"] - m0["rss"],
                       first_memfd=m1["memfd"] - m0["memfd"], all_memfd=m2["memfd"] - m0["memfd"])))

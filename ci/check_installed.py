@@ -60,7 +60,7 @@ def main(argv=None) -> int:
         have_hip = True
     except HipUnavailableError:
         have_hip = False
-    out["libamdhip64"] = hip._hip.path if have_hip else None
+    out["libamdhip64"] = hip.load().path if have_hip else None
     for arch, release in rooms:
         keys = loader.keys(arch, release=release, prebuilt=packaged)
         bound, bands = {}, set()

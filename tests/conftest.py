@@ -93,14 +93,15 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def fresh(monkeypatch):
     """The runtime loader with no process state (each test opens what it
-    needs: a new ``state._state``, the one object every runtime module reads)
-    and no arch or source override from the environment."""
+    needs: a new ``state.Prebuilt``, the one object every runtime module
+    reaches through ``state.current()``) and no arch or source override from
+    the environment."""
     from dsv41_aot.runtime import loader, state
 
-    monkeypatch.setattr(state, "_state", state._State())
     monkeypatch.delenv(loader.ENV_ARCH, raising=False)
     monkeypatch.delenv(loader.ENV_ALLOW_SOURCE, raising=False)
-    return loader
+    with state.fresh():
+        yield loader
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -209,3 +209,43 @@ def test_the_owner_checks_catch_a_slip(tmp_path):
         assert entries_read_as_dicts([slip]) == ["slip.py:2", "slip.py:3"]
     finally:
         REPO = old
+
+
+# ---------------------------------------------------------------- no private name crosses a module
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(path: Path) -> list[str]:
+    """Where ``path`` takes another module's ``_private`` name: ``from .x
+    import _y``, or ``x._y`` on a module of ours it imported. Names of
+    other projects (FlyDSL's) are theirs to keep private, not ours."""
+    tree = ast.parse(path.read_text(), str(path))
+    ours = ("dsv41_aot", "ci")
+    modules, bad = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] in ours):
+            bad += [f"{path}:{node.lineno}: imports {a.name}" for a in node.names if _private(a.name)]
+            modules.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            modules.update((a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] in ours)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and _private(node.attr)):
+            bad.append(f"{path}:{node.lineno}: reaches {node.value.id}.{node.attr}")
+    return bad
+
+
+def test_no_module_takes_another_modules_private_name():
+    paths = sorted(PKG.rglob("*.py")) + sorted((REPO / "ci").rglob("*.py"))
+    assert [b for p in paths for b in private_imports(p)] == []
+
+
+def test_the_private_name_check_catches_a_slip(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from .rooms import _Index\nfrom . import host\nfrom flydsl import _ok\n"
+                     "def f():\n    return host._installed_vllm(), host.__name__\n")
+    found = private_imports(probe)
+    assert len(found) == 2 and "imports _Index" in found[0] and "reaches host._installed_vllm" in found[1]

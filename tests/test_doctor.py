@@ -187,7 +187,7 @@ def test_in_process_no_vllm_and_no_entry_point(full, fresh, monkeypatch):
     for name in ("DSV41_AOT_DISABLE", "DSV41_AOT_MODE", "VLLM_PLUGINS", "ARCH"):
         monkeypatch.delenv(name, raising=False)
     for module in (host, rooms):  # rooms.release_of holds its own reference
-        monkeypatch.setattr(module, "_installed_vllm", lambda: (None, None, None))
+        monkeypatch.setattr(module, "installed_vllm", lambda: (None, None, None))
     real = importlib.metadata.entry_points
     monkeypatch.setattr(importlib.metadata, "entry_points",
                         lambda **kw: [] if kw.get("group") == dr.ENTRY_GROUP else real(**kw))
@@ -270,15 +270,15 @@ def test_in_process_sources_accepted_by_the_allowance_warn(full, fresh, monkeypa
     monkeypatch.setenv("DSV41_AOT_ARCH", "gfx950")
     for name in ("DSV41_AOT_DISABLE", "DSV41_AOT_MODE", "VLLM_PLUGINS", "ARCH"):
         monkeypatch.delenv(name, raising=False)
-    _, src, mono = host._installed_vllm()
+    _, src, mono = host.installed_vllm()
     for module in (host, rooms):  # a vLLM 0.33.0 whose mono sources were edited
-        monkeypatch.setattr(module, "_installed_vllm", lambda: ("0" * 16, src, mono))
+        monkeypatch.setattr(module, "installed_vllm", lambda: ("0" * 16, src, mono))
     by = {c.name: c for c in dr.diagnose().checks}
     assert by["room"].status == "fail" and "matches no prebuilt release" in by["room"].text
     assert "DSV41_AOT_ALLOW_SOURCE_MISMATCH=1" in by["room"].fix
-    monkeypatch.setattr(rooms.state, "_state", rooms.state._State())
     monkeypatch.setenv("DSV41_AOT_ALLOW_SOURCE_MISMATCH", "1")
-    rep = dr.diagnose(4)
+    with rooms.state.fresh():  # the room picked above is forgotten
+        rep = dr.diagnose(4)
     by = {c.name: c for c in rep.checks}
     assert by["room"].status == "warn" and "only because DSV41_AOT_ALLOW_SOURCE_MISMATCH=1" in by["room"].text
     assert by["room"].fix == "install the vLLM they were built from: pip install --no-deps vllm==0.33.0"

@@ -79,7 +79,7 @@ def _bind_refused(d: Path, error, match: str, key: str = K1):
     with pytest.raises(error, match=match) as e:
         dsv41_aot.load_key(key, prebuilt=d).bind()
     assert isinstance(e.value, LoadError)  # what the vLLM plugin's fallback catches
-    assert _memfds() == before and not state._state.libraries
+    assert _memfds() == before and not state.current().libraries
     return e.value
 
 

@@ -108,7 +108,7 @@ print(json.dumps(dict(
     rooms=sorted({l._idx.release for l in launchers}),
     sources=sorted({l._idx.entries[l.key].source["mono_sources"] for l in launchers}),
     again=all(dsv41_aot.load_key(l.key, release=release, prebuilt=root) is l for l in launchers),
-    libraries=len(state._state.libraries), maps=maps)))
+    libraries=len(state.current().libraries), maps=maps)))
 """
 
 
@@ -180,14 +180,14 @@ assert dsv41_aot.load_key(keys[0], prebuilt=root) is first  # the directory name
 def refuse(*a, **k):
     raise AssertionError("looked up again")
 saved = (pathlib.Path.resolve, os.path.realpath, manifest.prebuilt_dir, room.Room.manifest, rooms.release_of,
-         loader.release_of, rooms._index, loader._index)
+         loader.release_of, rooms.index_of, loader.index_of)
 pathlib.Path.resolve = os.path.realpath = manifest.prebuilt_dir = room.Room.manifest = refuse
-rooms.release_of = loader.release_of = rooms._index = loader._index = refuse
+rooms.release_of = loader.release_of = rooms.index_of = loader.index_of = refuse
 launchers = [dsv41_aot.load_key(k) for k in keys]
 named = [dsv41_aot.load_key(k, prebuilt=root) for k in keys]
 attribute = "load_key" in vars(dsv41_aot)  # bound at first use: no module __getattr__ a call
 (pathlib.Path.resolve, os.path.realpath, manifest.prebuilt_dir, room.Room.manifest, rooms.release_of,
- loader.release_of, rooms._index, loader._index) = saved
+ loader.release_of, rooms.index_of, loader.index_of) = saved
 # what can change is the key: another DSV41_AOT_PREBUILT is another directory
 os.environ["DSV41_AOT_PREBUILT"] = elsewhere
 try:

@@ -66,7 +66,7 @@ def names(calls, pid=None) -> list:
 _FORK = """
 l = launcher()
 {before}
-state._state.lock.acquire()  # another thread holding the lock at fork time
+state.current().lock.acquire()  # another thread holding the lock at fork time
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:
@@ -75,7 +75,7 @@ if pid == 0:
         out = dict(launched=True)
     except LaunchError as e:
         out = dict(error=type(e).__name__, message=str(e))
-    out.update(lock=state._state.lock.acquire(timeout=5), same=launcher() is l, pid=os.getpid())
+    out.update(lock=state.current().lock.acquire(timeout=5), same=launcher() is l, pid=os.getpid())
     os.write(w, json.dumps(out).encode())
     os._exit(0)
 os.close(w)

@@ -125,7 +125,7 @@ for arch in ("gfx950", "gfx942"):
         launcher = dsv41_aot.load_key(key, prebuilt={str(smoke)!r})
         launcher.bind()  # band sha256 x2, memfd, dlopen, entry, ABI vs export metadata
         out[key] = [launcher.kernel_name, launcher._call is not None]
-assert host._installed_vllm()[0] is not None  # the source check ran on the installed vLLM
+assert host.installed_vllm()[0] is not None  # the source check ran on the installed vLLM
 maps = open("/proc/self/maps").read()
 bands = sorted({{l.split("/memfd:")[1].split(" ")[0] for l in maps.splitlines() if "/memfd:libdsv41_" in l}})
 print(json.dumps(out))
@@ -268,7 +268,7 @@ def test_a_flipped_byte_in_a_band_refuses_bind_and_preload(smoke, fresh, tmp_pat
         launcher.bind()  # what its first call or preload does first
     with pytest.raises(IntegrityError, match="does not match the sha256"):
         dsv41_aot.preload([K1], prebuilt=d)
-    assert not state._state.libraries  # nothing opened
+    assert not state.current().libraries  # nothing opened
 
 
 def test_manifest_problems(smoke, fresh, tmp_path):
@@ -276,8 +276,8 @@ def test_manifest_problems(smoke, fresh, tmp_path):
     here = room(d, "gfx950")
 
     def forget():  # read the rooms again, and pick the running vLLM's again
-        state._state.indexes.clear()
-        state._state.picked.clear()
+        state.current().indexes.clear()
+        state.current().picked.clear()
 
     (here / "libs.json").write_text("{not json")
     with pytest.raises(ManifestError, match="malformed JSON"):
@@ -335,7 +335,7 @@ def test_an_object_rebuilt_after_the_link_names_it_and_relink_fixes_it(smoke, fr
     (cmd,) = _fix_command(e.value)
     r = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *cmd], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
-    state._state.indexes.clear()
+    state.current().indexes.clear()
     dsv41_aot.load_key(K1, prebuilt=d).bind()
 
 
@@ -353,7 +353,7 @@ def test_an_altered_manifest_entry_names_it_and_its_fix_rebuilds(smoke, fresh, t
                            else [sys.executable, "-m", "dsv41_aot.cli", *cmd], capture_output=True, text=True,
                            cwd=REPO, timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
-    state._state.indexes.clear()
+    state.current().indexes.clear()
     dsv41_aot.load_key(K1, prebuilt=d).bind()
 
 
@@ -388,7 +388,7 @@ def test_no_installed_vllm_means_no_source_check(smoke):
     r = subprocess.run(
         [sys.executable, "-S", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); import dsv41_aot; "
          f"from dsv41_aot.runtime import host; print(dsv41_aot.load_key({K1!r}, prebuilt={str(smoke)!r}).key, "
-         f"host._installed_vllm())"],
+         f"host.installed_vllm())"],
         capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"{K1} (None, None, None)"
@@ -445,7 +445,7 @@ def test_a_key_of_another_release_never_serves_the_running_vllm(smoke, fresh):
     with pytest.raises(ReleaseMismatchError, match="matches no prebuilt release") as e:
         dsv41_aot.load_key("k1@gfx942:s=4,tp=4,r=1", prebuilt=smoke)
     assert "vLLM 0.33.0 (" in str(e.value) and "--release 0.32.0" in e.value.fix
-    assert not any(launcher._idx.release == "0.33.0" for launcher in state._state.launchers.values())
+    assert not any(launcher._idx.release == "0.33.0" for launcher in state.current().launchers.values())
 
 
 def test_a_room_the_prebuilt_dir_does_not_hold(smoke, fresh, tmp_path):
@@ -510,4 +510,4 @@ def test_concurrent_first_loads_give_one_launcher(smoke, fresh):
         t.start()
     for t in threads:
         t.join()
-    assert not errors and len({id(x) for x in got}) == 1 and len(state._state.libraries) == 1
+    assert not errors and len({id(x) for x in got}) == 1 and len(state.current().libraries) == 1

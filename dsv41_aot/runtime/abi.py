@@ -1,5 +1,5 @@
-"""The call ABI of a launch symbol: the slot C types (``_CODES``) and
-``_Abi``, one slot list compiled once into a struct layout, each slot's
+"""The call ABI of a launch symbol: the slot C types (``CODES``) and
+``Abi``, one slot list compiled once into a struct layout, each slot's
 offset in it, the ``void*`` array type and the entry's C prototype.
 
 Runtime-side module: standard library only.
@@ -13,13 +13,13 @@ import struct
 from ..errors import ManifestError
 
 # slot ctype -> struct code (the export metadata's C types; "pointer" is the stream)
-_CODES = {
+CODES = {
     "int64": "q", "uint64": "Q", "int32": "i", "uint32": "I", "int16": "h", "uint16": "H",
     "int8": "b", "uint8": "B", "bool": "?", "float": "f", "double": "d", "pointer": "Q",
 }
 
 
-class _Abi:
+class Abi:
     """One ABI (slot list) compiled once: a struct layout for packing the
     integers straight into a buffer, and each slot's offset in it."""
 
@@ -30,7 +30,7 @@ class _Abi:
             raise ManifestError(f"ABI {aid} {slots[-1:] if slots else '[]'} does not end with the stream slot")
         fmt, offsets, pos = "<", [], 0
         for slot in slots:
-            code, size = _CODES.get(slot.get("ctype")), slot.get("size")
+            code, size = CODES.get(slot.get("ctype")), slot.get("size")
             if code is None or struct.calcsize("<" + code) != size:
                 raise ManifestError(f"ABI {aid} slot {slot} has an unknown C type or size")
             pad = -pos % size

@@ -1,7 +1,7 @@
 """Bands, the compressed libraries of a room's keys: dlopening exactly the
 bytes the room read and checked (``room.Room.read_band``: inside the arch's
 lib/, a plain file, its sha256 and raw sha256) once per process
-(``_open_library``, under the band's own lock) from a sealed memfd, else from
+(``open_library``, under the band's own lock) from a sealed memfd, else from
 a file of the per-user cache (``cache_dir``) verified through its descriptor;
 ``bind_all``, many Launchers' bands at once (a thread a band).
 
@@ -13,19 +13,18 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import threading
 from pathlib import Path
 
 from . import hip as _hip
 from . import state
-from .rooms import _Index
+from .rooms import RoomIndex
 from ..errors import HipUnavailableError, IntegrityError
 from ..records import Band
 
 ENV_CACHE = "DSV41_AOT_CACHE"  # where bands are unpacked when the kernel has no memfd
 
 
-def _open_library(idx: _Index, lib: Band) -> ctypes.CDLL:
+def open_library(idx: RoomIndex, lib: Band) -> ctypes.CDLL:
     """Bind one band, once per process: check the HIP runtime, read, verify
     and decompress the band (``Room.read_band``), dlopen exactly those bytes
     (libamdhip64 first, RTLD_GLOBAL: the library's hip* references bind to it).
@@ -35,17 +34,16 @@ def _open_library(idx: _Index, lib: Band) -> ctypes.CDLL:
     for one band open it once. Lock order: whoever holds ``state.lock`` may
     take a band's lock, never the other way round (nothing here takes it)."""
     key = idx.band_paths[lib.file]
-    handle = state._state.libraries.get(key)
+    st = state.current()
+    handle = st.band(key)
     if handle is not None:
         return handle
-    with state._state.band_locks_guard:
-        band_lock = state._state.band_locks.setdefault(key, threading.Lock())
-    with band_lock:
-        handle = state._state.libraries.get(key)
+    with st.band_lock(key):
+        handle = st.band(key)
         if handle is None:
             hip = _hip.load()
-            if state._state.hip_version is None:
-                state._state.hip_version = hip.check_version()
+            if st.hip_version is None:
+                st.hip_version = hip.check_version()
             path = idx.room.lib / lib.file
             raw = idx.room.read_band(lib)  # the room's checks: inside lib/, a plain file, sha256, raw sha256
             fd = _library_fd(raw, lib)
@@ -60,15 +58,14 @@ def _open_library(idx: _Index, lib: Band) -> ctypes.CDLL:
                 raise IntegrityError(f"cannot dlopen {path}: {e}", fix=idx.fix_reinstall) from None
             # kept open: glibc knows a library by the path it was opened by, and
             # a closed descriptor's number (so its /proc/self/fd/N) is reused
-            state._state.fds[key] = fd
-            state._state.libraries[key] = handle  # last: a handle seen here is whole
+            st.keep_band(key, fd, handle)
     return handle
 
 
 def bind_all(launchers, workers: int | None = None) -> None:
     """Bind ``launchers`` (``Launcher.bind``), their bands concurrently: one
     thread a band up to ``workers`` (default: this process's CPUs), each
-    band read, checked, decompressed and dlopened by ``_open_library`` under
+    band read, checked, decompressed and dlopened by ``open_library`` under
     its own lock; then each entry resolved and its ABI checked. The first
     error (in the order the launchers came) is raised once every band has
     been tried; bands that bound stay bound."""
@@ -77,7 +74,7 @@ def bind_all(launchers, workers: int | None = None) -> None:
     for launcher in launchers:
         if launcher._lib is None:
             first.setdefault(launcher.library, launcher)
-    todo = [(l._idx, l._librec) for path, l in first.items() if path not in state._state.libraries]
+    todo = [(l._idx, l._librec) for path, l in first.items() if state.current().band(path) is None]
     if workers is None:
         try:
             workers = len(os.sched_getaffinity(0))
@@ -89,7 +86,7 @@ def bind_all(launchers, workers: int | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(workers, thread_name_prefix="dsv41-aot-bind") as pool:
-            futures = {idx.band_paths[lib.file]: pool.submit(_open_library, idx, lib) for idx, lib in todo}
+            futures = {idx.band_paths[lib.file]: pool.submit(open_library, idx, lib) for idx, lib in todo}
         for path, fut in futures.items():
             if fut.exception() is not None:
                 errors[path] = fut.exception()

@@ -2,7 +2,7 @@
 and if not, why.
 
 It asks the runtime's own judges and never loads a kernel: the installed
-vLLM and its mono sources digest (``host._installed_vllm``), the room the
+vLLM and its mono sources digest (``host.installed_vllm``), the room the
 loader would pick (``rooms.release_of``), the HIP runtime's verdict
 (``hip.Hip.check_version``), the plugin's entry point and mode, the room's
 problems (``room.Room.problems``: every band read and checked by sha256, not
@@ -100,7 +100,7 @@ def _vllm(rep: Report) -> tuple:
     """(source.MonoSource, its mono sources digest) of the installed vLLM,
     found without importing it; (None, None) when there is none."""
     try:
-        digest, src, _mono = host._installed_vllm()
+        digest, src, _mono = host.installed_vllm()
     except AotError as e:
         rep.fail("vllm", e)
         return None, None

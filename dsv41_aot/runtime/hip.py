@@ -180,6 +180,11 @@ class Hip:
         )
 
 
+def touched() -> bool:
+    """Whether this process has used HIP (a device query or a module load)."""
+    return _hip is not None and _hip.touched
+
+
 def load() -> Hip:
     """libamdhip64, opened once per process with RTLD_GLOBAL (its version is
     checked where a kernel library is bound: Hip.check_version)."""

@@ -1,7 +1,7 @@
 """What this process runs on and with: the GPU arch (``resolve_arch``,
 the current device's), the vLLM mono package it imports (``running_vllm``,
-``_installed_vllm``: its sources digest, without importing it), the check of
-a key's build source against it, and warn-once logging.
+``installed_vllm``: its sources digest, without importing it), the check of
+a key's build source against it (``check_source``).
 
 Runtime-side module: standard library only (plus hip.py's ctypes binding).
 """
@@ -12,33 +12,24 @@ import os
 import re
 from pathlib import Path
 
-from . import hip as _hip
 from . import state
 from ..errors import HipUnavailableError, ManifestError, SourceMismatchError
 
 ENV_ARCH = "DSV41_AOT_ARCH"
 ENV_ALLOW_SOURCE = "DSV41_AOT_ALLOW_SOURCE_MISMATCH"
 
-_ARCH_RE = re.compile(r"gfx[0-9a-f]+")
-
-
-def _device_arch() -> str | None:
-    """The current HIP device's arch (None without a device), read once."""
-    if not state._state.device_arch_read:
-        state._state.device_arch = _hip.load().arch()
-        state._state.device_arch_read = True
-    return state._state.device_arch
+ARCH_RE = re.compile(r"gfx[0-9a-f]+")
 
 
 def resolve_arch(arch: str | None = None) -> str:
     """``arch``, else DSV41_AOT_ARCH, else the current HIP device's."""
     arch = arch or os.environ.get(ENV_ARCH)
     if arch:
-        if not _ARCH_RE.fullmatch(arch):
+        if not ARCH_RE.fullmatch(arch):
             raise ManifestError(f"arch {arch!r} (argument or {ENV_ARCH}) is not a GPU arch name",
                                 fix=f"name it like gfx950: {ENV_ARCH}=gfx950 (or arch=...)")
         return arch
-    found = _device_arch()
+    found = state.current().device_arch()
     if found is None:
         raise HipUnavailableError(
             "no HIP device to read the GPU architecture from",
@@ -55,62 +46,54 @@ def running_vllm(mono_dir: Path | None) -> None:
     the installed vLLM."""
     from .. import source
 
-    with state._state.lock:
-        state._state.picked.clear()
+    with state.current().lock:
+        state.current().picked.clear()
         if mono_dir is None:
-            state._state.installed_digest = None
+            state.current().installed_digest = None
             return
         src = source.MonoSource(root=Path(mono_dir).parents[len(source.MONO_REL.parts) - 1])
-        state._state.installed_digest = (source.mono_digest(Path(mono_dir)), src, str(mono_dir), None)
+        state.current().installed_digest = (source.mono_digest(Path(mono_dir)), src, str(mono_dir), None)
 
 
-def _installed_vllm() -> tuple:
+def installed_vllm() -> tuple:
     """(mono digest, source.MonoSource, mono dir) of the vLLM this process
     would import, found without importing it; (None, None, None) when none is
     installed (or it has no mono package). A digest that fails to compute is
     not "no vLLM": it raises SourceMismatchError, at every load."""
-    if state._state.installed_digest is None:
+    if state.current().installed_digest is None:
         from .. import source
         from ..errors import ToolchainError
 
         try:
             src = source.find()
         except ToolchainError:  # no vLLM, or one without the mono package: nothing to compare
-            state._state.installed_digest = (None, None, None, None)
+            state.current().installed_digest = (None, None, None, None)
         except Exception as e:  # noqa: BLE001 - finding it failed: that is no answer
-            state._state.installed_digest = (None, None, "vllm", e)
+            state.current().installed_digest = (None, None, "vllm", e)
         else:
             try:
-                state._state.installed_digest = (source.mono_digest(src.mono_dir), src, str(src.mono_dir), None)
+                state.current().installed_digest = (source.mono_digest(src.mono_dir), src, str(src.mono_dir), None)
             except Exception as e:  # noqa: BLE001 - unreadable sources: no answer either
-                state._state.installed_digest = (None, src, str(src.mono_dir), e)
-    digest, src, mono, error = state._state.installed_digest
+                state.current().installed_digest = (None, src, str(src.mono_dir), e)
+    digest, src, mono, error = state.current().installed_digest
     if error is not None:
         msg = f"cannot compute the installed vLLM's mono source digest ({mono}): {type(error).__name__}: {error}"
         if os.environ.get(ENV_ALLOW_SOURCE) != "1":
             raise SourceMismatchError(msg, fix=f"repair the vLLM install (pip install --force-reinstall vllm), or "
                                                f"run without the check: {ENV_ALLOW_SOURCE}=1")
-        _warn_once(("digest", mono), f"{msg}; running unchecked ({ENV_ALLOW_SOURCE}=1)")
+        state.current().warn_once(("digest", mono), f"{msg}; running unchecked ({ENV_ALLOW_SOURCE}=1)")
     return digest, src, mono
 
 
-def _warn_once(what, message: str) -> None:
-    if what not in state._state.warned:
-        state._state.warned.add(what)
-        import logging
-
-        logging.getLogger("dsv41_aot").warning("%s", message)
-
-
-def _check_source(key: str, entry) -> None:
-    digest, src, mono = _installed_vllm()
+def check_source(key: str, entry) -> None:
+    digest, src, mono = installed_vllm()
     built = entry.source.get("mono_sources")
     if digest is None or built == digest:
         return
     msg = (f"{key}: installed vLLM {src.version} mono sources ({mono}) digest {digest} differ from the "
            f"{built} the prebuilt kernels were built from (vLLM {entry.source.get('vllm_version')})")
     if os.environ.get(ENV_ALLOW_SOURCE) == "1":
-        _warn_once((digest, built), f"{msg}; running them anyway ({ENV_ALLOW_SOURCE}=1)")
+        state.current().warn_once((digest, built), f"{msg}; running them anyway ({ENV_ALLOW_SOURCE}=1)")
         return
     raise SourceMismatchError(
         msg,

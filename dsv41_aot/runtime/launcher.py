@@ -18,10 +18,10 @@ import threading
 
 from . import hip as _hip
 from . import state
-from .abi import _CODES, _Abi
-from .bands import _open_library
-from .host import ENV_ARCH, _device_arch
-from .rooms import _Index
+from .abi import CODES, Abi
+from .bands import open_library
+from .host import ENV_ARCH
+from .rooms import RoomIndex
 from ..errors import ArchMismatchError, CaptureError, ForkError, IntegrityError, LaunchError, ManifestError
 from ..manifest import Entry
 
@@ -74,7 +74,7 @@ class Launcher:
                  "_tls", "_call", "_pack", "_ready", "_hip", "_devices", "_launched", "_image_sha",
                  "_image_bytes")
 
-    def __init__(self, key: str, entry: Entry, abi: _Abi, idx: _Index, lib):
+    def __init__(self, key: str, entry: Entry, abi: Abi, idx: RoomIndex, lib):
         self.key = key
         self.kernel_name = entry.symbol
         self.entry = entry.entry
@@ -94,12 +94,12 @@ class Launcher:
     def bind(self) -> None:
         """Verify and open this key's band, resolve its C entry, check its ABI;
         no GPU work. Idempotent and thread-safe; every failure is a LoadError.
-        The band is opened under its own lock (``_open_library``), so
+        The band is opened under its own lock (``open_library``), so
         Launchers of different bands bind concurrently (``bind_all``)."""
         if self._lib is not None:
             return
-        lib = _open_library(self._idx, self._librec)
-        with state._state.lock:
+        lib = open_library(self._idx, self._librec)
+        with state.current().lock:
             if self._lib is not None:
                 return
             try:
@@ -125,7 +125,7 @@ class Launcher:
             raise IntegrityError(f"{self.key}: {self.library} has no {self.entry}__metadata", fix=fix) from None
         # entries of one ABI differ only in their names: check each text once
         same = text.replace(self.entry.encode(), b"")
-        if state._state.abi_checked.get(same) == self._abi.id:
+        if state.current().abi_checked.get(same) == self._abi.id:
             return
         try:
             meta = json.loads(text)
@@ -146,7 +146,7 @@ class Launcher:
                 f"{want[i] if i < len(want) else 'none'}, library {have[i] if i < len(have) else 'none'}",
                 fix=fix,
             )
-        state._state.abi_checked[same] = self._abi.id
+        state.current().abi_checked[same] = self._abi.id
 
     def _thread_buffer(self) -> tuple:
         """This thread's argument buffer and the ``void*`` array into it."""
@@ -214,18 +214,18 @@ class Launcher:
         """Load this key's code object on the current device, once a device;
         return that device. Refused in a fork() child of a process that had
         used HIP, inside a graph capture, and on a device of another arch."""
-        if state._state.forked_after_hip is not None:
+        if state.current().forked_after_hip is not None:
             raise self._fork_error()
         hip = _hip.load()
         device = self._current_device(hip)
         if device in self._devices:
             return device
         stream = _stream_handle(stream)
-        with state._state.lock:
+        with state.current().lock:
             if device in self._devices:
                 return device
             self.bind()
-            arch = _device_arch()
+            arch = state.current().device_arch()
             if arch is not None and arch != self.arch:
                 raise ArchMismatchError(
                     f"{self.key}: built for {self.arch}, but the current device is {arch}",
@@ -260,7 +260,7 @@ class Launcher:
                               status, FIX_DEVICE)
         return device
 
-    def _forget_loads(self) -> None:
+    def forget_loads(self) -> None:
         """After fork(): the parent's modules are not this process's."""
         self._ready = False
         self._devices = set()
@@ -268,7 +268,7 @@ class Launcher:
 
     def _fork_error(self) -> ForkError:
         return ForkError(
-            f"{self.key}: this process (pid {os.getpid()}) was forked from pid {state._state.forked_after_hip} "
+            f"{self.key}: this process (pid {os.getpid()}) was forked from pid {state.current().forked_after_hip} "
             f"after that process had used HIP; HIP does not survive fork(), so nothing was loaded or launched",
             fix="start GPU worker processes with spawn, as vLLM does (multiprocessing.get_context('spawn'); "
                 "VLLM_WORKER_MULTIPROC_METHOD=spawn), or fork before the parent's first HIP call",
@@ -287,7 +287,7 @@ class Launcher:
             why = "stream is not a valid pointer"
             for name, slot, value in zip(names, self.abi, args):
                 try:
-                    struct.pack("<" + _CODES[slot["ctype"]], value)
+                    struct.pack("<" + CODES[slot["ctype"]], value)
                 except struct.error:
                     why = f"argument {name!r} ({slot['ctype']}) got {value!r}"
                     break
@@ -324,7 +324,7 @@ class Launcher:
     def _image(self) -> bytes | None:
         """This key's code object, found in the band's own bytes (the
         descriptor it was dlopened through) by the manifest's sha256."""
-        fd = state._state.fds.get(self.library)
+        fd = state.current().fds.get(self.library)
         if fd is None:
             return None
         want, size = self._image_sha, self._image_bytes

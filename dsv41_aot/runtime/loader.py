@@ -18,8 +18,8 @@ lock, and never inside a graph capture (a first load there raises
 CaptureError, as vLLM's runner does for a first scratch allocation).
 
 This module is the public API (``load_key``, ``load``, ``preload``, ``keys``,
-``releases``); the rest of the runtime is one concern a module: ``state``
-(process state, fork), ``abi`` (slot layout), ``host`` (device arch, running
+``releases``); each other runtime module owns one concern: ``state``
+(the process's Prebuilt, fork), ``decision`` (whether to serve), ``abi`` (slot layout), ``host`` (device arch, running
 vLLM, source checks), ``rooms`` (room index, release selection), ``bands``
 (band I/O, dlopen) and ``launcher`` (``Launcher``). The names other code
 imports from here are re-exported.
@@ -34,9 +34,9 @@ from pathlib import Path
 
 from . import state
 from .bands import ENV_CACHE, bind_all, cache_dir  # noqa: F401 (re-exported)
-from .host import _ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, _check_source, resolve_arch, running_vllm  # noqa: F401
+from .host import ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, check_source, resolve_arch, running_vllm  # noqa: F401
 from .launcher import Launcher
-from .rooms import _Index, _index, release_of, resolve_root
+from .rooms import RoomIndex, index_of, release_of, resolve_root
 from ..manifest import ENV_PREBUILT, sha256_file  # noqa: F401 (ENV_PREBUILT: the plugin reads it here)
 from ..listing import built_releases
 from ..errors import KeyNotPrebuiltError, ManifestError
@@ -51,13 +51,13 @@ def load_key(key, *, release: str | None = None, prebuilt: str | os.PathLike | N
     A key asked for again is a dict lookup: the directory, the running room
     and the Launcher are each found once per process."""
     root = resolve_root(prebuilt)
-    st = state._state
+    st = state.current()
     if isinstance(key, str):
         text = key
         arch = text.partition("@")[2].partition(":")[0]
         if release is None:
             release = st.picked.get((root, arch))
-            if release is None and _ARCH_RE.fullmatch(arch):
+            if release is None and ARCH_RE.fullmatch(arch):
                 release = release_of(root, arch)
     else:
         text = str(key)
@@ -72,7 +72,7 @@ def _new_launcher(key, text: str, root: Path, release: str | None) -> Launcher:
     """load_key's first time for a key: find it in its room, check it, make its Launcher."""
     arch = text.partition("@")[2].partition(":")[0]
     # a canonical key of a room already indexed needs no parsing
-    idx = state._state.indexes.get((root, arch, release))
+    idx = state.current().indexes.get((root, arch, release))
     entry = idx.entries.get(text) if idx is not None else None
     if entry is None:
         from ..keys import BuildKey
@@ -80,7 +80,7 @@ def _new_launcher(key, text: str, root: Path, release: str | None) -> Launcher:
         # release is None only for a malformed key: parse names the fault
         bk = BuildKey.parse(text, release) if isinstance(key, str) else key
         text = str(bk)
-        idx = _index(root, bk.arch, release)
+        idx = index_of(root, bk.arch, release)
         release = idx.release
         entry = idx.entries.get(text)
     if entry is None:
@@ -92,19 +92,19 @@ def _new_launcher(key, text: str, root: Path, release: str | None) -> Launcher:
             f"closest: {', '.join(close) or 'none'}",
             fix=f"dsv41-aot build --release {release} --key '{text}' --out {root} && dsv41-aot link --dir {root}",
         )
-    _check_source(text, entry)
+    check_source(text, entry)
     lib, obj_sha = idx.lib_of.get(text, (None, None))
     if lib is None or obj_sha != entry.sha256:
         raise _link_mismatch(idx, text, entry, lib, obj_sha)
-    with state._state.lock:
-        launcher = state._state.launchers.get((root, release, text))
+    with state.current().lock:
+        launcher = state.current().launchers.get((root, release, text))
         if launcher is None:
             launcher = Launcher(text, entry, idx.abi(entry.abi), idx, lib)
-            state._state.launchers[(root, release, text)] = launcher
+            state.current().launchers[(root, release, text)] = launcher
     return launcher
 
 
-def _link_mismatch(idx: _Index, key: str, entry: dict, lib, obj_sha: str | None) -> ManifestError:
+def _link_mismatch(idx: RoomIndex, key: str, entry: dict, lib, obj_sha: str | None) -> ManifestError:
     """Name what disagrees between the manifest and libs.json, and the fix
     that works: relink (the object was rebuilt), rebuild (the manifest entry
     no longer matches its object) or reinstall (no objects: a wheel)."""
@@ -183,7 +183,7 @@ def keys(arch: str | None = None, *, release: str | None = None,
     """Every prebuilt key of ``arch`` (default: as :func:`load`) in vLLM
     ``release`` (default: the running vLLM's)."""
     root = resolve_root(prebuilt)
-    return sorted(_index(root, resolve_arch(arch), release).entries)
+    return sorted(index_of(root, resolve_arch(arch), release).entries)
 
 
 def releases(arch: str | None = None, *, prebuilt: str | os.PathLike | None = None) -> list[str]:

@@ -1,6 +1,7 @@
-"""The rooms (one vLLM release's keys on one arch): ``resolve_root``, the prebuilt
-directory resolved once per way of naming it; ``_Index``, a room's manifest
-and link record read once; ``_index``, the room of a release, made once per
+"""The loader's view of rooms (one vLLM release's keys on one arch).
+
+``resolve_root`` is the prebuilt directory, resolved once per way of naming it; ``RoomIndex``, a room's manifest
+and link record read once; ``index_of``, the room of a release, made once per
 process; ``_no_room``, what to say when there is none; and ``release_of``,
 the room that serves the running vLLM, picked once per directory and arch.
 
@@ -13,8 +14,8 @@ import os
 from pathlib import Path
 
 from . import state
-from .abi import _Abi
-from .host import _ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, _installed_vllm, _warn_once
+from .abi import Abi
+from .host import ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, installed_vllm
 from ..manifest import ENV_PREBUILT, MANIFEST, abi_id, prebuilt_dir
 from ..room import PREFIX, Room
 from ..listing import built_releases, rooms_of
@@ -37,14 +38,14 @@ def resolve_root(prebuilt=None) -> Path:
         how = ("arg", named)
     if named and not os.path.isabs(named):
         how += (os.getcwd(),)
-    root = state._state.roots.get(how)
+    root = state.current().roots.get(how)
     if root is None:
         root = prebuilt_dir() if prebuilt is None else Path(named).resolve()
-        state._state.roots[how] = root
+        state.current().roots[how] = root
     return root
 
 
-class _Index:
+class RoomIndex:
     """The loader's view of one room (``room.Room``, which owns its paths and
     reads its records): which band links each key, and the room's ABIs
     compiled on first use."""
@@ -64,7 +65,7 @@ class _Index:
     def release(self) -> str:
         return self.room.release
 
-    def abi(self, aid: str) -> _Abi:
+    def abi(self, aid: str) -> Abi:
         """The compiled ABI ``aid``, whose id must be the hash of its slots."""
         a = self.abis.get(aid)
         if a is None:
@@ -72,7 +73,7 @@ class _Index:
             if abi_id(slots) != aid:
                 raise ManifestError(f"{self.manifest.path}: ABI {aid} does not hash to its id ({abi_id(slots)}): "
                                     f"its slots were altered", fix=self.fix_reinstall)
-            a = self.abis[aid] = _Abi(slots, aid)
+            a = self.abis[aid] = Abi(slots, aid)
         return a
 
     @property
@@ -80,26 +81,26 @@ class _Index:
         return self.room.fix_reinstall
 
 
-def _index(root: Path, arch: str, release: str | None = None) -> _Index:
+def index_of(root: Path, arch: str, release: str | None = None) -> RoomIndex:
     """The room of ``release`` (default: the running vLLM's, :func:`release_of`) on ``arch``."""
-    if not isinstance(arch, str) or not _ARCH_RE.fullmatch(arch):  # never a path: no "/", no ".."
+    if not isinstance(arch, str) or not ARCH_RE.fullmatch(arch):  # never a path: no "/", no ".."
         raise ManifestError(f"arch {arch!r} is not a GPU arch name (gfx...): refusing to look for it under {root}",
                             fix=f"name it like gfx950: {ENV_ARCH}=gfx950 (or arch=...)")
     if release is None:
         release = release_of(root, arch)
-    idx = state._state.indexes.get((root, arch, release))
+    idx = state.current().indexes.get((root, arch, release))
     if idx is None:
-        with state._state.lock:
-            idx = state._state.indexes.get((root, arch, release))
+        with state.current().lock:
+            idx = state.current().indexes.get((root, arch, release))
             if idx is None:
                 held = built_releases(root / arch)
                 if release not in held:
                     _no_room(root, arch, release, held)
-                read = state._state.read_rooms.pop((root, arch, release), None)
+                read = state.current().read_rooms.pop((root, arch, release), None)
                 # a room whose manifest release_of just read (the same file, unchanged): not parsed twice
                 room = read[0] if read and read[1] is not None and read[1] == _file_version(read[0].manifest_path) \
                     else Room(root, arch, release)
-                idx = state._state.indexes[(root, arch, release)] = _Index(room)
+                idx = state.current().indexes[(root, arch, release)] = RoomIndex(room)
     return idx
 
 
@@ -146,14 +147,14 @@ def release_of(root: Path, arch: str) -> str:
     vLLM whose digest no room has is a ReleaseMismatchError, or with
     DSV41_AOT_ALLOW_SOURCE_MISMATCH=1 the room of its version (else the newest),
     with a warning."""
-    picked = state._state.picked.get((root, arch))
+    picked = state.current().picked.get((root, arch))
     if picked is not None:
         return picked
     folder = root / arch
     held = built_releases(folder)
     if not held:
         _no_room(root, arch, NEWEST, held)
-    digest, src, mono = _installed_vllm()
+    digest, src, mono = installed_vllm()
     if digest is None:
         pick = held[-1]
     else:
@@ -167,8 +168,8 @@ def release_of(root: Path, arch: str) -> str:
                 broken[release] = e  # a corrupt room is reported when it is the one asked for
                 continue
             if digests[release] == digest:
-                # the room about to be indexed: _index takes this parse over (once, if the file is unchanged)
-                state._state.read_rooms[(root, arch, release)] = (room, seen)
+                # the room about to be indexed: index_of takes this parse over (once, if the file is unchanged)
+                state.current().read_rooms[(root, arch, release)] = (room, seen)
                 break
         match = [r for r in held if digests.get(r) == digest]
         if match:
@@ -186,7 +187,7 @@ def release_of(root: Path, arch: str) -> str:
                 raise ReleaseMismatchError(
                     msg, fix=f"install one of those vLLM releases, or {own}, or run vLLM {fallback}'s kernels "
                              f"anyway with {ENV_ALLOW_SOURCE}=1")
-            _warn_once(("release", digest), f"{msg}; using vLLM {fallback}'s ({ENV_ALLOW_SOURCE}=1)")
+            state.current().warn_once(("release", digest), f"{msg}; using vLLM {fallback}'s ({ENV_ALLOW_SOURCE}=1)")
             pick = fallback
-    state._state.picked[(root, arch)] = pick
+    state.current().picked[(root, arch)] = pick
     return pick

@@ -1,41 +1,44 @@
-"""The runtime's process state: one ``_state`` object holding what this
-process has indexed, opened and loaded (indexes, picked rooms, libraries and
-their descriptors, Launchers, the device arch, the vLLM digest, warnings),
-and the fork handler that resets it in a child.
+"""The runtime's process state: :class:`Prebuilt`, one object holding what
+this process has indexed, opened and loaded (indexes, picked rooms, bands
+and their descriptors, Launchers, the device arch, the vLLM digest,
+warnings), and the fork handler that resets it in a child.
 
-Every other runtime module reads it as ``state._state`` (a module
-attribute), so replacing it (tests' ``fresh`` fixture) reaches all of them.
+Every runtime module reaches the process's instance through
+:func:`current`; tests take a new one with :func:`fresh`.
 
 Runtime-side module: standard library only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 
 
-class _State:
-    """What one process has opened and loaded; reset in a forked child."""
+class Prebuilt:
+    """A process's loaded rooms, bands and caches, one object; reset in a
+    forked child."""
 
     def __init__(self):
         self.lock = threading.RLock()
         # what the loader resolves once: (how the directory was named, cwd if relative) -> absolute prebuilt dir
         self.roots: dict = {}
-        self.indexes: dict = {}  # (prebuilt dir, arch, release) -> _Index
+        self.indexes: dict = {}  # (prebuilt dir, arch, release) -> rooms.RoomIndex
         self.picked: dict = {}  # (prebuilt dir, arch) -> the release the running vLLM is (its room)
         # (prebuilt dir, arch, release) -> (room.Room, its manifest's file version): the room release_of
-        # parsed to pick it, taken over once by rooms._index
+        # parsed to pick it, taken over once by rooms.index_of
         self.read_rooms: dict = {}
         self.libraries: dict = {}  # band path -> ctypes.CDLL
         # band path -> the lock its first bind holds (reading, checking, decompressing, dlopening it), so
-        # bands bind concurrently; never held while taking ``lock`` (see bands._open_library)
+        # bands bind concurrently; never held while taking ``lock`` (see bands.open_library)
         self.band_locks: dict = {}
         self.band_locks_guard = threading.Lock()  # only around band_locks.setdefault
-        self.fds: dict = {}  # band path -> the descriptor it was dlopened through (kept open: see bands._open_library)
+        self.fds: dict = {}  # band path -> the descriptor it was dlopened through (kept open: see bands.open_library)
         self.launchers: dict = {}  # (prebuilt dir, release, key) -> Launcher
-        self.device_arch: str | None = None
-        self.device_arch_read = False
+        self.arch_found: str | None = None  # the device's arch, once read (device_arch)
+        self.arch_read = False
         self.hip_version: tuple | None = None  # (major, minor), checked once
         self.installed_digest: tuple | None = None  # (digest or None, source.MonoSource, mono dir, error or None)
         self.abi_checked: dict = {}  # export metadata (entry name removed) -> ABI id it was checked against
@@ -44,8 +47,65 @@ class _State:
         # pid); see _after_fork_in_child
         self.forked_after_hip: int | None = None
 
+    def warn_once(self, what, message: str) -> None:
+        """Log ``message`` as a warning the first time ``what`` is told, never again."""
+        if what not in self.warned:
+            self.warned.add(what)
+            logging.getLogger("dsv41_aot").warning("%s", message)
 
-_state = _State()
+    def device_arch(self) -> str | None:
+        """The current HIP device's arch (None without a device), read once."""
+        if not self.arch_read:
+            from . import hip
+
+            self.arch_found = hip.load().arch()
+            self.arch_read = True
+        return self.arch_found
+
+    def band(self, path: str):
+        """The bound band (ctypes.CDLL) at ``path``, None when not bound yet."""
+        return self.libraries.get(path)
+
+    def band_lock(self, path: str) -> threading.Lock:
+        """The lock the first bind of the band at ``path`` holds."""
+        with self.band_locks_guard:
+            return self.band_locks.setdefault(path, threading.Lock())
+
+    def keep_band(self, path: str, fd: int, handle) -> None:
+        """Record a band just bound: its handle and the descriptor it was opened through."""
+        self.fds[path] = fd
+        self.libraries[path] = handle  # last: a handle seen here is whole
+
+    def _after_fork(self) -> None:
+        from . import hip
+
+        self.lock = threading.RLock()
+        self.band_locks, self.band_locks_guard = {}, threading.Lock()
+        self.arch_found, self.arch_read = None, False
+        if self.forked_after_hip is None and hip.touched():
+            self.forked_after_hip = os.getppid()
+        for launcher in self.launchers.values():
+            launcher.forget_loads()
+
+
+_current = Prebuilt()
+
+
+def current() -> Prebuilt:
+    """This process's Prebuilt."""
+    return _current
+
+
+@contextlib.contextmanager
+def fresh():
+    """A new, empty Prebuilt for this process while the block runs (tests),
+    the previous one back after it."""
+    global _current
+    before, _current = _current, Prebuilt()
+    try:
+        yield _current
+    finally:
+        _current = before
 
 
 def _after_fork_in_child() -> None:
@@ -54,16 +114,7 @@ def _after_fork_in_child() -> None:
     ForkError (launcher.load_module); a child forked before any HIP use loads
     its own modules. Either way no Launcher keeps the parent's loads. Locks
     are new (one held by another thread at fork would never be released here)."""
-    from . import hip
-
-    old = _state
-    _state.lock = threading.RLock()
-    _state.band_locks, _state.band_locks_guard = {}, threading.Lock()
-    _state.device_arch, _state.device_arch_read = None, False
-    if _state.forked_after_hip is None and hip._hip is not None and hip._hip.touched:
-        _state.forked_after_hip = os.getppid()
-    for launcher in old.launchers.values():
-        launcher._forget_loads()
+    _current._after_fork()
 
 
 if hasattr(os, "register_at_fork"):
