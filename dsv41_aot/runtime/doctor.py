@@ -260,7 +260,7 @@ def _flydsl(rep: Report, room: Room) -> None:
         entries = room.manifest().entries
         by = room.proof().flydsl_counts(entries)
     except AotError as e:
-        rep.facts["flydsl"] = {"version": have, "error": str(e).split("\n  fix: ")[0]}
+        rep.facts["flydsl"] = {"version": have, "error": e.message}
         rep.add("flydsl", "warn", f"FlyDSL {have}: the room's proofs are unreadable: {rep.facts['flydsl']['error']}",
                 getattr(e, "fix", None))
         return
