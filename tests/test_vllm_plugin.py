@@ -621,8 +621,9 @@ def test_register_never_raises_and_logs_one_line(tmp_path):
 def test_entry_point_found_after_pip_install_and_called_by_vllm(tmp_path, smoke):
     """A fresh venv, ``pip install --no-deps --no-build-isolation`` of the
     project: package metadata lists the plugin, and vLLM's own
-    ``load_general_plugins`` calls it (the build side and vLLM come from the
-    project venv through a .pth placed after the fresh site-packages)."""
+    ``load_general_plugins`` calls it (the build side, setuptools and vLLM
+    come from the project venv through a .pth placed after the fresh
+    site-packages)."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
@@ -631,6 +632,9 @@ def test_entry_point_found_after_pip_install_and_called_by_vllm(tmp_path, smoke)
     ours = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "zz_project_venv.pth").write_text(ours + "\n")
+    # the fresh venv's bundled setuptools (65 on Python 3.11) is older than the
+    # project's build requirement: without isolation the project venv's is used
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=True, timeout=120)
     src = tmp_path / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "kernels_prebuilt", "*.egg-info",
                                                              "__pycache__", "dist", ".pytest_cache"))
