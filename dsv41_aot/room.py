@@ -386,7 +386,10 @@ class Room:
         return out
 
     def _source_problems(self, man: Manifest) -> list[Problem]:
-        """One source identity a room: no installed vLLM matches a mix."""
+        """One source identity a room: no installed vLLM matches a mix (the fix
+        carries the options of the arch's unfinished build, if any)."""
+        from .pending import options, rebuild_cmd
+
         sources: dict = {}
         for key, e in sorted(man.entries.items()):
             sources.setdefault(json.dumps(e.source, sort_keys=True), []).append(key)
@@ -395,5 +398,4 @@ class Room:
         fewest = min(sources.values(), key=len)
         return [Problem("sources", f"{man.path} mixes {len(sources)} source identities ({len(fewest)} key(s) "
                                    f"differ from the rest, e.g. {fewest[0]})", str(man.path),
-                        f"dsv41-aot build --release {self.release} --out {self.root} --key "
-                        + " ".join(f"'{k}'" for k in fewest))]
+                        rebuild_cmd(self.root, self.release, fewest, options(self.arch_dir)))]

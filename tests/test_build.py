@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -307,7 +308,14 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     code, _, err = run_cli(*args, "--matrix", mx, check=False)
     assert code == 2 and edited in err and src.digest in err and "two sources" in err
     assert Manifest.read(out / "gfx950", release=NEWEST).entries[CHEAP[0]] == built
-    s = json.loads(run_cli(*args[:2], CHEAP[0], K1S[1], *args[3:], "--matrix", mx)[1])
+    # its printed fix carries this build's --matrix and --vllm-src (N9d): run
+    # word for word, it rebuilds the room from the edited tree, not the installed vLLM
+    (fix,) = [line.split("fix:", 1)[1].split(": ", 1)[1] for line in err.splitlines() if "fix:" in line]
+    argv = shlex.split(fix)
+    assert argv[:2] == ["dsv41-aot", "build"] and "--json" not in argv, fix
+    assert argv[argv.index("--matrix") + 1] == str(mx.resolve()), fix
+    assert argv[argv.index("--vllm-src") + 1] == str(root.resolve()), fix
+    s = json.loads(run_cli(*argv[1:], "--json", "--no-progress")[1])
     assert s["compiled"] == 2
     e = Manifest.read(out / "gfx950", release=NEWEST).entries[CHEAP[0]]
     assert e.source["mono_sources"] == edited
@@ -346,7 +354,7 @@ def _only_the_changed_key_rebuilds(out, field, **run) -> str:
     m.write()
     before = Manifest.read(out / "gfx950", release=NEWEST).entries
     code, _, err = run_cli("build", "--key", a, "--out", out, "--json", "--no-progress", check=False, **run)
-    assert code == 2 and "two sources" in err and field in err and f"--key '{a}' '{b}'" in err, err
+    assert code == 2 and "two sources" in err and field in err and f"--key {a} {b}" in err, err
     assert Manifest.read(out / "gfx950", release=NEWEST).entries == before
     s = build_json(a, b, out=out, **run)
     assert (s["compiled"], s["up_to_date"], s["failed"]) == (2, 0, 0), f"a changed {field} did not rebuild the room"

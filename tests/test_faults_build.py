@@ -229,6 +229,33 @@ def test_kill_9_during_link(reference, tmp_path):
     record("refused")
 
 
+@pytest.mark.slow
+def test_kill_9_before_the_first_manifest_write_then_verify_fix_builds_its_keys(tmp_path):
+    """A build killed before it wrote any manifest leaves the keys it was
+    asked for (and its options) beside its arch lock: verify's fix names
+    those keys, not the default profile, and run word for word makes verify
+    pass (N9f)."""
+    from dsv41_aot.pending import PENDING
+
+    out = tmp_path / "killed"
+    key = CHEAP[0]
+    proc = popen_build(out, [key])
+    deadline = time.monotonic() + 300
+    while not (out / "gfx950" / PENDING).is_file() and time.monotonic() < deadline:
+        assert proc.poll() is None, "the build ended before it recorded its keys"
+        time.sleep(0.02)
+    kill9(proc)
+    assert built_rooms(out) == [], "the kill landed after the first manifest write"
+    v = cli("verify", "--dir", out)
+    assert v.returncode == 2, v.stderr
+    fix = fix_of(v.stderr)
+    assert fix[0] == "build" and fix[fix.index("--key") + 1] == key and "--no-cache" in fix, v.stderr
+    assert "--profile" not in fix and cli(*fix).returncode == 0
+    assert cli("verify", "--dir", out).returncode == 0
+    assert not (out / "gfx950" / PENDING).exists()  # the finished build removed its record
+    record("refused")
+
+
 def test_the_lock_holder_removes_what_killed_writers_left(tmp_path):
     """Temporaries of a killed writer (an atomic_write temp file in the arch
     folder, objects/ or lib/, a lib/.link-* folder) are removed by the next

@@ -245,7 +245,7 @@ def test_mixed_source_identities_fail(copy):
     assert f["file"] == str(copy / "gfx942" / "vllm-0.33.0" / "manifest.json") and key in f["error"]
     assert "2 source identities" in f["error"] and f["release"] == "0.33.0"
     # the fix rebuilds the keys that differ, from this release's tree
-    assert f["fix"] == f"dsv41-aot build --release 0.33.0 --out {copy} --key '{key}'"
+    assert f["fix"] == f"dsv41-aot build --release 0.33.0 --out {copy} --key {key}"
 
 
 # ---------------------------------------------------------------- rooms (no build)

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import source
+from .. import pending, source
 from . import toolchain, toolmove
 from .buildroom import RoomState, check_one_source, count_proofs, identity, take_from_cache, up_to_date
 from .compiler import describe_object, worker_env
@@ -110,6 +110,7 @@ def build(
     link: bool = True,
     cache: Path | None = None,
     log=None,
+    options=(),
 ) -> Summary:
     """Build ``keys`` into the prebuilt directory ``out``, then link each
     room's objects into its loadable libraries (``link.link_room``, which
@@ -120,7 +121,11 @@ def build(
     release's digest (``digests``, default build_matrix.yaml's). With
     ``cache`` (a folder, aot/cache.py), a key whose whole build identity is
     cached is copied from it, not compiled, and every compiled key is added
-    (a cache that cannot be used is a warning, never a failed build)."""
+    (a cache that cannot be used is a warning, never a failed build).
+    ``options``: the command-line options a rebuild needs to build the same
+    way (``--matrix``, ``--vllm-src``, ...), carried by printed fixes and by
+    each arch's record of the keys asked for (dsv41_aot/pending.py), written
+    before anything compiles and removed when the build finishes."""
     t_start = time.perf_counter()
     out = Path(out).resolve()
     jobs = check_jobs(jobs)
@@ -167,8 +172,16 @@ def build(
             held.enter_context(arch_lock(out / arch, "build", log))
         for room, arch, release in sorted({(k.room, k.arch, k.release) for k in keys}):
             states[room] = RoomState(out, arch, release, *trees[release], summary.recovered, log)
-        check_one_source(states, keys, out)
+        check_one_source(states, keys, out, options)
+        for arch in sorted({k.arch for k in keys}):  # a kill from here on: verify's fix builds these keys
+            asked: dict = {}
+            for k in keys:
+                if k.arch == arch:
+                    asked.setdefault(k.release, []).append(str(k))
+            pending.write(out / arch, asked, options)
         _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, store, log)
+        for arch in sorted({k.arch for k in keys}):
+            pending.clear(out / arch)
     summary.wall_seconds = time.perf_counter() - t_start
     if summary.compiled + summary.cached + summary.up_to_date + summary.failed != summary.keys:
         raise RuntimeError(f"internal error: {summary.keys} keys but {summary.compiled} compiled + {summary.cached} "

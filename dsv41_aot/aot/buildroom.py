@@ -13,6 +13,7 @@ from . import toolchain, toolmove
 from ..errors import AotError, ManifestError
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write, sha256_file
+from ..pending import rebuild_cmd
 from ..records import STALE
 from ..room import Room
 
@@ -71,10 +72,11 @@ class RoomState:
         self.moved: dict = {}  # key -> its entry built under another toolchain, compiled now to compare (aot/toolmove.py)
 
 
-def check_one_source(states: dict, keys: list, out: Path) -> None:
+def check_one_source(states: dict, keys: list, out: Path, options=()) -> None:
     """Refuse (exit 2, before anything is written) a build that would leave a
     room holding keys of two source identities: every key of a room built
-    from another identity must be in the build too."""
+    from another identity must be in the build too. Its fix carries the
+    build's own ``options`` (``--matrix``, ``--vllm-src``: pending.rebuild_cmd)."""
     asked: dict = {}
     for k in keys:
         asked.setdefault(k.room, set()).add(str(k))
@@ -101,8 +103,7 @@ def check_one_source(states: dict, keys: list, out: Path) -> None:
             f"{was.get('mono_sources')} (vLLM {was.get('vllm_version')}), this build's are "
             f"{st.ident['mono_sources']} (vLLM {st.ident['vllm_version']}); {', '.join(differ)} differ. Building "
             f"only some keys would leave the room of two sources, which no installed vLLM matches",
-            fix=f"rebuild the whole room: dsv41-aot build --release {st.release} --out {out} --key "
-                + " ".join(f"'{k}'" for k in sorted(asked[room] | set(stale))))
+            fix="rebuild the whole room: " + rebuild_cmd(out, st.release, asked[room] | set(stale), options))
 
 
 def count_proofs(st: RoomState, log) -> dict | None:

@@ -61,6 +61,21 @@ def _selected_keys(args) -> list:
     return keys
 
 
+def _rebuild_options(args) -> list[str]:
+    """The options of this build that a printed rebuild must carry to build
+    the same way: its matrix, vLLM trees, ``--any-key`` and cache choice."""
+    out = ["--matrix", str(Path(args.matrix).resolve())] if args.matrix else []
+    for t in args.vllm_src or ():
+        out += ["--vllm-src", str(Path(t).resolve())]
+    if args.any_key:
+        out.append("--any-key")
+    if args.no_cache:
+        out.append("--no-cache")
+    elif args.cache:
+        out += ["--cache", str(Path(args.cache).resolve())]
+    return out
+
+
 def cmd_build(args) -> int:
     keys = _selected_keys(args)
     if args.list:
@@ -77,7 +92,7 @@ def cmd_build(args) -> int:
     summary = builder.build(
         keys, Path(args.out), jobs=args.jobs, key_timeout=args.key_timeout, vllm_src=args.vllm_src or (),
         digests=digests, progress=not args.no_progress, link=not args.no_link,
-        cache=cache.cache_dir(args.cache, args.no_cache),
+        cache=cache.cache_dir(args.cache, args.no_cache), options=_rebuild_options(args),
     )
     if args.json:
         print_json(summary.as_dict())
