@@ -53,6 +53,13 @@ def options(arch_dir: Path) -> list[str]:
     return list(doc["options"]) if doc else []
 
 
+def asked(arch_dir: Path) -> dict:
+    """{release: [key strings]} of the arch's unfinished build ({} with no
+    record, or one that cannot be read)."""
+    doc = _load(arch_dir)
+    return dict(doc["keys"]) if doc else {}
+
+
 def read(arch_dir: Path) -> list[str]:
     """The commands that build again the keys of an unfinished build of
     ``arch_dir`` (one per release; [] with no record, or one that cannot be

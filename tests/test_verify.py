@@ -251,6 +251,37 @@ def test_mixed_source_identities_fail(copy):
 # ---------------------------------------------------------------- rooms (no build)
 
 
+def test_a_mixed_room_left_by_a_stopped_build_carries_its_options(copy):
+    """The mixed-source fix carries the options (--matrix, --vllm-src) the
+    arch's unfinished build recorded (N9d)."""
+    from dsv41_aot import pending
+
+    man = Manifest.read(copy / "gfx942", release="0.33.0")
+    key = sorted(man.entries)[0]
+    man.entries[key] = man.entries[key].replace(source=dict(man.entries[key].source, mono_sources="0" * 16))
+    man.write()
+    opts = ["--matrix", "/m/build_matrix.yaml", "--vllm-src", "/t/vllm-0.33.0"]
+    pending.write(copy / "gfx942", {"0.33.0": sorted(man.entries)}, opts)
+    (f,) = json.loads(cli("verify", "--dir", copy, "--json").stdout)["failures"]
+    assert f["fix"] == f"dsv41-aot build --release 0.33.0 --out {copy} --key {key} " + " ".join(opts)
+
+
+def test_keys_a_stopped_build_did_not_build_are_a_warning_naming_it(copy):
+    """A build's record of the keys it was asked for, some not in its room:
+    verify warns, naming the build that finishes it with its options (N9f)."""
+    from dsv41_aot import pending
+
+    built = sorted(Manifest.read(copy / "gfx942", release="0.33.0").entries)
+    extra = "k1@gfx942:s=9,tp=4,r=0"
+    pending.write(copy / "gfx942", {"0.33.0": built + [extra]}, ["--no-cache"])
+    proc = cli("verify", "--dir", copy, "--json")
+    assert proc.returncode == 0, proc.stdout
+    (w,) = [w for w in json.loads(proc.stdout)["warnings"] if pending.PENDING in w or "stopped" in w]
+    assert "1 of the" in w and w.endswith(pending.rebuild_cmd(copy.resolve(), "0.33.0", built + [extra], ["--no-cache"]))
+    pending.write(copy / "gfx942", {"0.33.0": built}, ["--no-cache"])  # every key it asked for is built: silent
+    assert not [w for w in json.loads(cli("verify", "--dir", copy, "--json").stdout)["warnings"] if "stopped" in w]
+
+
 def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = b"band") -> Manifest:
     """A room whose manifest names ``keys`` (objects/ there, its objects
     absent) and, with ``band``, a libs.json linking them all from one xz band

@@ -47,6 +47,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import pending
 from ..errors import AotError, ManifestError
 from ..keys import BuildKey
 from ..manifest import BAND_SUFFIX, LIB, LIBS_JSON, Manifest
@@ -311,6 +312,13 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
         for left in sorted(arch_dir.glob(".*.tmp")) + sorted(arch_dir.glob("*/.*.tmp")):  # a killed atomic write's
             warnings[left] = (f"{left}: a temporary file a killed write left (the file it was for is whole); "
                               f"remove it: rm '{left}'")
+        for rel, ks in pending.asked(arch_dir).items():  # a killed build: the keys it did not get to
+            built = next((m.entries for m in mans if (m.arch, m.release) == (arch_dir.name, rel)), {})
+            if missing := [k for k in ks if k not in built]:
+                warnings[arch_dir / f"{pending.PENDING}#{rel}"] = (
+                    f"{arch_dir}: a build was stopped (or is running) before it built {len(missing)} of the "
+                    f"{len(ks)} vLLM {rel} key(s) it was asked for; finish it: "
+                    + pending.rebuild_cmd(root.resolve(), rel, ks, pending.options(arch_dir)))
         for foreign in rooms_of(arch_dir):
             if not foreign.known:
                 warnings[foreign.dir] = (f"{foreign.dir}: {foreign.dir.name} is a release this dsv41-aot does not "
