@@ -60,6 +60,13 @@ def asked(arch_dir: Path) -> dict:
     return dict(doc["keys"]) if doc else {}
 
 
+def command(arch_dir: Path, root, release: str) -> str | None:
+    """The command that finishes the arch's unfinished build of ``release``
+    (into ``root``); None when no record names a key of it."""
+    keys = asked(arch_dir).get(release)
+    return rebuild_cmd(root, release, keys, options(arch_dir)) if keys else None
+
+
 def read(arch_dir: Path) -> list[str]:
     """The commands that build again the keys of an unfinished build of
     ``arch_dir`` (one per release; [] with no record, or one that cannot be

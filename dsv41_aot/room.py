@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import pending
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
 from .manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, folder_name
@@ -187,8 +188,9 @@ class Room:
         return f"dsv41-aot link --dir {self.root} --arch {self.arch} --release {self.release}"
 
     @property
-    def build_cmd(self) -> str:
-        return f"dsv41-aot build --arch {self.arch} --release {self.release} --out {self.root}"
+    def build_cmd(self) -> str:  # an unfinished build's own keys and options, when the arch records one
+        return (pending.command(self.arch_dir, self.root, self.release)
+                or f"dsv41-aot build --arch {self.arch} --release {self.release} --out {self.root}")
 
     @property
     def prove_cmd(self) -> str:
@@ -386,10 +388,7 @@ class Room:
         return out
 
     def _source_problems(self, man: Manifest) -> list[Problem]:
-        """One source identity a room: no installed vLLM matches a mix (the fix
-        carries the options of the arch's unfinished build, if any)."""
-        from .pending import options, rebuild_cmd
-
+        """One source identity a room: no installed vLLM matches a mix."""
         sources: dict = {}
         for key, e in sorted(man.entries.items()):
             sources.setdefault(json.dumps(e.source, sort_keys=True), []).append(key)
@@ -398,4 +397,4 @@ class Room:
         fewest = min(sources.values(), key=len)
         return [Problem("sources", f"{man.path} mixes {len(sources)} source identities ({len(fewest)} key(s) "
                                    f"differ from the rest, e.g. {fewest[0]})", str(man.path),
-                        rebuild_cmd(self.root, self.release, fewest, options(self.arch_dir)))]
+                        pending.rebuild_cmd(self.root, self.release, fewest, pending.options(self.arch_dir)))]

@@ -282,6 +282,25 @@ def test_keys_a_stopped_build_did_not_build_are_a_warning_naming_it(copy):
     assert not [w for w in json.loads(cli("verify", "--dir", copy, "--json").stdout)["warnings"] if "stopped" in w]
 
 
+@pytest.mark.parametrize("room_folder", [False, True])
+def test_a_build_stopped_before_its_manifest_is_finished_by_the_fix(tmp_path, room_folder):
+    """No manifest yet (no room folder, or one a killed manifest write left):
+    verify's fix is the stopped build's own keys and options, not a default
+    profile (N9f)."""
+    from dsv41_aot import pending
+
+    key = "k1@gfx950:s=1,tp=2,r=0"
+    pending.write(tmp_path / "gfx950", {"0.33.0": [key]}, ["--any-key", "--no-cache"])
+    if room_folder:  # killed in its manifest's atomic write: the objects it compiled are stored
+        (tmp_path / "gfx950" / "vllm-0.33.0").mkdir()
+        (tmp_path / "gfx950" / "objects").mkdir()
+    proc = cli("verify", "--dir", tmp_path)
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+    want = pending.rebuild_cmd(tmp_path.resolve() if not room_folder else tmp_path, "0.33.0", [key],
+                               ["--any-key", "--no-cache"])
+    assert f"fix: {want}" in proc.stderr, proc.stderr
+
+
 def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = b"band") -> Manifest:
     """A room whose manifest names ``keys`` (objects/ there, its objects
     absent) and, with ``band``, a libs.json linking them all from one xz band
