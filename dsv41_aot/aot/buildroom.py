@@ -95,7 +95,7 @@ def check_one_source(states: dict, keys: list, out: Path, options=()) -> None:
                 f"of two toolchains",
                 fix=f"prove the room under this FlyDSL first (dsv41-aot verify --dir {out} --against-jit --record), "
                     f"or build the whole room (each key compiles once and keeps its object where its code object "
-                    f"is unchanged): dsv41-aot build --release {st.release} --out {out}")
+                    f"is unchanged): " + rebuild_cmd(out, st.release, asked[room] | set(stale), options))
         was = st.manifest.entries[stale[0]].source
         differ = sorted(f for f in set(was) | set(st.ident) if was.get(f) != st.ident.get(f))
         raise AotError(
