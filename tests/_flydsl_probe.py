@@ -28,7 +28,8 @@ sys.path.insert(0, str(REPO))
 def compile_key(key, out: Path) -> dict:
     """The build's compile of ``key`` into ``out``: what its object records."""
     from dsv41_aot import source
-    from dsv41_aot.aot import elf, toolchain
+    from dsv41_aot import elf
+    from dsv41_aot.aot import toolchain
     from dsv41_aot.aot.compiler import ArchCompiler
 
     tools = toolchain.find()

@@ -20,7 +20,7 @@ from _smoke import SMOKE_RELEASE_KEYS
 
 from dsv41_aot.aot import codeobject, inspection
 from dsv41_aot.aot.codeobject import manifest_figures
-from dsv41_aot.aot.elf import Elf, ElfError, exported_parts
+from dsv41_aot.elf import Elf, ElfError, exported_parts
 from dsv41_aot.aot.residency import residency_problems, spill_notes, usage
 from dsv41_aot.errors import UnknownArchError
 from dsv41_aot.facts.arches import arch_facts

@@ -30,7 +30,7 @@ import subprocess
 import pytest
 from _smoke import SMOKE_RELEASE_KEYS, copy_of, room
 
-from dsv41_aot.aot import elf
+from dsv41_aot import elf
 from dsv41_aot.aot.compiler import describe_object
 from dsv41_aot.aot.link import link_dir
 from dsv41_aot.facts.releases import NEWEST

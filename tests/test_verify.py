@@ -21,7 +21,7 @@ from _smoke import REPO, SMOKE_RELEASE_KEYS
 
 from dsv41_aot import records
 from dsv41_aot.aot import jit, matrix, verify
-from dsv41_aot.aot.elf import exported_parts
+from dsv41_aot.elf import exported_parts
 from dsv41_aot.errors import ToolchainError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey

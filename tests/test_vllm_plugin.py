@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from _smoke import OLD, REPO, SMOKE_KEYS, cli, copy_of, libdir, room, smoke_count
-from dsv41_aot.aot import elf
+from dsv41_aot import elf
 from dsv41_aot import vllm as plugin
 from dsv41_aot.runtime import runner_patch
 from dsv41_aot.errors import AotError

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 
-from .elf import Elf, ElfError
+from ..elf import Elf, ElfError
 
 NT_AMDGPU_METADATA = 32
 

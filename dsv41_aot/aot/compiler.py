@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from . import elf
+from .. import elf
 from ..errors import CompileError, ResidencyError
 from ..facts.kinds import KINDS
 from ..keys import BuildKey

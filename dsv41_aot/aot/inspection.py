@@ -23,7 +23,7 @@ from ..keys import BuildKey
 from ..manifest import atomic_write
 from ..listing import built_rooms_or_error
 from .codeobject import code_object_resources
-from .elf import exported_parts
+from ..elf import exported_parts
 from .residency import RESOURCES, UNITS, cta_threads, residency_problems, spill_notes, usage, waves_per_simd
 
 LABELS = {"lds": "LDS", "vgprs": "VGPRs", "agprs": "AGPRs", "sgprs": "SGPRs"}

@@ -9,7 +9,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from . import elf
+from .. import elf
 from ..errors import AotError, IntegrityError
 from ..keys import BuildKey
 from ..manifest import OBJECTS, Manifest

@@ -33,7 +33,7 @@ import hashlib
 import sys
 from pathlib import Path
 
-from . import elf
+from .. import elf
 from ..errors import AotError
 from ..facts.kinds import kind_facts
 from ..keys import BuildKey

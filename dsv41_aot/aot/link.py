@@ -43,13 +43,12 @@ import hashlib
 import lzma
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from .elf import Elf
+from ..elf import dynamic_info
 from ..errors import AotError, ManifestError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import BAND_SUFFIX, LIB, Manifest, sha256_file
@@ -89,30 +88,6 @@ def chunk_name(key: BuildKey) -> str:
     """The library a key links into: arch, TP and its band of step widths."""
     lo = (key.tokens - 1) // BAND * BAND + 1
     return f"libdsv41_{key.arch}_tp{key.tp}_s{lo:02d}-{lo + BAND - 1:02d}"
-
-
-def dynamic_info(data: bytes) -> dict:
-    """DT_NEEDED, SONAME and the defined / undefined dynamic symbols of a
-    shared library (read from its .dynamic and .dynsym)."""
-    elf = Elf(data)
-    out = {"needed": [], "soname": None, "undefined": [], "defined": []}
-    for s in elf.sections:
-        if s.type == 11:  # SHT_DYNSYM
-            strtab = elf.sections[s.link]
-            for off in range(s.offset + s.entsize, s.offset + s.size, s.entsize):
-                name, _info, _other, shndx, _value, _size = struct.unpack_from("<IBBHQQ", data, off)
-                out["undefined" if shndx == 0 else "defined"].append(elf._str(strtab.offset, name))
-        elif s.type == 6:  # SHT_DYNAMIC
-            strtab = elf.sections[s.link]
-            for off in range(s.offset, s.offset + s.size, 16):
-                tag, val = struct.unpack_from("<qQ", data, off)
-                if tag == 1:
-                    out["needed"].append(elf._str(strtab.offset, val))
-                elif tag == 14:
-                    out["soname"] = elf._str(strtab.offset, val)
-                elif tag == 0:
-                    break
-    return out
 
 
 def _check_library(data: bytes, path: str, entries: list[str]) -> None:

@@ -32,7 +32,7 @@ import os
 import re
 from pathlib import Path
 
-from . import elf
+from .. import elf
 from ..errors import AotError, ManifestError
 from ..keys import BuildKey
 from ..manifest import MANIFEST, OBJECTS, Entry, Manifest, read_timings

@@ -117,3 +117,27 @@ def exported_parts(obj: bytes, entry: str) -> tuple[bytes, bytes]:
     if code[:4] != ELF_MAGIC:
         raise ElfError(f"{entry}__kernels_binary is not an ELF code object")
     return meta, code
+
+
+def dynamic_info(data: bytes) -> dict:
+    """DT_NEEDED, SONAME and the defined / undefined dynamic symbols of a
+    shared library (read from its .dynamic and .dynsym)."""
+    elf = Elf(data)
+    out = {"needed": [], "soname": None, "undefined": [], "defined": []}
+    for s in elf.sections:
+        if s.type == 11:  # SHT_DYNSYM
+            strtab = elf.sections[s.link]
+            for off in range(s.offset + s.entsize, s.offset + s.size, s.entsize):
+                name, _info, _other, shndx, _value, _size = struct.unpack_from("<IBBHQQ", data, off)
+                out["undefined" if shndx == 0 else "defined"].append(elf._str(strtab.offset, name))
+        elif s.type == 6:  # SHT_DYNAMIC
+            strtab = elf.sections[s.link]
+            for off in range(s.offset, s.offset + s.size, 16):
+                tag, val = struct.unpack_from("<qQ", data, off)
+                if tag == 1:
+                    out["needed"].append(elf._str(strtab.offset, val))
+                elif tag == 14:
+                    out["soname"] = elf._str(strtab.offset, val)
+                elif tag == 0:
+                    break
+    return out
