@@ -19,10 +19,10 @@
   vLLM release the wheel holds a room of, and the README names each;
   LICENSE and NOTICE in the dist-info;
 - contents: every room (``<arch>/vllm-<release>/``) under
-  dsv41_aot/kernels_prebuilt/, every key of a room linked into a packaged
-  band of its arch (``<arch>/lib/``) whose compressed and raw sha256 are the
-  room's link record's, no band no room names, no timings.json, no raw
-  ``.so`` anywhere, no library with a DT_NEEDED; with ``--prebuilt``, the
+  dsv41_aot/kernels_prebuilt/ sound by its own verdict (``Room.problems``:
+  its records, every key linked from its object into a packaged band that
+  exports its entry, no band with a DT_NEEDED), no band no room names, no
+  timings.json, no raw ``.so`` anywhere; with ``--prebuilt``, the
   manifests, link records and bands are byte for byte the prebuilt dir's,
   which holds exactly these rooms;
 - ``auditwheel show`` on the raw libraries (the bands unpacked into a scratch
@@ -50,12 +50,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ci.prebuilt import admits  # noqa: E402
-from dsv41_aot.aot.link import dynamic_info  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
 from dsv41_aot.manifest import TIMINGS  # noqa: E402
-from dsv41_aot.room import folder_name  # noqa: E402
 from dsv41_aot.listing import built_arches, built_releases, built_rooms  # noqa: E402
-from dsv41_aot.aot.wheel import PKG, dist_info, open_wheel, report, rooms_in_wheel as _rooms, wheel_bands  # noqa: E402,F401
+from dsv41_aot.aot.wheel import PKG, dist_info, open_wheel, report, rooms_in_wheel as _rooms, wheel_bands, wheel_problems  # noqa: E402,F401
 from dsv41_aot.cli.verify import print_wheel_report as print_report  # noqa: E402
 
 PLAT = "manylinux_2_28_x86_64"
@@ -152,11 +150,11 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
             problems.append(f"kernels wheel tagged {tags}, expected py3-none-{PLAT}")
         if wheel.name != f"dsv41_aot-{meta['Version']}-py3-none-{PLAT}.whl":
             problems.append(f"file name {wheel.name} is not dsv41_aot-{meta['Version']}-py3-none-{PLAT}.whl")
+        problems += wheel_problems(z)  # each room's own verdict (Room.problems): records, links, bands
         try:
             contents = wheel_bands(z)
-        except AotError as e:
-            problems.append(str(e).splitlines()[0])
-            return out
+        except AotError:
+            return out  # a room or band that cannot be read: its problem is listed above
         out["keys"], out["keys_by_arch"], out["keys_by_room"], libraries = 0, {}, {}, {}
         served = set()
         for arch in arches:
@@ -165,31 +163,14 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
         for arch, (rooms, raw) in contents.items():
             base = f"{PKG}{arch}/"
             named = set()
-            for release, (man, links) in rooms.items():
+            for release, room in rooms.items():
                 served.add(release)
-                room = f"{arch}/{folder_name(release)}"
-                linked = {}
-                for band in links.bands:
-                    named.add(band.file)
-                    if band.file not in raw:
-                        problems.append(f"{base}lib/{band.file} named by {room}/libs.json is not in the wheel")
-                        continue
-                    linked.update(band.entries)
-                    for key in band.entries:  # the band must export each key's entry (the loader binds it by name)
-                        e = man.entries.get(key)
-                        if e and (e.entry.encode() + b"\0") not in raw[band.file]:
-                            problems.append(f"{key} (vLLM {release}): {room}/libs.json lists it under {band.file}, "
-                                            f"which does not export {e.entry}")
-                for key, e in man.entries.items():
-                    if linked.get(key) != e.sha256:
-                        problems.append(f"{key} (vLLM {release}): not linked from its object in {room}/libs.json")
-                out["keys_by_room"][room] = len(man.entries)
-                out["keys_by_arch"][arch] = out["keys_by_arch"].get(arch, 0) + len(man.entries)
-                out["keys"] += len(man.entries)
+                named |= {band.file for band in room.links().bands}
+                n = len(room.manifest().entries)
+                out["keys_by_room"][room.name] = n
+                out["keys_by_arch"][arch] = out["keys_by_arch"].get(arch, 0) + n
+                out["keys"] += n
             for name, data in raw.items():
-                needed = dynamic_info(data)["needed"]
-                if needed:
-                    problems.append(f"{base}lib/{name}: DT_NEEDED {needed}")
                 libraries[f"{arch}/{name[:-3]}"] = data
             stray = sorted(n for n in names if n.startswith(f"{base}lib/") and n[len(base) + 4:] not in named)
             if stray:

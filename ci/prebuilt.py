@@ -39,7 +39,6 @@ if str(ROOT) not in sys.path:
 
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
-from dsv41_aot.aot.link import dynamic_info  # noqa: E402
 from dsv41_aot.facts.releases import RELEASES, deployed_arches, release_facts, version_order  # noqa: E402
 from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest  # noqa: E402
 from dsv41_aot.room import Room  # noqa: E402
@@ -96,11 +95,9 @@ def matrix_digests(matrix_path=None) -> dict:
 
 def _check_room(root: Path, adir: Path, arch: str, release: str, digests: dict, bands: dict) -> RoomContents:
     """Check one room (``room.Room.problems``: none allowed, serving or
-    builder's) and what only a wheel needs (the matrix's digest, no
-    DT_NEEDED); record the bands its libs.json names in ``bands`` (file ->
-    its Band, checked once)."""
+    builder's) and what only a wheel needs (the matrix's digest); record
+    the bands its libs.json names in ``bands`` (file -> its Band)."""
     fix = fix_for(root, arch, release)
-    relink = f"dsv41-aot link --dir {root} --arch {arch} --release {release}"
     room = f"{arch}/{release_facts(release).folder}"
     if release not in digests:
         raise ManifestError(f"{adir.parent / room}: vLLM {release} is not a release of the build matrix "
@@ -125,12 +122,7 @@ def _check_room(root: Path, adir: Path, arch: str, release: str, digests: dict, 
         raise ManifestError(f"room {room}: its keys were built from vLLM {source.get('vllm_version')}, "
                             f"not {release}", fix=fix)
     for band in room_.links().bands:
-        if band.file not in bands:
-            info = dynamic_info(room_.read_band(band))
-            if info["needed"]:
-                raise IntegrityError(f"{room_.lib / band.file} records DT_NEEDED {info['needed']}: it would tie users "
-                                     f"to this build machine's libraries", fix=relink)
-            bands[band.file] = band
+        bands.setdefault(band.file, band)
     return RoomContents(arch=arch, release=release, keys=sorted(man.entries), source=source, mono_sources=digest)
 
 

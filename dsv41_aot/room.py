@@ -1,26 +1,18 @@
 """A room: ``<dir>/<arch>/vllm-<release>/``, the keys of one vLLM release on
 one arch, and the one judge of whether it can serve.
 
-A room owns its paths (manifest.json, libs.json, timings.json, verified.json
-in its folder; the arch's ``objects/`` and ``lib/``, shared with the arch's
-other rooms), reads manifest.json, libs.json and verified.json once each
-through one strict parser each (``Manifest.read``; :meth:`LinkRecord.parse`,
-which also reads a wheel's bytes; :meth:`Proof.parse`), and answers
-:meth:`Room.problems`: every problem it can
-have, typed, each naming its file (and key) and carrying the command that
-fixes it. Everything that reads a room asks it:
+A room owns its paths (its records manifest.json, libs.json, timings.json
+and verified.json; the arch's ``objects/`` and ``lib/``, shared with the
+arch's other rooms) and reads each record once through its one parser.
+:meth:`Room.problems` lists every problem it can have, typed, each naming
+its file (and key) and the command that fixes it. Everything that judges a
+room asks it: the loader (the band it binds), ``dsv41-aot verify``,
+``link`` (relinks a band with a problem), ``build``, the wheel gate
+(``ci/prebuilt.py``), ``verify --wheel`` and ``ci/check_wheel.py`` (a
+wheel's room, read through :class:`ZipReader`).
 
-- the loader raises the first problem of the band a key binds (the band
-  checks here are the ones it runs while reading the band: path, plain file,
-  sha256, raw sha256);
-- ``dsv41-aot verify`` reports them all;
-- ``link`` relinks the chunks whose band has a problem, and ``build``
-  rebuilds keys whose object has one;
-- the wheel gate (``ci/prebuilt.py``) ships a room with no serving problem.
-
-A room of a release this dsv41-aot does not know (``vllm-0.34.0``, written by
-a newer version) is *foreign*: nobody judges, rewrites or deletes it, and the
-objects and bands it names stay (:func:`named_by_rooms`).
+A room of a release this dsv41-aot does not know (written by a newer
+version) is *foreign*: nobody judges, rewrites or deletes it.
 
 Shared core: standard library only.
 """
@@ -34,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import pending
+from .elf import ElfError, dynamic_info
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
 from .manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, folder_name
@@ -325,7 +318,7 @@ class Room:
         out = self._source_problems(man)
         if proof:
             out += self.proof_problems()
-        if not self.libs_path.is_file() and not man.entries:
+        if not self.has(LIBS_JSON) and not man.entries:
             return out  # nothing built here (only refused keys): nothing to link or load
         try:
             links = self.links()
@@ -337,8 +330,9 @@ class Room:
                 out.append(Problem("link", f"{key} is in {man.path} but no library links it", str(self.libs_path),
                                    self.fix_relink, key=key))
             elif band.entries[key] != e.sha256:
-                out.append(Problem("link", f"{key}: {self.libs_path} links it from object {band.entries[key][:16]}, "
-                                           f"the manifest names {e.sha256[:16]}", str(self.libs_path),
+                out.append(Problem("link", f"{key} (vLLM {self.release}): not linked from its object in {self.libs_path}"
+                                           f" (it links {band.entries[key][:16]}, the manifest names {e.sha256[:16]})",
+                                   str(self.libs_path),
                                    self.fix_relink, key=key, band=band.file))
         for key in sorted(set(links.band_of) - set(man.entries)):
             out.append(Problem("link", f"{key} is linked (in {links.band_of[key].file}) but not in {man.path}",
@@ -351,19 +345,26 @@ class Room:
         return out
 
     def band_problems(self, band: Band, man: Manifest | None = None) -> list[Problem]:
-        """What the loader would refuse of ``band``: its path, bytes and
-        library, and (with ``man``) that it exports each key's entry."""
+        """What is wrong with ``band``: its path and bytes (what the loader
+        refuses), a DT_NEEDED (it would tie users to the build machine's
+        libraries) and (with ``man``) an entry of its keys it does not export."""
         try:
             raw = self.read_band(band)
+            needed = dynamic_info(raw)["needed"]
         except (ManifestError, IntegrityError) as e:
             return [Problem("band", e.message, str(self.lib / band.file), e.fix, band=band.file)]
+        except (ElfError, IndexError) as e:
+            needed = [f"<unreadable: {e}>"]
         out = []
+        if needed:
+            out.append(Problem("band", f"{self.lib / band.file} records DT_NEEDED {needed}: it would tie users to "
+                                       f"this build machine's libraries", str(self.lib / band.file), self.fix_relink,
+                               band=band.file))
         for key in sorted(band.entries):
             e = man.entries.get(key) if man else None
-            entry = e.entry if e else None
-            if entry and (entry.encode() + b"\0") not in raw:
-                out.append(Problem("band", f"{band.file} does not export {entry} ({key}): {self.libs_path} lists the "
-                                           f"key under the wrong band", str(self.libs_path), self.fix_relink,
+            if e and e.entry and (e.entry.encode() + b"\0") not in raw:
+                out.append(Problem("band", f"{key} (vLLM {self.release}): {self.libs_path} lists it under {band.file}, "
+                                           f"which does not export {e.entry}", str(self.libs_path), self.fix_relink,
                                    key=key, band=band.file))
         return out
 

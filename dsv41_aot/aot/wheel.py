@@ -17,7 +17,6 @@ from ..records import NO_EVIDENCE, PROVEN, VERIFIED, Proof
 from ..manifest import LIB
 from ..room import Room, ZipReader
 from ..listing import rooms_in_members
-from .link import dynamic_info
 
 PKG = "dsv41_aot/kernels_prebuilt/"  # where a wheel carries its rooms
 FIX = "rebuild the wheel from a prebuilt dir that passes: python ci/prebuilt.py DIR"
@@ -84,24 +83,26 @@ def wheel_rooms(z: zipfile.ZipFile) -> list[Room]:
     return [Room(Path(PKG), arch, release, reader) for arch, release in rooms_in_members(reader.names, PKG)]
 
 
+def wheel_problems(z: zipfile.ZipFile) -> list[str]:
+    """What is wrong with the rooms a wheel holds, as each room's own
+    verdict (``Room.problems``) says it: records, links and bands."""
+    return [p.message for room in wheel_rooms(z) for p in room.problems(objects=False)]
+
+
 def wheel_bands(z: zipfile.ZipFile) -> dict:
-    """{arch: ({release: (Manifest, LinkRecord)}, {band file: raw library})}
-    of a wheel, read by the room's own parsers from the wheel's bytes, each
-    band checked against the libs.json naming it (AotError otherwise)."""
+    """{arch: ({release: Room}, {band file: raw library})} of a wheel, each
+    band read by its room (AotError on the first one that cannot be read:
+    :func:`wheel_problems` lists them all)."""
     out: dict = {}
     for room in wheel_rooms(z):
         rooms, raw = out.setdefault(room.arch, ({}, {}))
         try:
-            man, links = room.manifest(), room.links()
+            for band in room.links().bands:
+                if band.file not in raw:
+                    raw[band.file] = room.read_band(band)
         except AotError as e:
             raise type(e)(e.message, fix=FIX) from None
-        rooms[room.release] = (man, links)
-        for band in links.bands:
-            if room.reader.where(f"{room.arch}/{LIB}/{band.file}") in room.reader.names and band.file not in raw:
-                try:
-                    raw[band.file] = room.read_band(band)
-                except AotError as e:
-                    raise type(e)(e.message, fix=FIX) from None
+        rooms[room.release] = room
     return out
 
 
@@ -112,11 +113,9 @@ def report(wheel: Path) -> dict:
     kinds and token widths and how many carry a proof against vLLM's JIT
     (the room's verified.json, read by its one parser, records.Proof: a proof
     counts when its verdict on the manifest entry is PROVEN: the same code
-    object and sources, and evidence only a JIT run produced); every band checked against its room's
-    libs.json (sha256 of the xz bytes and of the library inside), every key
-    linked from its own object into a band that exports its entry, no band
-    with a DT_NEEDED. ``problems`` lists what is wrong (empty: the wheel
-    holds together); ``unproven`` the keys without a matching proof."""
+    object and sources, and evidence only a JIT run produced). ``problems``
+    lists what each room's verdict (``Room.problems``) finds wrong (empty:
+    the wheel holds together); ``unproven`` the keys without a matching proof."""
     out = {"wheel": Path(wheel).name, "bytes": Path(wheel).stat().st_size, "rooms": [], "bands": [],
            "problems": [], "unproven": []}
     problems = out["problems"]
@@ -129,59 +128,41 @@ def report(wheel: Path) -> dict:
         names = set(z.namelist())
         meta = email.parser.Parser().parsestr(z.read(f"{dist_info(names)}/METADATA").decode(errors="replace"))
         out.update(name=meta["Name"], version=meta["Version"])
-        try:
-            contents = wheel_bands(z)
-        except AotError as e:
-            problems.append(str(e).splitlines()[0])
-            return out
-        if not contents:
+        rooms = wheel_rooms(z)
+        if not rooms:
             problems.append(f"no room under {PKG}: a wheel without kernels")
-        for arch, (rooms_, raw) in contents.items():
-            base = f"{PKG}{arch}/"
-            for band_file, data in sorted(raw.items()):
-                needed = dynamic_info(data)["needed"]
-                if needed:
-                    problems.append(f"{base}lib/{band_file}: DT_NEEDED {needed}")
-            for release, (man, links) in rooms_.items():
-                room = Room(Path(PKG), arch, release, ZipReader(z, PKG))
-                where = room.name
-                proof = Proof(arch, release, {})
-                vpath = f"{PKG}{room.name}/{VERIFIED}"
-                if vpath in names:
-                    try:  # its one parser (records.Proof)
-                        proof = room.proof()
-                    except AotError as e:
-                        problems.append(e.message)
-                linked = {}
-                for band in links.bands:
-                    if band.file not in raw:
-                        problems.append(f"{base}lib/{band.file} named by {where}/libs.json is not in the wheel")
-                        continue
-                    linked.update(band.entries)
-                    out["bands"].append({"room": where, "file": f"{arch}/lib/{band.file}", "bytes": band.bytes,
-                                         "raw_bytes": band.raw_bytes, "keys": len(band.entries)})
-                by_tp: dict = {}
-                for key, e in sorted(man.entries.items()):
-                    k = BuildKey.parse(key, release)
-                    band = links.band_of.get(key)
-                    if linked.get(key) != e.sha256:
-                        problems.append(f"{key} (vLLM {release}): not linked from its object in {where}/libs.json")
-                    elif band is not None and band.file in raw and (e.entry.encode() + b"\0") not in raw[band.file]:
-                        problems.append(f"{key} (vLLM {release}): {band.file} does not export {e.entry}")
-                    state = proof.verdict(key, e)  # PROVEN, NO_EVIDENCE (no JIT-only evidence), STALE or None
-                    proven = state == PROVEN
-                    if not proven:
-                        out["unproven"].append(f"{key} (vLLM {release})"
-                                               + (": its proof carries no JIT-only evidence" if state == NO_EVIDENCE
-                                                  else ": its proof names another code object" if state else ""))
-                    t = by_tp.setdefault(k.tp, {"keys": 0, "proven": 0, "kinds": {}, "tokens": [k.tokens, k.tokens]})
-                    t["keys"] += 1
-                    t["proven"] += proven
-                    t["kinds"][k.kind] = t["kinds"].get(k.kind, 0) + 1
-                    t["tokens"] = [min(t["tokens"][0], k.tokens), max(t["tokens"][1], k.tokens)]
-                out["rooms"].append({
-                    "arch": arch, "release": release, "mono_sources": man.mono_sources, "keys": len(man.entries),
-                    "proven": sum(t["proven"] for t in by_tp.values()), "verified_json": vpath in names,
-                    "tp": {str(tp): by_tp[tp] for tp in sorted(by_tp)},
-                })
+        for room in rooms:
+            problems += [p.message for p in room.problems(objects=False)]  # the room's one verdict
+            try:
+                man, links = room.manifest(), room.links()
+            except AotError:
+                continue  # its problem is listed above
+            try:
+                proof = room.proof()
+            except AotError:
+                proof = Proof(room.arch, room.release, {})  # unreadable: listed above, every key unproven
+            release, vpath = room.release, f"{PKG}{room.name}/{VERIFIED}"
+            for band in links.bands:
+                if room.reader.has(f"{room.arch}/{LIB}/{band.file}"):
+                    out["bands"].append({"room": room.name, "file": f"{room.arch}/{LIB}/{band.file}",
+                                         "bytes": band.bytes, "raw_bytes": band.raw_bytes, "keys": len(band.entries)})
+            by_tp: dict = {}
+            for key, e in sorted(man.entries.items()):
+                k = BuildKey.parse(key, release)
+                state = proof.verdict(key, e)  # PROVEN, NO_EVIDENCE (no JIT-only evidence), STALE or None
+                proven = state == PROVEN
+                if not proven:
+                    out["unproven"].append(f"{key} (vLLM {release})"
+                                           + (": its proof carries no JIT-only evidence" if state == NO_EVIDENCE
+                                              else ": its proof names another code object" if state else ""))
+                t = by_tp.setdefault(k.tp, {"keys": 0, "proven": 0, "kinds": {}, "tokens": [k.tokens, k.tokens]})
+                t["keys"] += 1
+                t["proven"] += proven
+                t["kinds"][k.kind] = t["kinds"].get(k.kind, 0) + 1
+                t["tokens"] = [min(t["tokens"][0], k.tokens), max(t["tokens"][1], k.tokens)]
+            out["rooms"].append({
+                "arch": room.arch, "release": release, "mono_sources": man.mono_sources, "keys": len(man.entries),
+                "proven": sum(t["proven"] for t in by_tp.values()), "verified_json": vpath in names,
+                "tp": {str(tp): by_tp[tp] for tp in sorted(by_tp)},
+            })
     return out
