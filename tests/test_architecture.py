@@ -250,3 +250,79 @@ def test_the_private_name_check_catches_a_slip(tmp_path):
                      "def f():\n    return host._installed_vllm(), host.__name__\n")
     found = private_imports(probe)
     assert len(found) == 2 and "imports _Index" in found[0] and "reaches host._installed_vllm" in found[1]
+
+
+# ---------------------------------------------------------------- one verdict on a room
+
+VERDICT_OWNER = PKG / "room.py"  # Room.problems: the one judge of a key's link and a band's exports
+BYTE_SEARCH = ("find", "rfind", "index", "count", "startswith", "endswith")
+
+
+def _attrs(node: ast.AST) -> set[str]:
+    """The attribute names an expression reads (``e.entry.encode()``: entry, encode)."""
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
+def _looked_up(node: ast.AST) -> bool:
+    """A value looked up by key: ``band.entries[key]``, ``linked.get(key)``."""
+    return isinstance(node, ast.Subscript) or (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                                               and node.func.attr == "get")
+
+
+def second_verdicts(paths) -> list[str]:
+    """Functions outside room.py that judge a key's link (a looked-up value
+    compared with an entry's ``.sha256``) or a band's exports (an entry name
+    searched for in a library's bytes): ``path:line function``."""
+    out = []
+    for path in paths:
+        if path == VERDICT_OWNER:
+            continue
+        for fn in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for n in ast.walk(fn):
+                link = export = False
+                if isinstance(n, ast.Compare):
+                    sides = [n.left, *n.comparators]
+                    if any(isinstance(op, (ast.Eq, ast.NotEq)) for op in n.ops):
+                        link = any(isinstance(a, ast.Attribute) and a.attr == "sha256"
+                                   and any(_looked_up(b) for b in sides if b is not a) for a in sides)
+                    if any(isinstance(op, (ast.In, ast.NotIn)) for op in n.ops):
+                        export = "entry" in _attrs(n.left) and not isinstance(n.left, ast.Attribute)
+                elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in BYTE_SEARCH:
+                    export = any("entry" in _attrs(a) for a in n.args)
+                if link or export:
+                    out.append(f"{path.relative_to(REPO)}:{n.lineno} {fn.name} judges a "
+                               f"{'key' + chr(39) + 's link' if link else 'band' + chr(39) + 's exports'}")
+    return out
+
+
+def test_only_the_room_judges_links_and_exports():
+    """Whether a key is linked from its own object and whether its band
+    exports its entry is decided by Room.problems alone: verify, link, the
+    wheel gate, verify --wheel and ci/check_wheel.py ask it."""
+    assert second_verdicts(_sources("dsv41_aot", "ci")) == []
+
+
+def test_the_verdict_check_catches_a_slip(tmp_path):
+    """A second judge planted outside room.py, the way the wheel checks once
+    judged, is found: the link comparison and the byte search both."""
+    slip = tmp_path / "slip.py"
+    slip.write_text("def check(man, links, raw):\n"
+                    "    for key, e in man.entries.items():\n"
+                    "        if links.band_of[key].entries[key] != e.sha256:\n"
+                    "            yield key\n"
+                    "        if (e.entry.encode() + b'\\0') not in raw:\n"
+                    "            yield key\n"
+                    "        if raw.find(e.entry.encode()) < 0:\n"
+                    "            yield key\n"
+                    "        if e.sha256 == manifest.entries[key].sha256 or key in links.band_of:\n"
+                    "            pass\n")
+    global REPO
+    old, REPO = REPO, tmp_path
+    try:
+        assert second_verdicts([slip]) == ["slip.py:3 check judges a key's link",
+                                           "slip.py:5 check judges a band's exports",
+                                           "slip.py:7 check judges a band's exports"]
+    finally:
+        REPO = old
