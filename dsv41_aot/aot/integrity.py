@@ -1,20 +1,26 @@
 """A room's keys checked one by one without vLLM (``dsv41-aot verify``'s
-integrity level, ``aot/verify.py``): each manifest entry against its stored
-object, the GPU code object inside it, that object's export ABI and kernarg
-layout, and whether its CTA can be resident."""
+integrity level, ``aot/verify.py``).
+
+Each manifest entry is compared with the entry the build derives from its
+stored object (``compiler.describe_object``: the GPU code object, its
+kernel, export ABI, resources and residency), and the object's ABI with
+its kernel's kernarg layout."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 
 from .. import elf
-from ..errors import AotError, IntegrityError
+from ..errors import AotError, CompileError, IntegrityError, ResidencyError
 from ..keys import BuildKey
 from ..manifest import OBJECTS, Manifest
-from .codeobject import code_object_resources, manifest_figures
-from .residency import residency_problems
+from .codeobject import code_object_resources
+from .compiler import describe_object
+
+# what describe_object derives from a stored object: the manifest entry must say the same
+# (its ABI is compared slot by slot below)
+ENTRY_FIELDS = ("kind", "arch", "fields", "symbol", "entry", "object", "sha256", "bytes", "code_object_sha256",
+                "code_object_bytes", "resources")
 
 
 @dataclass
@@ -62,41 +68,26 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
         return rep, None
     if str(parsed) != key:
         rep.problems.append(f"manifest key is not canonical (canonical: {parsed})")
-    if e.resources is None:
-        rep.problems.append("manifest entry lacks resources")
-    if (e.kind, e.arch, e.fields) != (parsed.kind, parsed.arch, parsed.build_fields()):
-        rep.problems.append(f"manifest kind / arch / fields differ from the key's ({parsed.kind}, {parsed.arch}, "
-                            f"{parsed.build_fields()})")
-    if e.symbol != parsed.kernel_symbol or e.entry != parsed.entry:
-        rep.problems.append(f"manifest names symbol {e.symbol} / entry {e.entry}, the key's are {parsed.kernel_symbol} / {parsed.entry}")
     rep.checks.append("export")
-    try:
-        meta_raw, code = elf.exported_parts(man.object_path(key).read_bytes(), e.entry)
-        meta = json.loads(meta_raw)
-    except (elf.ElfError, ValueError) as err:
+    try:  # the entry the build would write for this object, made by the build's own function
+        described, abi = describe_object(parsed, man.object_path(key).read_bytes(), e.source)
+    except (elf.ElfError, ValueError, KeyError) as err:
         rep.problems.append(f"object {e.object} is not an export of entry {e.entry}: {err}")
         return rep, None
-    if hashlib.sha256(code).hexdigest() != e.code_object_sha256 or len(code) != e.code_object_bytes:
-        rep.problems.append("GPU code object inside the object differs from the manifest's code_object_sha256 / bytes")
-    if meta.get("arch") != man.arch:
-        rep.problems.append(f"export metadata says arch {meta.get('arch')!r}, the manifest {man.arch}")
-    slots = [{"name": a["arg_name"], "ctype": a["ctype"], "size": a["size"]} for a in meta.get("abi", [])]
-    if slots != man.abi(key):
+    except ResidencyError as err:
+        rep.problems.append(f"cannot be resident: {err}")
+        return rep, None
+    except CompileError as err:
+        rep.problems.append(f"object {e.object} is not the key's export: {err}")
+        return rep, None
+    changed = [f for f in ENTRY_FIELDS if getattr(described, f) != getattr(e, f)]
+    if changed:
+        rep.problems.append(f"manifest entry differs from its object's: {', '.join(changed)}")
+    if abi != man.abi(key):
         rep.problems.append("export metadata's ABI slots differ from the manifest's ABI")
     rep.checks.append("resources")
-    try:
-        res = code_object_resources(code)
-    except (elf.ElfError, ValueError) as err:
-        rep.problems.append(f"GPU code object metadata unreadable: {err}")
-        return rep, code
-    if res["name"] != e.symbol:
-        rep.problems.append(f"GPU kernel is named {res['name']}, the manifest says {e.symbol}")
-    figures = manifest_figures(res)
-    if e.resources is not None and e.resources != figures:
-        changed = sorted(k for k in set(figures) | set(e.resources) if figures.get(k) != e.resources.get(k))
-        rep.problems.append(f"manifest resources differ from the code object's: {', '.join(changed)}")
-    rep.problems += kernarg_problems(slots, res)  # the object's own ABI (the manifest's was compared above)
-    rep.problems += [f"cannot be resident: {p}" for p in residency_problems(res, man.arch, man.release)]
+    code = elf.exported_parts(man.object_path(key).read_bytes(), e.entry)[1]
+    rep.problems += kernarg_problems(abi, code_object_resources(code))  # describe_object does not compare these
     return rep, code
 
 
