@@ -86,7 +86,7 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
     if abi != man.abi(key):
         rep.problems.append("export metadata's ABI slots differ from the manifest's ABI")
     rep.checks.append("resources")
-    code = elf.exported_parts(man.object_path(key).read_bytes(), e.entry)[1]
+    code = elf.exported_parts(man.object_path(key).read_bytes(), described.entry)[1]
     rep.problems += kernarg_problems(abi, code_object_resources(code))  # describe_object does not compare these
     return rep, code
 
