@@ -12,9 +12,8 @@ room asks it: the loader (the band it binds), ``dsv41-aot verify``,
 wheel's room, read through :class:`ZipReader`).
 
 A room of a release this dsv41-aot does not know (written by a newer
-version) is *foreign*: nobody judges, rewrites or deletes it.
-
-Shared core: standard library only.
+version) is *foreign*: nobody judges, rewrites or deletes it. Shared core:
+standard library only.
 """
 
 from __future__ import annotations

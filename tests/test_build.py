@@ -16,8 +16,8 @@ import time
 import pytest
 from _smoke import OLD, REPO, SMOKE_KEYS, SMOKE_RELEASE_KEYS, copy_of, room, run_cli
 
-from dsv41_aot import cli, source
-from dsv41_aot.aot import buildroom, elf, matrix, toolchain
+from dsv41_aot import cli, elf, source
+from dsv41_aot.aot import buildroom, matrix, toolchain
 from dsv41_aot.facts import flydsl
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
