@@ -503,7 +503,7 @@ def test_keys_that_cannot_run_fail_alone(tmp_path):
     assert unresident in errors[unresident] and "LDS" in errors[unresident] and "65536" in errors[unresident].replace(",", "")
     m = Manifest.read(out / "gfx942", release=NEWEST)
     assert list(m.entries) == [CHEAP[1]]
-    assert m.entries[CHEAP[1]]["resources"]["scratch_bytes"] == 0
+    assert m.entries[CHEAP[1]].resources["scratch_bytes"] == 0
     assert set(m.refused) == {refused, unresident}
     # the same source refuses them again: reported, not recompiled
     code, stdout, _ = run_cli(
