@@ -46,6 +46,7 @@ ACTIONS = {
 # the checkout's entries the steps read, linked into each workspace
 CHECKOUT = ("ci", "dsv41_aot", "build_matrix.yaml", "pyproject.toml", "setup.py", "README.md", "LICENSE", "NOTICE")
 _MATRIX = re.compile(r"\$\{\{ matrix\.(\w+) \}\}")
+_STEP_OUTPUT = re.compile(r"\$\{\{ steps\.([\w-]+)\.outputs\.([\w-]+) \}\}")
 
 
 def load(path: Path = WORKFLOW) -> dict:
@@ -120,29 +121,39 @@ class Rehearsal:
         for folder, source in (inputs or {}).items():
             shutil.copytree(source, ws / folder, dirs_exist_ok=True)
         base = {**(self.doc.get("env") or {}), **(spec.get("env") or {})}
+        steps: dict = {}  # step id -> the outputs it wrote to $GITHUB_OUTPUT (name=value lines)
         for i, step in enumerate(s for s in spec["steps"] if "run" in s):
             command, _ = STAND_INS.get(step["run"].strip(), (step["run"], ""))
             if command is None:
                 continue
-            env = self._env({**base, **(step.get("env") or {})}, cell, name)
-            env["GITHUB_OUTPUT"] = str(ws / f".github-output-{i}")
+            env = self._env({**base, **(step.get("env") or {})}, cell, name, steps)
+            out = ws / f".github-output-{i}"
+            env["GITHUB_OUTPUT"] = str(out)
             r = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", command], cwd=ws, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
             self.log.append((name, cell, command))
             self.outputs[name, tuple(sorted(cell.items())), command] = r.stdout
             assert r.returncode == 0, f"{name} {cell}: {command!r} failed (exit {r.returncode})\n{r.stdout[-6000:]}"
+            if "id" in step:
+                lines = out.read_text().splitlines() if out.is_file() else []
+                steps[step["id"]] = dict(line.split("=", 1) for line in lines if "=" in line)
         self.done.append((name, cell))
         return ws
 
-    def _env(self, declared: dict, cell: dict, job: str) -> dict:
-        """The process environment of one step: this one's, less GitHub's, plus what the workflow declares."""
+    def _env(self, declared: dict, cell: dict, job: str, steps: dict) -> dict:
+        """The process environment of one step: this one's, less GitHub's, plus what the workflow declares
+        (a matrix value, or an output an earlier step of the job wrote: ``steps``)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "RUNNER_"))}
         for k, v in declared.items():
             m = _MATRIX.fullmatch(str(v))
+            o = _STEP_OUTPUT.fullmatch(str(v))
             if k in self.env:
                 v = self.env[k]
             elif m:
                 v = cell[m[1]]
+            elif o:
+                assert o[2] in steps.get(o[1], {}), f"{job}: env {k}: no earlier step {o[1]!r} wrote output {o[2]!r}"
+                v = steps[o[1]][o[2]]
             else:
                 assert "${{" not in str(v), f"{job}: env {k}: {v!r} is an expression the rehearsal gives no value"
             env[k] = str(v)

@@ -50,7 +50,7 @@ _SWAP = """
 import runpy
 from dsv41_aot.runtime import abi
 
-init = abi._Abi.__init__
+init = abi.Abi.__init__
 
 class Swapped:
     def __init__(self, inner, i, j):
@@ -67,7 +67,7 @@ def slipped(self, slots, aid="?"):
     i = next(i for i, t in enumerate(types) if types.count(t) > 1)
     self.struct = Swapped(self.struct, i, types.index(types[i], i + 1))
 
-abi._Abi.__init__ = slipped
+abi.Abi.__init__ = slipped
 runpy.run_module("dsv41_aot.aot.hiprec.prebuilt", run_name="__main__")
 """
 
