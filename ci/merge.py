@@ -54,7 +54,7 @@ from dsv41_aot.facts.releases import release_facts, version_order  # noqa: E402
 from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest  # noqa: E402
 from dsv41_aot.room import Room  # noqa: E402
 from dsv41_aot.listing import built_rooms  # noqa: E402
-from dsv41_aot.records import NO_EVIDENCE, PROVEN  # noqa: E402
+from dsv41_aot.proof import NO_EVIDENCE, PROVEN  # noqa: E402
 from ci.build_shard import pairs  # noqa: E402
 
 

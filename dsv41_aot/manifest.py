@@ -58,6 +58,7 @@ LIBS_JSON = "libs.json"  # <arch>/vllm-<release>/libs.json: which library band h
 LIBS_SCHEMA = 2
 BAND_SUFFIX = ".so.xz"
 BAND_RE = re.compile(r"libdsv41_[A-Za-z0-9_.-]+\.so\.xz")  # a plain file name in lib/: no "/", no ".."
+SHA256_RE = re.compile(r"[0-9a-f]{64}")  # a sha256 digest as the records write it
 TIMINGS = "timings.json"  # <arch>/vllm-<release>/timings.json: {key: compile seconds}, never shipped
 PREFIX = "vllm-"  # a room's folder is PREFIX + its release (folder_name): spelled here only
 ENV_PREBUILT = "DSV41_AOT_PREBUILT"  # the one variable naming a prebuilt directory

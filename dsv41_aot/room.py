@@ -29,7 +29,8 @@ from .elf import ElfError, dynamic_info
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
 from .manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, folder_name
-from .records import VERIFIED, Band, LinkRecord, Proof
+from .linkrecord import Band, LinkRecord
+from .proof import VERIFIED, Proof
 
 REINSTALL = "pip install --force-reinstall --no-deps dsv41-aot"  # a wheel's room: no objects/ to relink from
 ROOM_RE = re.compile(re.escape(PREFIX) + r"(\d+\.\d+\.\d+)")
@@ -226,7 +227,7 @@ class Room:
         return self._manifest
 
     def links(self) -> LinkRecord:
-        """The room's libs.json, read once by its one parser (records.LinkRecord)."""
+        """The room's libs.json, read once by its one parser (linkrecord.LinkRecord)."""
         if self._links is None:
             data, where = self._record(LIBS_JSON)
             if data is None:

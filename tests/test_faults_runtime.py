@@ -41,7 +41,7 @@ from dsv41_aot.errors import (
 )
 from dsv41_aot.manifest import abi_id
 from dsv41_aot.room import Room
-from dsv41_aot.records import Band
+from dsv41_aot.linkrecord import Band
 from dsv41_aot.runtime import loader, state
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -250,7 +250,7 @@ def test_a_record_forged_to_name_another_releases_band(prebuilt, fresh):
     """vLLM 0.32.0's link record rewritten to name 0.33.0's band for the same
     chunk, with that band's real sha256s (a whole, valid band, the same entry
     names): the object sha256s still say 0.32.0, and the library's SONAME
-    (records.soname: a digest of the objects it was linked from) does not
+    (linkrecord.soname: a digest of the objects it was linked from) does not
     match them, so the bind refuses it before anything of it is called."""
     from dsv41_aot import source
 

@@ -163,7 +163,7 @@ def test_verify_under_another_flydsl_adds_its_proof_and_rebuilds_nothing(smoke_d
     # tests/test_proofs.py proves the recording itself)
     from dsv41_aot.aot.jit import write_verified
     from dsv41_aot.manifest import Manifest
-    from dsv41_aot.records import Evidence, KeyProof
+    from dsv41_aot.proof import Evidence, KeyProof
 
     man = Manifest.read(d / "gfx950", release=NEWEST)
     e = man.entries[key]

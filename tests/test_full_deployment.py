@@ -138,7 +138,7 @@ def test_every_key_of_the_older_room_binds_by_release(deployment):
 _CONCURRENT = """
 import json, sys, threading
 import dsv41_aot
-from dsv41_aot.records import Band
+from dsv41_aot.linkrecord import Band
 root = sys.argv[1]
 keys = dsv41_aot.keys("gfx950", prebuilt=root)
 launchers = [dsv41_aot.load_key(k, prebuilt=root) for k in keys]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from _smoke import OLD, REPO, SMOKE_RELEASE_KEYS, cli, copy_of, libdir, room
-from dsv41_aot import records
+from dsv41_aot import linkrecord
 from dsv41_aot.aot import link
 from dsv41_aot.errors import IntegrityError
 from dsv41_aot.facts.releases import NEWEST
@@ -317,7 +317,7 @@ def test_a_band_whose_keys_changed_is_relinked(smoke, tmp_path):
     after = {lib["chunk"]: lib for lib in _libs(d, "gfx950")}
     members = {k: sha for k, sha in before[chunk]["entries"].items() if k != drop}
     assert after[chunk]["entries"] == members and after[chunk]["file"] != before[chunk]["file"]
-    assert _soname(libdir(d, "gfx950") / after[chunk]["file"]) == records.soname(chunk, members)
+    assert _soname(libdir(d, "gfx950") / after[chunk]["file"]) == linkrecord.soname(chunk, members)
     assert all(after[c] == before[c] for c in before if c != chunk)
     assert not (libdir(d, "gfx950") / before[chunk]["file"]).exists() or any(
         before[chunk]["file"] == lib["file"] for lib in _libs(d, "gfx950", OLD))

@@ -1,4 +1,4 @@
-"""A room's verified.json (records.Proof): the proof that each key's prebuilt
+"""A room's verified.json (proof.Proof): the proof that each key's prebuilt
 code object is what vLLM's JIT builds, read by one strict parser everywhere
 (verify, verify --against-jit --record, list, build, ci/merge.py).
 
@@ -29,7 +29,7 @@ from _smoke import REPO, copy_of, room
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.manifest import Entry, Manifest
-from dsv41_aot.records import NO_EVIDENCE, PROOF_VERSION, PROVEN, STALE, Evidence, KeyProof, Proof
+from dsv41_aot.proof import NO_EVIDENCE, PROOF_VERSION, PROVEN, STALE, Evidence, KeyProof, Proof
 from dsv41_aot.room import Room
 from dsv41_aot.listing import built_rooms
 

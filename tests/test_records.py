@@ -1,4 +1,4 @@
-"""The link record's parser (records.LinkRecord.parse) on names that are not
+"""The link record's parser (linkrecord.LinkRecord.parse) on names that are not
 a band file of lib/: each refused where the record is read, naming it, so no
 later path check has to catch a name the parser let through."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.records import LinkRecord
+from dsv41_aot.linkrecord import LinkRecord
 
 K = "k1@gfx950:s=4,tp=4,r=1"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from _smoke import REPO, SMOKE_RELEASE_KEYS
 
-from dsv41_aot import records
+from dsv41_aot import linkrecord
 from dsv41_aot.aot import jit, matrix, verify
 from dsv41_aot.elf import exported_parts
 from dsv41_aot.errors import ToolchainError
@@ -322,7 +322,7 @@ def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = 
         (root / arch / LIB).mkdir(parents=True, exist_ok=True)
         name = f"libdsv41_{arch}_{release.replace('.', '_')}.so.xz"
         members = {k: man.entries[k].sha256 for k in keys}
-        so_name = records.soname(name.split(".")[0], members).encode()
+        so_name = linkrecord.soname(name.split(".")[0], members).encode()
         raw = b"\0".join([band, so_name] + [man.entries[k].entry.encode() for k in keys]) + b"\0"
         (root / arch / LIB / name).write_bytes(lzma.compress(raw, format=lzma.FORMAT_XZ))
         doc = {"schema": 2, "arch": arch, "release": release, "libraries": [

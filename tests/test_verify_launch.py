@@ -24,7 +24,7 @@ from dsv41_aot.aot.cache import cache_dir
 from dsv41_aot.aot.hiprec import prebuilt
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.records import Proof
+from dsv41_aot.proof import Proof
 from dsv41_aot.room import Room
 
 KEY = BuildKey.parse("ffn@gfx950:s=4,tp=4,r=0", "0.33.0")

@@ -275,7 +275,7 @@ def test_merge_carries_the_proofs_and_can_require_them(smoke, tmp_path):
     sys.path.insert(0, str(REPO))
     from ci import merge
     from ci.prebuilt import check_arch
-    from dsv41_aot.records import Evidence, KeyProof
+    from dsv41_aot.proof import Evidence, KeyProof
 
     d = Path(shutil.copytree(smoke, tmp_path / "shard"))
     recs = {}

@@ -14,7 +14,7 @@ from ..errors import AotError, ManifestError
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write, sha256_file
 from ..pending import rebuild_cmd
-from ..records import STALE
+from ..proof import STALE
 from ..room import Room
 
 

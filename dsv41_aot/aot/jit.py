@@ -39,7 +39,7 @@ from ..facts.kinds import kind_facts
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write
 from ..room import Room
-from ..records import VERIFIED, KeyProof, Proof, parse_evidence
+from ..proof import VERIFIED, KeyProof, Proof, parse_evidence
 from .codeobject import code_object_resources
 from .hiprec import launch_digest
 

@@ -52,7 +52,7 @@ from ..elf import dynamic_info
 from ..errors import AotError, ManifestError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import BAND_SUFFIX, LIB, Manifest, sha256_file
-from ..records import Band, LinkRecord, soname
+from ..linkrecord import Band, LinkRecord, soname
 from ..room import Room
 from ..listing import built_rooms, named_by_rooms
 

@@ -14,7 +14,7 @@ changed are rebuilt (docs/building.md, "Moving to another FlyDSL")."""
 from __future__ import annotations
 
 from ..errors import IntegrityError, ManifestError
-from ..records import PROVEN
+from ..proof import PROVEN
 
 # source identity parts whose effect on what is served the GPU code object judges
 TOOLCHAIN = ("flydsl_version", "linker")

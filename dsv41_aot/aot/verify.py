@@ -53,7 +53,7 @@ from ..keys import BuildKey
 from ..manifest import BAND_SUFFIX, LIB, LIBS_JSON, Manifest
 from ..room import Room
 from ..listing import built_rooms_or_error, named_by_rooms, orphan_objects, rooms_in, rooms_of
-from ..records import NO_EVIDENCE, STALE
+from ..proof import NO_EVIDENCE, STALE
 from .integrity import KeyReport, check_entry
 from . import hiprec
 from .jit import compare_jit, verified_record, write_verified

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import AotError, IntegrityError
 from ..keys import BuildKey
-from ..records import NO_EVIDENCE, PROVEN, VERIFIED, Proof
+from ..proof import NO_EVIDENCE, PROVEN, VERIFIED, Proof
 from ..manifest import LIB
 from ..room import Room, ZipReader
 from ..listing import rooms_in_members

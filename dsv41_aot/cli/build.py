@@ -10,7 +10,7 @@ from pathlib import Path
 from ..aot.output import print_json, tally
 from ..errors import AotError
 from ..manifest import prebuilt_dir
-from ..records import flydsl_text
+from ..proof import flydsl_text
 
 
 # ---------------------------------------------------------------- build

@@ -10,7 +10,7 @@ from ..aot.verify import shard_keys, verify
 from ..errors import AotError
 from ..facts.releases import NEWEST
 from ..keys import BuildKey
-from ..records import flydsl_text
+from ..proof import flydsl_text
 from .cache import add_args
 
 

@@ -19,7 +19,7 @@ from . import hip as _hip
 from . import state
 from .rooms import RoomIndex
 from ..errors import HipUnavailableError, IntegrityError
-from ..records import Band
+from ..linkrecord import Band
 
 ENV_CACHE = "DSV41_AOT_CACHE"  # where bands are unpacked when the kernel has no memfd
 

@@ -248,7 +248,7 @@ def _flydsl(rep: Report, room: Room) -> None:
     builds (the room's verified.json, per FlyDSL: records.Proof)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from ..records import flydsl_text
+    from ..proof import flydsl_text
 
     try:
         have = version("flydsl")

@@ -1,151 +1,21 @@
-"""A room's records besides its manifest: ``libs.json`` (:class:`LinkRecord`,
-which band links which key; :class:`Band`, one band and its checks) and
-``verified.json`` (:class:`Proof`, the room's proofs against vLLM's JIT).
-Each has one strict parser, reading a folder's file or a wheel's member from
-its bytes; ``room.Room`` reads them and judges a room by them.
+"""A room's proof record, ``verified.json``: each key's proof against vLLM's JIT.
+
+:class:`Proof` has the one parser and the one serializer; ``room.Room``
+reads it.
 
 Shared core: standard library only.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 
-from .errors import IntegrityError, ManifestError
-from .manifest import BAND_RE, LIBS_JSON, LIBS_SCHEMA
+from .errors import ManifestError
+from .manifest import SHA256_RE
 
 VERIFIED = "verified.json"
-_SHA_RE = re.compile(r"[0-9a-f]{64}")
-
-
-# ---------------------------------------------------------------- libs.json
-
-
-def soname(chunk: str, members: dict) -> str:
-    """The SONAME a band's library carries: its chunk and a digest of its
-    members (key -> the sha256 of the object it was linked from). A band
-    linked from other objects, another release's included, has another one."""
-    digest = hashlib.sha256(json.dumps(members, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{chunk}.{digest}.so"
-
-
-@dataclass(frozen=True)
-class Band:
-    """One linked library of a room, as libs.json records it: the .so.xz in
-    the arch's lib/ and the keys it links (key -> object sha256)."""
-
-    chunk: str
-    file: str
-    sha256: str
-    bytes: int
-    raw_sha256: str
-    raw_bytes: int
-    entries: dict = field(hash=False, compare=True)
-
-    def as_dict(self) -> dict:
-        """The band as libs.json records it."""
-        return {"chunk": self.chunk, "file": self.file, "sha256": self.sha256, "bytes": self.bytes,
-                "raw_sha256": self.raw_sha256, "raw_bytes": self.raw_bytes, "entries": dict(self.entries)}
-
-    def check_compressed(self, data: bytes, where: Path, fix: str) -> None:
-        """The band's bytes as read must be the ones libs.json recorded."""
-        if hashlib.sha256(data).hexdigest() != self.sha256:
-            raise IntegrityError(f"{where} does not match the sha256 in {LIBS_JSON} (corrupt or altered)", fix=fix)
-
-    def unpack(self, data: bytes, where: Path, fix: str) -> bytes:
-        """The library inside the band's (checked) bytes, checked against
-        raw_sha256 and raw_bytes, and linked from the objects libs.json
-        names for its keys (the SONAME it carries, :func:`soname`)."""
-        import lzma  # only when a band is read: importing the room stays cheap
-
-        self.check_compressed(data, where, fix)
-        try:
-            raw = lzma.decompress(data, format=lzma.FORMAT_XZ)
-        except lzma.LZMAError as e:  # only a libs.json whose sha256 was forged with the file gets here
-            raise IntegrityError(f"{where}: not an xz band ({e})", fix=fix) from None
-        if len(raw) != self.raw_bytes or hashlib.sha256(raw).hexdigest() != self.raw_sha256:
-            raise IntegrityError(f"{where} decompresses to a library whose sha256 is not the raw_sha256 in "
-                                 f"{LIBS_JSON} (altered band or link record)", fix=fix)
-        name = soname(self.chunk, self.entries)
-        if name.encode() + b"\0" not in raw:
-            raise IntegrityError(f"{where} was not linked from the objects {LIBS_JSON} names for its keys (its "
-                                 f"library is not {name}): another room's or an older link's band", fix=fix)
-        return raw
-
-
-@dataclass(frozen=True)
-class LinkRecord:
-    """A room's libs.json: which band links which key."""
-
-    arch: str
-    release: str
-    bands: tuple
-    band_of: dict  # key -> Band
-
-    HIP_NOTE = "undefined in every library; the loader opens the host's libamdhip64 first"
-
-    @classmethod
-    def of(cls, arch: str, release: str, bands) -> "LinkRecord":
-        """The record of ``bands`` (each key linked once, as link writes them)."""
-        bands = tuple(bands)
-        return cls(arch, release, bands, {k: b for b in bands for k in b.entries})
-
-    def to_bytes(self) -> bytes:
-        """libs.json as written (the one serializer; same bands, same bytes)."""
-        doc = {"schema": LIBS_SCHEMA, "arch": self.arch, "release": self.release, "hip": self.HIP_NOTE,
-               "libraries": [b.as_dict() for b in self.bands]}
-        return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
-
-    @classmethod
-    def parse(cls, data: bytes, where: str, arch: str, release: str, fix: str) -> "LinkRecord":
-        """The one parser of libs.json (a folder's file or a wheel's member):
-        ManifestError naming ``where`` for anything but a schema-2 link
-        record of ``arch`` / ``release`` whose bands are plain file names
-        with well-formed digests, each key linked once."""
-        try:
-            doc = json.loads(data)
-        except ValueError as e:
-            raise ManifestError(f"{where}: malformed JSON ({e})", fix=fix) from None
-        if not isinstance(doc, dict):
-            raise ManifestError(f"{where}: not a dsv41-aot link record", fix=fix)
-        if doc.get("arch") != arch or doc.get("release") != release:
-            raise ManifestError(f"{where}: link record for {doc.get('arch')!r} vLLM {doc.get('release')!r} in the "
-                                f"{arch} vLLM {release} folder", fix=fix)
-        if doc.get("schema") != LIBS_SCHEMA:
-            raise ManifestError(f"{where}: link record schema {doc.get('schema')!r}, this dsv41-aot reads "
-                                f"{LIBS_SCHEMA} (compressed bands)", fix=fix)
-        bands, band_of = [], {}
-        try:
-            for lib in doc["libraries"]:
-                name = lib["file"]
-                if not isinstance(name, str) or not BAND_RE.fullmatch(name):
-                    raise ManifestError(f"{where}: library {lib.get('chunk')!r} names file {name!r}, not a band "
-                                        f"file of lib/", fix=fix)
-                if not all(isinstance(lib[f], str) and _SHA_RE.fullmatch(lib[f]) for f in ("sha256", "raw_sha256")) \
-                        or not all(type(lib[f]) is int for f in ("bytes", "raw_bytes")) \
-                        or not isinstance(lib["chunk"], str) or not isinstance(lib["entries"], dict):
-                    raise ManifestError(f"{where}: library {name}: chunk / sha256 / raw_sha256 / bytes / raw_bytes / "
-                                        f"entries malformed", fix=fix)
-                band = Band(lib["chunk"], name, lib["sha256"], lib["bytes"], lib["raw_sha256"], lib["raw_bytes"],
-                            dict(lib["entries"]))
-                for key, sha in band.entries.items():
-                    if key in band_of:
-                        raise ManifestError(f"{where}: {key} is linked by {band_of[key].file} and {name}", fix=fix)
-                    if not (isinstance(sha, str) and _SHA_RE.fullmatch(sha)):
-                        raise ManifestError(f"{where}: {name} links {key} from object {sha!r}, not a sha256", fix=fix)
-                    band_of[key] = band
-                bands.append(band)
-        except (KeyError, TypeError, AttributeError):
-            raise ManifestError(f"{where}: not a dsv41-aot link record", fix=fix) from None
-        return cls(arch, release, tuple(bands), band_of)
-
-
-# ---------------------------------------------------------------- verified.json
 
 
 # 4: each proof's evidence names its JIT run's compiled module (module_sha256); 3: a key's proofs under other
@@ -331,7 +201,7 @@ class Proof:
             if f"@{arch}:" not in key:
                 raise ManifestError(f"{what}: not a key of {arch}", fix=fix)
             if not isinstance(rec, dict) or not isinstance(rec.get("code_object_sha256"), str) \
-                    or not _SHA_RE.fullmatch(rec["code_object_sha256"]) or not isinstance(rec.get("jit"), dict):
+                    or not SHA256_RE.fullmatch(rec["code_object_sha256"]) or not isinstance(rec.get("jit"), dict):
                 raise ManifestError(f"{what}: code_object_sha256 / jit missing or malformed", fix=fix)
             jit = rec["jit"]
             if "release" in jit and jit["release"] != release:
@@ -405,9 +275,9 @@ def parse_evidence(ev, code_sha: str, what: str, fix: str, version: int = PROOF_
     named = set(ev) - {"launch_sha256"} if isinstance(ev, dict) else None
     shape = next((f for f in shapes if named == {*f, "at"}), None)
     launch = ev.get("launch_sha256") if isinstance(ev, dict) else None
-    if shape is None or not all(isinstance(ev[f], str) and _SHA_RE.fullmatch(ev[f]) for f in shape) \
+    if shape is None or not all(isinstance(ev[f], str) and SHA256_RE.fullmatch(ev[f]) for f in shape) \
             or not isinstance(ev["at"], str) or not (launch is None or isinstance(launch, str)
-                                                     and _SHA_RE.fullmatch(launch)):
+                                                     and SHA256_RE.fullmatch(launch)):
         want = " or ".join(", ".join(f) for f in shapes) or "none"
         raise ManifestError(f"{what}: evidence must be {want} (sha256 digests), at and optionally "
                             f"launch_sha256", fix=fix)
