@@ -1,11 +1,8 @@
 """dsv41-aot: vLLM's DeepSeek-V4.1 mono decode launches, compiled ahead of time.
 
-The public runtime API (``load``, ``load_key``, ``bind``, ``preload``,
-``keys``, ``releases``, ``release_of``, ``Launcher``) lives in
-:mod:`dsv41_aot.runtime.loader`, imported on first use: ``import dsv41_aot``
-costs nothing and never imports the build half (:mod:`dsv41_aot.aot`:
-FlyDSL, torch, vLLM). The vLLM plugin is :mod:`dsv41_aot.vllm`.
-``docs/architecture.md`` draws the two halves.
+The public runtime API (``__all__``) lives in :mod:`dsv41_aot.runtime.loader`
+and is imported on first use, so ``import dsv41_aot`` never imports the build
+half. The vLLM plugin is :mod:`dsv41_aot.vllm`. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -15,9 +12,10 @@ __all__ = ["load", "load_key", "bind", "preload", "keys", "releases", "release_o
 
 
 def __getattr__(name: str):
-    """The runtime's public names, imported at the first use of one: each is
-    then a plain attribute of this module, so ``dsv41_aot.load_key`` in a loop
-    no longer comes here (and through the import system) a call."""
+    """Import the runtime's public names on the first use of one.
+
+    Each then becomes a plain attribute of this module, so later uses skip
+    this function and the import system."""
     if name in __all__:
         from .runtime import loader
 

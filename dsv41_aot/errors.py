@@ -1,19 +1,19 @@
-"""One family of errors for everything dsv41-aot refuses.
+"""The errors dsv41-aot raises for everything it refuses.
 
 Every message says what was wrong, where (key, file, line) and the command
-that fixes it. ``exit_code`` is what the CLI exits with: 2 for bad input
-(a user can fix the command line, the matrix or the environment), 1 for a
-check that failed on artifacts that exist.
+that fixes it. ``exit_code`` is the CLI's exit status: 2 for bad input, 1 for
+a check that failed on artifacts that exist.
 
-Shared core (build and runtime): imports nothing but the standard library.
+Shared core: standard library only.
 """
 
 from __future__ import annotations
 
 
 class AotError(Exception):
-    """Base of every dsv41-aot error: ``message`` says what is wrong and
-    where, ``fix`` the command that fixes it (printed together by ``str``)."""
+    """The base of every dsv41-aot error: a message and the command that fixes it.
+
+    ``str()`` prints both; ``message`` and ``fix`` keep them apart."""
 
     exit_code = 2
 
@@ -66,7 +66,7 @@ class LoadError(AotError):
 
 
 class ManifestError(LoadError):
-    """A prebuilt directory with a missing or malformed manifest."""
+    """A room's record (manifest, libs.json, verified.json) missing or malformed."""
 
 
 class KeyNotPrebuiltError(LoadError, KeyError):
@@ -81,17 +81,15 @@ class ArchMismatchError(LoadError):
 
 
 class SourceMismatchError(LoadError):
-    """The installed vLLM mono sources differ from the ones the objects were
-    built from."""
+    """The installed vLLM's mono sources differ from those the objects were built from."""
 
 
 class ReleaseMismatchError(SourceMismatchError):
-    """No prebuilt room serves the running vLLM release (its mono sources
-    digest is none of the rooms')."""
+    """No room serves the running vLLM: its mono sources digest is none of the rooms'."""
 
 
 class IntegrityError(LoadError):
-    """A stored object whose sha256 differs from the manifest's."""
+    """A stored object or band whose bytes differ from what its record says."""
 
 
 class HipUnavailableError(LoadError):

@@ -1,29 +1,18 @@
-"""BuildKey: one launch symbol of vLLM's DeepSeek-V4.1 mono decode layer.
+"""BuildKey: one launch of vLLM's DeepSeek-V4.1 mono decode layer, in one release.
 
-A key is a launch kind (``k1``, ``k2``, ``ffn``), a GPU architecture and the
-fields of vLLM's ``MonoBuild`` that the launch's builder reads. A key belongs to one
-vLLM release (``release``, always said: ``facts/releases.py``); its
-string form names the launch within that release and is used everywhere (CLI,
-manifest, logs, errors; the release is said beside it)::
+A key is a launch kind, a GPU arch and the ``MonoBuild`` fields the launch's
+builder reads. Its string form names the launch within its release and is
+used everywhere (CLI, manifest, logs, errors), with the release said beside it::
 
     k2@gfx950:s=4,tp=4,r=1
     k1@gfx950:s=6,tp=4,r=0,f=0,e=128,k=3,g=1,w=192
 
-``s``, ``tp`` and ``r`` always appear; ``f``, ``i``, ``e``, ``k``, ``g``, ``w``
-and ``tl`` only where they differ from the release's MonoBuild defaults
-(``Release.defaults`` in ``facts/releases.py``). Each kind keeps
-only the fields its builder reads, and only those its release's ``MonoBuild``
-has (vLLM 0.32.0's has tokens, tp, ratio and timeline alone). In 0.33.0
-(``mono/layer.py``):
+``s``, ``tp`` and ``r`` always appear; the other fields only where they
+differ from the release's MonoBuild defaults. A kind keeps only the fields
+its builder reads and its release's MonoBuild has (``facts/kinds.py``,
+``facts/releases.py``).
 
-- k1 reads every field (``fold`` only K1's seam reads: ``stages/seam.py``);
-- k2 reads all but ``fold`` (its symbol omits ``f``, and no K2 stage reads
-  it), so a K2 key has no ``f``;
-- ffn is built by ``DSV41MonoLayer.ffn_kernel`` as
-  ``MonoBuild(tokens, tp, 0, timeline, experts=, topk=)``: ``r`` is 0 and
-  ``f``/``i``/``g``/``w`` keep their defaults.
-
-Shared core (build and runtime): standard library only.
+Shared core: standard library only.
 """
 
 from __future__ import annotations
@@ -59,11 +48,11 @@ _OPTIONAL_ORDER = _releases.DEFAULTED  # the optional fields, in key order
 _KEY_RE = re.compile(r"^(?P<kind>[a-z0-9]+)@(?P<arch>gfx[0-9a-f]+):(?P<fields>.*)$")
 
 
-
 def pinned(kind: str, release: str) -> dict:
-    """The MonoBuild fields a ``kind`` launch of ``release`` does not take:
-    those its builder does not read (pinned to what vLLM passes) and those the
-    release's MonoBuild does not have (pinned to the value it behaves as)."""
+    """The MonoBuild fields a ``kind`` launch of ``release`` does not take, and their values.
+
+    Fields the builder does not read are pinned to what vLLM passes; fields
+    the release's MonoBuild lacks, to the value the launch behaves as."""
     rel = _releases.release_facts(release)
     facts = _kinds.kind_facts(kind)
     out = dict(facts.fixed)
@@ -77,8 +66,7 @@ FIX_KEY = "write keys as KIND@ARCH:s=N,tp=N,r=N[,f=0|1,i=0|1,e=N,k=N,g=N,w=N,tl=
 
 @dataclass(frozen=True, order=True)
 class BuildKey:
-    """One launch of one vLLM release. A field left None takes the release's
-    MonoBuild default (``Release.defaults``)."""
+    """One launch of one vLLM release; a field left None takes the release's default."""
 
     kind: str
     arch: str
@@ -92,8 +80,7 @@ class BuildKey:
     ug_groups: int | None = None
     swa_width: int | None = None
     timeline: bool | None = None
-    # the vLLM release whose MonoBuild this is (not in the string form):
-    # always given, by keyword, never assumed
+    # the vLLM release (not in the string form): always given, never assumed
     release: str = field(kw_only=True)
 
     def __post_init__(self):
@@ -132,8 +119,7 @@ class BuildKey:
 
     @property
     def room(self) -> str:
-        """Where the key's artifacts live: its arch and release
-        (``gfx950/vllm-0.33.0``, the folder under a prebuilt directory)."""
+        """The key's room folder under a prebuilt directory, e.g. ``gfx950/vllm-0.33.0``."""
         return f"{self.arch}/{_releases.release_facts(self.release).folder}"
 
     def describe(self) -> str:
@@ -142,8 +128,9 @@ class BuildKey:
 
     @classmethod
     def parse(cls, text: str, release: str) -> "BuildKey":
-        """The key named by ``text`` within vLLM ``release`` (its canonical
-        string, or one with the optional fields at their defaults written out)."""
+        """The key named by ``text`` within vLLM ``release``.
+
+        Optional fields written out at their defaults are accepted."""
         m = _KEY_RE.match(text.strip())
         if not m:
             raise KeyFormatError(f"malformed key {text!r}: expected KIND@ARCH:FIELDS", fix=FIX_KEY)
@@ -183,23 +170,20 @@ class BuildKey:
 
     # -------------------------------------------------------------- derived names
     def build_fields(self) -> dict:
-        """The MonoBuild keyword arguments this key stands for, in its
-        release (only the fields that release's MonoBuild has)."""
+        """The MonoBuild keyword arguments of this key, for the fields its release has."""
         rel = _releases.release_facts(self.release)
         d = asdict(self)
         return {name: d[name] for name in rel.mono_fields}
 
     @property
     def entry(self) -> str:
-        """The C entry point name of this key's exported object: unique per
-        key, so every key of an arch links into one library."""
+        """The C entry point of the key's exported object: unique, so an arch's keys link together."""
         s = str(self).replace("@", "_").replace(":", "_").replace(",", "_").replace("=", "")
         return f"dsv41_{s}"
 
     @property
     def kernel_symbol(self) -> str:
-        """The GPU kernel's symbol as vLLM's ``kernel_symbol`` names it
-        (``_ZN5aiter{len}{stem}_{signature}E``), computed without vLLM."""
+        """The GPU kernel's symbol as vLLM's ``kernel_symbol`` names it, computed without vLLM."""
         params: dict = {}
         rel = _releases.release_facts(self.release)
         for p in rel.symbol_params[self.kind]:
@@ -213,21 +197,20 @@ class BuildKey:
         return f"_ZN5aiter{len(name)}{name}E"
 
     def with_(self, **changes) -> "BuildKey":
+        """A copy with ``changes``."""
         return replace(self, **changes)
 
 
-# fields a neighbour may differ in (besides the width), in the order a
-# difference is read: the deployment first, then the layer, then the routing
+# the fields a neighbour may differ in besides the width: deployment, layer, routing
 _NEIGHBOUR_FIELDS = ("tp", "ratio", "index", "fold", "experts", "topk", "ug_groups", "swa_width", "timeline")
 
 
 def neighbours(key: BuildKey, available, n: int = 5) -> list[str]:
-    """The keys of ``available`` (key strings or BuildKeys) nearest to
-    ``key``, for a "not prebuilt" message: the same launch (kind, arch and
-    every field but the width) at the nearest widths, below and above; then
-    the same kind, arch and width with the fewest other fields changed.
-    Failing both, the fewest fields changed at the nearest width. Never a
-    key of another kind, arch or release (strings are read in ``key``'s)."""
+    """The keys of ``available`` nearest to ``key``, for a "not prebuilt" message.
+
+    First the same launch at the nearest widths below and above, then the
+    same width with the fewest fields changed; failing both, the fewest
+    changes at the nearest width. Never another kind, arch or release."""
     same_arch = []
     for k in available:
         k = k if isinstance(k, BuildKey) else BuildKey.parse(k, key.release)

@@ -1,7 +1,7 @@
 """A room's link record, ``libs.json``: which band links which key.
 
-:class:`LinkRecord` has the one parser and the one serializer; :class:`Band`
-is one band and the checks of its bytes. ``room.Room`` reads it.
+:class:`LinkRecord` is its one parser and serializer; :class:`Band` is one
+band and the checks of its bytes.
 
 Shared core: standard library only.
 """
@@ -14,21 +14,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import IntegrityError, ManifestError
-from .manifest import BAND_RE, LIBS_JSON, LIBS_SCHEMA, SHA256_RE
+from .manifest import BAND_RE, LIBS_JSON, LIBS_SCHEMA, SHA256_RE, load_json
 
 
 def soname(chunk: str, members: dict) -> str:
-    """The SONAME a band's library carries: its chunk and a digest of its
-    members (key -> the sha256 of the object it was linked from). A band
-    linked from other objects, another release's included, has another one."""
+    """The SONAME of a band's library: its chunk and a digest of its members.
+
+    ``members`` maps a key to the sha256 of the object it was linked from,
+    so a band linked from other objects has another SONAME."""
     digest = hashlib.sha256(json.dumps(members, sort_keys=True).encode()).hexdigest()[:12]
     return f"{chunk}.{digest}.so"
 
 
 @dataclass(frozen=True)
 class Band:
-    """One linked library of a room, as libs.json records it: the .so.xz in
-    the arch's lib/ and the keys it links (key -> object sha256)."""
+    """One band as libs.json records it: a .so.xz in the arch's lib/ and the keys it links."""
 
     chunk: str
     file: str
@@ -36,7 +36,7 @@ class Band:
     bytes: int
     raw_sha256: str
     raw_bytes: int
-    entries: dict = field(hash=False, compare=True)
+    entries: dict = field(hash=False, compare=True)  # key -> object sha256
 
     def as_dict(self) -> dict:
         """The band as libs.json records it."""
@@ -44,14 +44,15 @@ class Band:
                 "raw_sha256": self.raw_sha256, "raw_bytes": self.raw_bytes, "entries": dict(self.entries)}
 
     def check_compressed(self, data: bytes, where: Path, fix: str) -> None:
-        """The band's bytes as read must be the ones libs.json recorded."""
+        """Raise IntegrityError unless ``data`` has the sha256 libs.json recorded."""
         if hashlib.sha256(data).hexdigest() != self.sha256:
             raise IntegrityError(f"{where} does not match the sha256 in {LIBS_JSON} (corrupt or altered)", fix=fix)
 
     def unpack(self, data: bytes, where: Path, fix: str) -> bytes:
-        """The library inside the band's (checked) bytes, checked against
-        raw_sha256 and raw_bytes, and linked from the objects libs.json
-        names for its keys (the SONAME it carries, :func:`soname`)."""
+        """The library inside the band's bytes, after checking every digest.
+
+        The library must match raw_sha256 and raw_bytes, and carry the
+        SONAME of the objects libs.json names for its keys."""
         import lzma  # only when a band is read: importing the room stays cheap
 
         self.check_compressed(data, where, fix)
@@ -82,26 +83,24 @@ class LinkRecord:
 
     @classmethod
     def of(cls, arch: str, release: str, bands) -> "LinkRecord":
-        """The record of ``bands`` (each key linked once, as link writes them)."""
+        """The record of ``bands``, each key linked once."""
         bands = tuple(bands)
         return cls(arch, release, bands, {k: b for b in bands for k in b.entries})
 
     def to_bytes(self) -> bytes:
-        """libs.json as written (the one serializer; same bands, same bytes)."""
+        """libs.json as written: the same bands give the same bytes."""
         doc = {"schema": LIBS_SCHEMA, "arch": self.arch, "release": self.release, "hip": self.HIP_NOTE,
                "libraries": [b.as_dict() for b in self.bands]}
         return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
     @classmethod
     def parse(cls, data: bytes, where: str, arch: str, release: str, fix: str) -> "LinkRecord":
-        """The one parser of libs.json (a folder's file or a wheel's member):
-        ManifestError naming ``where`` for anything but a schema-2 link
-        record of ``arch`` / ``release`` whose bands are plain file names
-        with well-formed digests, each key linked once."""
-        try:
-            doc = json.loads(data)
-        except ValueError as e:
-            raise ManifestError(f"{where}: malformed JSON ({e})", fix=fix) from None
+        """Parse libs.json's bytes: the one parser, for a folder's file or a wheel's member.
+
+        ManifestError naming ``where`` for anything but a schema-2 record of
+        ``arch`` and ``release`` whose bands are plain file names with
+        well-formed digests, each key linked once."""
+        doc = load_json(data, where, fix)
         if not isinstance(doc, dict):
             raise ManifestError(f"{where}: not a dsv41-aot link record", fix=fix)
         if doc.get("arch") != arch or doc.get("release") != release:

@@ -1,17 +1,7 @@
-"""The prebuilt directory's manifest: schema, atomic writes, verification.
+"""A room's manifest, ``manifest.json``: the keys of one vLLM release on one arch.
 
-Layout of a prebuilt directory (``kernels_prebuilt/`` by default): one folder
-per architecture, and in it one folder per vLLM release (a *room*: the keys of
-one release on one arch). Objects and library bands are named by their
-content and shared by the arch's releases, so a launch that two releases
-compile to the same bytes is stored once::
-
-    <dir>/<arch>/objects/<sha256>.o                 stripped export objects, content-addressed
-    <dir>/<arch>/lib/<chunk>.<sha>.so.xz            linked library bands (dsv41_aot.aot.link)
-    <dir>/<arch>/vllm-<release>/manifest.json       this module's schema: the release's keys
-    <dir>/<arch>/vllm-<release>/libs.json           which band holds which of its keys
-    <dir>/<arch>/vllm-<release>/timings.json        compile seconds (never shipped)
-
+The prebuilt directory's layout is in docs/building.md ("vLLM releases").
+Objects and bands are named by their content and shared by an arch's rooms.
 manifest.json::
 
     {"schema": 2, "arch": "gfx950", "release": "0.33.0", "mono_sources": "<digest>",
@@ -25,16 +15,13 @@ manifest.json::
          "resources": {...} (GPU code object figures)}},
      "refused": {"<key string>": {"error", "source"}}}
 
-``mono_sources`` is the release's mono sources digest (every entry's
-``source.mono_sources``): the runtime picks the room of the vLLM it runs by it.
-Same inputs, same bytes: nothing measured goes in the manifest. What a build
-measured (compile seconds a key, which the CI shard balancer reads) goes to
-the room's ``timings.json`` ({key: seconds}), a side file no wheel carries.
+``mono_sources`` is every entry's ``source.mono_sources``: the runtime picks
+the room of the vLLM it runs by it. Same inputs give the same bytes, so
+nothing measured goes in the manifest: compile seconds per key go to the
+room's ``timings.json``, which no wheel carries. ABI lists are shared by id
+(every K1 has the same 41 slots), which keeps the manifest small.
 
-ABI lists are shared by id (every K1 has the same 41 slots), so the manifest
-of a whole arch stays small and parses fast at load time.
-
-Shared core (build and runtime): standard library only.
+Shared core: standard library only.
 """
 
 from __future__ import annotations
@@ -48,7 +35,7 @@ from pathlib import Path
 
 from .errors import IntegrityError, ManifestError
 
-SCHEMA = 2  # 2: one manifest a (arch, release) room; 1 was one a arch
+SCHEMA = 2  # 2: one manifest per (arch, release) room; 1 was one per arch
 MANIFEST = "manifest.json"
 OBJECTS = "objects"
 LIB = "lib"  # <arch>/lib/: linked library bands, shared by the arch's releases (aot/link.py)
@@ -72,10 +59,9 @@ REQUIRED = (
 class Entry:
     """One key's manifest entry: what was built for it and from what.
 
-    ``resources`` (the code object's figures) and ``export_bytes`` (FlyDSL's
-    unstripped export size) are None when absent (an entry recovered from
-    objects/ lacks ``export_bytes``); ``extra`` keeps fields this version
-    does not name, so a rewrite gives the bytes it read."""
+    ``resources`` and ``export_bytes`` are None when absent (an entry
+    recovered from objects/ lacks ``export_bytes``). ``extra`` keeps fields
+    this version does not name, so a rewrite gives back the bytes it read."""
 
     key: str
     kind: str
@@ -96,8 +82,7 @@ class Entry:
 
     @classmethod
     def from_dict(cls, doc: dict) -> "Entry":
-        """The entry of a manifest's (or a worker's) JSON object, already
-        checked by :meth:`Manifest.parse` (or built by the compiler)."""
+        """The entry of a JSON object already checked by :meth:`Manifest.parse` or built by the compiler."""
         names = {f.name for f in fields(cls)} - {"extra"}
         return cls(**{k: v for k, v in doc.items() if k in names},
                    extra={k: v for k, v in doc.items() if k not in names})
@@ -117,9 +102,10 @@ class Entry:
 
 
 def prebuilt_dir() -> Path:
-    """The prebuilt directory every command and the loader use by default,
-    absolute: ``$DSV41_AOT_PREBUILT``, else the installed package's
-    ``kernels_prebuilt/`` (what a wheel carries), else the repository's."""
+    """The default prebuilt directory, absolute, for every command and the loader.
+
+    ``$DSV41_AOT_PREBUILT``, else the installed package's ``kernels_prebuilt/``
+    (what a wheel carries), else the repository's."""
     env = os.environ.get(ENV_PREBUILT)
     if env:
         return Path(env).resolve()
@@ -129,8 +115,7 @@ def prebuilt_dir() -> Path:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader (or a kill at any moment)
-    sees the old file or the new one, never a torn one."""
+    """Write ``data`` to ``path`` so a reader, or a kill, sees the old file or the new, never a torn one."""
     import tempfile  # not at import: the loader reads manifests, never writes them
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,8 +147,16 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def load_json(data: bytes, where, fix: str):
+    """A record's JSON document; ManifestError naming ``where`` when it is malformed."""
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise ManifestError(f"{where}: malformed JSON ({e})", fix=fix) from None
+
+
 def folder_name(release: str) -> str:
-    """The name of ``release``'s room folder in an arch folder (``room.Room`` owns the paths built from it)."""
+    """The name of ``release``'s room folder in an arch folder (``room.Room`` builds the paths)."""
     return PREFIX + release
 
 
@@ -172,9 +165,10 @@ def _room_dir(arch_dir: Path, release: str) -> Path:
 
 
 class Manifest:
-    """One room's manifest (``<dir>/<arch>/vllm-<release>/manifest.json``):
-    the keys of one vLLM release on one arch. ``dir`` is the arch folder
-    (objects and bands are the arch's), ``room`` the release's folder in it."""
+    """One room's manifest: the keys of one vLLM release on one arch.
+
+    ``dir`` is the arch folder (objects and bands are the arch's), ``room``
+    the release's folder in it."""
 
     def __init__(self, arch_dir: Path, arch: str, entries: dict | None = None, abis: dict | None = None,
                  refused: dict | None = None, timings: dict | None = None, *, release: str):
@@ -184,11 +178,10 @@ class Manifest:
         self.room = _room_dir(self.dir, release)
         self.entries: dict = entries or {}  # key -> Entry
         self.abis: dict = abis or {}
-        # keys the kernel source refused, with the error and the source identity
-        # they were refused under: a rebuild from the same source reports them
-        # again without recompiling (compiles are deterministic)
+        # keys the kernel source refused, with the error and source identity:
+        # a rebuild from the same source reports them again without compiling
         self.refused: dict = refused or {}
-        # key -> compile seconds (timings.json): measured, so kept out of the manifest
+        # key -> compile seconds (timings.json)
         self.timings: dict = timings or {}
         self.migrated = False  # read from a manifest that held compile seconds: the next write moves them
         for key, e in self.entries.items():
@@ -204,7 +197,7 @@ class Manifest:
 
     @property
     def mono_sources(self) -> str | None:
-        """The release's mono sources digest its entries were built from (None when empty)."""
+        """The mono sources digest the entries were built from (None when empty)."""
         digests = {e.source.get("mono_sources") for e in self.entries.values()}
         return next(iter(digests)) if len(digests) == 1 else None
 
@@ -227,16 +220,13 @@ class Manifest:
 
     @classmethod
     def parse(cls, raw: bytes, path, arch_dir: Path, arch: str, release: str, fix: str) -> "Manifest":
-        """The one parser of manifest.json, a folder's file or a wheel's
-        member (``path`` names it in errors): ManifestError for anything but
-        a schema-2 manifest of ``arch`` / ``release`` whose entries are whole,
-        name their own key, an ABI that hashes to its id and an object inside
-        objects/."""
+        """Parse manifest.json's bytes: the one parser, for a folder's file or a wheel's member.
+
+        ManifestError naming ``path`` for anything but a schema-2 manifest of
+        ``arch`` and ``release`` whose entries are whole, name their own key,
+        an ABI that hashes to its id and an object inside objects/."""
         arch_dir = Path(arch_dir)
-        try:
-            doc = json.loads(raw)
-        except ValueError as e:
-            raise ManifestError(f"{path}: malformed JSON ({e})", fix=fix) from None
+        doc = load_json(raw, path, fix)
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise ManifestError(f"{path}: not a schema-{SCHEMA} dsv41-aot manifest", fix=fix)
         if doc.get("arch") != arch:
@@ -293,9 +283,9 @@ class Manifest:
 
     # ---------------------------------------------------------------- entries
     def put(self, entry: "Entry | dict", abi: list, seconds: float | None = None) -> Entry:
-        """Add or replace an entry (an Entry, or a worker's JSON of one) and
-        return it; ``seconds`` (what its compile took) goes to timings.json,
-        as does a ``compile_seconds`` the entry carries."""
+        """Add or replace an entry (an Entry, or a worker's JSON of one) and return it.
+
+        ``seconds``, or a ``compile_seconds`` the entry carries, goes to timings.json."""
         aid = abi_id(abi)
         self.abis[aid] = abi
         doc = dict(entry.to_dict() if isinstance(entry, Entry) else entry, abi=aid)
@@ -314,8 +304,7 @@ class Manifest:
         return self.dir / self.entries[key].object
 
     def check_object(self, key: str) -> None:
-        """Raise IntegrityError unless the key's stored object exists with the
-        manifest's sha256 and size."""
+        """Raise IntegrityError unless the key's stored object has the manifest's sha256 and size."""
         e = self.entries[key]
         path = self.dir / e.object
         fix = f"dsv41-aot build --release {self.release} --key '{key}' --out {self.dir.parent}"
@@ -328,8 +317,9 @@ class Manifest:
 
 
 def read_timings(room: Path) -> dict:
-    """key -> compile seconds from a room's ``timings.json`` ({} when absent or
-    unreadable: timings only balance shards, they never decide a build)."""
+    """Key -> compile seconds from a room's ``timings.json``.
+
+    {} when absent or unreadable: timings only balance shards, never decide a build."""
     try:
         doc = json.loads((Path(room) / TIMINGS).read_bytes())
     except (OSError, ValueError):

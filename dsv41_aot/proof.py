@@ -1,7 +1,8 @@
 """A room's proof record, ``verified.json``: each key's proof against vLLM's JIT.
 
-:class:`Proof` has the one parser and the one serializer; ``room.Room``
-reads it.
+:class:`Proof` is its one parser and serializer. ``dsv41-aot verify
+--against-jit --record`` writes it, ``ci/merge.py`` carries it and the
+loader never reads it. See docs/architecture.md for proof and evidence.
 
 Shared core: standard library only.
 """
@@ -13,16 +14,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .errors import ManifestError
-from .manifest import SHA256_RE
+from .manifest import SHA256_RE, load_json
 
 VERIFIED = "verified.json"
 
 
-# 4: each proof's evidence names its JIT run's compiled module (module_sha256); 3: a key's proofs under other
-# FlyDSL releases kept beside its own ("flydsl"), evidence naming FlyDSL's cache key (cache_key_sha256: the same
-# for every key of one arch and kind); 2: that evidence, no "flydsl"; 1: no evidence. Older proofs stay readable.
+# Versions, all still readable. 4: evidence names the JIT run's compiled module
+# (module_sha256). 3: a key's proofs under other FlyDSL releases ("flydsl"), and
+# evidence naming FlyDSL's cache key (cache_key_sha256, shared by every key of one
+# arch and kind). 2: that evidence, no "flydsl". 1: no evidence.
 PROOF_VERSION = 4
-# the evidence digests a proof of each version may carry (a version-4 record keeps an older proof's as it was)
+# the evidence digests a proof of each version may carry (version 4 keeps an older proof's as it was)
 _OLD_EVIDENCE = (("artifact_sha256", "cache_key_sha256"),)
 EVIDENCE_FIELDS = {2: _OLD_EVIDENCE, 3: _OLD_EVIDENCE, 4: (("artifact_sha256", "module_sha256"), *_OLD_EVIDENCE)}
 HOST_FIELDS = ("mono_dir",)  # a JIT identity's build-host paths: never written into a proof
@@ -35,17 +37,13 @@ PROOF_STATES = (PROVEN, NO_EVIDENCE, STALE)
 
 @dataclass(frozen=True)
 class Evidence:
-    """What only the JIT run that made a proof produced (``aot/jit.py``'s
-    worker): the sha256 of the artifact FlyDSL's JIT wrote to its own disk
-    cache, the sha256 of the compiled module that artifact holds (its IR,
-    host and GPU code: different for every key), and when it ran. Nothing
-    in the manifest holds them, so a proof copied from the manifest cannot
-    carry them; nothing signs them either (docs/releases.md). A proof of
-    version 2 or 3 carries FlyDSL's cache key's sha256 (``cache_key_sha256``)
-    instead of the module's. ``launch_sha256``: the sha256 of the launch
-    vLLM's JIT and the prebuilt Launcher both handed the recording HIP (the
-    stand-in for the AMD GPU; ``aot/hiprec``'s ``launch_digest``); None in a
-    proof recorded before launches were compared (the field absent)."""
+    """What only the JIT run behind a proof produced, so a copied proof cannot carry it.
+
+    The digests of the artifact FlyDSL's JIT cached and of the module in it
+    (versions 2 and 3: of FlyDSL's cache key), and when it ran. Nothing
+    signs them (docs/releases.md). ``launch_sha256``: the launch both vLLM's
+    JIT and the Launcher handed the recording HIP (the stand-in for the AMD
+    GPU, ``aot/hiprec``); None in an older proof."""
 
     artifact_sha256: str
     module_sha256: str | None
@@ -68,12 +66,9 @@ class Evidence:
 
 @dataclass(frozen=True)
 class KeyProof:
-    """One key's proof: vLLM's JIT built ``code_object_sha256`` (the code
-    object the room's entry was byte-identical to), under ``jit`` (the JIT
-    worker's identity: release, vllm_version, mono_sources, flydsl_version;
-    a build-host path such as mono_dir is never written), with ``evidence``
-    of that run (None: a proof of the old format, recorded before proofs
-    carried any)."""
+    """One key's proof: vLLM's JIT, run as ``jit`` says, built ``code_object_sha256``.
+
+    ``jit`` never holds a build-host path; ``evidence`` is None in a proof older than evidence."""
 
     key: str
     code_object_sha256: str
@@ -91,11 +86,9 @@ class KeyProof:
         return self.jit.get("flydsl_version") or ""
 
     def changed(self, entry) -> str | None:
-        """What changed since this proof was made, of a manifest entry of its
-        key (None: nothing that makes it stale): the code object (rebuilt
-        since, and under which FlyDSL) or the vLLM source. The FlyDSL alone
-        is no change: a proof says that FlyDSL's JIT builds the entry's code
-        object, whichever FlyDSL built the entry."""
+        """What in ``entry`` made the proof stale: its code object or vLLM source; else None.
+
+        Another FlyDSL alone is no change: the proof still holds for its own FlyDSL."""
         source = entry.source or {}
         if self.code_object_sha256 != entry.code_object_sha256:
             built = source.get("flydsl_version")
@@ -118,22 +111,19 @@ class KeyProof:
 
 @dataclass(frozen=True)
 class Proof:
-    """A room's verified.json: per key, its proof against vLLM's JIT
-    (written by ``dsv41-aot verify --against-jit --record``, carried by
-    ``ci/merge.py``; the loader never reads it)."""
+    """A room's verified.json: each key's proof against vLLM's JIT."""
 
     arch: str
     release: str
-    keys: dict  # key -> KeyProof: under the FlyDSL its object was built with when there is one, else its latest
+    keys: dict  # key -> KeyProof under the FlyDSL its object was built with, else its latest
     version: int = PROOF_VERSION
     others: tuple = ()  # KeyProofs of keys under other FlyDSL releases than their ``keys`` proof's
 
     @classmethod
     def of(cls, arch: str, release: str, proofs, entries: dict) -> "Proof":
-        """A room's proof from ``proofs`` (KeyProofs; the last one a key and
-        FlyDSL stands), keeping those whose manifest entry (``entries``: key
-        -> entry) holds the code object proven. A key's ``keys`` proof is the
-        one under the FlyDSL its entry was built with, else its latest."""
+        """A room's record of ``proofs`` that prove the code objects of ``entries``.
+
+        The last proof of a key and FlyDSL wins."""
         by_key: dict = {}
         for p in proofs:
             if p.key in entries and entries[p.key].code_object_sha256 == p.code_object_sha256:
@@ -151,8 +141,7 @@ class Proof:
         return [*self.keys.values(), *self.others]
 
     def flydsl_counts(self, entries: dict) -> dict:
-        """FlyDSL release -> how many of ``entries`` (key -> manifest entry)
-        carry a PROVEN proof made under it (a key may count under several)."""
+        """FlyDSL release -> how many of ``entries`` have a PROVEN proof under it."""
         out: dict = {}
         for p in self.all():
             if p.key in entries and p.verdict(entries[p.key]) == PROVEN:
@@ -160,7 +149,7 @@ class Proof:
         return dict(sorted(out.items()))
 
     def changes(self, entries: dict) -> dict:
-        """What changed (KeyProof.changed) -> how many of ``entries``' proofs it made stale."""
+        """What changed (KeyProof.changed) -> how many of the entries' proofs it made stale."""
         out: dict = {}
         for k, e in entries.items():
             why = self.keys[k].changed(e) if k in self.keys else None
@@ -171,16 +160,13 @@ class Proof:
 
     @classmethod
     def parse(cls, data: bytes, where: str, arch: str, release: str, fix: str) -> "Proof":
-        """The one parser of verified.json: ManifestError naming ``where``
-        for anything but a version-1 or -2 record of ``arch`` / ``release``
-        whose proofs name keys of the arch, well-formed digests, a JIT of the
-        room's release and (version 2) its evidence or null. Version 1 (every
-        proof without evidence) stays readable: its proofs count as
-        NO_EVIDENCE until proven again."""
-        try:
-            doc = json.loads(data)
-        except ValueError as e:
-            raise ManifestError(f"{where}: malformed JSON ({e})", fix=fix) from None
+        """Parse verified.json's bytes: the one parser, for a folder's file or a wheel's member.
+
+        ManifestError naming ``where`` for anything but a record of a known
+        version, of ``arch`` and ``release``, whose proofs name keys of the
+        arch, well-formed digests, a JIT of the room's release and (from
+        version 2) evidence or null. Version-1 proofs count as NO_EVIDENCE."""
+        doc = load_json(data, where, fix)
         if not isinstance(doc, dict) or not isinstance(doc.get("keys"), dict):
             raise ManifestError(f"{where}: not a dsv41-aot proof record (verified.json)", fix=fix)
         version = doc.get("version")
@@ -208,12 +194,9 @@ class Proof:
                 raise ManifestError(f"{what}: proven against vLLM {jit['release']!r}'s JIT, in the vLLM {release} "
                                     f"folder", fix=fix)
             evidence = None
-            if version == 1:
-                if set(rec) != {"code_object_sha256", "jit"}:
-                    raise ManifestError(f"{what}: fields {sorted(rec)} are not a version-1 proof's", fix=fix)
-            else:
-                if set(rec) != {"code_object_sha256", "jit", "evidence"}:
-                    raise ManifestError(f"{what}: fields {sorted(rec)} are not a version-{version} proof's", fix=fix)
+            if set(rec) != {"code_object_sha256", "jit", *(("evidence",) if version > 1 else ())}:
+                raise ManifestError(f"{what}: fields {sorted(rec)} are not a version-{version} proof's", fix=fix)
+            if version > 1:
                 if jit.get("release") != release or not all(isinstance(jit.get(f), str) for f in (
                         "vllm_version", "mono_sources", "flydsl_version")):
                     raise ManifestError(f"{what}: jit must name its release, vllm_version, mono_sources and "
@@ -234,7 +217,7 @@ class Proof:
         return cls(arch, release, keys, version, tuple(others))
 
     def to_bytes(self) -> bytes:
-        """verified.json as written: always this version, keys sorted."""
+        """verified.json as written: always the current version, keys sorted."""
         doc = {"version": PROOF_VERSION, "arch": self.arch, "release": self.release,
                "keys": {k: self.keys[k].as_dict() for k in sorted(self.keys)}, "flydsl": {}}
         for p in self.others:
@@ -247,8 +230,7 @@ class Proof:
         return p.verdict(entry) if p else None
 
     def counts(self, entries: dict) -> dict:
-        """How many of ``entries`` (key -> manifest entry) carry a proof of
-        each state, and how many none (``unproven``)."""
+        """How many of ``entries`` have a proof in each state, and how many none (``unproven``)."""
         out = dict.fromkeys(PROOF_STATES, 0)
         for key, e in entries.items():
             state = self.verdict(key, e)
@@ -258,19 +240,17 @@ class Proof:
 
 
 def flydsl_text(by_flydsl: dict) -> str:
-    """Per-FlyDSL proof counts (``Proof.flydsl_counts``) as a clause of a
-    report line: "; proven under FlyDSL X: 7, Y: 7" ("" when none)."""
+    """Per-FlyDSL proof counts as a report clause: "; proven under FlyDSL X: 7" ("" if none)."""
     if not by_flydsl:
         return ""
     return "; proven under FlyDSL " + ", ".join(f"{v or '(unnamed)'}: {n}" for v, n in by_flydsl.items())
 
 
 def parse_evidence(ev, code_sha: str, what: str, fix: str, version: int = PROOF_VERSION) -> Evidence:
-    """A proof's evidence (a JIT answer's, or a ``version`` record's):
-    ManifestError naming ``what`` unless it holds the artifact's sha256, the
-    module's (or, kept from versions 2 and 3, the cache key's), a UTC time
-    and optionally the launch's sha256, and repeats no digest of the code
-    object it proves."""
+    """Parse a proof's evidence, from a JIT answer or a record of ``version``.
+
+    ManifestError naming ``what`` unless it holds its version's digests, a
+    UTC time, optionally the launch's sha256, and not the code object's."""
     shapes = EVIDENCE_FIELDS.get(version, ())
     named = set(ev) - {"launch_sha256"} if isinstance(ev, dict) else None
     shape = next((f for f in shapes if named == {*f, "at"}), None)

@@ -1,19 +1,12 @@
-"""A room: ``<dir>/<arch>/vllm-<release>/``, the keys of one vLLM release on
-one arch, and the one judge of whether it can serve.
+"""A room, ``<dir>/<arch>/vllm-<release>/``: its paths, its records and its verdict.
 
-A room owns its paths (its records manifest.json, libs.json, timings.json
-and verified.json; the arch's ``objects/`` and ``lib/``, shared with the
-arch's other rooms) and reads each record once through its one parser.
-:meth:`Room.problems` lists every problem it can have, typed, each naming
-its file (and key) and the command that fixes it. Everything that judges a
-room asks it: the loader (the band it binds), ``dsv41-aot verify``,
-``link`` (relinks a band with a problem), ``build``, the wheel gate
-(``ci/prebuilt.py``), ``verify --wheel`` and ``ci/check_wheel.py`` (a
-wheel's room, read through :class:`ZipReader`).
+A room reads each of its records once, through that record's one parser.
+:meth:`Room.problems` is the one judge of whether a room is sound: the
+loader, verify, link, build, the wheel gate and ``ci/check_wheel.py`` all ask
+it. A room of a release this dsv41-aot does not know (written by a newer
+version) is *foreign*: nothing judges, rewrites or deletes it.
 
-A room of a release this dsv41-aot does not know (written by a newer
-version) is *foreign*: nobody judges, rewrites or deletes it. Shared core:
-standard library only.
+Shared core: standard library only.
 """
 
 from __future__ import annotations
@@ -37,8 +30,7 @@ ROOM_RE = re.compile(re.escape(PREFIX) + r"(\d+\.\d+\.\d+)")
 
 
 def room_dir(arch_dir: Path, release: str) -> Path:
-    """The folder of ``release``'s keys in an arch folder (a release this
-    dsv41-aot does not know has one too: Room leaves it as it is)."""
+    """The folder of ``release``'s keys in an arch folder (known release or not)."""
     return Path(arch_dir) / folder_name(release)
 
 
@@ -47,9 +39,10 @@ def room_dir(arch_dir: Path, release: str) -> Path:
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a room. ``serving``: the loader refuses it (a
-    user of the room hits it); otherwise only a builder cares (objects/ is
-    not shipped, a key that cannot be resident is reported apart)."""
+    """One thing wrong with a room, naming its file, key and fix.
+
+    ``serving``: the loader refuses the room for it. Otherwise only a
+    builder cares (a missing object, an unreadable proof)."""
 
     what: str  # a stable name: "manifest", "libs", "band", "link", "sources", "object", ...
     message: str
@@ -91,8 +84,7 @@ class FolderReader:
 
 
 class ZipReader:
-    """Reads the members of a wheel's prebuilt directory (``prefix``) by their
-    path inside that directory, as FolderReader reads a folder's files."""
+    """Reads a wheel's prebuilt directory (``prefix``) as FolderReader reads a folder."""
 
     folder = False
 
@@ -117,9 +109,7 @@ class ZipReader:
 
 
 class Room:
-    """``<root>/<arch>/vllm-<release>/``: one room's paths and the reading of
-    its records, from a folder (the default) or through ``reader`` (a
-    wheel's members: ZipReader). ``release`` is always given."""
+    """One room's paths and records, read from a folder or through ``reader`` (a wheel's)."""
 
     def __init__(self, root: Path, arch: str, release: str, reader: "FolderReader | ZipReader | None" = None):
         self.root, self.arch, self.release = Path(root), arch, release
@@ -156,25 +146,25 @@ class Room:
 
     @property
     def known(self) -> bool:
-        """A release of this dsv41-aot's facts (a foreign room is left as it is)."""
+        """Whether the release is in this dsv41-aot's facts (else the room is foreign)."""
         return self.release in RELEASES
 
     @property
     def built_here(self) -> bool:
-        """Stored objects are present: the room can be relinked and rebuilt
-        (a wheel's room ships without objects/)."""
+        """Whether stored objects are here, so the room can be relinked and rebuilt.
+
+        A wheel's room ships without objects/."""
         return self.reader.folder and self.objects.is_dir()
 
     def _record(self, name: str) -> tuple[bytes | None, str]:
-        """One of the room's records (``<arch>/vllm-<release>/<name>``), read
-        through its reader: its bytes (None when absent) and how errors name it."""
+        """A record's bytes (None when absent) and how errors name it."""
         rel = f"{self.name}/{name}"
         try:
             return self.reader.read_bytes(rel), self.reader.where(rel)
         except FileNotFoundError:
             return None, self.reader.where(rel)
 
-    # fixes: each a command, run as printed
+    # fixes: each one a command, run as printed
 
     @property
     def link_cmd(self) -> str:
@@ -187,20 +177,17 @@ class Room:
 
     @property
     def prove_cmd(self) -> str:
-        """Proves the room's keys against vLLM's JIT again and rewrites its
-        verified.json (an unreadable one is set aside first)."""
+        """Prove the room's keys against vLLM's JIT again and rewrite verified.json."""
         return f"dsv41-aot verify --against-jit --record --dir {self.root} --release {self.release}"
 
     @property
     def fix_proof(self) -> str:
-        """Prove it again where it was built (objects/ present: the JIT is
-        compared with them), else reinstall the wheel."""
+        """Prove again where it was built (objects/ present), else reinstall the wheel."""
         return self.prove_cmd if self.built_here else REINSTALL
 
     @property
     def fix_relink(self) -> str:
-        """Relink where it was built (objects/ present: link replaces a band
-        or link record with a problem), else reinstall the wheel."""
+        """Relink where it was built (objects/ present), else reinstall the wheel."""
         return self.link_cmd if self.built_here else REINSTALL
 
     @property
@@ -211,10 +198,10 @@ class Room:
     # records, parsed once
 
     def manifest(self, *, missing_ok: bool = False) -> Manifest:
-        """The room's manifest.json, read once by its one parser (ManifestError
-        when unreadable; an empty one when absent and ``missing_ok``). A
-        builder's fix rebuilds it (a build sets a corrupt manifest aside and
-        recovers its entries from the stored objects); a wheel's reinstalls."""
+        """The room's manifest.json, read once (empty when absent and ``missing_ok``).
+
+        A builder's fix rebuilds it: a build sets a corrupt manifest aside
+        and recovers its entries from the stored objects."""
         if self._manifest is None:
             data, where = self._record(MANIFEST)
             fix = self.build_cmd if self.reader.folder else REINSTALL
@@ -227,7 +214,7 @@ class Room:
         return self._manifest
 
     def links(self) -> LinkRecord:
-        """The room's libs.json, read once by its one parser (linkrecord.LinkRecord)."""
+        """The room's libs.json, read once."""
         if self._links is None:
             data, where = self._record(LIBS_JSON)
             if data is None:
@@ -237,12 +224,12 @@ class Room:
         return self._links
 
     def write_links(self, record: LinkRecord) -> None:
-        """Replace the room's libs.json with ``record`` (atomically)."""
+        """Replace the room's libs.json with ``record``, atomically."""
         atomic_write(self.libs_path, record.to_bytes())
         self._links = record
 
     def proof(self) -> Proof:
-        """The room's verified.json (an empty record when there is none)."""
+        """The room's verified.json, read once (an empty record when there is none)."""
         if self._proof is None:
             data, where = self._record(VERIFIED)
             if data is None:
@@ -252,12 +239,11 @@ class Room:
         return self._proof
 
     def has(self, name: str) -> bool:
-        """The room holds the record ``name`` (a file, or a wheel's member)."""
+        """Whether the room holds the record ``name``."""
         return self.reader.has(f"{self.name}/{name}")
 
     def band_path(self, band: Band) -> Path:
-        """The band's path, which must resolve to a file directly inside the
-        arch folder's own lib/ (no symlinked band or lib/ leading elsewhere)."""
+        """The band's path; it must resolve to its own file directly in the arch's lib/."""
         path = self.lib / band.file
         real = Path(os.path.realpath(path))
         inside = not self.lib.is_symlink() and real.parent == Path(os.path.realpath(self.arch_dir)) / LIB
@@ -271,14 +257,13 @@ class Room:
 
     @property
     def fix_band(self) -> str:
-        """A band with a problem: link writes it again (a symlinked lib/
-        folder is replaced by a real one)."""
+        """Fix a band: link writes it again (and replaces a symlinked lib/ with a folder)."""
         return self.fix_relink
 
     def read_band(self, band: Band) -> bytes:
-        """The library inside ``band``, read through one descriptor that
-        never follows a symlink (a wheel's: its member), and checked twice
-        (sha256, raw_sha256)."""
+        """The library inside ``band``, checked against both its digests.
+
+        A folder's band is read through one descriptor that never follows a symlink."""
         if not self.reader.folder:
             rel = f"{self.arch}/{LIB}/{band.file}"
             try:
@@ -302,12 +287,11 @@ class Room:
     # the verdict
 
     def problems(self, *, bands: bool = True, objects: bool = True, proof: bool = True) -> list[Problem]:
-        """Every problem of this room: the manifest's, the link record's
-        against it, each band's (``bands``: read, decompressed and checked
-        to export its keys' entries), the stored objects' (``objects``;
-        builder-only problems), an unreadable verified.json (``proof``; a
-        builder's problem too: the loader never reads it). Empty for a
-        sound room."""
+        """Every problem of this room; empty for a sound room.
+
+        Always the manifest's and the link record's against it; ``bands``
+        reads and checks each band, ``objects`` the stored objects and
+        ``proof`` verified.json (both builder-only problems)."""
         if not self.known:
             return []
         try:
@@ -345,9 +329,9 @@ class Room:
         return out
 
     def band_problems(self, band: Band, man: Manifest | None = None) -> list[Problem]:
-        """What is wrong with ``band``: its path and bytes (what the loader
-        refuses), a DT_NEEDED (it would tie users to the build machine's
-        libraries) and (with ``man``) an entry of its keys it does not export."""
+        """What is wrong with ``band``: its path, its bytes, a DT_NEEDED, an unexported entry.
+
+        Entries are checked only when ``man`` is given."""
         try:
             raw = self.read_band(band)
             needed = dynamic_info(raw)["needed"]
@@ -377,8 +361,7 @@ class Room:
         return []
 
     def object_problems(self, man: Manifest) -> list[Problem]:
-        """Stored objects missing or altered: a builder's problem (the room
-        still serves from its bands; build compiles them again)."""
+        """Stored objects missing or altered (the room still serves from its bands)."""
         out = []
         for key in sorted(man.entries):
             try:
@@ -389,7 +372,7 @@ class Room:
         return out
 
     def _source_problems(self, man: Manifest) -> list[Problem]:
-        """One source identity a room: no installed vLLM matches a mix."""
+        """A room must hold one source identity: no installed vLLM matches a mix."""
         sources: dict = {}
         for key, e in sorted(man.entries.items()):
             sources.setdefault(json.dumps(e.source, sort_keys=True), []).append(key)

@@ -1,8 +1,6 @@
-"""``dsv41_aot.vllm``: the vLLM plugin's public name (``install``,
-``uninstall``, ``register``, the ``vllm.general_plugins`` entry point).
+"""The vLLM plugin's public name: :mod:`dsv41_aot.runtime.vllm_plugin` itself.
 
-The plugin is runtime code and lives in :mod:`dsv41_aot.runtime.vllm_plugin`;
-this name is that very module (one module object, one state), not a copy.
+This name is bound to that very module (one module object, one state), not a copy.
 """
 
 import sys

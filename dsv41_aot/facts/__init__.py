@@ -1,12 +1,10 @@
-"""Facts, not logic: the GPU architectures and the launch kinds dsv41-aot
-knows, each in one table.
+"""Facts, not logic: the arches, launch kinds and vLLM releases dsv41-aot knows.
 
-Adding an architecture is one :data:`arches.ARCHES` entry plus its axis value
-in ``build_matrix.yaml``; adding a launch kind is one :data:`kinds.KINDS`
-entry plus the runner call that asks for it in :mod:`coverage`; adding a
-vLLM release is one :data:`releases.RELEASES` entry plus its release entry
-in ``build_matrix.yaml``. Every other module reads these tables: an
-arch or kind not in them is an error wherever it appears, never a default.
+Each is one table. Adding an arch is one :data:`arches.ARCHES` entry plus its
+axis value in ``build_matrix.yaml``; a kind, one :data:`kinds.KINDS` entry
+plus its runner call in :mod:`coverage`; a release, one
+:data:`releases.RELEASES` entry plus its entry in ``build_matrix.yaml``.
+A name not in these tables is an error wherever it appears, never a default.
 
 Standard library only (the runtime reads them too).
 """

@@ -1,12 +1,10 @@
-"""The GPU architectures dsv41-aot builds for: hardware limits that decide
-whether a persistent mono CTA is resident. They do not depend on the vLLM release (what a release's mono path does on each
-arch is in :mod:`releases`).
+"""The GPU architectures dsv41-aot builds for: the limits that decide CTA residency.
 
-Hardware figures: LLVM's AMDGPUUsage (kernel descriptor, LDS and VGPR
-granules) and the CDNA3 / CDNA4 ISA guides. On gfx90a and later each SIMD has
-one unified file of 512 vector registers a lane (wave64) shared by arch VGPRs
-and AGPRs; a wave addresses at most 256 of each, allocated in granules of 8;
-800 SGPRs a SIMD in granules of 16.
+They do not depend on the vLLM release (:mod:`releases` says what each
+release runs where). Figures: LLVM's AMDGPUUsage and the CDNA3 / CDNA4 ISA
+guides. From gfx90a each SIMD has one file of 512 vector registers per lane
+(wave64), shared by arch VGPRs and AGPRs; a wave addresses at most 256 of
+each, in granules of 8. A SIMD has 800 SGPRs, in granules of 16.
 """
 
 from __future__ import annotations
@@ -18,11 +16,13 @@ from ..errors import UnknownArchError
 
 @dataclass(frozen=True)
 class Arch:
+    """One GPU architecture's facts."""
+
     name: str  # the LLVM target, as ARCH / FLYDSL_GPU_ARCH / gcnArchName spell it
     products: str
     gfx_target_version: int  # KFD topology's number for it (sysfs), e.g. 90402
-    # --- per CU (residency of one CTA of a release's persistent grid: Release.cta_threads)
-    cus: int  # compute units of the smallest product: each CTA of the grid (Release.grid_ctas) needs one
+    # --- per CU: the residency of one CTA of a release's persistent grid
+    cus: int  # compute units of the smallest product: each CTA of the grid needs one
     lds_bytes: int
     lds_granule: int  # LDS is allocated in these (COMPUTE_PGM_RSRC2.LDS_SIZE)
     simds: int = 4

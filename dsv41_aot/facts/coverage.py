@@ -1,13 +1,9 @@
-"""The launches vLLM can ask for on one deployment: each release's runner
-rules, written once as code from its sources (paths relative to
-``vllm/models/deepseek_v41/``). The build matrix's expansion
-(``aot/expand.py``), ``dsv41-aot coverage`` and ``dsv41-aot doctor`` all
-call :func:`runner_calls` / :func:`required`; a rule changed here changes
-all three.
+"""The launches vLLM can ask for on one deployment: each rule written once.
 
-The facts they read are :mod:`releases`' (per release and arch: TP sizes,
-row cap, whole-layer ratios, how draft layers run, MonoBuild's defaults, the
-target's routing, the draft runner's ug_groups).
+The rules follow each release's runner, reading :mod:`releases`' facts
+(paths relative to ``vllm/models/deepseek_v41/``). The matrix's expansion
+(``aot/expand.py``), ``dsv41-aot coverage`` and ``doctor`` all call
+:func:`runner_calls` or :func:`required`, so a rule changed here changes all three.
 
 Shared core: standard library only.
 """
@@ -31,14 +27,16 @@ class CoverageInputError(AotError):
 
 
 class NotDeployed(CoverageInputError):
-    """A deployment one release's mono path does not run (arch or TP): skipped
-    when every release is checked, bad input when that release is named."""
+    """A deployment (arch or TP) one release's mono path does not run.
+
+    Skipped when every release is checked; bad input when that release is named."""
 
 
 @dataclass(frozen=True)
 class Deployment:
-    """One vLLM deployment of the mono path: release, arch, TP size, step rows
-    at most, and the DSpark draft's (experts, topk, swa_width) when it has one."""
+    """One vLLM deployment of the mono path.
+
+    ``draft`` is the DSpark draft's (experts, topk, swa_width), if it has one."""
 
     release: str
     arch: str
@@ -47,6 +45,7 @@ class Deployment:
     draft: tuple | None = None
 
     def describe(self) -> str:
+        """The deployment in words, for reports."""
         if self.draft is None:
             d = "no draft"
         elif release_facts(self.release).deploy(self.arch).draft_layers is None:
@@ -58,9 +57,10 @@ class Deployment:
 
 def deployment(arch: str, tp: int, max_rows: int | None = None, draft: tuple | None = None, *,
                release: str) -> Deployment:
-    """Check a deployment against vLLM ``release``'s own refusals:
-    CoverageInputError (exit 2) when it is wrong, NotDeployed when the
-    release does not run the arch or TP."""
+    """A deployment checked against vLLM ``release``'s own refusals.
+
+    CoverageInputError when it is wrong; NotDeployed when the release does
+    not run the arch or TP."""
     rel = release_facts(release)
     runs = "; ".join(f"{a}: TP {' or '.join(map(str, d.tp_sizes))}" for a, d in rel.arches.items())
     fix = f"dsv41-aot coverage --release {release} --arch {next(iter(rel.arches))} --tp 4  ({runs})"
@@ -88,9 +88,9 @@ def deployment(arch: str, tp: int, max_rows: int | None = None, draft: tuple | N
 
 
 def parse_draft(text: str | None, presets: dict | None = None) -> tuple | None:
-    """``--draft``: ``experts,topk,swa_width``, or the name of one of
-    ``presets`` ({name: (experts, topk, swa_width)}: the build matrix's
-    drafts, when the caller has the matrix)."""
+    """Parse ``--draft``: ``experts,topk,swa_width``, or the name of one of ``presets``.
+
+    ``presets`` are the build matrix's drafts, when the caller has the matrix."""
     if text is None:
         return None
     presets = presets or {}
@@ -108,15 +108,10 @@ def parse_draft(text: str | None, presets: dict | None = None) -> tuple | None:
 
 
 def layer_kinds(release: str) -> dict:
-    """Every (ratio, fold, index) vLLM ``release``'s runner runs a whole layer
-    with, for the target ("backbone") and the draft. 0.33.0's target: any
-    compress ratio attention.py allows, fold True or False (False on the
-    first layer and after an Engram write), index only on a compressed layer
-    (runner.forward ``assert not index or ratio``); its draft: no compressed
-    keys, no indexer (mono_decode._create), fold False on the first layer.
-    0.32.0: ratio 1 or 2 only, no fold or index field (pinned), no draft
-    layer on the mono path. A field the release's MonoBuild lacks takes its
-    default."""
+    """Every (ratio, fold, index) ``release``'s runner runs a whole layer with.
+
+    For the target ("backbone") and the draft. A field the release's
+    MonoBuild lacks takes its default."""
     rel = release_facts(release)
     # amd/mono_decode.py: fold=False on the model's first layer and after an
     # Engram write, True elsewhere; index where the layer has an indexer
@@ -133,43 +128,39 @@ def layer_kinds(release: str) -> dict:
 
 
 def _key(kind: str, release: str, **fields) -> BuildKey:
-    """A key of ``release`` from the fields its MonoBuild has (the others
-    keep their defaults)."""
+    """A key of ``release`` from the fields its MonoBuild has (the others keep their defaults)."""
     rel = release_facts(release)
     return BuildKey(kind=kind, release=release, **{k: v for k, v in fields.items() if k == "arch" or rel.reads(k)})
 
 
 def _k1_k2(dep: Deployment, tokens: int, ratio: int, fold: bool, index: bool, routing: dict) -> list[BuildKey]:
-    """runner.py DSV41MonoLayer.kernels(): K1 = build_mono_k1(b), K2 =
-    build_mono_k2(b), or (0.33.0 on gfx942) build_mono_k2(replace(b, index=False))."""
+    """The K1 and K2 keys of runner.py ``DSV41MonoLayer.kernels()``."""
     b = dict(arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=ratio, fold=fold, index=index, timeline=TIMELINE, **routing)
     k2 = b if release_facts(dep.release).deploy(dep.arch).k2_reads_index else dict(b, index=False)
     return [_key("k1", dep.release, **b), _key("k2", dep.release, **k2)]
 
 
 def _ffn(dep: Deployment, tokens: int, routing: dict) -> BuildKey:
-    """runner.py DSV41MonoLayer.ffn_kernel(): 0.33.0 MonoBuild(tokens, tp, 0,
-    timeline, experts=, topk=), 0.32.0 MonoBuild(tokens, tp, 0); ug_groups /
-    swa_width stay MonoBuild's."""
+    """The key of runner.py ``DSV41MonoLayer.ffn_kernel()``: ratio 0, the layer's experts and topk.
+
+    0.32.0's takes no routing; ug_groups and swa_width stay MonoBuild's."""
     fields = {k: routing[k] for k in ("experts", "topk") if k in routing}
     return _key("ffn", dep.release, arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=0, timeline=TIMELINE, **fields)
 
 
 @dataclass(frozen=True)
 class RunnerCall:
-    """One call vLLM's runner (runner.py ``DSV41MonoLayer``) makes for a step:
-    ``method`` (``kernels``: K1 and K2 of a whole layer; ``ffn_kernel``: the
-    FFN launch) with ``args`` in its release's signature, on the runner built
-    with ``runner`` (TP, timeline and its routing: the target model's, or the
-    DSpark draft's own runner's), and the keys that call builds."""
+    """One call vLLM's runner (runner.py ``DSV41MonoLayer``) makes for a step, and its keys.
+
+    ``method`` is ``kernels`` (K1 and K2 of a whole layer) or ``ffn_kernel``;
+    ``args`` follow its release's signature; ``runner`` holds what the runner
+    was built with (the target's or the DSpark draft's)."""
 
     method: str
     args: tuple
     runner: dict
     keys: tuple
-    # (ratio, fold, index) of the layer a ``kernels`` call runs whole (a
-    # field the release's MonoBuild lacks at its default); None for
-    # ``ffn_kernel``, which runs the FFN of any layer
+    # (ratio, fold, index) of the layer a ``kernels`` call runs whole; None for ``ffn_kernel``
     layer: tuple | None = None
 
     @property
@@ -178,8 +169,7 @@ class RunnerCall:
         return self.args[0]
 
     def as_json(self) -> list:
-        """``[method, *args, {runner fields}]``: how tests/_vllm_probe.py and
-        bench/load.py ask vLLM's real runner for it."""
+        """``[method, *args, {runner fields}]``, as the probes ask vLLM's real runner."""
         return [self.method, *self.args, dict(self.runner)]
 
 
@@ -199,8 +189,7 @@ def _ffn_kernel(dep: Deployment, tokens: int, runner: dict, routing: dict) -> Ru
 
 
 def runner_calls(dep: Deployment) -> list[RunnerCall]:
-    """Every call vLLM ``dep.release``'s runners can make for ``dep``, widths
-    ascending (the first is the first launch a decode step asks for)."""
+    """Every call ``dep.release``'s runners can make for ``dep``, widths ascending."""
     rel = release_facts(dep.release)
     facts = rel.deploy(dep.arch)
     kinds = layer_kinds(dep.release)
@@ -229,8 +218,7 @@ def runner_calls(dep: Deployment) -> list[RunnerCall]:
 
 
 def required(dep: Deployment) -> list[BuildKey]:
-    """Every key vLLM ``dep.release`` can build for ``dep``, sorted: the keys
-    of its :func:`runner_calls`."""
+    """Every key of :func:`runner_calls` for ``dep``, sorted."""
     return sorted({k for call in runner_calls(dep) for k in call.keys})
 
 
@@ -238,18 +226,16 @@ def required(dep: Deployment) -> list[BuildKey]:
 
 
 def held(room) -> tuple[set, set | None]:
-    """(keys in a room's manifest, keys its libs.json links -- None when
-    nothing is linked) of a ``room.Room``, read by the room's parsers."""
+    """(keys in a ``room.Room``'s manifest, keys its libs.json links or None if unlinked)."""
     have = set(room.manifest().entries)
     linked = set(room.links().band_of) if room.libs_path.is_file() else None
     return have, linked
 
 
 def compare(dep: Deployment, have: set, linked: set | None, against: str) -> dict:
-    """The coverage report of ``dep`` against the key strings ``have`` of
-    its release, of which ``linked`` are linked (None: none): required,
-    missing (absent) and unlinked (present, not linked: the loader would
-    refuse them)."""
+    """The coverage report of ``dep`` against the key strings a room has and links.
+
+    ``unlinked`` keys are present but not linked: the loader would refuse them."""
     need = required(dep)
     texts = [str(k) for k in need]
     missing = [t for t in texts if t not in have]

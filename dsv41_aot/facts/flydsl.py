@@ -1,17 +1,10 @@
-"""The FlyDSL releases dsv41-aot compiles and JIT-verifies with, and what
-differs between them where dsv41-aot reaches into FlyDSL's internals.
+"""The FlyDSL releases dsv41-aot compiles and verifies with, and how their internals differ.
 
-Every command that compiles or JITs (``build``, ``verify --against-jit``,
-``cache``) accepts a FlyDSL in :data:`FLYDSL` and refuses any other, naming
-this set (``aot/toolchain.py``). How each difference is acted on lives in
-one module, ``aot/flydsl_api.py``; this table only says which variant a
-release has. Supporting a new FlyDSL release is one entry here, once
-``tests/test_flydsl_pin.py`` passes under it (the slow tier runs it under
-every release here in its own environment).
-
-The release the project builds and ships with is the one ``pyproject.toml``'s
-``build`` extra pins (``ci/bootstrap.sh`` installs it); it must be one of
-these.
+Every command that compiles or JITs refuses a FlyDSL not in :data:`FLYDSL`
+(``aot/toolchain.py``). ``aot/flydsl_api.py`` acts on each difference; this
+table only says which variant a release has. Supporting a new release is one
+entry here, once ``tests/test_flydsl_pin.py`` passes under it. The release
+the project ships with is the one ``pyproject.toml``'s ``build`` extra pins.
 
 Standard library only (the runtime reads facts/ too).
 """
@@ -28,15 +21,13 @@ class FlyDSLRelease:
     """What one FlyDSL release does where dsv41-aot depends on its internals."""
 
     version: str
-    # how the JIT names the artifact it writes to its disk cache, from the
-    # compile's cache key (aot/flydsl_api.py DISK_NAMES):
+    # how the JIT names its disk cache artifact from the cache key (aot/flydsl_api.py DISK_NAMES):
     #   "key_text": JitFunction._cache_key_to_str(cache_key), hashed by the
     #     cache manager's _cache_file
     #   "disk_cache_key": jit_function._disk_cache_key(cache_key), which also
     #     fingerprints the compiler's own files (and ROCm's device bitcode)
     disk_name: str
-    # the environment variable that makes FlyDSL's JIT compile without a
-    # launch (as vLLM's own compile-only runs set it)
+    # the variable that makes FlyDSL's JIT compile without a launch (as vLLM's compile-only runs set it)
     compile_only_env: str
     # what else differs from the release before it, for a maintainer's eyes
     notes: str = ""
@@ -62,8 +53,7 @@ def supported() -> str:
 
 
 def flydsl_facts(version: str) -> FlyDSLRelease:
-    """The facts of FlyDSL ``version``; ToolchainError (exit 2) naming the
-    supported set when dsv41-aot does not support it."""
+    """The facts of FlyDSL ``version``; ToolchainError naming the supported set otherwise."""
     try:
         return FLYDSL[version]
     except KeyError:

@@ -1,6 +1,6 @@
-"""The launch kinds of vLLM's mono decode layer (``mono/layer.py``,
-``mono/runner.py``): which builder makes each, which MonoBuild fields it
-reads, how its GPU kernel is named, and how vLLM's runner asks for it.
+"""The launch kinds of vLLM's mono decode layer (``mono/layer.py``, ``mono/runner.py``).
+
+For each: its builder, the MonoBuild fields it reads and how vLLM's runner asks for it.
 
 Standard library only.
 """
@@ -14,20 +14,19 @@ from ..errors import KeyFormatError
 
 @dataclass(frozen=True)
 class Kind:
+    """One launch kind and how vLLM builds and asks for it."""
+
     name: str  # the key's KIND
     builder: str  # mono/layer.py function: build_mono_<kind>(MonoBuild) -> launcher
-    # whether the launch is (half of) a whole layer, attention and FFN, built
-    # per layer kind (compress ratio, fold, index); any other kind runs one
-    # fixed layer shape
+    # (half of) a whole layer, built per layer kind (ratio, fold, index)
     whole_layer: bool
     # MonoBuild fields the launch does not read: pinned to the release's
-    # MonoBuild default (one symbol, one key); the key string omits them. A
-    # field the release's MonoBuild lacks is pinned too (facts/releases.py)
+    # default (one symbol, one key) and left out of the key string
     unread: tuple = ()
     # fields vLLM always builds the launch with one value of (ffn_kernel: ratio 0)
     fixed: dict = field(default_factory=dict)
     # the runner method that asks for it (mono/runner.py DSV41MonoLayer) and,
-    # for kernels(), which of its (K1, K2) results
+    # for kernels(), which of its (K1, K2) results it is
     runner_method: str = "kernels"
     runner_index: int | None = None
     # compile seconds on a 2-core CPU at gfx950, base + per step-width token:
@@ -40,7 +39,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("k1", "build_mono_k1", whole_layer=True,
          runner_method="kernels", runner_index=0, compile_estimate=(1.7, 0.04),
          what="attention seam + attention front (fold is read only by K1's seam: stages/seam.py)"),
-    Kind("k2", "build_mono_k2", whole_layer=True, unread=("fold",),
+    Kind("k2", "build_mono_k2", whole_layer=True, unread=("fold",),  # no K2 stage reads fold; its symbol omits f
          runner_method="kernels", runner_index=1, compile_estimate=(6.5, 0.12),
          what="attention back + FFN seam + MoE, both TP all-reduces inside"),
     Kind("ffn", "build_mono_ffn", whole_layer=False,
@@ -52,6 +51,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
 
 
 def kind_facts(name: str) -> Kind:
+    """The facts of kind ``name``; KeyFormatError naming the known kinds otherwise."""
     try:
         return KINDS[name]
     except KeyError:

@@ -1,17 +1,11 @@
-"""The vLLM releases whose mono decode layer dsv41-aot builds for, and what
-each one's mono path does (paths relative to ``vllm/models/deepseek_v41/``
-in that release).
+"""The vLLM releases dsv41-aot builds for, and what each one's mono path does.
 
-A release's kernels are named by its own keys: the fields of its
-``MonoBuild`` (``amd/mono/layer.py``), which its runner module builds every
-launch from. A field a release's ``MonoBuild`` does not have is pinned to the
-value the launch behaves as (its ``defaults``): one launch, one key. The
-release a process runs is told apart by its mono sources digest
-(``source.mono_digest``), recorded per release in each manifest.
-
-Adding a release is one :data:`RELEASES` entry (what its sources say: the
-rules of which keys its runner asks for read it, in :mod:`coverage`) plus
-its entry in ``build_matrix.yaml`` (its digest, and what a build covers).
+Upstream paths are relative to ``vllm/models/deepseek_v41/`` in that
+release. A key holds the fields of its release's ``MonoBuild``
+(``amd/mono/layer.py``); a field that MonoBuild lacks is pinned to the value
+the launch behaves as (``defaults``), so one launch has one key. Adding a
+release is one :data:`RELEASES` entry plus its entry in ``build_matrix.yaml``
+(docs/building.md, "vLLM releases").
 
 Standard library only (the runtime reads it too).
 """
@@ -25,55 +19,50 @@ from .arches import ARCHES
 
 # every MonoBuild field any release has, in key order (keys.BuildKey)
 ALL_FIELDS = ("tokens", "tp", "ratio", "fold", "index", "experts", "topk", "ug_groups", "swa_width", "timeline")
-# the MonoBuild fields that have a default (all but tokens, tp, ratio)
-DEFAULTED = ALL_FIELDS[3:]
-# MonoBuild's routing fields: the ones a runner is built with
-ROUTING = ("experts", "topk", "ug_groups", "swa_width")
+DEFAULTED = ALL_FIELDS[3:]  # the fields with a default
+ROUTING = ("experts", "topk", "ug_groups", "swa_width")  # the fields a runner is built with
 
 
 @dataclass(frozen=True)
 class Deploy:
     """What one release's mono path does on one arch."""
 
-    tp_sizes: tuple  # amd/mono_decode.py MonoDecodeLayer._create: TP sizes it accepts
+    tp_sizes: tuple  # amd/mono_decode.py MonoDecodeLayer._create: the TP sizes it accepts
     max_rows: int  # amd/mono_decode.py: a step takes the kernels at 1..max_rows rows
-    k2_reads_index: bool = True  # amd/mono/runner.py kernels(): K2 built with index=False when not
-    # how a DSpark draft layer runs: "whole" (K1 + K2 on the draft's runner),
-    # "ffn" (FFN launch on the target's runner), None (not on the mono path)
+    k2_reads_index: bool = True  # amd/mono/runner.py kernels(): else K2 is built with index=False
+    # a DSpark draft layer: "whole" (K1 + K2 on the draft's runner), "ffn"
+    # (the FFN launch on the target's runner), None (off the mono path)
     draft_layers: str | None = "whole"
-    # the value the runner module's arch flag (Release.arch_flag) has when it
-    # compiles for this arch; the plugin refuses a runner whose flag disagrees
+    # Release.arch_flag's value for this arch; the plugin refuses a runner that disagrees
     runner_flag: bool = False
 
 
 @dataclass(frozen=True)
 class Release:
+    """What one vLLM release's mono package says, read from its sources."""
+
     version: str
     mono_fields: tuple  # MonoBuild's dataclass fields (amd/mono/layer.py)
     arches: dict  # arch -> Deploy: the arches the release's mono path runs on
-    # kernel name parameters per kind (attention/device.py kernel_symbol(stem,
-    # **params)), in order; "?name" only where the field differs from its default
+    # kernel name parameters per kind, in order (attention/device.py
+    # kernel_symbol); "?name" only where the field differs from its default
     symbol_params: dict
-    # the persistent grid every mono launch runs (attention/device.py): THREADS
-    # a CTA and BLOCKS CTAs, all resident at once, one a CU (aot/residency.py)
+    # the persistent grid (attention/device.py THREADS and BLOCKS): all CTAs
+    # resident at once, one per CU (aot/residency.py)
     cta_threads: int
     grid_ctas: int
-    # the runner module's attribute that says which arch it compiles for
-    # (amd/mono/runner.py imports GFX942 from common/arch.py); each Deploy's
-    # runner_flag is its value there. None: the runner has no such flag
+    # the runner module's flag naming the arch it compiles for (amd/mono/runner.py
+    # imports GFX942 from common/arch.py); None: the runner has no such flag
     arch_flag: str | None = None
-    # compress ratios whose layers run whole (K1 + K2); any other layer takes
-    # the FFN launch (amd/mono_decode.py MonoDecodeLayer._create)
+    # compress ratios whose layers run whole (K1 + K2); others take the FFN launch
     whole_ratios: tuple = (0, 1, 2)
     max_tokens: int = 48  # amd/mono/layer.py MAX_TOKENS
-    # MonoBuild's default of each field in DEFAULTED (amd/mono/layer.py). A
-    # field the release's MonoBuild lacks holds the value its launch behaves as
+    # MonoBuild's default of each DEFAULTED field (amd/mono/layer.py), or the
+    # value a launch behaves as for a field that MonoBuild lacks
     defaults: dict = field(default_factory=dict)
-    # the routing (ROUTING fields) the target model's runner is built with
-    # (amd/mono_decode.py _mono_runner); a field MonoBuild lacks is ignored
+    # the routing the target model's runner is built with (amd/mono_decode.py _mono_runner)
     target: dict = field(default_factory=dict)
-    # ug_groups of the DSpark draft's own runner (amd/mono_decode.py
-    # DRAFT_UG_GROUPS); None when no draft layer runs whole on the mono path
+    # amd/mono_decode.py DRAFT_UG_GROUPS; None when no draft layer runs whole
     draft_ug_groups: int | None = None
     source: str = ""
     notes: tuple = field(default_factory=tuple)
@@ -83,6 +72,7 @@ class Release:
         return name in self.mono_fields
 
     def deploy(self, arch: str) -> Deploy:
+        """What the release's mono path does on ``arch``; UnknownArchError if it does not run there."""
         try:
             return self.arches[arch]
         except KeyError:
@@ -108,15 +98,12 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
         "0.33.0",
         mono_fields=ALL_FIELDS,
         arches={
-            # amd/mono_decode.py CDNA_VERSIONS = (3, 4): TP 2 or 4, MAX_ROWS = 48;
-            # the draft runs whole layers on its own runner
+            # amd/mono_decode.py CDNA_VERSIONS = (3, 4), TP 2 or 4, MAX_ROWS = 48
             "gfx950": Deploy(tp_sizes=(2, 4), max_rows=48),
-            # amd/mono_decode.py: "gfx942 builds for tensor parallel size 4 only",
-            # MAX_ROWS_GFX942 = 42, "On gfx942 the DSpark draft layers take the FFN
-            # launch"; amd/mono/runner.py: "k2 = replace(b, index=False) if GFX942".
-            # Beyond unused, the kernel source refuses gfx942 at TP 2 (measured):
-            # FFN s=33 fails stages/moe.py's `shared_units <= BLOCKS` assert, and
-            # K2 s=17 r=2 needs 77,056 B of LDS (limit 64 KiB)
+            # amd/mono_decode.py: TP 4 only, MAX_ROWS_GFX942 = 42, draft layers take
+            # the FFN launch; amd/mono/runner.py: K2 built with index=False on GFX942.
+            # The kernel source also refuses gfx942 at TP 2 (measured): FFN s=33 fails
+            # stages/moe.py's `shared_units <= BLOCKS`; K2 s=17 r=2 needs 77,056 B of LDS
             "gfx942": Deploy(tp_sizes=(4,), max_rows=42, k2_reads_index=False, draft_layers="ffn", runner_flag=True),
         },
         symbol_params={
@@ -124,40 +111,30 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
             "k2": ("s", "tp", "r", "tl", "i", "?e", "?k", "?g", "?w"),
             "ffn": ("s", "tp", "tl", "?e"),
         },
-        # attention/device.py: BLOCKS = 256, THREADS = 512 (common/plan.py repeats them)
-        cta_threads=512,
+        cta_threads=512,  # attention/device.py THREADS and BLOCKS (common/plan.py repeats them)
         grid_ctas=256,
         arch_flag="GFX942",
         defaults=_MONO_0_33_0,
-        # amd/mono_decode.py MonoDecodeLayer._create: ``experts, topk = 384, 6``;
-        # _mono_runner leaves ug_groups and swa_width at MonoBuild's defaults
+        # MonoDecodeLayer._create: experts, topk = 384, 6; the rest at MonoBuild's defaults
         target=dict(experts=384, topk=6, ug_groups=2, swa_width=128),
-        # amd/mono_decode.py DRAFT_UG_GROUPS = 1: _mono_runner(draft=...) builds
-        # the draft's runner with it and the draft's experts / topk / swa_width
-        draft_ug_groups=1,
+        draft_ug_groups=1,  # the draft's runner: its own experts, topk and swa_width
         source="amd/mono/layer.py, amd/mono/runner.py, amd/mono_decode.py",
     ),
     Release(
         "0.32.0",
         # amd/mono/layer.py: MonoBuild(tokens, tp, ratio, timeline=False)
         mono_fields=("tokens", "tp", "ratio", "timeline"),
-        # amd/mono_decode.py CDNA_VERSIONS = (4,); "needs tensor parallel size
-        # 2 or 4"; MAX_ROWS = 48; a draft layer is refused ("draft layer")
+        # amd/mono_decode.py CDNA_VERSIONS = (4,), TP 2 or 4, MAX_ROWS = 48, no draft layer
         arches={"gfx950": Deploy(tp_sizes=(2, 4), max_rows=48, draft_layers=None)},
         # amd/mono/layer.py: kernel_symbol("dsv41_mono_k1", s=, tp=, r=, tl=),
         # the same for k2, kernel_symbol("dsv41_mono_ffn", s=, tp=)
         symbol_params={"k1": ("s", "tp", "r", "tl"), "k2": ("s", "tp", "r", "tl"), "ffn": ("s", "tp")},
-        # attention/device.py: BLOCKS = 256, THREADS = 512; the package has no
-        # common/arch.py and its runner no arch flag (it runs on gfx950 only)
-        cta_threads=512,
+        cta_threads=512,  # attention/device.py; no common/arch.py, so no arch flag
         grid_ctas=256,
         arch_flag=None,
-        # amd/mono_decode.py: a layer runs whole with compress ratio 1 or 2 and no
-        # compressor / indexer / Engram; any other mono layer takes ffn_kernel(tokens)
+        # amd/mono_decode.py: whole with ratio 1 or 2 and no compressor, indexer or Engram
         whole_ratios=(1, 2),
-        # MonoBuild(tokens, tp, ratio, timeline=False): the fields it lacks
-        # behave as 0.33.0's defaults (384 experts, top 6: stages/moe_shape.py)
-        defaults=_MONO_0_33_0,
+        defaults=_MONO_0_33_0,  # the fields its MonoBuild lacks behave as 0.33.0's defaults
         target={},  # no routing fields: the runner has one routing
         source="amd/mono/layer.py, amd/mono/runner.py, amd/mono_decode.py",
     ),
@@ -174,18 +151,16 @@ def oldest_first() -> list[Release]:
 
 
 def deployed_arches() -> list[str]:
-    """Every arch some release's mono path runs on, in the arch table's order
-    (what CI builds: ``dsv41-aot facts --json``'s ``arches``)."""
+    """Every arch some release's mono path runs on, in the arch table's order (what CI builds)."""
     return [a for a in ARCHES if any(a in r.arches for r in RELEASES.values())]
 
 
-# the newest release: what the CLI takes when a command's --release is left
-# out and its help says so (never a default below the CLI)
+# what the CLI takes when --release is left out (never a default below the CLI)
 NEWEST = oldest_first()[-1].version
 
 
 def release_facts(version: str) -> Release:
-    """The facts of vLLM ``version``; a KeyFormatError naming the known releases otherwise."""
+    """The facts of vLLM ``version``; KeyFormatError naming the known releases otherwise."""
     try:
         return RELEASES[version]
     except (KeyError, TypeError):
