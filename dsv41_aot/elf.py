@@ -1,11 +1,11 @@
-"""The little ELF64 reading dsv41-aot needs: sections, symbols, notes.
+"""The little ELF64 reading dsv41-aot needs: sections, symbols, notes, dynamic info.
 
-An exported FlyDSL object (``export_to_c``) is an x86-64 relocatable ELF that
-holds two things we read back: ``<entry>__metadata`` (JSON: ABI slots, arch,
-FlyDSL version) and ``<entry>__kernels_binary`` (the GPU code object, itself
-an AMDGPU ELF whose notes carry the kernel's resource metadata).
+An exported FlyDSL object (``export_to_c``) is an x86-64 relocatable ELF
+holding ``<entry>__metadata`` (JSON: ABI slots, arch, FlyDSL version) and
+``<entry>__kernels_binary`` (the GPU code object, an AMDGPU ELF whose notes
+carry the kernel's resource metadata).
 
-Standard library only (the runtime may read it too).
+Shared core: standard library only.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ class Symbol:
 
 
 class Elf:
+    """An ELF64 little-endian file's sections, read from its bytes."""
+
     def __init__(self, data: bytes):
         if data[:4] != ELF_MAGIC or data[4] != 2 or data[5] != 1:
             raise ElfError("not an ELF64 little-endian file")
@@ -109,8 +111,7 @@ class Elf:
 
 
 def exported_parts(obj: bytes, entry: str) -> tuple[bytes, bytes]:
-    """(metadata JSON bytes, GPU code object) of the export object ``obj``
-    whose C entry is ``entry``."""
+    """(metadata JSON bytes, GPU code object) of the export object ``obj`` of C entry ``entry``."""
     elf = Elf(obj)
     meta = elf.symbol_bytes(f"{entry}__metadata").rstrip(b"\0")
     code = elf.symbol_bytes(f"{entry}__kernels_binary")
@@ -120,8 +121,7 @@ def exported_parts(obj: bytes, entry: str) -> tuple[bytes, bytes]:
 
 
 def dynamic_info(data: bytes) -> dict:
-    """DT_NEEDED, SONAME and the defined / undefined dynamic symbols of a
-    shared library (read from its .dynamic and .dynsym)."""
+    """A shared library's DT_NEEDED, SONAME and defined and undefined dynamic symbols."""
     elf = Elf(data)
     out = {"needed": [], "soname": None, "undefined": [], "defined": []}
     for s in elf.sections:

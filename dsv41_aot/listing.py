@@ -1,12 +1,8 @@
 """Listing rooms: of an arch folder, of a prebuilt directory, of a wheel.
 
-``rooms_of`` lists every room folder of one arch folder, foreign ones
-included; ``rooms_in`` the known rooms of a prebuilt directory, readable or
-not; ``built_rooms`` the known rooms that hold a manifest.json (what was
-built), and ``built_releases`` / ``built_arches`` the same as releases of
-one arch folder or as arch folders; ``rooms_in_members`` the rooms of a
-wheel, from its member names. ``named_by_rooms`` and ``orphan_objects`` say
-what the rooms of an arch name, for garbage collection.
+``rooms_of`` lists every room folder, foreign ones included; ``rooms_in``
+the known rooms, readable or not; ``built_*`` those holding a manifest.
+``named_by_rooms`` and ``orphan_objects`` serve garbage collection.
 
 Shared core: standard library only.
 """
@@ -23,8 +19,7 @@ from .room import ROOM_RE, Room, room_dir
 
 
 def rooms_in_members(names, prefix: str) -> list[tuple[str, str]]:
-    """(arch, release) of every ``<prefix><arch>/vllm-<release>/manifest.json``
-    among a wheel's member ``names``, by arch, oldest release first."""
+    """(arch, release) of every room manifest among a wheel's member ``names``, sorted."""
     found = []
     for n in names:
         parts = n[len(prefix):].split("/") if n.startswith(prefix) else []
@@ -43,9 +38,7 @@ def rooms_of(arch_dir: Path) -> list[Room]:
 
 
 def rooms_in(root: Path, release: str | None = None) -> list[Room]:
-    """The known rooms of a prebuilt directory (of ``release`` when given),
-    a room whose manifest is missing or unreadable included: its problem is
-    what a reader reports."""
+    """The known rooms of a prebuilt directory (of ``release`` when given), readable or not."""
     root = Path(root)
     arches = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     return [r for a in arches for r in rooms_of(a) if r.known and release in (None, r.release)]
@@ -63,15 +56,12 @@ def built_arches(root: Path) -> list[Path]:
 
 
 def built_rooms(root: Path, release: str | None = None) -> list[Room]:
-    """The known rooms of a prebuilt directory that hold a manifest (only
-    ``release``'s when given), by arch, oldest release first."""
+    """The known rooms that hold a manifest (of ``release`` when given), sorted."""
     return [Room(d.parent, d.name, r) for d in built_arches(root) for r in built_releases(d) if release in (None, r)]
 
 
 def built_rooms_or_error(root: Path, release: str | None = None) -> list[Room]:
-    """:func:`built_rooms`, for a command that needs at least one: an unknown
-    release, or a directory without a room (of ``release``), is an error
-    naming the directory and the build that fills it."""
+    """:func:`built_rooms`, or an error naming the build that fills the directory if none."""
     if release is not None:
         release_facts(release)
     found = built_rooms(root, release)
@@ -89,9 +79,9 @@ def built_rooms_or_error(root: Path, release: str | None = None) -> list[Room]:
 
 
 def named_by_rooms(arch_dir: Path) -> tuple[set, set] | None:
-    """(object paths, band file names) some room of the arch names, foreign
-    rooms included, read by the same parsers. None when a room's records
-    cannot be read: what it names is unknown, so nothing may be collected."""
+    """(object paths, band file names) some room of the arch names, foreign rooms included.
+
+    None when a room's records cannot be read: then nothing may be collected."""
     objs, bands = set(), set()
     for room in rooms_of(arch_dir):
         try:
@@ -105,9 +95,7 @@ def named_by_rooms(arch_dir: Path) -> tuple[set, set] | None:
 
 
 def orphan_objects(arch_dir: Path) -> list[Path]:
-    """Stored objects of an arch no room names, a foreign room included (left
-    by an interrupted or older build); none while some room's records cannot
-    be read (its objects cannot be told apart)."""
+    """Stored objects of an arch that no room names (none while a room is unreadable)."""
     named = named_by_rooms(arch_dir)
     objdir = Path(arch_dir) / OBJECTS
     if named is None or not objdir.is_dir():

@@ -16,10 +16,9 @@ manifest.json::
      "refused": {"<key string>": {"error", "source"}}}
 
 ``mono_sources`` is every entry's ``source.mono_sources``: the runtime picks
-the room of the vLLM it runs by it. Same inputs give the same bytes, so
-nothing measured goes in the manifest: compile seconds per key go to the
-room's ``timings.json``, which no wheel carries. ABI lists are shared by id
-(every K1 has the same 41 slots), which keeps the manifest small.
+its vLLM's room by it. Same inputs give the same bytes, so compile seconds go
+to ``timings.json`` (never shipped). ABI lists are shared by id (every K1 has
+the same 41 slots), which keeps the manifest small.
 
 Shared core: standard library only.
 """

@@ -1,12 +1,10 @@
 """The record of an unfinished build, and the command that builds keys again.
 
 ``rebuild_cmd`` is the one place a printed fix names ``dsv41-aot build`` with
-a build's own options, so a fix run as printed builds from the same matrix and
-vLLM tree as the build it repairs. Before anything compiles, a build records
-the keys and options it was given in ``<arch>/.build-pending.json``
-(``write``) and removes it when it finishes (``clear``). A record still there
-once the build's lock is free names a killed build; ``read`` gives the
-commands that finish it.
+a build's own options, so the fix builds from the same matrix and vLLM tree.
+A build records its keys and options in ``<arch>/.build-pending.json``
+before it compiles and removes it when done; a record left once the build's
+lock is free names a killed build (see docs/building.md).
 
 Shared core: standard library only.
 """

@@ -1,23 +1,11 @@
-"""vLLM's mono package: where it is, its identity, and an isolated import.
+"""vLLM's mono package, the kernel source: where it is, its digest, its import.
 
-The mono package (``vllm/models/deepseek_v41/amd/mono/``) is the kernel source
-of truth. Importing it through its parents would import all of vLLM (the model,
-platform detection); registering the parents as bare packages whose
-``__path__`` points at the folders imports only the mono package.
+:func:`import_mono` registers the package's parents as bare packages, so
+importing it does not import all of vLLM. :func:`mono_digest` recomputes
+vLLM's own ``SOURCES`` (``common/plan.source_digest``) without importing
+anything. A build takes one vLLM tree per release (:func:`find_release`).
 
-``mono_digest`` recomputes vLLM's own ``SOURCES`` (``common/plan.source_digest``:
-sha256 over each ``.py`` file's path relative to the mono folder, then its
-bytes, files sorted, first 16 hex digits) without importing anything, so the
-runtime can compare an installed vLLM with the digest a build recorded.
-
-A build takes one vLLM tree per release (``find_release``): a ``--vllm-src``
-folder, the installed vLLM, or a release fetched into the tree cache
-(``dsv41-aot fetch-vllm 0.32.0``: the release's wheel from the package index,
-``pip download --no-deps``, of which only the model's folder and the
-dist-info are kept). Each is read for its version and checked against the
-release's mono sources digest.
-
-Shared core (build and runtime): standard library only.
+Shared core: standard library only.
 """
 
 from __future__ import annotations
@@ -52,6 +40,14 @@ def fix_vllm(release: str | None = None) -> str:
 FIX_VLLM = fix_vllm()
 
 
+def _installed_root() -> Path | None:
+    """The folder holding the installed ``vllm`` package, found without importing it."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]).resolve().parent
+
+
 @dataclass(frozen=True)
 class MonoSource:
     """One vLLM tree holding the mono package."""
@@ -60,13 +56,12 @@ class MonoSource:
 
     @functools.cached_property
     def version(self) -> str:
-        """vLLM's version ("unknown" for a checkout without one); read on
-        demand: finding it lists site-packages, which the runtime's source
-        check does not need."""
+        """vLLM's version ("unknown" for a checkout without one), read only when asked."""
         return _version_of(self.root)
 
     @property
     def mono_dir(self) -> Path:
+        """The mono package's folder."""
         return self.root / MONO_REL
 
     @property
@@ -75,7 +70,10 @@ class MonoSource:
 
 
 def mono_digest(mono_dir: Path) -> str:
-    """vLLM's ``mono.sources.SOURCES`` for the package in ``mono_dir``."""
+    """vLLM's ``mono.sources.SOURCES`` for the package in ``mono_dir``.
+
+    The sha256 of each ``.py`` file's relative path, then its bytes, files
+    sorted; the first 16 hex digits."""
     files = sorted(mono_dir.rglob("*.py"))
     if not files:
         raise ToolchainError(f"no mono kernel sources under {mono_dir}", fix=FIX_VLLM)
@@ -87,8 +85,7 @@ def mono_digest(mono_dir: Path) -> str:
 
 
 def _version_of(root: Path) -> str:
-    """vLLM's version without importing vLLM: its dist-info beside the package,
-    else ``vllm/_version.py``."""
+    """vLLM's version from its dist-info beside the package, else ``vllm/_version.py``."""
     for info in sorted(root.glob("vllm-*.dist-info")):
         meta = info / "METADATA"
         if meta.is_file():
@@ -104,19 +101,15 @@ def _version_of(root: Path) -> str:
 
 
 def find(vllm_src: str | os.PathLike | None = None) -> MonoSource:
-    """The vLLM tree at ``vllm_src`` (a checkout or site-packages folder
-    holding ``vllm/``), else the installed vllm, found without importing it.
-    Any release: the caller judges its version (a build takes a release's
-    tree through :func:`find_release`)."""
+    """The vLLM tree at ``vllm_src``, else the installed vLLM, of any release."""
     if vllm_src is not None:
         root = Path(vllm_src).resolve()
         if (root / "vllm").is_dir() is False and (root / MONO_REL).is_dir() is False:
             raise ToolchainError(f"--vllm-src {root}: no vllm/ package folder there", fix=FIX_VLLM)
     else:
-        spec = importlib.util.find_spec("vllm")
-        if spec is None or not spec.submodule_search_locations:
+        root = _installed_root()
+        if root is None:
             raise ToolchainError("vLLM is not installed: it is the kernel source dsv41-aot builds from", fix=FIX_VLLM)
-        root = Path(list(spec.submodule_search_locations)[0]).resolve().parent
     src = MonoSource(root=root)
     if not src.mono_dir.is_dir():
         raise ToolchainError(f"vLLM at {root} ({src.version}) has no mono package at {MONO_REL}", fix=FIX_VLLM)
@@ -124,7 +117,7 @@ def find(vllm_src: str | os.PathLike | None = None) -> MonoSource:
 
 
 def trees_dir() -> Path:
-    """The tree cache ``fetch`` fills: ``$DSV41_AOT_VLLM_TREES``, else ~/.cache/dsv41-aot/vllm."""
+    """The tree cache that ``fetch`` fills: ``$DSV41_AOT_VLLM_TREES``, else ~/.cache/dsv41-aot/vllm."""
     env = os.environ.get(ENV_TREES)
     if env:
         return Path(env).resolve()
@@ -133,16 +126,15 @@ def trees_dir() -> Path:
 
 
 def find_release(release: str, digest: str | None, trees=()) -> MonoSource:
-    """The vLLM tree to build ``release`` from: the first of ``trees``
-    (--vllm-src folders), the installed vLLM and the tree cache whose version
-    is ``release`` (or, for a checkout without one, whose mono digest is
-    ``digest``). Its mono sources must have ``digest`` (the matrix's entry for
-    the release) when one is given: a tree that says 0.33.0 but holds other
-    kernels is refused, naming both digests."""
+    """The vLLM tree to build ``release`` from.
+
+    The first of ``trees`` (--vllm-src folders), the installed vLLM and the
+    tree cache whose version is ``release`` (for a checkout without one:
+    whose digest is ``digest``). A tree of that version with another digest
+    is refused, naming both."""
     candidates: list[tuple[str, Path]] = [(f"--vllm-src {t}", Path(t)) for t in trees]
-    spec = importlib.util.find_spec("vllm")
-    if spec is not None and spec.submodule_search_locations:
-        candidates.append(("installed vLLM", Path(list(spec.submodule_search_locations)[0]).resolve().parent))
+    if (installed := _installed_root()) is not None:
+        candidates.append(("installed vLLM", installed))
     candidates.append((f"tree cache {trees_dir() / release}", trees_dir() / release))
     seen = []
     for where, root in candidates:
@@ -166,10 +158,10 @@ def find_release(release: str, digest: str | None, trees=()) -> MonoSource:
 
 
 def fetch(release: str, dest: Path | None = None, *, log=None) -> MonoSource:
-    """Fetch vLLM ``release``'s kernel source into the tree cache (or
-    ``dest``): its wheel from the package index (``pip download --no-deps``),
-    of which only the model folder and the dist-info are unpacked. Build
-    side (runs pip); atomic: a tree is there whole or not at all."""
+    """Fetch vLLM ``release``'s kernel source into the tree cache, or ``dest``.
+
+    Only the model folder and dist-info of its wheel (``pip download
+    --no-deps``) are unpacked. Build side; a tree is there whole or not at all."""
     import shutil
     import subprocess
     import tempfile
@@ -210,10 +202,10 @@ def fetch(release: str, dest: Path | None = None, *, log=None) -> MonoSource:
 
 
 def import_mono(src: MonoSource, module: str = "layer") -> types.ModuleType:
-    """Import ``vllm.models.deepseek_v41.amd.mono.<module>`` from ``src`` with
-    its parents registered as bare packages. Set ``ARCH`` first: the mono
-    package fixes its target at import (``common/arch.py``). Build side only:
-    this imports flydsl (and, for ``runner``, torch)."""
+    """Import one module of the mono package from ``src``, its parents as bare packages.
+
+    Set ``ARCH`` first: the package fixes its target at import
+    (``common/arch.py``). Build side only: this imports flydsl (and torch)."""
     for i, name in enumerate(PARENTS):
         existing = sys.modules.get(name)
         folder = src.root.joinpath(*name.split("."))

@@ -110,8 +110,8 @@ def parse_draft(text: str | None, presets: dict | None = None) -> tuple | None:
 def layer_kinds(release: str) -> dict:
     """Every (ratio, fold, index) ``release``'s runner runs a whole layer with.
 
-    For the target ("backbone") and the draft. A field the release's
-    MonoBuild lacks takes its default."""
+    For the target ("backbone") and the draft: the ratios attention.py
+    allows that run whole. A field the release's MonoBuild lacks takes its default."""
     rel = release_facts(release)
     # amd/mono_decode.py: fold=False on the model's first layer and after an
     # Engram write, True elsewhere; index where the layer has an indexer
@@ -169,7 +169,7 @@ class RunnerCall:
         return self.args[0]
 
     def as_json(self) -> list:
-        """``[method, *args, {runner fields}]``, as the probes ask vLLM's real runner."""
+        """``[method, *args, {runner fields}]``: how tests/_vllm_probe.py and bench/load.py ask for it."""
         return [self.method, *self.args, dict(self.runner)]
 
 
