@@ -1,13 +1,9 @@
 """One release's entry in the build matrix, expanded to its keys.
 
-The entry says what a build covers: the axes (arch, tp, tokens), the layer
-kinds (ratio, fold, index) and the drafts. Which keys vLLM's runner asks
-for is not the matrix's to say: the expansion keeps, of the calls
-``facts.coverage.runner_calls`` lists for each covered deployment, those the
-entry covers, and takes their keys. A value the release's own entry gives
-that adds no key is an error, so a typo or a value the release's runner
-never uses does not pass unnoticed. ``m`` is the :class:`.matrix.Matrix`
-being loaded: its ``error`` names the file and line of an offending entry.
+The keys are those of the calls ``facts.coverage.runner_calls`` lists that
+the entry covers. A value the release's own entry gives that adds no key is
+an error, so a typo does not pass unnoticed. ``m`` is the
+:class:`.matrix.Matrix` being loaded; its ``error`` names the file and line.
 """
 
 from __future__ import annotations
@@ -41,7 +37,7 @@ class ReleaseEntry:
 
 
 def matches(where: dict, key: BuildKey) -> bool:
-    """Whether ``key``'s fields have the values ``where`` names (a value, or a list of them)."""
+    """Whether ``key`` has the values ``where`` names (a value or a list per field)."""
     for name, want in where.items():
         have = getattr(key, name)
         if have not in (want if isinstance(want, list) else [want]):
@@ -50,7 +46,7 @@ def matches(where: dict, key: BuildKey) -> bool:
 
 
 def check_match(m, where: dict, line: int, what: str) -> dict:
-    """``where`` checked: known fields, and known arches, kinds and releases."""
+    """Check a ``where`` filter: known fields, arches, kinds and releases."""
     if not isinstance(where, dict):
         raise m.error(line, f"{what}: expected a mapping of field: value")
     known = {"arch": ARCHES, "kind": KINDS, "release": RELEASES}
@@ -66,6 +62,7 @@ def check_match(m, where: dict, line: int, what: str) -> dict:
 
 
 def _tokens(value, m, line: int, max_tokens: int) -> list[int]:
+    """The tokens axis as a list: a list, one width, or a range like 1..48."""
     if isinstance(value, str):
         a, sep, b = value.partition("..")
         try:
@@ -88,7 +85,7 @@ def _tokens(value, m, line: int, max_tokens: int) -> list[int]:
 
 
 def _values(m, what: str, values, allowed, line: int) -> list:
-    """A section's list of values, each one of ``allowed`` (None: a positive integer), none twice."""
+    """A checked list of values: each in ``allowed`` (None: positive ints), none twice."""
     if not isinstance(values, list) or not values:
         raise m.error(line, f"{what}: expected a non-empty list")
     for i, v in enumerate(values):
@@ -102,8 +99,7 @@ def _values(m, what: str, values, allowed, line: int) -> list:
 
 
 def _mapping(m, sec: dict, name: str, known, noun: str, version: str, line: int):
-    """Section ``name`` of a release (its entry at ``line``): a mapping whose
-    entries (each a ``noun``) are among ``known`` (None: any)."""
+    """Section ``name`` of a release: a mapping whose keys are among ``known`` (None: any)."""
     value = sec.get(name)
     if not isinstance(value, dict):
         raise m.error(line, f"release {version}: {name} must be a mapping")
@@ -114,9 +110,11 @@ def _mapping(m, sec: dict, name: str, known, noun: str, version: str, line: int)
 
 
 def _covered(m, version: str, sec: dict, own: set, line: int) -> dict:
-    """What one release's sections cover, checked: {(section, field): its
-    values} for the axes and the layer fields its MonoBuild has, and
-    ("drafts", None): {name: (experts, topk, swa_width)}."""
+    """What one release's sections cover, checked: {(section, field): values}.
+
+    The axes and the layer fields its MonoBuild has; ("drafts", None) holds
+    {name: (experts, topk, swa_width)}.
+    """
     rel = RELEASES[version]
     axes = _mapping(m, sec, "axes", AXES, "axis", version, line)
     for name in AXES:
@@ -148,10 +146,12 @@ def _covered(m, version: str, sec: dict, own: set, line: int) -> dict:
 
 
 def expand_release(m, version: str, sec: dict, own: set, line: int) -> list[BuildKey]:
-    """The keys of one release (its entry at ``line``, its sections ``sec``,
-    of which it gives ``own`` itself rather than through ``like``): of the
-    calls its runner can make on each covered arch x tp, with and without
-    each draft, those whose width and layer kind are covered."""
+    """The keys of one release: the covered calls its runner can make.
+
+    ``sec`` holds the release's sections; ``own`` names those it gives itself
+    rather than through ``like``. Each covered arch x tp is tried with and
+    without each draft.
+    """
     covered = _covered(m, version, sec, own, line)
     drafts = covered.pop(("drafts", None))
     m.releases[version].drafts = drafts

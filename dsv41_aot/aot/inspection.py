@@ -1,14 +1,8 @@
 """``dsv41-aot inspect``: how close each prebuilt launch is to not fitting.
 
-One row per stored symbol of each room (an arch and a vLLM release): its
-figures read again from the stored GPU code object (``codeobject``), its
-residency verdict and spills (``residency``), its use of each resource
-against the arch's limit. The text ends with the headroom summary per (arch,
-release, kind); ``--json`` prints one document with the limits judged against
-(``facts/arches.py Arch.limits()``), the rows (each with its release and the
-threads a CTA of that release's grid, ``facts/releases.py``) and the
-summary; ``--plot`` draws the use against step width, one row of panels per
-(arch, release). ``--release`` keeps one release's rooms.
+Each row's figures are read again from the stored GPU code object and judged
+against the arch's limits (``residency``). The text, ``--json`` and
+``--plot`` outputs are described in docs/building.md.
 """
 
 from __future__ import annotations
@@ -27,14 +21,13 @@ from ..elf import exported_parts
 from .residency import RESOURCES, UNITS, cta_threads, residency_problems, spill_notes, usage, waves_per_simd
 
 LABELS = {"lds": "LDS", "vgprs": "VGPRs", "agprs": "AGPRs", "sgprs": "SGPRs"}
-# a resource other than LDS and VGPRs gets its own panel when some key of the
-# arch uses at least this share of its limit (or, for AGPRs, any at all)
+# AGPRs and SGPRs get a panel when some key uses this share of the limit
+# (AGPRs: when any key uses any)
 BINDS = 0.5
 
 
 def inspect_dir(root, release: str | None = None) -> list[dict]:
-    """One row per stored symbol of prebuilt directory ``root`` (of its
-    ``release`` rooms only, when given)."""
+    """One row per stored symbol of ``root`` (of ``release``'s rooms, if given)."""
     root = Path(root)
     found = built_rooms_or_error(root, release)
     rows = []
@@ -45,7 +38,7 @@ def inspect_dir(root, release: str | None = None) -> list[dict]:
             man.check_object(key)
             _, code = exported_parts(man.object_path(key).read_bytes(), e.entry)
             res = code_object_resources(code)
-            problems = residency_problems(res, man.arch, man.release)  # by the grid of the room's release
+            problems = residency_problems(res, man.arch, man.release)  # judged by the release's grid
             rows.append({
                 "key": key, "kind": e.kind, "arch": man.arch, "release": man.release,
                 "threads": cta_threads(man.release), "tokens": e.fields["tokens"],
@@ -60,9 +53,7 @@ def inspect_dir(root, release: str | None = None) -> list[dict]:
 
 
 def series(key: BuildKey) -> str:
-    """The plot series of a key: its kind and variant (the ratio of a
-    whole-layer kind, index, a routing other than the target model's); TP and
-    fold are folded into the series."""
+    """The plot series of a key: its kind and variant, over all TP and fold."""
     parts = [key.kind, f"r{key.ratio}"] if kind_facts(key.kind).whole_layer else [key.kind]
     if key.index:
         parts.append("index")
@@ -73,8 +64,7 @@ def series(key: BuildKey) -> str:
 
 
 def summary(rows: list[dict]) -> list[dict]:
-    """Per (arch, release, kind): the tightest key of each resource (least
-    left to its limit), its use and the limit, and the keys that spill."""
+    """Per (arch, release, kind): the key with least left of each resource, and spills."""
     out: dict = {}
     for r in rows:
         s = out.setdefault((r["arch"], r["release"], r["kind"]),
@@ -94,9 +84,10 @@ def summary(rows: list[dict]) -> list[dict]:
 
 
 def report(root, release: str | None = None) -> dict:
-    """The ``--json`` document: limits per arch, rows, summary, and
-    ``threads``: the threads a CTA of every reported release (None when
-    their grids differ: each row and summary entry has its own)."""
+    """The ``--json`` document: ``threads``, limits per arch, rows, summary.
+
+    ``threads`` is None when the releases' grids differ (each row has its own).
+    """
     rows = inspect_dir(root, release)
     arches = sorted({r["arch"] for r in rows})
     return {"threads": _one_threads(rows), "limits": {a: arch_facts(a).limits() for a in arches},
@@ -104,20 +95,19 @@ def report(root, release: str | None = None) -> dict:
 
 
 def _one_threads(entries: list[dict]) -> int | None:
-    """The threads a CTA of the releases of ``entries`` (rows or summary
-    entries, each with its ``release``), when they all agree; else None."""
+    """The threads per CTA shared by every release in ``entries``, else None."""
     found = {cta_threads(row["release"]) for row in entries}
     return found.pop() if len(found) == 1 else None
 
 
 def cta_text(entries: list[dict]) -> str:
-    """"one 512-thread CTA" for the releases of ``entries`` ("one CTA",
-    its release's size, when they differ)."""
+    """How the text names a CTA: "one 512-thread CTA", or "one CTA" if sizes differ."""
     threads = _one_threads(entries)
     return f"one {threads}-thread CTA" if threads else "one CTA (its release's threads)"
 
 
 def summary_lines(summ: list[dict]) -> list[str]:
+    """The headroom summary as text lines, one line per resource."""
     lines = [f"headroom of {cta_text(summ)} a CU, per arch, vLLM release and kind (tightest key per resource):"]
     for s in summ:
         head = f"{s['arch']} {s['release']} {s['kind']} ({s['keys']} key{'s' if s['keys'] != 1 else ''})"
@@ -137,7 +127,7 @@ def summary_lines(summ: list[dict]) -> list[str]:
 
 
 def _panels(rows: list[dict]) -> list[str]:
-    """LDS and VGPRs always; AGPRs / SGPRs where they bind on some arch."""
+    """The panels to draw: LDS and VGPRs, and AGPRs or SGPRs where they bind."""
     out = ["lds", "vgprs"]
     for name in ("agprs", "sgprs"):
         if any(r["usage"][name][0] > (0 if name == "agprs" else BINDS * r["usage"][name][1]) for r in rows):
@@ -146,9 +136,11 @@ def _panels(rows: list[dict]) -> list[str]:
 
 
 def plot(rows: list[dict], path) -> None:
-    """PNG: per (arch, release) (a row of panels), each residency resource's use against
-    step width, one line per series (kind and variant; the max over TP and
-    fold at each width), the arch's limit as a line, spilling keys marked."""
+    """Draw the residency picture of ``rows`` into the PNG file ``path``.
+
+    One row of panels per (arch, release); each panel plots one resource's
+    use against step width, one line per series (the max over TP and fold).
+    """
     try:
         import matplotlib
 

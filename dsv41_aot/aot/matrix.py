@@ -1,11 +1,8 @@
-"""build_matrix.yaml -> the list of BuildKeys to build: the file's schema, its
-releases (``like`` followed), its profiles, and :func:`load`.
+"""The build matrix (build_matrix.yaml): its schema, releases and profiles.
 
-Per vLLM release the matrix says what a build covers (axes, layer kinds,
-drafts); the keys are those of the calls vLLM's runner can make there
-(expand.py, over ``facts.coverage``). A profile selects across releases; a
-CI shard takes its part (shards.py). Every error names the file and line
-(yamllines.py) of the offending entry and the command that checks a fix.
+The matrix says what a build covers; each release's keys come from
+expand.py. See docs/building.md, "The build matrix". Every error names the
+file and line of the offending entry and the command that checks a fix.
 """
 
 from __future__ import annotations
@@ -32,6 +29,8 @@ _DIGEST = re.compile(r"^[0-9a-f]{16}$")
 
 @dataclass
 class Matrix:
+    """A loaded build matrix: every release's keys, its profiles and releases."""
+
     path: Path
     default_profile: str
     keys: list = field(default_factory=list)  # every release's keys, sorted
@@ -46,7 +45,7 @@ class Matrix:
         )
 
     def all_keys(self) -> list[BuildKey]:
-        """Every key of the matrix (the ``full`` selection), sorted, once each."""
+        """Every key of the matrix, sorted, once each."""
         return list(self.keys)
 
     def profile_names(self) -> list[str]:
@@ -100,8 +99,7 @@ class Matrix:
 
     @property
     def drafts(self) -> dict:
-        """Every draft the matrix covers, name -> (experts, topk, swa_width);
-        the newest release's where two releases differ."""
+        """Every draft the matrix covers, name -> (experts, topk, swa_width); newest wins."""
         out: dict = {}
         for version in sorted(self.releases, key=version_order):
             out.update(self.releases[version].drafts)
@@ -148,7 +146,7 @@ def load(path: str | Path | None = None) -> Matrix:
     resolved: dict = {}
 
     def sections(version: str, chain=()) -> dict:
-        """The release's sections, ``like`` followed: name -> (value, the release that gives it)."""
+        """The release's sections, ``like`` followed: name -> (value, giving release)."""
         if version in resolved:
             return resolved[version]
         spec = releases[version]

@@ -1,6 +1,7 @@
-"""YAML with line numbers: mappings and sequences that remember the (1-based)
-line of each of their entries, so that every build matrix error can name the
-file and line of what it refuses."""
+"""YAML whose mappings and sequences remember the line of each entry.
+
+Every build matrix error can so name the file and line of what it refuses.
+"""
 
 from __future__ import annotations
 
@@ -26,16 +27,16 @@ class Seq(list):
 
 
 class LineLoader(yaml.SafeLoader):
+    # ``deep`` is SafeLoader's signature; values are always built deep here
     def construct_mapping(self, node, deep=False):
         out = Node(super().construct_mapping(node, deep=True))
         out.line = node.start_mark.line + 1
-        out.lines = {self.construct_object(k, deep=True): k.start_mark.line + 1 for k, _ in node.value}
-        seen = set()
+        out.lines = {}
         for k, _ in node.value:
             name = self.construct_object(k, deep=True)
-            if name in seen:
+            if name in out.lines:
                 raise MatrixError(f"line {k.start_mark.line + 1}: key {name!r} given twice in one mapping")
-            seen.add(name)
+            out.lines[name] = k.start_mark.line + 1
         return out
 
     def construct_sequence(self, node, deep=False):
@@ -59,8 +60,7 @@ def line_of(obj, key=None) -> int:
 
 
 def parse(text: str, path: Path):
-    """``text`` (the file at ``path``) as :class:`Node` and :class:`Seq`; bad
-    YAML, or a key given twice in one mapping, names the file and line."""
+    """``text``, the file at ``path``, parsed; an error names the file and line."""
     try:
         return yaml.load(text, Loader=LineLoader)
     except yaml.YAMLError as e:
