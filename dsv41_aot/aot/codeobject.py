@@ -4,13 +4,11 @@ Figures come from two places in the AMDGPU ELF (code object v5):
 
 - the ``NT_AMDGPU_METADATA`` note (owner ``AMDGPU``, type 32), a MessagePack
   map whose ``amdhsa.kernels[0]`` holds register counts, LDS and scratch
-  bytes, the kernarg layout (decoded with the ``msgpack`` library);
-- the kernel descriptor (``<kernel>.kd``, 64 bytes), whose
-  ``COMPUTE_PGM_RSRC1`` / ``RSRC3`` fields are what the hardware allocates:
-  VGPR granules and, on gfx90a and later, the AGPR offset ``accum_offset``.
+  bytes and the kernarg layout;
+- the 64-byte kernel descriptor (``<kernel>.kd``), whose
+  ``COMPUTE_PGM_RSRC1`` / ``RSRC3`` fields are what the hardware allocates.
 
-Build side only (the runtime never reads code objects). What the figures
-mean for residency is ``residency.py``'s business.
+Build side only. What the figures mean for residency is ``residency.py``'s.
 """
 
 from __future__ import annotations
@@ -43,8 +41,7 @@ def amdgpu_metadata(code: bytes) -> dict:
 
 
 def kernel_descriptor(code: bytes, kd_symbol: str) -> dict:
-    """Allocation figures from the 64-byte kernel descriptor ``kd_symbol``
-    (AMDGPUUsage, "Kernel Descriptor" for code object v3+)."""
+    """The figures in kernel descriptor ``kd_symbol`` (AMDGPUUsage, "Kernel Descriptor")."""
     elf = Elf(code)
     sym = next((s for s in elf.symbols() if s.name == kd_symbol), None)
     if sym is None or not 0 < sym.shndx < len(elf.sections):
@@ -71,8 +68,7 @@ def kernel_descriptor(code: bytes, kd_symbol: str) -> dict:
 
 
 def code_object_resources(code: bytes) -> dict:
-    """The figures of the (single) kernel in GPU code object ``code``: what
-    the manifest stores as an entry's ``resources``. JSON-ready."""
+    """The JSON-ready figures of the one kernel in GPU code object ``code``."""
     doc = amdgpu_metadata(code)
     kernels = doc.get("amdhsa.kernels") or []
     if len(kernels) != 1:
@@ -116,9 +112,11 @@ def code_object_resources(code: bytes) -> dict:
 
 
 def manifest_figures(res: dict) -> dict:
-    """What a manifest entry keeps of ``code_object_resources``: every figure
-    but the per-argument kernarg layout (``verify`` reads that from the code
-    object itself), which would triple the manifest the runtime parses."""
+    """What a manifest entry keeps of ``code_object_resources``: all but ``args``.
+
+    The kernarg layout would triple the manifest the runtime parses; ``verify``
+    reads it from the code object itself.
+    """
     out = {k: v for k, v in res.items() if k != "args"}
     out["kernarg_count"] = len(res["args"])
     return out

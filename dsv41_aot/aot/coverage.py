@@ -1,8 +1,7 @@
-"""Coverage on the build side: which keys a deployment needs is the shared
-core's (:mod:`dsv41_aot.facts.coverage`, also what ``dsv41-aot doctor``
-calls); this module checks them against a prebuilt directory or a build
-matrix profile. The matrix is read for the releases it builds, ``--profile``
-and its drafts (``--draft dspark``).
+"""``dsv41-aot coverage``: a deployment's keys checked against a build.
+
+Which keys a deployment needs is :mod:`dsv41_aot.facts.coverage`'s; this
+module checks them against a prebuilt directory or a matrix profile.
 
     dsv41-aot coverage --arch gfx950 --tp 4 --draft dspark          # every release
     dsv41-aot coverage --arch gfx950 --tp 4 --release 0.32.0 --profile full --json
@@ -24,9 +23,7 @@ from ..room import Room, room_dir
 
 def available_in_dir(root: Path, arch: str, release: str, *,
                      missing_ok: bool = False) -> tuple[set, set | None, str]:
-    """(keys in the room's manifest, keys its libs.json links -- None when
-    nothing is linked --, what was checked) of ``root/arch/vllm-<release>``;
-    with ``missing_ok`` a room that is not there holds nothing."""
+    """(manifest keys, linked keys or None, what was checked) of one room."""
     room = room_dir(Path(root) / arch, release)
     if not (room / MANIFEST).is_file():
         if missing_ok:
@@ -41,10 +38,7 @@ def available_in_dir(root: Path, arch: str, release: str, *,
 
 
 def check(dep: Deployment, m, *, root=None, profile: str | None = None, missing_ok: bool = False) -> dict:
-    """The coverage report of ``dep`` (``facts.coverage.compare``) against
-    a prebuilt directory's room of ``dep.release`` or the keys of that
-    release in profile ``profile`` of matrix ``m``. A key of another release
-    never satisfies one."""
+    """The coverage report of ``dep``: against its room in ``root``, or a profile."""
     if profile is not None:
         have = {str(k) for k in m.select(profile) if k.release == dep.release}
         return compare(dep, have, have, f"profile {profile!r} of {m.path}")
@@ -55,12 +49,12 @@ def check(dep: Deployment, m, *, root=None, profile: str | None = None, missing_
 
 def check_all(arch: str, tp: int, *, max_rows=None, draft_text: str | None = None, release: str | None = None,
               root=None, profile: str | None = None, matrix_path=None) -> tuple[list[dict], list[dict]]:
-    """(reports, skipped) for the deployment under ``release``, or under
-    every release of the matrix: a release that does not run the deployment
-    is skipped ({"release", "arch", "tp", "reason"}), unless it was named
-    (NotDeployed, exit 2). A prebuilt directory with no room of the arch at
-    all is bad input; one without the room of some release (every release
-    checked) misses all that release's keys."""
+    """(reports, skipped) for a deployment under ``release``, or every release.
+
+    A release that does not run the deployment is skipped unless it was
+    named (then NotDeployed, exit 2). A prebuilt directory with no room of
+    the arch is bad input; a missing room of one release misses its keys.
+    """
     from . import matrix
 
     m = matrix.load(matrix_path)

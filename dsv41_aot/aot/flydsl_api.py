@@ -1,18 +1,10 @@
 """FlyDSL's internals, in the one module that reaches into them.
 
 The mono launchers take only scalars, so FlyDSL's public ``flyc.compile``
-would try to launch them. dsv41-aot instead drives FlyDSL's own JIT compile
-without a launch (``JitFunction._compile_or_execute(..., execute=False)``),
-wraps the fresh artifact (``_make_compiled_function``) and exports it
-(``export_to_c``); ``verify --against-jit`` reads back the artifact the JIT
-wrote to its disk cache, whose name differs between FlyDSL releases. What
-differs is data (``facts/flydsl.py``); how each variant is acted on is here,
-and ``aot/compiler.py``, ``aot/jit.py`` and ``bench/load.py`` call these
-functions rather than touching FlyDSL's private names.
-
-``tests/test_flydsl_pin.py`` runs this path (compile one key without a launch,
-export it, find the JIT's disk artifact) under every supported FlyDSL.
-Imported only inside a compile or JIT worker (it imports flydsl).
+would try to launch them; this module drives FlyDSL's JIT compile without a
+launch and exports the result. How each FlyDSL release differs is data in
+``facts/flydsl.py``; ``tests/test_flydsl_pin.py`` runs this path under every
+supported release. Imported only inside a compile or JIT worker.
 """
 
 from __future__ import annotations
@@ -24,24 +16,21 @@ from ..facts.flydsl import FlyDSLRelease, flydsl_facts
 
 
 def release() -> FlyDSLRelease:
-    """The facts of the FlyDSL this process imported (ToolchainError, exit 2,
-    naming the supported set, when dsv41-aot does not support it)."""
+    """The facts of the FlyDSL this process imported (exit 2 if unsupported)."""
     from flydsl import __version__
 
     return flydsl_facts(__version__)
 
 
 def compile_without_launch(launcher, args: tuple):
-    """Compile ``launcher`` (a ``@flyc.jit`` function) for ``args`` as its JIT
-    would, without launching it, and return the compile's cache key."""
+    """Compile a ``@flyc.jit`` function for ``args`` without launching; return its cache key."""
     launcher._compile_or_execute(args, {}, execute=False)
     cache_key, _ = launcher._last_compiled
     return cache_key
 
 
 def export_c(launcher, args: tuple, cache_key, folder: Path, name: str) -> Path:
-    """Export the artifact compiled under ``cache_key`` as a C object
-    ``folder/<name>.o`` (FlyDSL's ``export_to_c``, entry symbol ``name``)."""
+    """Export the artifact compiled under ``cache_key`` as ``folder/<name>.o``."""
     bound = launcher._sig.bind(*args)
     bound.apply_defaults()
     compiled = launcher._make_compiled_function(cache_key, bound, None)
@@ -50,7 +39,7 @@ def export_c(launcher, args: tuple, cache_key, folder: Path, name: str) -> Path:
 
 
 def _key_text(launcher, cache_key) -> str:
-    """The ``key_text`` disk name: the cache key's text (the cache manager hashes it)."""
+    """The ``key_text`` disk name: the cache key's text, which the cache hashes."""
     return launcher._cache_key_to_str(cache_key)
 
 
@@ -66,9 +55,10 @@ DISK_NAMES = {"key_text": _key_text, "disk_cache_key": _disk_cache_key}
 
 
 def disk_artifact(launcher, cache_key) -> tuple[Path, str]:
-    """Where the JIT wrote the artifact compiled under ``cache_key`` in its
-    disk cache, and the text it named the artifact by. RuntimeError when the
-    disk cache is off or holds no such file."""
+    """(path, name) of the artifact compiled under ``cache_key`` in the JIT's disk cache.
+
+    RuntimeError when the disk cache is off or holds no such file.
+    """
     mgr = launcher.cache_manager
     if mgr is None:
         raise RuntimeError("FlyDSL's disk cache is off: FLYDSL_RUNTIME_CACHE_DIR / ENABLE_CACHE not honoured")
@@ -80,14 +70,12 @@ def disk_artifact(launcher, cache_key) -> tuple[Path, str]:
 
 
 def artifact_ir(raw: bytes) -> str:
-    """The compiled IR held by a disk-cache artifact's bytes (a pickled
-    ``CompiledArtifact``)."""
+    """The compiled IR in a disk-cache artifact's bytes (a pickled ``CompiledArtifact``)."""
     return pickle.loads(raw)._ir_text
 
 
 def gpu_binary(ir_text: str) -> bytes:
-    """The one GPU code object in a FlyDSL artifact's compiled IR (its
-    ``gpu.binary`` op's object)."""
+    """The one GPU code object in a FlyDSL artifact's IR (its ``gpu.binary`` op's)."""
     from flydsl._mlir import ir
     from flydsl._mlir.dialects import gpu
     from flydsl.compiler.jit_function import _create_mlir_context

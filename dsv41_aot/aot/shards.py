@@ -1,6 +1,8 @@
-"""CI shards: the partition of a selection of keys into N parts of balanced
-compile time, from the seconds earlier builds recorded (or an estimate where
-none is), the same on every machine."""
+"""CI shards: a selection of keys split into N parts of balanced compile time.
+
+The split uses the seconds earlier builds recorded (else an estimate), and
+puts every key in exactly one shard, the same on every machine.
+"""
 
 from __future__ import annotations
 
@@ -14,19 +16,19 @@ from ..keys import BuildKey
 
 
 def estimate_seconds(key: BuildKey) -> float:
-    """A compile-time guess for a key with no recorded time, from the kind's
-    and the arch's facts (measured on a 2-core CPU, growing with the width)."""
+    """A compile-time guess for a key with no recorded time (a 2-core CPU's)."""
     base, per_token = KINDS_FACTS[key.kind].compile_estimate
     return (base + per_token * key.tokens) * ARCH_FACTS[key.arch].compile_scale
 
 
 def recorded_seconds(paths) -> dict:
-    """(release, key) -> compile seconds: the shared input that makes every CI
-    cell cut the same shards. Each path is a room's ``timings.json`` (its
-    release is its folder's, ``vllm-<release>``), a room or arch folder
-    holding them, a ``manifest.json`` (its sibling timings.json, or the
-    ``compile_seconds`` manifests held before timings moved out of them), or
-    any {key: seconds} JSON file elsewhere (release None: any release's)."""
+    """(release, key) -> compile seconds: what makes every CI cell cut the same shards.
+
+    Each path is a room's ``timings.json``, a room or arch folder holding
+    them, a ``manifest.json`` (with its sibling timings.json, or the
+    ``compile_seconds`` older manifests held), or any {key: seconds} JSON
+    file (release None: any release's).
+    """
     import json
 
     from ..facts.releases import RELEASES as _RELEASES
@@ -69,6 +71,7 @@ def recorded_seconds(paths) -> dict:
 
 
 def parse_shard(text: str) -> tuple[int, int]:
+    """``--shard i/N`` as (i, N)."""
     m = re.fullmatch(r"(\d+)/(\d+)", text or "")
     if not m or not (0 <= int(m[1]) < int(m[2])):
         raise MatrixError(f"bad shard {text!r}: expected i/N with 0 <= i < N", fix="pass --shard 0/4 (shards are numbered from 0)")
@@ -76,11 +79,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def shard(keys: list[BuildKey], index: int, count: int, seconds: dict | None = None) -> list[BuildKey]:
-    """Shard ``index`` of ``count``: longest-first greedy over the recorded
-    compile seconds (``seconds``: (release, key string) -> s, from
-    :func:`recorded_seconds`; a release of None stands for any), or the
-    estimate where none is recorded. Deterministic: every key lands in
-    exactly one shard, the same one on every machine."""
+    """Shard ``index`` of ``count``, filled longest first by recorded or estimated seconds."""
     seconds = {(None, k) if isinstance(k, str) else k: v for k, v in (seconds or {}).items()}  # a bare key: any release
     cost = {k: float(seconds.get((k.release, str(k)), seconds.get((None, str(k)), estimate_seconds(k))))
             for k in keys}

@@ -1,9 +1,8 @@
 """The build toolchain, found and checked before any compile starts.
 
-FlyDSL's ROCDL serializer links GPU code objects with ``$ROCM_PATH/llvm/bin/ld.lld``.
-A ROCm install provides it; on a CPU-only machine Debian's ``lld-19`` does
-too, given a folder laid out like ROCm's (``<dir>/llvm/bin/ld.lld``). Debug
-info is stripped with ``llvm-strip`` from the same LLVM.
+FlyDSL's ROCDL serializer links GPU code objects with
+``$ROCM_PATH/llvm/bin/ld.lld``. A ROCm install provides it; on a CPU-only
+machine Debian's ``lld-19`` does, through a shim folder laid out like ROCm's.
 """
 
 from __future__ import annotations
@@ -22,6 +21,8 @@ SHIM_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dsv
 
 @dataclass(frozen=True)
 class Toolchain:
+    """The tools a build compiles with, and their versions."""
+
     rocm_path: Path  # what ROCM_PATH is set to in the compile workers
     lld: Path
     strip: Path
@@ -30,9 +31,11 @@ class Toolchain:
 
 
 def _llvm_dirs():
-    """LLVM bin folders to look in, best first: ROCm's, then Debian's. Never
-    the shim's own folder (a compile worker's ROCM_PATH is the shim): taking
-    its ld.lld would relink the shim to itself, a loop every build then fails on."""
+    """LLVM bin folders to look in, best first: ROCm's, then Debian's.
+
+    Never the shim's own folder (a compile worker's ROCM_PATH): its ld.lld
+    would relink the shim to itself, a loop every build then fails on.
+    """
     for rocm in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
         if rocm and os.path.realpath(rocm) != os.path.realpath(SHIM_DIR):
             yield Path(rocm) / "llvm" / "bin"
@@ -46,7 +49,7 @@ def llvm_tool(name: str) -> Path | None:
 
 
 def tool_version(tool: Path) -> str:
-    """The first line ``tool --version`` prints (ld.lld's and llvm-strip's identity)."""
+    """The first line ``tool --version`` prints: the tool's identity."""
     try:
         out = subprocess.run([str(tool), "--version"], capture_output=True, text=True, timeout=30)
     except OSError as e:
@@ -57,8 +60,7 @@ def tool_version(tool: Path) -> str:
 
 
 def find() -> Toolchain:
-    """Find ld.lld and llvm-strip, make a ROCM_PATH FlyDSL can use, and check
-    that the installed FlyDSL is one dsv41-aot supports."""
+    """Find ld.lld and llvm-strip, make a ROCM_PATH FlyDSL can use, check FlyDSL."""
     lld, strip = llvm_tool("ld.lld"), llvm_tool("llvm-strip")
     if lld is None:
         raise ToolchainError("no ld.lld found (FlyDSL links GPU code objects with $ROCM_PATH/llvm/bin/ld.lld)", fix=FIX_LLD)
@@ -84,8 +86,7 @@ def find() -> Toolchain:
 
 
 def flydsl_version() -> str:
-    """The installed FlyDSL's version; ToolchainError (exit 2) when none is
-    installed or it is not one of facts/flydsl.py's, naming the supported set."""
+    """The installed FlyDSL's version, if facts/flydsl.py supports it (else exit 2)."""
     from importlib.metadata import PackageNotFoundError, version
 
     from ..facts.flydsl import fix_install, flydsl_facts
@@ -105,7 +106,6 @@ def check_arch(arch: str) -> None:
 
 
 def source_identity(*, vllm_version: str, mono_sources: str, helpers: str, flydsl_version: str, linker: str) -> dict:
-    """The source identity a built entry records (its ``source``): what it
-    was built from and with. The only place its fields are named."""
+    """The source identity a built entry records: the one place its fields are named."""
     return {"vllm_version": vllm_version, "mono_sources": mono_sources, "helpers": helpers,
             "flydsl_version": flydsl_version, "linker": linker}

@@ -1,15 +1,9 @@
-"""A build under another FlyDSL (or linker) than the one a room's keys were
-built with: which keys moved toolchain only, and the judgement that keeps a
-stored object when the new toolchain compiles the same GPU code object.
+"""A build under another FlyDSL or linker than a room's keys were built with.
 
-The exported object records the FlyDSL version in its metadata, so its
-bytes (and every band's sha256) change with the toolchain even where the
-GPU code does not. What a room serves is the GPU code object; a key whose
-entry differs from the build's source identity only in the toolchain parts
-is compiled once under the new toolchain (or proven under it beforehand by
-``verify --against-jit --record``) and keeps its stored object, entry and
-bands when that code object is the same; only keys whose code object
-changed are rebuilt (docs/building.md, "Moving to another FlyDSL")."""
+A key that moved toolchain only keeps its stored object, entry and bands
+when the new toolchain compiles the same GPU code object. See
+docs/building.md, "Moving to another FlyDSL".
+"""
 
 from __future__ import annotations
 
@@ -21,14 +15,12 @@ TOOLCHAIN = ("flydsl_version", "linker")
 
 
 def served(ident: dict) -> dict:
-    """The source identity without its toolchain parts: what must be equal
-    for two entries to serve code of the same vLLM source."""
+    """The source identity without its toolchain parts: what same-source entries share."""
     return {k: v for k, v in (ident or {}).items() if k not in TOOLCHAIN}
 
 
 def moved(m, key, ident: dict) -> bool:
-    """Whether ``key``'s entry in manifest ``m`` differs from ``ident`` only
-    in its toolchain parts, with its stored object intact and whole."""
+    """Whether ``key``'s entry differs from ``ident`` only in toolchain, its object intact."""
     e = m.entries.get(str(key))
     if e is None or e.source == ident or served(e.source) != served(ident) or type(e.export_bytes) is not int:
         return False
@@ -40,8 +32,7 @@ def moved(m, key, ident: dict) -> bool:
 
 
 def proven_under(room, entry, flydsl: str) -> bool:
-    """Whether the room's verified.json holds a PROVEN proof of ``entry``'s
-    code object made under FlyDSL ``flydsl`` (an unreadable record: no)."""
+    """Whether the room holds a PROVEN proof of ``entry`` made under FlyDSL ``flydsl``."""
     try:
         proofs = room.proof().all()
     except ManifestError:
@@ -50,7 +41,6 @@ def proven_under(room, entry, flydsl: str) -> bool:
 
 
 def same_code(old, new) -> bool:
-    """Whether ``new`` (an Entry, or a worker's JSON of one) holds the GPU
-    code object of the stored entry ``old``."""
+    """Whether ``new`` (an Entry, or a worker's JSON of one) has ``old``'s code object."""
     doc = new if isinstance(new, dict) else new.to_dict()
     return doc.get("code_object_sha256") == old.code_object_sha256 and doc.get("code_object_bytes") == old.code_object_bytes
