@@ -1,7 +1,8 @@
-"""A room while a build writes it (``aot/builder.py``): the source identity
-its keys are built under, which of its keys are up to date, the rule that a
-room holds keys of one source, keys taken from the build cache, and the
-count of its proofs after the build."""
+"""A room while a build writes it: its source identity, and which keys are up to date.
+
+Also the rule that a room holds keys of one source, keys taken from the
+build cache, and the count of its proofs after the build.
+"""
 
 from __future__ import annotations
 
@@ -28,12 +29,11 @@ def identity(src: source.MonoSource, tools: toolchain.Toolchain) -> dict:
 
 
 def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:
-    """The key's entry is what a clean build writes: same source identity,
-    whole (``export_bytes``, FlyDSL's unstripped size, is in no stored
-    object: an entry recovered from objects/ lacks it until the key comes
-    from the build cache or compiles), and passing verify's own check of an
-    entry against its stored object (``integrity.check_entry``): a key verify
-    refuses is built again, so verify's fix ``build --key`` fixes it."""
+    """Whether the key's entry is what a clean build would write.
+
+    It must have the same source identity, be whole (an entry recovered from
+    objects/ lacks ``export_bytes``, FlyDSL's unstripped size), and pass
+    ``integrity.check_entry``, so that verify's fix ``build --key`` fixes it."""
     from .integrity import check_entry
 
     e = m.entries.get(str(key))
@@ -43,11 +43,10 @@ def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:
 
 
 class RoomState:
-    """One room's manifest and pending keys during a build (its arch's lock
-    is held by ``build``): the keys of one vLLM release on one arch, built
-    from that release's tree (``src``) under its source identity (``ident``).
-    A corrupt manifest is set aside and rebuilt from the stored objects
-    (aot/recover.py)."""
+    """One room's manifest and pending keys during a build, under its arch's lock.
+
+    Its keys are built from ``src`` under source identity ``ident``. A corrupt
+    manifest is set aside and rebuilt from the stored objects (aot/recover.py)."""
 
     def __init__(self, out: Path, arch: str, release: str, src: source.MonoSource, ident: dict,
                  recovered: list, log):
@@ -73,10 +72,11 @@ class RoomState:
 
 
 def check_one_source(states: dict, keys: list, out: Path, options=()) -> None:
-    """Refuse (exit 2, before anything is written) a build that would leave a
-    room holding keys of two source identities: every key of a room built
-    from another identity must be in the build too. Its fix carries the
-    build's own ``options`` (``--matrix``, ``--vllm-src``: pending.rebuild_cmd)."""
+    """Refuse a build that would leave a room holding keys of two source identities.
+
+    Exit 2, before anything is written. Every key built from another identity
+    must be in the build too, unless proven under this FlyDSL. The fix
+    carries the build's own ``options`` (``--matrix``, ``--vllm-src``)."""
     asked: dict = {}
     for k in keys:
         asked.setdefault(k.room, set()).add(str(k))
@@ -85,8 +85,9 @@ def check_one_source(states: dict, keys: list, out: Path, options=()) -> None:
                        and not toolmove.proven_under(st.room, e, st.ident["flydsl_version"]))
         if not stale:
             continue
+        was = st.manifest.entries[stale[0]].source
+        rebuild = rebuild_cmd(out, st.release, asked[room] | set(stale), options)
         if all(toolmove.served(st.manifest.entries[k].source) == toolmove.served(st.ident) for k in stale):
-            was = st.manifest.entries[stale[0]].source
             raise AotError(
                 f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.release} on {st.arch} were built with FlyDSL "
                 f"{was.get('flydsl_version')} (linker {was.get('linker')}), this build's is "
@@ -95,24 +96,21 @@ def check_one_source(states: dict, keys: list, out: Path, options=()) -> None:
                 f"of two toolchains",
                 fix=f"prove the room under this FlyDSL first (dsv41-aot verify --dir {out} --against-jit --record), "
                     f"or build the whole room (each key compiles once and keeps its object where its code object "
-                    f"is unchanged): " + rebuild_cmd(out, st.release, asked[room] | set(stale), options))
-        was = st.manifest.entries[stale[0]].source
+                    f"is unchanged): " + rebuild)
         differ = sorted(f for f in set(was) | set(st.ident) if was.get(f) != st.ident.get(f))
         raise AotError(
             f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.release} on {st.arch} were built from mono sources "
             f"{was.get('mono_sources')} (vLLM {was.get('vllm_version')}), this build's are "
             f"{st.ident['mono_sources']} (vLLM {st.ident['vllm_version']}); {', '.join(differ)} differ. Building "
             f"only some keys would leave the room of two sources, which no installed vLLM matches",
-            fix="rebuild the whole room: " + rebuild_cmd(out, st.release, asked[room] | set(stale), options))
+            fix="rebuild the whole room: " + rebuild)
 
 
 def count_proofs(st: RoomState, log) -> dict | None:
-    """Read the room's verified.json (records.Proof, its one parser) after the
-    build: how many keys still carry a proof matching their entry (None: the
-    room has no verified.json); a proof
-    the build made stale (a key rebuilt to another code object), or an
-    unreadable file, is a warning naming the command that proves them again.
-    The build never writes it."""
+    """Count the room's proofs after the build (None: the room has no verified.json).
+
+    A proof the build made stale, or an unreadable file, is a warning naming
+    the command that proves the keys again. The build never writes the file."""
     room = st.room
     if not room.verified_path.is_file():
         return None
@@ -129,9 +127,9 @@ def count_proofs(st: RoomState, log) -> dict | None:
 
 
 def take_from_cache(store, st: RoomState, key: BuildKey) -> bool:
-    """Take ``key``'s object from the build cache into its room (checked
-    like a fresh compile: arch, kernel symbol, residency); False on a miss,
-    a record whose blob fails those checks included (dropped, said)."""
+    """Take ``key``'s object from the build cache into its room, checked like a compile.
+
+    False on a miss, or when its blob fails the checks (the record is then dropped)."""
     from .compiler import describe_object
 
     hit = store.get_object(key, st.ident)

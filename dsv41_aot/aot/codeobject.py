@@ -115,8 +115,7 @@ def manifest_figures(res: dict) -> dict:
     """What a manifest entry keeps of ``code_object_resources``: all but ``args``.
 
     The kernarg layout would triple the manifest the runtime parses; ``verify``
-    reads it from the code object itself.
-    """
+    reads it from the code object itself."""
     out = {k: v for k, v in res.items() if k != "args"}
     out["kernarg_count"] = len(res["args"])
     return out

@@ -53,8 +53,7 @@ def check_all(arch: str, tp: int, *, max_rows=None, draft_text: str | None = Non
 
     A release that does not run the deployment is skipped unless it was
     named (then NotDeployed, exit 2). A prebuilt directory with no room of
-    the arch is bad input; a missing room of one release misses its keys.
-    """
+    the arch is bad input; a missing room of one release misses its keys."""
     from . import matrix
 
     m = matrix.load(matrix_path)

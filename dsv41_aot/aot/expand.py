@@ -113,8 +113,7 @@ def _covered(m, version: str, sec: dict, own: set, line: int) -> dict:
     """What one release's sections cover, checked: {(section, field): values}.
 
     The axes and the layer fields its MonoBuild has; ("drafts", None) holds
-    {name: (experts, topk, swa_width)}.
-    """
+    {name: (experts, topk, swa_width)}."""
     rel = RELEASES[version]
     axes = _mapping(m, sec, "axes", AXES, "axis", version, line)
     for name in AXES:
@@ -150,8 +149,7 @@ def expand_release(m, version: str, sec: dict, own: set, line: int) -> list[Buil
 
     ``sec`` holds the release's sections; ``own`` names those it gives itself
     rather than through ``like``. Each covered arch x tp is tried with and
-    without each draft.
-    """
+    without each draft."""
     covered = _covered(m, version, sec, own, line)
     drafts = covered.pop(("drafts", None))
     m.releases[version].drafts = drafts

@@ -57,8 +57,7 @@ DISK_NAMES = {"key_text": _key_text, "disk_cache_key": _disk_cache_key}
 def disk_artifact(launcher, cache_key) -> tuple[Path, str]:
     """(path, name) of the artifact compiled under ``cache_key`` in the JIT's disk cache.
 
-    RuntimeError when the disk cache is off or holds no such file.
-    """
+    RuntimeError when the disk cache is off or holds no such file."""
     mgr = launcher.cache_manager
     if mgr is None:
         raise RuntimeError("FlyDSL's disk cache is off: FLYDSL_RUNTIME_CACHE_DIR / ENABLE_CACHE not honoured")

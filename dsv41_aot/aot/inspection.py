@@ -86,8 +86,7 @@ def summary(rows: list[dict]) -> list[dict]:
 def report(root, release: str | None = None) -> dict:
     """The ``--json`` document: ``threads``, limits per arch, rows, summary.
 
-    ``threads`` is None when the releases' grids differ (each row has its own).
-    """
+    ``threads`` is None when the releases' grids differ (each row has its own)."""
     rows = inspect_dir(root, release)
     arches = sorted({r["arch"] for r in rows})
     return {"threads": _one_threads(rows), "limits": {a: arch_facts(a).limits() for a in arches},
@@ -139,8 +138,7 @@ def plot(rows: list[dict], path) -> None:
     """Draw the residency picture of ``rows`` into the PNG file ``path``.
 
     One row of panels per (arch, release); each panel plots one resource's
-    use against step width, one line per series (the max over TP and fold).
-    """
+    use against step width, one line per series (the max over TP and fold)."""
     try:
         import matplotlib
 

@@ -1,10 +1,9 @@
-"""A room's keys checked one by one without vLLM (``dsv41-aot verify``'s
-integrity level, ``aot/verify.py``).
+"""``dsv41-aot verify``'s integrity level: a room's keys checked without vLLM.
 
-Each manifest entry is compared with the entry the build derives from its
-stored object (``compiler.describe_object``: the GPU code object, its
-kernel, export ABI, resources and residency), and the object's ABI with
-its kernel's kernarg layout."""
+Each manifest entry is compared with the entry ``compiler.describe_object``
+derives from its stored object, and the object's ABI with its kernel's
+kernarg layout.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from ..manifest import OBJECTS, Manifest
 from .codeobject import code_object_resources
 from .compiler import describe_object
 
-# what describe_object derives from a stored object: the manifest entry must say the same
-# (its ABI is compared slot by slot below)
+# the entry fields describe_object derives, which the manifest must match (the ABI is compared apart)
 ENTRY_FIELDS = ("kind", "arch", "fields", "symbol", "entry", "object", "sha256", "bytes", "code_object_sha256",
                 "code_object_bytes", "resources")
 
@@ -48,8 +46,7 @@ class KeyReport:
 
 
 def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
-    """Integrity of one manifest entry; returns the report and the stored
-    GPU code object (None when it could not be read)."""
+    """Check one manifest entry: its report, and its GPU code object (None if unread)."""
     e = man.entries[key]
     rep = KeyReport(key, man.arch, man.release)
     if not (man.dir / OBJECTS).is_dir():  # a shipped room (a wheel's): its bands are what is checked
@@ -69,8 +66,9 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
     if str(parsed) != key:
         rep.problems.append(f"manifest key is not canonical (canonical: {parsed})")
     rep.checks.append("export")
+    data = man.object_path(key).read_bytes()
     try:  # the entry the build would write for this object, made by the build's own function
-        described, abi = describe_object(parsed, man.object_path(key).read_bytes(), e.source)
+        described, abi = describe_object(parsed, data, e.source)
     except (elf.ElfError, ValueError, KeyError) as err:
         rep.problems.append(f"object {e.object} is not an export of entry {e.entry}: {err}")
         return rep, None
@@ -86,14 +84,13 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
     if abi != man.abi(key):
         rep.problems.append("export metadata's ABI slots differ from the manifest's ABI")
     rep.checks.append("resources")
-    code = elf.exported_parts(man.object_path(key).read_bytes(), described.entry)[1]
+    code = elf.exported_parts(data, described.entry)[1]
     rep.problems += kernarg_problems(abi, code_object_resources(code))  # describe_object does not compare these
     return rep, code
 
 
 def kernarg_problems(abi: list, res: dict) -> list[str]:
-    """The export ABI (stream last) against the kernel's kernarg layout: one
-    by-value kernarg per scalar slot, same size, in order."""
+    """Where the ABI's scalar slots differ from the kernel's by-value kernargs, in order."""
     scalars = [s for s in abi if s["name"] != "stream"]
     args = res["args"]
     if len(scalars) != len(args):

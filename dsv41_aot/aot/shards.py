@@ -27,8 +27,7 @@ def recorded_seconds(paths) -> dict:
     Each path is a room's ``timings.json``, a room or arch folder holding
     them, a ``manifest.json`` (with its sibling timings.json, or the
     ``compile_seconds`` older manifests held), or any {key: seconds} JSON
-    file (release None: any release's).
-    """
+    file (release None: any release's)."""
     import json
 
     from ..facts.releases import RELEASES as _RELEASES

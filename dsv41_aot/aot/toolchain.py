@@ -34,8 +34,7 @@ def _llvm_dirs():
     """LLVM bin folders to look in, best first: ROCm's, then Debian's.
 
     Never the shim's own folder (a compile worker's ROCM_PATH): its ld.lld
-    would relink the shim to itself, a loop every build then fails on.
-    """
+    would relink the shim to itself, a loop every build then fails on."""
     for rocm in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
         if rocm and os.path.realpath(rocm) != os.path.realpath(SHIM_DIR):
             yield Path(rocm) / "llvm" / "bin"
