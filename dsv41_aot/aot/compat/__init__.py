@@ -1,15 +1,13 @@
 """The project's own aiter FlyDSL helpers, used only when real aiter is absent.
 
-vLLM's mono package imports three kernel-building helper modules from
-``aiter.ops.flydsl.kernels`` (``buffer_ops``, ``dpp_utils``,
-``kernels_common``); aiter with those ops cannot be installed on a CPU-only
-build machine. ``install_aiter_shim()`` makes the import names resolve to this
-package's modules, and says which helpers a build used: the helpers shape the
-generated code, so their identity belongs in every build's manifest.
+vLLM's mono package imports three helper modules from
+``aiter.ops.flydsl.kernels``, which cannot be installed on a CPU-only build
+machine. ``install_aiter_shim()`` points those names at this package's
+modules and says which helpers a build used: they shape the generated code,
+so their identity belongs in every manifest entry.
 
-Importing this package, or calling ``install_aiter_shim()``, imports neither
-torch, vLLM nor FlyDSL: the helper modules are registered lazily and run on
-first use (inside the mono package's own import, which needs FlyDSL anyway).
+Neither importing this package nor installing the shim imports torch, vLLM
+or FlyDSL: the helper modules are registered lazily and run on first use.
 """
 
 import hashlib
@@ -37,9 +35,9 @@ _MARK = "__dsv41_aot_compat__"
 
 
 def compat_digest() -> str:
-    """sha256[:16] over the helper modules' file names and contents, in name
-    order: what this package feeds into generated code. (The shim plumbing in
-    this file is left out: editing it changes no kernel.)"""
+    """sha256[:16] over the helper modules' file names and contents, in name order.
+
+    This file, the shim's plumbing, is left out: editing it changes no kernel."""
     h = hashlib.sha256()
     for name in sorted(f"{m}.py" for m in HELPERS):
         h.update(name.encode() + b"\0")
@@ -48,6 +46,7 @@ def compat_digest() -> str:
 
 
 def _aiter_version(module) -> str:
+    """The installed aiter's version: its ``__version__``, else its distribution's."""
     version = getattr(module, "__version__", None)
     if version:
         return str(version)
@@ -62,7 +61,7 @@ def _aiter_version(module) -> str:
 
 
 def _bare_package(name: str) -> types.ModuleType:
-    """A stand-in package module with no code and no search path."""
+    """An empty package module with no search path, marked as the shim's."""
     module = types.ModuleType(name)
     module.__path__ = []
     module.__package__ = name
@@ -71,8 +70,7 @@ def _bare_package(name: str) -> types.ModuleType:
 
 
 def _lazy_helper(helper: str) -> types.ModuleType:
-    """``dsv41_aot.aot.compat.<helper>``, registered but executed on first
-    attribute access (the helpers import FlyDSL, and FlyDSL imports torch)."""
+    """``dsv41_aot.aot.compat.<helper>``, run on first use (it imports FlyDSL, hence torch)."""
     name = f"{__name__}.{helper}"
     if name in sys.modules:
         return sys.modules[name]
@@ -90,18 +88,16 @@ def _shimmed() -> bool:
 
 
 def install_aiter_shim() -> dict:
-    """Make ``aiter.ops.flydsl.kernels.{buffer_ops,dpp_utils,kernels_common}``
-    importable, and return the identity of the helpers in use.
+    """Make aiter's three helper modules importable; return the helpers' identity.
 
     Real aiter wins: when ``aiter.ops.flydsl.kernels`` imports, nothing is
     registered and the result is ``{"impl": "aiter", "version": ...}``.
-    Otherwise each missing level of ``aiter.ops.flydsl.kernels`` becomes a bare
-    package in ``sys.modules`` (a real ``aiter`` / ``aiter.ops`` that imported
-    is kept), the helper names point at this package's modules, and the result
-    is ``{"impl": "dsv41_aot.compat", "digest": compat_digest()}``.
-    Idempotent. An aiter that fails with anything but ``ImportError`` is left
-    to raise: a half-working aiter must not be silently replaced.
-    """
+    Otherwise each missing package level becomes an empty package (a real
+    ``aiter`` or ``aiter.ops`` is kept), the helper names point at this
+    package's modules, and the result is ``{"impl": "dsv41_aot.compat",
+    "digest": compat_digest()}``. Idempotent. An aiter that fails with
+    anything but ``ImportError`` is left to raise: a half-working aiter must
+    not be silently replaced."""
     if not _shimmed():
         try:
             importlib.import_module(KERNELS)

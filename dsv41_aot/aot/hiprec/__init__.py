@@ -1,21 +1,11 @@
-"""The recording HIP: a small C library (``recording_hip.c``) that stands in
-for the AMD GPU no build machine has (MOCK-GPU), and what reads it back.
+"""The recording HIP, a stand-in for the AMD GPU (MOCK-GPU), and its readers.
 
-It answers the HIP calls the loader, the bands' exported host code and
-FlyDSL's JIT runtime make, does no GPU work, and writes each call with its
-arguments to a log (the bytes behind every ``kernelParams`` pointer
-included). ``verify --against-jit`` launches each key through it twice, by
-vLLM's JIT and by the prebuilt Launcher, and compares the two launches
-(``compare_launch``); the tests use it to see what a launch hands HIP.
-
-``build()`` compiles it once with the system C compiler (``cc``) into a
-cache folder, as ``libamdhip64.so.7`` (that SONAME, every hip* at version
-hip_4.2, as FlyDSL's JIT runtime binds). ``env()`` is what a process needs
-to use it: the loader finds it by DSV41_AOT_HIP_LIB, FlyDSL's JIT runtime by
-LD_LIBRARY_PATH (a JIT worker also maps it first: ``preload``). ``calls``
-reads its log; ``write_layouts`` gives it each kernel's argument layout from
-the code object's own AMDGPU metadata (aot/codeobject.py), so it can build
-the argument segment HIP would hand the GPU. Build side only.
+``recording_hip.c`` answers the HIP calls the loader, the bands and FlyDSL's
+JIT runtime make, does no GPU work, and logs each call with its arguments.
+``verify --against-jit`` launches each key through it by vLLM's JIT and by
+the prebuilt Launcher and compares the two (``compare_launch``). It is built
+as ``libamdhip64.so.7``, every hip* at version hip_4.2, as FlyDSL's JIT
+runtime binds. See docs/building.md, "What needs an AMD GPU". Build side only.
 """
 
 from __future__ import annotations
@@ -36,7 +26,7 @@ SOURCE = HERE / "recording_hip.c"
 VERSION_SCRIPT = HERE / "recording_hip.map"
 SONAME = "libamdhip64.so.7"
 CC_FLAGS = ("-O2", "-g0", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror")
-ROCM_6_4_3 = 60443483  # hipRuntimeGetVersion of ROCm 6.4.3: inside the loader's accepted range
+ROCM_6_4_3 = 60443483  # hipRuntimeGetVersion of ROCm 6.4.3, which the loader accepts
 ARCH_NAMES = {"gfx950": "gfx950:sramecc+:xnack-", "gfx942": "gfx942:sramecc+:xnack-"}
 # the stream both launches of a comparison are given (what torch.cuda.current_stream().cuda_stream holds)
 STREAM = 0x7E57
@@ -45,17 +35,16 @@ FIELDS = ("image_sha256", "kernel", "grid", "block", "shared", "stream", "kernar
 
 
 def default_folder(cache: Path | None = None) -> Path:
-    """Where ``build`` keeps the library: under the build cache folder when
-    there is one (``--cache`` / DSV41_AOT_BUILD_CACHE), else the user's cache."""
+    """Where ``build`` keeps the library: in the build cache, else the user's cache."""
     base = Path(cache) if cache else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dsv41-aot"
     return base / "recording-hip"
 
 
 def build(folder: Path | None = None, *, cache: Path | None = None) -> Path:
-    """The compiled recording HIP: ``folder/<digest>/libamdhip64.so.7``
-    (``folder``: ``default_folder(cache)``), compiled with ``cc`` the first
-    time its source, version script and flags are seen, atomically (a
-    concurrent build renames the same bytes into place)."""
+    """The recording HIP's path, compiled with ``cc`` once per source, script and flags.
+
+    It is ``folder/<digest>/libamdhip64.so.7``, written atomically: a
+    concurrent build renames the same bytes into place."""
     digest = hashlib.sha256(SOURCE.read_bytes() + b"\0" + VERSION_SCRIPT.read_bytes() + b"\0"
                             + " ".join(CC_FLAGS).encode()).hexdigest()[:16]
     out = Path(folder or default_folder(cache)) / digest / SONAME
@@ -84,8 +73,9 @@ def build(folder: Path | None = None, *, cache: Path | None = None) -> Path:
 def env(lib: Path, log: Path | None, *, arch: str = "gfx950", devices: int = 1, version: int = ROCM_6_4_3,
         fail: str | None = None, images: Path | None = None, layouts: Path | None = None,
         capturing: bool = False) -> dict:
-    """The environment of a process whose HIP is the recording HIP at ``lib``
-    (the loader's DSV41_AOT_HIP_LIB, the JIT runtime's LD_LIBRARY_PATH)."""
+    """The environment variables that make ``lib`` a process's HIP.
+
+    The loader finds it by DSV41_AOT_HIP_LIB, FlyDSL's JIT runtime by LD_LIBRARY_PATH."""
     out = {
         "DSV41_AOT_HIP_LIB": str(lib),
         "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(Path(lib).parent), os.environ.get("LD_LIBRARY_PATH")])),
@@ -101,9 +91,9 @@ def env(lib: Path, log: Path | None, *, arch: str = "gfx950", devices: int = 1, 
 
 
 def preload(lib: Path) -> None:
-    """Map the recording HIP into this process first, globally: a later
-    ``libamdhip64.so.7`` dependency (FlyDSL's JIT runtime, whose RPATH names
-    /opt/rocm/lib) then binds to it, never to a real HIP."""
+    """Map the recording HIP into this process globally, before anything needs HIP.
+
+    FlyDSL's JIT runtime, whose RPATH names /opt/rocm/lib, then binds to it."""
     import ctypes
 
     ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
@@ -144,14 +134,13 @@ def kernel_metadata(code: bytes) -> dict:
 
 
 def layout_line(kernel: dict) -> str:
-    """The recording HIP's layout line of one kernel (its metadata map)."""
+    """One kernel's line in the recording HIP's layout file, from its metadata map."""
     args = ",".join(f"{a['.offset']}:{a['.size']}" for a in kernel[".args"])
     return f"{kernel['.name']}\t{kernel['.kernarg_segment_size']}\t{args}\n"
 
 
 def write_layouts(images: Path, path: Path) -> dict:
-    """Write the recording HIP's layout file for every image it saved in
-    ``images`` (``<sha256>.co``); return sha256 -> kernel metadata."""
+    """Write the layout file of every image saved in ``images``; return sha256 -> metadata."""
     out = {f.stem: kernel_metadata(f.read_bytes()) for f in sorted(Path(images).glob("*.co"))}
     write_layout_file(path, out.values())
     return out
@@ -165,9 +154,10 @@ def write_layout_file(path: Path, kernels) -> None:
 
 
 def kernarg(kernel: dict, values: list) -> str:
-    """The argument segment (hex) a launch of ``kernel`` with ``values`` must
-    carry: each value at its argument's .offset, .size bytes, little-endian
-    two's complement, zeros everywhere else."""
+    """The argument segment (hex) a launch of ``kernel`` with ``values`` must carry.
+
+    Each value sits at its argument's .offset in .size bytes, little-endian
+    two's complement; every other byte is zero."""
     seg = bytearray(kernel[".kernarg_segment_size"])
     assert len(values) == len(kernel[".args"]), (kernel[".name"], len(values), len(kernel[".args"]))
     for arg, v in zip(kernel[".args"], values):
@@ -176,14 +166,14 @@ def kernarg(kernel: dict, values: list) -> str:
     return seg.hex()
 
 
-# ---------------------------------------------------------------- the launch a comparison is of
+# ---------------------------------------------------------------- the two launches a comparison reads
 
 
 def launch_values(ctypes_: list) -> list:
-    """The argument values both launches of a key are given, one per slot
-    (``ctypes_``: "int32" / "int64", the stream excluded): every one
-    distinct, negative int32s and int64s with high bytes set, so a swapped,
-    truncated or dropped argument shows in the argument bytes."""
+    """The argument values both launches of a key get, one per scalar slot.
+
+    All distinct: negative int32s and int64s with high bytes set, so a
+    swapped, truncated or dropped argument shows in the argument bytes."""
     return [-(j + 1) * 7919 if t == "int32" else ((j + 1) << 40) + j for j, t in enumerate(ctypes_)]
 
 
@@ -194,8 +184,7 @@ class Stream:
 
 
 def recorded_launch(log: Path, what: str) -> dict:
-    """The one launch in ``log`` as compared (``FIELDS``), canonical; an
-    AotError naming ``what`` when there is not exactly one successful one."""
+    """The one launch in ``log`` (``FIELDS``); AotError naming ``what`` unless one succeeded."""
     got = calls(log, "hipModuleLaunchKernel")
     if len(got) != 1 or got[0].status != 0:
         states = [c.status for c in got]
@@ -213,9 +202,9 @@ def launch_digest(launch: dict) -> str:
 
 
 def compare_launch(prebuilt: dict, jit: dict, kernel: dict | None = None) -> list[str]:
-    """What differs between the prebuilt Launcher's launch and vLLM's JIT
-    launch of the same values, field by field (``kernel``: the code object's
-    metadata map, to name the argument whose bytes differ)."""
+    """What differs between the prebuilt launch and the JIT launch, field by field.
+
+    ``kernel``, the code object's metadata map, names the argument whose bytes differ."""
     out = []
     for f in FIELDS:
         a, b = prebuilt.get(f), jit.get(f)
@@ -229,6 +218,7 @@ def compare_launch(prebuilt: dict, jit: dict, kernel: dict | None = None) -> lis
 
 
 def _first_difference(a: str, b: str, kernel: dict | None) -> str:
+    """Where two argument segments (hex) first differ, by argument when known."""
     if len(a) != len(b):
         return f"prebuilt {len(a) // 2} bytes, JIT {len(b) // 2}"
     at = next(i for i in range(0, len(a), 2) if a[i:i + 2] != b[i:i + 2]) // 2

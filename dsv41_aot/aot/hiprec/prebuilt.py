@@ -1,14 +1,11 @@
-"""The prebuilt side of ``verify --against-jit``'s launch comparison: each
-key's prebuilt Launcher (``dsv41_aot.load_key``, the public path) launched
-once through the recording HIP, the stand-in for the AMD GPU (MOCK-GPU), in
-a fresh process whose only HIP it is; ``prebuilt_launches`` runs that
-process for one room and reads back what HIP was handed.
+"""The prebuilt side of ``verify --against-jit``'s launch comparison.
 
-The process (``python -m dsv41_aot.aot.hiprec.prebuilt``, a JSON job on
-stdin) imports only the runtime (standard library), says which vLLM mono
-package the keys are of (``running_vllm``: the release's tree, so the
-loader's source check is the serving one), and answers per key None (it
-launched) or the loader's error.
+Each key's prebuilt Launcher (``load_key``, the public path) is launched once
+through the recording HIP, the stand-in for the AMD GPU (MOCK-GPU), in a
+fresh process whose only HIP it is. That process reads a JSON job on stdin,
+imports only the runtime, names the release's mono tree as the running vLLM
+(so the loader's source check is the serving one), and answers per key None
+(it launched) or the loader's error.
 """
 
 from __future__ import annotations
@@ -29,10 +26,10 @@ def launch_argv() -> list[str]:
 
 def prebuilt_launches(root: Path, arch: str, release: str, mono_dir: Path, keys: dict, lib: Path,
                       folder: Path) -> dict:
-    """key -> its prebuilt launch (``recorded_launch``'s canonical dict) or
-    the text of what went wrong, for ``keys`` (key -> (ABI slots, the
-    prebuilt GPU code object)) of one room of ``root``, launched through the
-    recording HIP ``lib``; logs in ``folder``."""
+    """key -> its prebuilt launch (``recorded_launch``'s dict) or what went wrong.
+
+    ``keys`` maps each key of one room to (its ABI slots, its GPU code object);
+    the launches go through the recording HIP ``lib`` and log into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     layouts = folder / "layouts.tsv"
     write_layout_file(layouts, [kernel_metadata(code) for _, code in keys.values()])
