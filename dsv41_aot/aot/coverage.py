@@ -38,7 +38,9 @@ def available_in_dir(root: Path, arch: str, release: str, *,
 
 
 def check(dep: Deployment, m, *, root=None, profile: str | None = None, missing_ok: bool = False) -> dict:
-    """The coverage report of ``dep``: against its room in ``root``, or a profile."""
+    """The coverage report of ``dep``: against its room in ``root``, or a profile.
+
+    A key of another release never satisfies one."""
     if profile is not None:
         have = {str(k) for k in m.select(profile) if k.release == dep.release}
         return compare(dep, have, have, f"profile {profile!r} of {m.path}")

@@ -2,9 +2,10 @@
 
 The mono launchers take only scalars, so FlyDSL's public ``flyc.compile``
 would try to launch them; this module drives FlyDSL's JIT compile without a
-launch and exports the result. How each FlyDSL release differs is data in
-``facts/flydsl.py``; ``tests/test_flydsl_pin.py`` runs this path under every
-supported release. Imported only inside a compile or JIT worker.
+launch (``JitFunction._compile_or_execute(..., execute=False)``) and exports
+the result. How each FlyDSL release differs is data in ``facts/flydsl.py``;
+``tests/test_flydsl_pin.py`` runs this path under every supported release.
+Imported only inside a compile or JIT worker.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from ..keys import BuildKey
 
 
 def estimate_seconds(key: BuildKey) -> float:
-    """A compile-time guess for a key with no recorded time (a 2-core CPU's)."""
+    """A guess of a key's compile seconds on a 2-core CPU, when none is recorded."""
     base, per_token = KINDS_FACTS[key.kind].compile_estimate
     return (base + per_token * key.tokens) * ARCH_FACTS[key.arch].compile_scale
 
@@ -25,9 +25,9 @@ def recorded_seconds(paths) -> dict:
     """(release, key) -> compile seconds: what makes every CI cell cut the same shards.
 
     Each path is a room's ``timings.json``, a room or arch folder holding
-    them, a ``manifest.json`` (with its sibling timings.json, or the
-    ``compile_seconds`` older manifests held), or any {key: seconds} JSON
-    file (release None: any release's)."""
+    them, a ``manifest.json`` (read with its sibling timings.json, or an old
+    manifest's own ``compile_seconds``), or any {key: seconds} JSON file. The
+    release is the room folder's; elsewhere it is None (any release)."""
     import json
 
     from ..facts.releases import RELEASES as _RELEASES

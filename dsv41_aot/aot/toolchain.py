@@ -3,6 +3,7 @@
 FlyDSL's ROCDL serializer links GPU code objects with
 ``$ROCM_PATH/llvm/bin/ld.lld``. A ROCm install provides it; on a CPU-only
 machine Debian's ``lld-19`` does, through a shim folder laid out like ROCm's.
+Debug info is stripped with ``llvm-strip`` from the same LLVM.
 """
 
 from __future__ import annotations
