@@ -258,7 +258,7 @@ def test_inspect_command_json_summary_and_plot(smoke, tmp_path):
     assert "0.32.0  k2@gfx950:s=4,tp=4,r=1" in table.stdout and "0.33.0  k2@gfx950:s=4,tp=4,r=1" in table.stdout
     assert f"{ALL} symbols, 0 cannot be resident" in table.stdout
     # the text ends with the headroom summary: per (arch, release, kind) four resources and the spills
-    tail = table.stdout.split("headroom of one 512-thread CTA a CU")[1].strip().splitlines()
+    tail = table.stdout.split("headroom of one 512-thread CTA per CU")[1].strip().splitlines()
     assert len(tail) == 1 + 9 * 5 and tail[-1].strip() == "spills (0): none"
     assert any(line.strip().startswith("gfx950 0.33.0 k2") and " LDS " in line and widest["key"] in line for line in tail)
     # --release keeps one release's rooms

@@ -107,7 +107,7 @@ def cta_text(entries: list[dict]) -> str:
 
 def summary_lines(summ: list[dict]) -> list[str]:
     """The headroom summary as text lines, one line per resource."""
-    lines = [f"headroom of {cta_text(summ)} a CU, per arch, vLLM release and kind (tightest key per resource):"]
+    lines = [f"headroom of {cta_text(summ)} per CU, per arch, vLLM release and kind (tightest key per resource):"]
     for s in summ:
         head = f"{s['arch']} {s['release']} {s['kind']} ({s['keys']} key{'s' if s['keys'] != 1 else ''})"
         for i, name in enumerate(RESOURCES):
@@ -197,7 +197,7 @@ def plot(rows: list[dict], path) -> None:
             seen.setdefault(lab, h)
         axes[i][-1].legend(seen.values(), seen.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                            title=f"{arch}, vLLM {release}, {len(mine)} keys", title_fontsize=8)
-    fig.suptitle(f"Residency of {cta_text(rows)} a CU: use against the arch's limit "
+    fig.suptitle(f"Residency of {cta_text(rows)} per CU: use against the arch's limit "
                  "(a line: a kind and variant, max over TP and fold at each width)", fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()

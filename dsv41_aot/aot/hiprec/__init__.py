@@ -2,6 +2,8 @@
 
 ``recording_hip.c`` answers the HIP calls the loader, the bands and FlyDSL's
 JIT runtime make, does no GPU work, and logs each call with its arguments.
+It builds a launch's argument bytes from a layout file that ``write_layouts``
+writes from the code objects' own AMDGPU metadata.
 ``verify --against-jit`` launches each key through it by vLLM's JIT and by
 the prebuilt Launcher and compares the two (``compare_launch``). It is built
 as ``libamdhip64.so.7``, every hip* at version hip_4.2, as FlyDSL's JIT
