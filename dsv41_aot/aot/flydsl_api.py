@@ -24,7 +24,7 @@ def release() -> FlyDSLRelease:
 
 
 def compile_without_launch(launcher, args: tuple):
-    """Compile a ``@flyc.jit`` function for ``args`` without launching; return its cache key."""
+    """Compile a ``@flyc.jit`` function for ``args``, without a launch; its cache key."""
     launcher._compile_or_execute(args, {}, execute=False)
     cache_key, _ = launcher._last_compiled
     return cache_key

@@ -180,13 +180,13 @@ def launch_values(ctypes_: list) -> list:
 
 
 class Stream:
-    """The stream both launches are given, as vLLM passes it (a torch stream's ``.cuda_stream``)."""
+    """The stream both launches get: like vLLM's torch stream, it has ``.cuda_stream``."""
 
     cuda_stream = STREAM
 
 
 def recorded_launch(log: Path, what: str) -> dict:
-    """The one launch in ``log`` (``FIELDS``); AotError naming ``what`` unless one succeeded."""
+    """The one successful launch in ``log`` (``FIELDS``); else AotError naming ``what``."""
     got = calls(log, "hipModuleLaunchKernel")
     if len(got) != 1 or got[0].status != 0:
         states = [c.status for c in got]
