@@ -6,28 +6,23 @@
     python ci/check_wheel.py --report WHEEL [--json] [--require-proofs]
                                                      (what a downloaded wheel holds, checked offline)
 
-- the file: a sound zip (every member read back by CRC) with one
-  ``.dist-info``, and no member an installer would write outside its target
-  folder (absolute, or a ``..`` step): ``aot/wheel.open_wheel``, which
-  ``dsv41-aot verify --wheel`` runs too; a file that is not a sound zip is bad
-  input (exit 2), a member outside the tree a failed check;
-- name, tag: a kernels wheel is ``dsv41_aot-<version>-py3-none-manylinux_2_28_x86_64``
-  (host shared libraries, no Python extension), with no local version label;
-  a wheel without kernels ``py3-none-any``;
-- metadata: no runtime requirement (FlyDSL and torch only under the ``build``
-  extra, vLLM under ``build`` or ``vllm``); the ``vllm`` extra admits every
-  vLLM release the wheel holds a room of, and the README names each;
-  LICENSE and NOTICE in the dist-info;
-- contents: every room (``<arch>/vllm-<release>/``) under
-  dsv41_aot/kernels_prebuilt/ sound by its own verdict (``Room.problems``:
-  its records, every key linked from its object into a packaged band that
-  exports its entry, no band with a DT_NEEDED), no band no room names, no
-  timings.json, no raw ``.so`` anywhere; with ``--prebuilt``, the
-  manifests, link records and bands are byte for byte the prebuilt dir's,
-  which holds exactly these rooms;
-- ``auditwheel show`` on the raw libraries (the bands unpacked into a scratch
-  wheel: auditwheel cannot see inside xz): no external shared library but
-  libamdhip64 (the host's ROCm provides it; excluded on purpose, never grafted).
+What a wheel must be:
+
+- a sound zip that pip would install (``aot.wheel.open_wheel``, which
+  ``dsv41-aot verify --wheel`` runs too);
+- named and tagged ``dsv41_aot-<version>-py3-none-manylinux_2_28_x86_64``
+  when it holds kernels (host shared libraries, no Python extension), else
+  ``py3-none-any``, with no local version label;
+- no runtime requirement: FlyDSL and torch only under the ``build`` extra,
+  vLLM under ``build`` or ``vllm``; the ``vllm`` extra admits every release
+  the wheel holds a room of, and the README names each; LICENSE and NOTICE
+  in the dist-info;
+- every room sound by its own verdict (``Room.problems``), no band that no
+  room names, no timings.json, no raw ``.so``; with ``--prebuilt``, byte for
+  byte the prebuilt dir's rooms;
+- ``auditwheel show`` on the raw libraries (auditwheel cannot see inside
+  xz, so the bands are unpacked into a scratch wheel) finds no external
+  library but libamdhip64, which the host's ROCm provides.
 
 Exit 0 ok, 1 a check failed, 2 bad input.
 """
@@ -80,8 +75,10 @@ def auditwheel_externals(wheel: Path) -> tuple[list, str]:
 
 
 def audit_raw(libraries: dict) -> list:
-    """``auditwheel show`` on raw libraries ({name: bytes}), packed as .so files
-    into a scratch platform wheel: the external libraries it reports."""
+    """The external libraries ``auditwheel show`` finds in raw ``{name: bytes}``.
+
+    The libraries are packed as .so files into a scratch platform wheel.
+    """
     with tempfile.TemporaryDirectory(prefix="dsv41-audit-") as tmp:
         wheel = Path(tmp) / "dsv41_aot_raw-0-py3-none-linux_x86_64.whl"
         info = "dsv41_aot_raw-0.dist-info"
@@ -99,9 +96,18 @@ def audit_raw(libraries: dict) -> list:
         return auditwheel_externals(wheel)[0]
 
 
+def not_allowed(externals: list) -> list:
+    """The external libraries besides the host's HIP runtime."""
+    return [x for x in externals if not x.startswith(ALLOWED_EXTERNAL)]
+
+
+def raw_libraries(contents: dict) -> dict:
+    """``{<arch>/<band without .xz>: raw bytes}`` of ``wheel_bands``' result."""
+    return {f"{arch}/{f[:-3]}": b for arch, (_, raw) in contents.items() for f, b in raw.items()}
+
+
 def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) -> dict:
-    """The checks above of one wheel file: its problems (a file that is not
-    a sound zip raises AotError, exit 2)."""
+    """Run the checks above on one wheel file; a file that is not a sound zip raises AotError."""
     from dsv41_aot.errors import AotError, IntegrityError
 
     problems: list = []
@@ -155,12 +161,13 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
             contents = wheel_bands(z)
         except AotError:
             return out  # a room or band that cannot be read: its problem is listed above
-        out["keys"], out["keys_by_arch"], out["keys_by_room"], libraries = 0, {}, {}, {}
+        out["keys"], out["keys_by_arch"], out["keys_by_room"] = 0, {}, {}
+        libraries = raw_libraries(contents)
         served = set()
         for arch in arches:
             if arch not in contents:
                 problems.append(f"{PKG}{arch}/ holds no room (vllm-<release>/manifest.json)")
-        for arch, (rooms, raw) in contents.items():
+        for arch, (rooms, _) in contents.items():
             base = f"{PKG}{arch}/"
             named = set()
             for release, room in rooms.items():
@@ -170,8 +177,6 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
                 out["keys_by_room"][room.name] = n
                 out["keys_by_arch"][arch] = out["keys_by_arch"].get(arch, 0) + n
                 out["keys"] += n
-            for name, data in raw.items():
-                libraries[f"{arch}/{name[:-3]}"] = data
             stray = sorted(n for n in names if n.startswith(f"{base}lib/") and n[len(base) + 4:] not in named)
             if stray:
                 problems.append(f"bands no room names: {', '.join(stray[:3])}")
@@ -210,14 +215,22 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
             problems.append(str(e))
         else:
             out["auditwheel_external"] = ext
-            bad = [x for x in ext if not x.startswith(ALLOWED_EXTERNAL)]
+            bad = not_allowed(ext)
             if bad:
                 problems.append(f"auditwheel: external libraries besides libamdhip64: {', '.join(bad)}")
     return out
 
 
+def print_audit(what: str, libraries: dict) -> int:
+    """Run auditwheel on ``libraries`` and print one line about ``what``; the exit code."""
+    bad = not_allowed(audit_raw(libraries))
+    print(f"{what}: auditwheel on {len(libraries)} raw libraries: "
+          f"{'external ' + ', '.join(bad) if bad else 'no external library but the host HIP'}")
+    return 1 if bad else 0
+
+
 def audit_prebuilt(root: Path) -> int:
-    """auditwheel on the raw libraries of a prebuilt dir's bands, before packing."""
+    """Run auditwheel on the raw libraries of a prebuilt dir's bands, before packing."""
     libraries = {}
     for room in built_rooms(Path(root)):
         for band in room.links().bands:
@@ -227,30 +240,27 @@ def audit_prebuilt(root: Path) -> int:
     if not libraries:
         print(f"ci/check_wheel.py: error: no linked bands under {root}", file=sys.stderr)
         return 2
-    bad = [x for x in audit_raw(libraries) if not x.startswith(ALLOWED_EXTERNAL)]
-    print(f"{root}: auditwheel on {len(libraries)} raw libraries: "
-          f"{'external ' + ', '.join(bad) if bad else 'no external library but the host HIP'}")
-    return 1 if bad else 0
+    return print_audit(str(root), libraries)
 
 
 def audit_only(wheel: Path) -> int:
-    """cibuildwheel's repair step: auditwheel on the wheel's raw libraries."""
+    """Run auditwheel on a wheel's raw libraries: cibuildwheel's repair step."""
     with open_wheel(wheel) as z:
-        libraries = {f"{arch}/{f[:-3]}": b for arch, (_, raw) in wheel_bands(z).items() for f, b in raw.items()}
-    bad = [x for x in audit_raw(libraries) if not x.startswith(ALLOWED_EXTERNAL)]
-    print(f"{wheel.name}: auditwheel on {len(libraries)} raw libraries: "
-          f"{'external ' + ', '.join(bad) if bad else 'no external library but the host HIP'}")
-    return 1 if bad else 0
+        libraries = raw_libraries(wheel_bands(z))
+    return print_audit(wheel.name, libraries)
 
 
-# the files a wheel build reads (setup.py, pyproject.toml, the matrix whose
-# release digests ci/prebuilt.py checks rooms against, and what they pack)
+# the files a wheel build reads: setup.py, pyproject.toml, the build matrix
+# (ci/prebuilt.py checks each room's digest against it) and what they pack
 SOURCE_FILES = ("pyproject.toml", "setup.py", "LICENSE", "NOTICE", "README.md", "build_matrix.yaml", "dsv41_aot", "ci")
 
 
 def source_tree(dest: Path, root: Path = Path(__file__).resolve().parents[1]) -> Path:
-    """A copy of the files a wheel build reads, so that concurrent wheel
-    builds never share setuptools' build/ folder."""
+    """Copy the files a wheel build reads into ``dest``.
+
+    Each build gets its own copy, so concurrent builds never share
+    setuptools' build/ folder.
+    """
     dest.mkdir(parents=True)
     for name in SOURCE_FILES:
         src = root / name
@@ -266,7 +276,7 @@ def main(argv=None) -> int:
 
     try:
         return _main(argv)
-    except AotError as e:  # bad input (a file that is not a sound zip): named, exit 2, no traceback
+    except AotError as e:  # bad input, such as a file that is not a sound zip
         print(f"ci/check_wheel.py: error: {e}", file=sys.stderr)
         return e.exit_code
 

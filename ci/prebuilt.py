@@ -1,34 +1,27 @@
-"""Is one arch folder of a prebuilt directory complete enough to ship?
+"""The wheel gate: is each arch folder of a prebuilt dir complete enough to ship?
 
-A wheel carries exactly what the runtime loader opens: each room's
-``<arch>/vllm-<release>/manifest.json`` and ``libs.json``, and the arch's
-shared library bands ``<arch>/lib/*.so.xz`` that some room's ``libs.json``
-names; the stored ``objects/`` they were linked from are checked too.
-``check_arch`` refuses, with the folder, room or key named and the command
-that fixes it:
+A wheel carries what the loader opens (each room's manifest.json and
+libs.json, the arch's bands that some libs.json names) and each room's
+verified.json; the stored ``objects/`` are checked too. ``check_arch``
+refuses, naming the folder, room or key and the command that fixes it:
 
-- an empty or missing folder (no room, or a room with no entries);
+- a missing or empty arch folder, or a room with no entries;
 - a room of a release the build matrix does not build, or a ``vllm-*``
   folder that is no known release's room;
-- a partial room: entries whose object is missing or altered, objects no
-  room names, a link record that is missing, stale (a key linked from
-  another object) or names a missing / altered band, bands no room names;
-- a mixed-source room: entries built from different source identities
-  (vLLM mono digest and version, helpers, FlyDSL, linker), or a room whose
-  mono_sources is not its release's digest in ``build_matrix.yaml``: no
-  single installed vLLM of that release could match it;
-- a band that needs anything from the build machine (DT_NEEDED).
+- a room its own verdict (``Room.problems``) finds unsound: missing or
+  altered objects, stale link records, bad bands, mixed source identities;
+- a room whose mono sources digest is not its release's in
+  build_matrix.yaml (no installed vLLM of that release could match it);
+- objects or bands that no room names.
 
 Used by setup.py (every kernels wheel build), ci/wheels.sh and the CI
-workflow. PyYAML (the build matrix), tomllib and packaging (the ``vllm``
-extra) are build-system requirements, imported where they are used: the
-cibuildwheel repair step imports this module through ci/check_wheel.py in a
-container that needs none of them. No FlyDSL, torch or vLLM.
+workflow. PyYAML, tomllib and packaging are build-system requirements,
+imported where they are used: cibuildwheel's repair step imports this
+module (through ci/check_wheel.py) in a container that has none of them.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +33,7 @@ if str(ROOT) not in sys.path:
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
 from dsv41_aot.facts.releases import RELEASES, deployed_arches, release_facts, version_order  # noqa: E402
-from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, Manifest  # noqa: E402
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, Manifest  # noqa: E402
 from dsv41_aot.room import Room  # noqa: E402
 from dsv41_aot.listing import built_arches, built_releases, orphan_objects  # noqa: E402
 
@@ -69,34 +62,27 @@ class ArchContents:
     rooms: list = field(default_factory=list)  # [RoomContents], oldest release first
     files: list = field(default_factory=list)  # paths relative to the arch folder
 
-    @property
-    def keys(self) -> list:
-        """(release, key) of every room: a key string names a launch within its release."""
-        return [(r.release, k) for r in self.rooms for k in r.keys]
-
-    @property
-    def releases(self) -> list:
-        return [r.release for r in self.rooms]
-
 
 def fix_for(root: Path, arch, release: str | None = None) -> str:
-    """The commands that build and link ``arch`` (one name, or several) into ``root``."""
+    """The commands that build and link ``arch`` (one name or several) into ``root``."""
     arches = "".join(f" --arch {a}" for a in ([arch] if isinstance(arch, str) else arch))
     rel = f" --release {release}" if release else ""
     return f"dsv41-aot build{arches}{rel} --out {root} && dsv41-aot link --dir {root}{arches}"
 
 
 def matrix_digests(matrix_path=None) -> dict:
-    """release -> its mono sources digest in build_matrix.yaml."""
+    """Map each release to its mono sources digest in build_matrix.yaml."""
     from dsv41_aot.aot import matrix
 
     return {v: e.mono_sources for v, e in matrix.load(matrix_path).releases.items()}
 
 
 def _check_room(root: Path, adir: Path, arch: str, release: str, digests: dict, bands: dict) -> RoomContents:
-    """Check one room (``room.Room.problems``: none allowed, serving or
-    builder's) and what only a wheel needs (the matrix's digest); record
-    the bands its libs.json names in ``bands`` (file -> its Band)."""
+    """Check one room: its own verdict, then what only a wheel needs (the matrix's digest).
+
+    The verdict (``Room.problems``) allows no problem, serving or builder's.
+    The bands the room's libs.json names are added to ``bands`` (file -> Band).
+    """
     fix = fix_for(root, arch, release)
     room = f"{arch}/{release_facts(release).folder}"
     if release not in digests:
@@ -107,13 +93,13 @@ def _check_room(root: Path, adir: Path, arch: str, release: str, digests: dict, 
     man = room_.manifest()
     if not man.entries:
         raise ManifestError(f"{man.path} has no entries: refusing to build a wheel with an empty room {room}", fix=fix)
-    problems = room_.problems()  # the room's one verdict: what the loader refuses, and missing / altered objects
+    problems = room_.problems()  # what the loader refuses, and missing or altered objects
     if problems:
         more = f" (and {len(problems) - 1} more: dsv41-aot verify --dir {root})" if len(problems) > 1 else ""
         first = problems[0]
         raise type(first.error())(f"room {room}: {first.message}{more}", fix=first.fix)
-    source = next(iter(man.entries.values())).source  # one identity: problems() has no "sources" problem
-    digest = source.get("mono_sources")
+    source = next(iter(man.entries.values())).source  # one identity: problems() found no "sources" problem
+    digest = man.mono_sources
     if digest != digests[release]:
         raise ManifestError(f"room {room}: built from mono sources {digest!r}, but vLLM {release}'s are "
                             f"{digests[release]!r} (build_matrix.yaml): no vLLM {release} install could use it",
@@ -127,9 +113,11 @@ def _check_room(root: Path, adir: Path, arch: str, release: str, digests: dict, 
 
 
 def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchContents:
-    """Check every room of ``root/arch`` and list the files a wheel takes
-    from it (relative to the arch folder; objects last). ``digests``:
-    release -> mono sources digest (default: build_matrix.yaml's)."""
+    """Check every room of ``root/arch`` and list the files a wheel takes from it.
+
+    The files are relative to the arch folder, objects last. ``digests``
+    maps a release to its mono sources digest (default: build_matrix.yaml's).
+    """
     root = Path(root).resolve()
     adir = root / arch
     digests = matrix_digests() if digests is None else digests
@@ -141,7 +129,7 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
         raise ManifestError(f"no prebuilt kernels for {arch} in {root} (no {adir}/vllm-<release>/{MANIFEST}; {where})",
                             fix=fix)
     known = {release_facts(v).folder for v in RELEASES}
-    unknown = sorted(p.name for p in adir.iterdir() if p.is_dir() and re.match(r"vllm-", p.name) and p.name not in known)
+    unknown = sorted(p.name for p in adir.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name not in known)
     if unknown:
         raise ManifestError(f"{adir / unknown[0]}: not the room of a vLLM release dsv41-aot knows "
                             f"({', '.join(sorted(RELEASES, key=version_order))})",
@@ -176,10 +164,10 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
 
 
 def check_dir(root: Path, arches=None, digests: dict | None = None) -> list:
-    """check_arch for every arch folder of ``root`` (or ``arches``)."""
+    """Run check_arch on every arch folder of ``root`` (or on ``arches``)."""
     root = Path(root)
     arches = list(arches or [d.name for d in built_arches(root)])
-    if not arches:  # nothing asked for, nothing built: the fix builds every arch some release runs on
+    if not arches:  # the fix builds every arch some release runs on
         raise ManifestError(f"no prebuilt kernels in {root} (no <arch>/vllm-<release>/{MANIFEST})",
                             fix=fix_for(root, deployed_arches()))
     digests = matrix_digests() if digests is None else digests
@@ -187,14 +175,13 @@ def check_dir(root: Path, arches=None, digests: dict | None = None) -> list:
 
 
 def vllm_extra(pyproject: str) -> str:
-    """The version specifier of the ``vllm`` extra, read from pyproject.toml's text.
+    """The version range of the ``vllm`` extra in pyproject.toml's text, e.g. ``>=0.32.0,<0.34``.
 
-    The extra says which vLLM releases one kernels wheel serves (a range,
-    e.g. ``>=0.32.0,<0.34``).
+    The extra says which vLLM releases one kernels wheel serves.
     """
     try:
         import tomllib
-    except ImportError:  # Python 3.10: the build-system requires install tomli there
+    except ImportError:  # Python 3.10: the build-system requirements install tomli there
         import tomli as tomllib
     from packaging.requirements import InvalidRequirement, Requirement
 
@@ -223,7 +210,7 @@ def admits(spec: str, version: str) -> bool:
 
 
 def main(argv=None) -> int:
-    """``python ci/prebuilt.py DIR [ARCH ...]``: check the arches (default: all)."""
+    """Check the arches of a prebuilt dir: ``python ci/prebuilt.py DIR [ARCH ...]`` (default: all)."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
