@@ -1,27 +1,19 @@
-"""Build one shard of one arch's keys (every vLLM release's) and prove them against vLLM's JIT: a CI matrix cell.
+"""Build and prove one shard of one arch's keys: one cell of the CI matrix.
 
     python ci/build_shard.py --arch gfx950 --shard 2/8 --out shards/gfx950-2 \
         [--profile full] [--seconds PREVIOUS/timings.json ...] [--vllm-src TREE ...] [--jobs N] [--no-verify]
 
-Every cell must cut the same partition, whatever its own cache holds, or a key
-would land in two shards or none. So the partition is computed here from
-inputs every cell shares: the profile's keys for the arch, of every release
-(a key's identity is (release, key): the shards cut across releases, so a
-small release does not make a short cell) and, when given, compile seconds
-recorded in earlier builds (``--seconds``; keys without a record get
-dsv41_aot.aot.shards's estimate), balanced longest-first
-(``dsv41_aot.aot.shards.shard``). The cell then builds exactly its keys,
-one ``dsv41-aot build --release R --key ...`` a release (each release from
-its own vLLM tree: the installed vllm, a ``--vllm-src`` tree, or the tree
-cache ``dsv41-aot fetch-vllm R`` fills), then checks every one of them
-against vLLM's own JIT build with ``dsv41-aot verify --against-jit --record
---shard i/N`` (the same partition, recomputed by verify from the same
-inputs), which writes each room's proof,
-``<out>/<arch>/vllm-<release>/verified.json``. Only then does it write
-``<out>/shard-<arch>-<i>of<N>.json`` (the plan: every key of the arch and
-this shard's, by release), which ci/merge.py uses to prove that the shards
-together cover the profile (and, with ``--require-verified``, that every key
-was proven).
+Every cell must cut the same partition whatever its cache holds, or a key
+would land in two shards or none. So the partition comes only from shared
+inputs: the profile's (release, key) pairs for the arch, across releases,
+and the compile seconds of earlier builds (``--seconds``; the rest are
+estimated), balanced longest first by ``dsv41_aot.aot.shards.shard``.
+
+The cell runs ``dsv41-aot build`` once per release, then ``dsv41-aot verify
+--against-jit --record --shard i/N`` (the same partition), which writes each
+room's verified.json. Only then does it write its plan,
+``<out>/shard-<arch>-<i>of<N>.json``, from which ci/merge.py proves that the
+shards together cover the profile.
 """
 
 from __future__ import annotations
@@ -43,7 +35,7 @@ from dsv41_aot.manifest import atomic_write  # noqa: E402
 
 
 def by_release(keys) -> dict:
-    """{release: sorted key strings}: the plan's form of a set of keys."""
+    """Group keys as a plan holds them: ``{release: sorted key strings}``."""
     out: dict = {}
     for k in keys:
         out.setdefault(k.release, []).append(str(k))
@@ -51,14 +43,17 @@ def by_release(keys) -> dict:
 
 
 def pairs(plan_keys: dict) -> list:
-    """[(release, key)] of a plan's ``keys`` / ``all_keys``."""
+    """The sorted (release, key) pairs of a plan's ``keys`` or ``all_keys``."""
     return sorted((r, k) for r, ks in plan_keys.items() for k in ks)
 
 
 def plan(arch: str, index: int, count: int, profile: str | None = None, matrix_path: str | None = None,
          seconds: dict | None = None) -> dict:
-    """The shard plan every cell computes identically: ``all_keys`` and
-    ``keys`` map each release to its key strings."""
+    """The shard plan, which every cell computes identically.
+
+    ``all_keys`` (the arch's) and ``keys`` (this shard's) map each release
+    to its key strings.
+    """
     m = matrix.load(matrix_path)
     keys = [k for k in m.select(profile) if k.arch == arch]
     if not keys:
@@ -116,9 +111,7 @@ def main(argv=None) -> int:
             return r.returncode
     if mine and not args.no_verify:
         cmd = cli + ["verify", "--dir", str(out), "--against-jit", "--record", "--no-progress", *common,
-                     "--shard", args.shard, "--arch", args.arch, "--profile", p["profile"]]
-        for t in args.vllm_src:
-            cmd += ["--vllm-src", t]
+                     "--shard", args.shard, "--arch", args.arch, "--profile", p["profile"], *trees]
         if args.seconds:
             cmd += ["--seconds", *args.seconds]
         r = subprocess.run(cmd, cwd=ROOT)

@@ -1,18 +1,14 @@
-"""Run inside an environment where a kernels wheel is installed (a fresh venv,
-cibuildwheel's test step): the runtime imports with no FlyDSL, torch or vLLM,
-and every packaged key of every room (arch, vLLM release) binds through the
-loader.
+"""Check an installed kernels wheel, run in the environment it is installed in.
 
-    python ci/check_installed.py [--arch A] [--json]
+    python ci/check_installed.py [--arch A] [--release R] [--json]
 
-It checks the installed package's ``kernels_prebuilt/``, never what
-DSV41_AOT_PREBUILT names (that variable is dropped here, and reported).
-Binding a key verifies its band (compressed and raw sha256), dlopens it from
-a memfd, resolves the entry and checks its ABI against the library's export
-metadata; that needs the host's libamdhip64 (ROCm, or Debian's
-libamdhip64-dev on a CPU machine). Without one (a manylinux build container)
-each band is still verified and decompressed, and the check says so.
-Nothing is launched: there may be no GPU. Exit 0 ok, 1 a check failed.
+The runtime must import without FlyDSL, torch or vLLM, and every key of
+every packaged room must bind through the loader. It checks the installed
+``kernels_prebuilt/``, never what DSV41_AOT_PREBUILT names (dropped, and
+reported). Binding needs the host's libamdhip64 (ROCm, or Debian's
+libamdhip64-dev); without it (a manylinux container) the room's verdict
+still reads and checks each band, and the output says so. Nothing is
+launched: there may be no GPU. Exit 0 ok, 1 a check failed.
 """
 
 from __future__ import annotations
@@ -40,6 +36,7 @@ def main(argv=None) -> int:
     import dsv41_aot
     from dsv41_aot.runtime import hip, loader
     from dsv41_aot.errors import AotError, HipUnavailableError
+    from dsv41_aot.listing import built_rooms
 
     import_ms = (time.perf_counter() - t0) * 1e3
     out = {"package": str(Path(dsv41_aot.__file__).parent), "import_ms": round(import_ms, 2), "arches": {},
@@ -51,17 +48,16 @@ def main(argv=None) -> int:
     packaged = Path(dsv41_aot.__file__).resolve().parent / "kernels_prebuilt"
     if "site-packages" not in str(packaged) and "dist-packages" not in str(packaged):
         out["problems"].append(f"dsv41_aot imported from {packaged.parent}, not an installed wheel")
-    rooms = sorted((p.parent.parent.name, p.parent.name[len("vllm-"):]) for p in packaged.glob("*/vllm-*/manifest.json"))
-    rooms = [(a, r) for a, r in rooms if args.arch in (None, a) and args.release in (None, r)]
+    rooms = [r for r in built_rooms(packaged) if args.arch in (None, r.arch) and args.release in (None, r.release)]
     if not rooms:
         out["problems"].append(f"no packaged room (<arch>/vllm-<release>/manifest.json) in {packaged}")
     try:
-        hip.load()
-        have_hip = True
+        out["libamdhip64"] = hip.load().path
     except HipUnavailableError:
-        have_hip = False
-    out["libamdhip64"] = hip.load().path if have_hip else None
-    for arch, release in rooms:
+        out["libamdhip64"] = None
+    have_hip = out["libamdhip64"] is not None
+    for room in rooms:
+        arch, release = room.arch, room.release
         keys = loader.keys(arch, release=release, prebuilt=packaged)
         bound, bands = {}, set()
         for key in keys:
@@ -69,14 +65,14 @@ def main(argv=None) -> int:
                 t = time.perf_counter()
                 launcher = loader.load_key(key, release=release, prebuilt=packaged)
                 if have_hip:
-                    launcher.bind()  # sha256 x2, memfd, dlopen, entry, ABI vs export metadata
-                elif launcher.library not in bands:  # no HIP to dlopen against: verify the band's bytes
-                    loader.read_band(Path(launcher.library), launcher._librec)
+                    launcher.bind()  # both sha256, memfd, dlopen, entry, ABI against the export metadata
                 bands.add(launcher.library)
                 bound[key] = {"kernel": launcher.kernel_name, "band": Path(launcher.library).name,
                               "slots": len(launcher.abi), "ms": round((time.perf_counter() - t) * 1e3, 3)}
             except AotError as e:
                 out["problems"].append(f"{key} (vLLM {release}): {e}")
+        if not have_hip:  # nothing to dlopen against: the room's verdict reads and checks each band
+            out["problems"] += [f"{room.name}: {p.message}" for p in room.problems(objects=False, proof=False)]
         out["arches"].setdefault(arch, {})[release] = {"keys": len(keys), "bands": len(bands), "bound": bound}
     out["mapped_from_memory"] = have_hip and not any(
         str(packaged) in line for line in Path("/proc/self/maps").read_text().splitlines())

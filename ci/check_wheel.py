@@ -6,23 +6,20 @@
     python ci/check_wheel.py --report WHEEL [--json] [--require-proofs]
                                                      (what a downloaded wheel holds, checked offline)
 
-What a wheel must be:
+A wheel must:
 
-- a sound zip that pip would install (``aot.wheel.open_wheel``, which
-  ``dsv41-aot verify --wheel`` runs too);
-- named and tagged ``dsv41_aot-<version>-py3-none-manylinux_2_28_x86_64``
-  when it holds kernels (host shared libraries, no Python extension), else
-  ``py3-none-any``, with no local version label;
-- no runtime requirement: FlyDSL and torch only under the ``build`` extra,
-  vLLM under ``build`` or ``vllm``; the ``vllm`` extra admits every release
-  the wheel holds a room of, and the README names each; LICENSE and NOTICE
-  in the dist-info;
-- every room sound by its own verdict (``Room.problems``), no band that no
-  room names, no timings.json, no raw ``.so``; with ``--prebuilt``, byte for
-  byte the prebuilt dir's rooms;
-- ``auditwheel show`` on the raw libraries (auditwheel cannot see inside
-  xz, so the bands are unpacked into a scratch wheel) finds no external
-  library but libamdhip64, which the host's ROCm provides.
+- be a sound zip that pip would install (``aot.wheel.open_wheel``);
+- be tagged ``py3-none-manylinux_2_28_x86_64`` when it holds kernels (host
+  shared libraries, no Python extension), else ``py3-none-any``, and carry
+  no local version label;
+- need nothing at run time: FlyDSL and torch only in the ``build`` extra,
+  vLLM in ``build`` or ``vllm``; the ``vllm`` extra admits every release
+  the wheel holds a room of and the README names each; LICENSE and NOTICE;
+- hold only sound rooms (``Room.problems``), no band that no room names, no
+  timings.json and no raw ``.so``; with ``--prebuilt``, exactly the
+  prebuilt dir's rooms, byte for byte;
+- pass ``auditwheel show`` on its raw libraries (unpacked from xz into a
+  scratch wheel): no external library but the host's libamdhip64.
 
 Exit 0 ok, 1 a check failed, 2 bad input.
 """
@@ -57,7 +54,7 @@ ALLOWED_EXTERNAL = ("libamdhip64.so",)  # prefix: any SONAME version of the host
 
 
 def auditwheel_externals(wheel: Path) -> tuple[list, str]:
-    """(external shared libraries auditwheel show reports, its output)."""
+    """Run ``auditwheel show`` on a wheel: (the external libraries it names, its output)."""
     exe = shutil.which("auditwheel") or str(Path(sys.executable).with_name("auditwheel"))
     r = subprocess.run([exe, "show", str(wheel)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     text = r.stdout
@@ -75,7 +72,7 @@ def auditwheel_externals(wheel: Path) -> tuple[list, str]:
 
 
 def audit_raw(libraries: dict) -> list:
-    """The external libraries ``auditwheel show`` finds in raw ``{name: bytes}``.
+    """The external libraries auditwheel finds in raw libraries ``{name: bytes}``.
 
     The libraries are packed as .so files into a scratch platform wheel.
     """
@@ -102,12 +99,15 @@ def not_allowed(externals: list) -> list:
 
 
 def raw_libraries(contents: dict) -> dict:
-    """``{<arch>/<band without .xz>: raw bytes}`` of ``wheel_bands``' result."""
+    """Name the raw libraries of ``wheel_bands``' result as ``<arch>/<band without .xz>``."""
     return {f"{arch}/{f[:-3]}": b for arch, (_, raw) in contents.items() for f, b in raw.items()}
 
 
 def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) -> dict:
-    """Run the checks above on one wheel file; a file that is not a sound zip raises AotError."""
+    """Run the checks above on one wheel file and return its summary.
+
+    A file that is not a sound zip raises AotError (exit 2).
+    """
     from dsv41_aot.errors import AotError, IntegrityError
 
     problems: list = []
@@ -222,7 +222,7 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
 
 
 def print_audit(what: str, libraries: dict) -> int:
-    """Run auditwheel on ``libraries`` and print one line about ``what``; the exit code."""
+    """Run auditwheel on ``libraries``, print one line, and return the exit code."""
     bad = not_allowed(audit_raw(libraries))
     print(f"{what}: auditwheel on {len(libraries)} raw libraries: "
           f"{'external ' + ', '.join(bad) if bad else 'no external library but the host HIP'}")
@@ -230,7 +230,7 @@ def print_audit(what: str, libraries: dict) -> int:
 
 
 def audit_prebuilt(root: Path) -> int:
-    """Run auditwheel on the raw libraries of a prebuilt dir's bands, before packing."""
+    """Run auditwheel on the raw libraries of a prebuilt dir's bands."""
     libraries = {}
     for room in built_rooms(Path(root)):
         for band in room.links().bands:

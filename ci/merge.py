@@ -2,35 +2,21 @@
 
     python ci/merge.py --out kernels_prebuilt shards/gfx950-0 shards/gfx950-1 ...
 
-Rooms are merged: each shard's ``<arch>/vllm-<release>/`` joins the same room
-of the output, and a key's identity is (release, key) (the same key string in
-two releases is two launches). Refused (exit 1, nothing written), each with
-the room and key or folder named:
+Each shard's ``<arch>/vllm-<release>/`` joins the same room of the output; a
+key's identity is (release, key). Refused, naming the room and key or the
+folder, with nothing written (exit 1): a shard's missing or altered object;
+one key in two shards with a different object or source identity; one
+room built from several source identities; and, when shard plans
+(ci/build_shard.py) are present, a planned key no shard holds, a missing
+shard, a key its shard's plan did not give it, or a shard with no plan.
 
-- a shard whose objects are missing or altered (its manifest's sha256);
-- the same (release, key) in two shards with a different object (sha256) or
-  source identity; the same key with the same object is kept once;
-- entries of one room built from different source identities;
-- when shard plans (ci/build_shard.py) are present: a (release, key) the
-  plan expects that no shard holds, a missing shard of a planned count, a
-  shard that holds a key its plan did not give it, or a shard with no plan.
+verified.json is merged too, keeping the proofs of the merged objects;
+``--require-verified`` refuses a key without a proof that matches its entry
+and carries evidence only a JIT run produces.
 
-Each shard room's ``verified.json`` (proofs against vLLM's JIT, written by
-``dsv41-aot verify --against-jit --record``; read through its one parser,
-``records.Proof``: an unreadable one is refused, naming it) is merged too,
-keeping the proofs of the merged objects; ``--require-verified`` refuses a
-key of any room without a proof that matches its entry and carries what only
-a JIT run produced (a proof of the old format, or copied from the manifest,
-carries none).
-
-The result is what one build of all the keys writes: each room's manifest
-through dsv41_aot.manifest (sorted, so same entries, same bytes), each object
-copied once under its content address in the arch's objects/ (shared by its
-releases), the shards' timings.json (compile seconds, for the next run's
-shard balance) joined per room, then each arch linked (its bands shared by
-its rooms). It is assembled and linked in a temporary sibling of ``--out``
-and only then moved into place, so ``--out`` is never seen half written: the
-old directory stays whole until the new one is complete.
+The output is what one build of every key would write, linked. It is
+assembled in a temporary sibling of ``--out`` and moved into place when
+complete, so ``--out`` is never seen half written.
 """
 
 from __future__ import annotations
@@ -63,7 +49,7 @@ class MergeError(IntegrityError):
 
 
 def _plans(shards: list[Path]) -> dict:
-    """arch -> list of plan dicts found in the shard dirs."""
+    """Map each arch to the plan dicts found in the shard dirs."""
     out: dict = {}
     for d in shards:
         for p in sorted(d.glob("shard-*of*.json")):
@@ -78,8 +64,11 @@ def _show(pair) -> str:
 
 
 def _check_plans(arch: str, plans: list, held: dict, held_by: dict) -> None:
-    """held: (release, key) -> the shard arch dir holding it; held_by: shard
-    arch dir -> its (release, key) pairs."""
+    """Check that the shards match their plans and together hold every planned key.
+
+    ``held`` maps (release, key) to the shard arch dir holding it;
+    ``held_by`` maps a shard arch dir to its (release, key) pairs.
+    """
     counts = {p["count"] for p in plans}
     universes = {tuple(pairs(p["all_keys"])) for p in plans}
     if len(counts) != 1 or len(universes) != 1:
@@ -116,8 +105,10 @@ def _check_plans(arch: str, plans: list, held: dict, held_by: dict) -> None:
 
 
 def _proofs(room: str, rooms: list, entries: dict, require: bool) -> dict:
-    """The shard rooms' proofs (records.Proof, key -> KeyProof) of the merged
-    entries' code objects, a proof with JIT-only evidence preferred."""
+    """The shard rooms' proofs (key -> KeyProof) of the merged entries' code objects.
+
+    A proof with evidence only a JIT run produces is preferred.
+    """
     proofs: dict = {}
     for r in rooms:
         for key, p in r.proof().keys.items():
@@ -141,7 +132,7 @@ def _proofs(room: str, rooms: list, entries: dict, require: bool) -> dict:
 
 
 def _merge_room(arch: str, release: str, adirs: list, held: dict, held_by: dict, require_verified: bool) -> tuple:
-    """One room merged from the shards' arch folders holding it."""
+    """Merge one room from the shards' arch folders that hold it."""
     room = f"{arch}/{release_facts(release).folder}"
     entries, abis, origin, sources, timings = {}, {}, {}, {}, {}
     for adir in adirs:
@@ -174,7 +165,7 @@ def _merge_room(arch: str, release: str, adirs: list, held: dict, held_by: dict,
 
 
 def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, require_verified: bool = False) -> dict:
-    """Merge ``shards`` into ``out`` (replaced as a whole); returns a summary."""
+    """Merge ``shards`` into ``out`` (replaced as a whole) and return a summary."""
     shards = [Path(s).resolve() for s in shards]
     out = Path(out).resolve()
     for s in shards:
@@ -218,7 +209,7 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, requir
                 arch_summary["rooms"][release] = {"keys": len(entries), "shards": len(by_room[arch, release]),
                                                   "verified": proven, "without_evidence": len(proofs) - proven}
             arch_summary["keys"] = sum(r["keys"] for r in arch_summary["rooms"].values())
-            if link:  # every room's manifest is written first: the bands are the arch's, shared by its rooms
+            if link:  # after every room's manifest: the arch's rooms share its bands
                 for release in by_release:
                     arch_summary["rooms"][release]["link"] = link_room(adir, release)
         _replace_dir(tmp, out)

@@ -1,23 +1,20 @@
-"""The wheel gate: is each arch folder of a prebuilt dir complete enough to ship?
+"""The wheel gate: checks that each arch folder of a prebuilt dir can ship.
 
-A wheel carries what the loader opens (each room's manifest.json and
-libs.json, the arch's bands that some libs.json names) and each room's
-verified.json; the stored ``objects/`` are checked too. ``check_arch``
-refuses, naming the folder, room or key and the command that fixes it:
+``check_arch`` lists the files a wheel carries (each room's records, the
+bands some libs.json names, the stored objects) and refuses, naming the
+folder, room or key and the fix command:
 
 - a missing or empty arch folder, or a room with no entries;
 - a room of a release the build matrix does not build, or a ``vllm-*``
   folder that is no known release's room;
-- a room its own verdict (``Room.problems``) finds unsound: missing or
-  altered objects, stale link records, bad bands, mixed source identities;
+- a room its own verdict (``Room.problems``) finds unsound;
 - a room whose mono sources digest is not its release's in
   build_matrix.yaml (no installed vLLM of that release could match it);
 - objects or bands that no room names.
 
 Used by setup.py (every kernels wheel build), ci/wheels.sh and the CI
-workflow. PyYAML, tomllib and packaging are build-system requirements,
-imported where they are used: cibuildwheel's repair step imports this
-module (through ci/check_wheel.py) in a container that has none of them.
+workflow. PyYAML, tomllib and packaging are imported where they are used:
+cibuildwheel's repair step imports this module without them.
 """
 
 from __future__ import annotations
@@ -45,7 +42,6 @@ class RoomContents:
     arch: str
     release: str
     keys: list
-    source: dict
     mono_sources: str
 
     @property
@@ -77,39 +73,39 @@ def matrix_digests(matrix_path=None) -> dict:
     return {v: e.mono_sources for v, e in matrix.load(matrix_path).releases.items()}
 
 
-def _check_room(root: Path, adir: Path, arch: str, release: str, digests: dict, bands: dict) -> RoomContents:
-    """Check one room: its own verdict, then what only a wheel needs (the matrix's digest).
+def _check_room(root: Path, arch: str, release: str, digests: dict, bands: dict) -> RoomContents:
+    """Check one room: its own verdict, then the build matrix's digest.
 
     The verdict (``Room.problems``) allows no problem, serving or builder's.
     The bands the room's libs.json names are added to ``bands`` (file -> Band).
     """
     fix = fix_for(root, arch, release)
-    room = f"{arch}/{release_facts(release).folder}"
+    room = Room(root, arch, release)
     if release not in digests:
-        raise ManifestError(f"{adir.parent / room}: vLLM {release} is not a release of the build matrix "
+        raise ManifestError(f"{room.dir}: vLLM {release} is not a release of the build matrix "
                             f"({', '.join(sorted(digests, key=version_order))}): refusing to ship keys no build serves",
-                            fix=f"add vLLM {release} to build_matrix.yaml's releases, or remove {adir.parent / room}")
-    room_ = Room(root, arch, release)
-    man = room_.manifest()
+                            fix=f"add vLLM {release} to build_matrix.yaml's releases, or remove {room.dir}")
+    man = room.manifest()
     if not man.entries:
-        raise ManifestError(f"{man.path} has no entries: refusing to build a wheel with an empty room {room}", fix=fix)
-    problems = room_.problems()  # what the loader refuses, and missing or altered objects
+        raise ManifestError(f"{man.path} has no entries: refusing to build a wheel with an empty room {room.name}",
+                            fix=fix)
+    problems = room.problems()  # what the loader refuses, and missing or altered objects
     if problems:
         more = f" (and {len(problems) - 1} more: dsv41-aot verify --dir {root})" if len(problems) > 1 else ""
         first = problems[0]
-        raise type(first.error())(f"room {room}: {first.message}{more}", fix=first.fix)
+        raise type(first.error())(f"room {room.name}: {first.message}{more}", fix=first.fix)
     source = next(iter(man.entries.values())).source  # one identity: problems() found no "sources" problem
     digest = man.mono_sources
     if digest != digests[release]:
-        raise ManifestError(f"room {room}: built from mono sources {digest!r}, but vLLM {release}'s are "
+        raise ManifestError(f"room {room.name}: built from mono sources {digest!r}, but vLLM {release}'s are "
                             f"{digests[release]!r} (build_matrix.yaml): no vLLM {release} install could use it",
                             fix=f"rebuild the room from vLLM {release}'s own tree (dsv41-aot fetch-vllm {release}): {fix}")
     if str(source.get("vllm_version")) != release:
-        raise ManifestError(f"room {room}: its keys were built from vLLM {source.get('vllm_version')}, "
+        raise ManifestError(f"room {room.name}: its keys were built from vLLM {source.get('vllm_version')}, "
                             f"not {release}", fix=fix)
-    for band in room_.links().bands:
+    for band in room.links().bands:
         bands.setdefault(band.file, band)
-    return RoomContents(arch=arch, release=release, keys=sorted(man.entries), source=source, mono_sources=digest)
+    return RoomContents(arch=arch, release=release, keys=sorted(man.entries), mono_sources=digest)
 
 
 def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchContents:
@@ -138,7 +134,7 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
     bands: dict = {}
     out = ArchContents(arch=arch, dir=adir)
     for release in releases:
-        out.rooms.append(_check_room(root, adir, arch, release, digests, bands))
+        out.rooms.append(_check_room(root, arch, release, digests, bands))
         folder = release_facts(release).folder
         out.files += [f"{folder}/{MANIFEST}", f"{folder}/{LIBS_JSON}"]
         if (adir / folder / VERIFIED).is_file():
@@ -175,10 +171,7 @@ def check_dir(root: Path, arches=None, digests: dict | None = None) -> list:
 
 
 def vllm_extra(pyproject: str) -> str:
-    """The version range of the ``vllm`` extra in pyproject.toml's text, e.g. ``>=0.32.0,<0.34``.
-
-    The extra says which vLLM releases one kernels wheel serves.
-    """
+    """The version range of pyproject.toml's ``vllm`` extra: the vLLM releases a wheel serves."""
     try:
         import tomllib
     except ImportError:  # Python 3.10: the build-system requirements install tomli there
@@ -199,7 +192,7 @@ def vllm_extra(pyproject: str) -> str:
 
 
 def admits(spec: str, version: str) -> bool:
-    """Whether the PEP 440 specifier ``spec`` (e.g. ``>=0.32.0,<0.34``) admits ``version``."""
+    """Whether the PEP 440 specifier ``spec`` admits ``version``."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     try:
@@ -210,7 +203,7 @@ def admits(spec: str, version: str) -> bool:
 
 
 def main(argv=None) -> int:
-    """Check the arches of a prebuilt dir: ``python ci/prebuilt.py DIR [ARCH ...]`` (default: all)."""
+    """Check a prebuilt dir's arches (default: all): ``python ci/prebuilt.py DIR [ARCH ...]``."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

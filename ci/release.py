@@ -1,31 +1,16 @@
-"""The release path's stages: one subcommand per step of .github/workflows/wheels.yml.
+"""The release stages: one subcommand per step of .github/workflows/wheels.yml.
 
 docs/releases.md describes each stage (which job runs it, what it does,
-when it fails); ``--help`` gives each subcommand's options.
+when it fails); ``python ci/release.py --help`` lists the subcommands and
+``SUBCOMMAND --help`` their options. ``wheel`` runs prewheel, build-wheel
+(the suite's stand-in for the cibuildwheel step) and checkwheel, as
+ci/wheels.sh does.
 
-    python ci/release.py check-tag
-    python ci/release.py facts
-    python ci/release.py cache-key
-    python ci/release.py source-date-epoch
-    python ci/release.py shard --out DIR
-    python ci/release.py merge --shards DIR --out DIR --report DIR
-    python ci/release.py prewheel PREBUILT
-    python ci/release.py build-wheel PREBUILT OUT       (the suite's stand-in for the cibuildwheel step)
-    python ci/release.py checkwheel --prebuilt PREBUILT WHEELHOUSE [--require-proofs]
-    python ci/release.py wheel PREBUILT OUT             (prewheel, build-wheel and checkwheel: ci/wheels.sh)
-    python ci/release.py attach --prebuilt DIR --residency DIR --out DIR
-
-The workflow gives each cell its coordinates in the environment (``ARCH``,
-``SHARD``, ``SHARDS``, ``PROFILE``), and GitHub gives the ref
-(``GITHUB_REF_TYPE``, ``GITHUB_REF_NAME``) and the step's output file
-(``GITHUB_OUTPUT``); each is also an option, so every stage runs the same on
-a laptop. No logic of the release lives only in YAML: what a step does is
-here or in the scripts this calls (ci/build_shard.py, ci/merge.py,
-ci/prebuilt.py, ci/check_wheel.py). The stages that only read the checkout
-and tell the workflow something (check-tag, facts, cache-key,
-source-date-epoch), and what every stage shares, are in ci/stages.py, which
-uses the standard library only, since the version job runs it with a bare
-interpreter.
+The workflow passes each cell's coordinates in the environment (``ARCH``,
+``SHARD``, ``SHARDS``, ``PROFILE``) and GitHub passes the ref and the step
+output file; each is also an option, so every stage runs the same on a
+laptop. No release logic lives only in the YAML. The stages that only read
+the checkout, and what every stage shares, are in ci/stages.py.
 
 Exit codes: 0 ok, 1 a check failed, 2 bad input.
 """
@@ -53,9 +38,7 @@ from ci.stages import (PY, StageError, check_tag, cli, cmd_cache_key, cmd_check_
 
 
 def recorded_seconds_files(arch: str, folder: Path) -> list:
-    """The compile seconds an earlier run recorded for the arch
-    (``ci/seconds/<arch>-<release>.json``: what the merge job's seconds
-    artifact holds), sorted."""
+    """The compile seconds files an earlier run left for ``arch`` in ``folder``."""
     return sorted(str(p) for p in Path(folder).glob(f"{arch}-*.json"))
 
 
@@ -79,9 +62,8 @@ def cmd_shard(args) -> int:
 
 
 def shard_dirs(folder: Path) -> list:
-    """The shard artifacts downloaded into ``folder``: one subfolder each,
-    or ``folder`` itself when it is the one shard (download-artifact
-    extracts a single matching artifact into its path directly)."""
+    """The shard folders in ``folder``, or ``folder`` itself when it is one shard."""
+    # download-artifact extracts a lone artifact into the path itself
     if list(Path(folder).glob("shard-*of*.json")):
         return [Path(folder)]
     dirs = sorted(p for p in Path(folder).iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -91,8 +73,7 @@ def shard_dirs(folder: Path) -> list:
 
 
 def copy_seconds(merged: Path, dest: Path) -> list:
-    """Each room's timings.json as ``<dest>/<arch>-<release>.json``: the
-    files ci/seconds/ takes for the next run's shard balance."""
+    """Copy each room's timings.json into ``dest``, for the next run's shard balance."""
     from dsv41_aot.listing import built_rooms
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -140,14 +121,13 @@ def cmd_prewheel(args) -> int:
 
 
 def build_wheel(prebuilt: Path, out: Path, frontend: str = "build") -> Path:
-    """The kernels wheel of ``prebuilt`` into ``out`` (emptied first), built
-    from a copy of the files a wheel build reads (never this checkout's
-    build/ folder) with the frontend cibuildwheel uses (``build``, no
-    isolation: nothing is fetched), then the cibuildwheel repair step's
-    check (``check_wheel.py --audit-only``). Reproducible: every file of the
-    wheel is stamped with ``SOURCE_DATE_EPOCH``, this checkout's commit time
-    when it is unset (the copy is no git checkout), so two builds of one
-    commit and prebuilt dir give the same sha256."""
+    """Build the kernels wheel of ``prebuilt`` into ``out`` (emptied first); return it.
+
+    It uses cibuildwheel's frontend (``build``, no isolation: nothing is
+    fetched) on a copy of the sources, then the repair step's check.
+    ``SOURCE_DATE_EPOCH`` defaults to this checkout's commit time (the copy
+    is no git checkout), so two builds of one commit give the same sha256.
+    """
     from ci.check_wheel import source_tree
 
     prebuilt, out = Path(prebuilt).resolve(), Path(out).resolve()
@@ -181,8 +161,7 @@ def cmd_build_wheel(args) -> int:
 
 
 def twine_check(wheels: list) -> int:
-    """``twine check --strict``: the metadata and long description an index
-    will show."""
+    """Run ``twine check --strict``: the metadata and README an index shows."""
     exe = shutil.which("twine") or str(Path(PY).with_name("twine"))
     if not Path(exe).exists() and not shutil.which(exe):
         raise StageError("twine is not installed (pip install -e .[test])", 2)
@@ -216,10 +195,11 @@ def cmd_wheel(args) -> int:
 
 
 def release_assets(prebuilt: Path, residency: Path, out: Path) -> list:
-    """Gather what the GitHub release carries into ``out`` (emptied first):
-    each arch's residency picture and summaries (``residency-<arch>.png``,
-    ``.txt``, ``.json``), each room's proofs against vLLM's JIT as
-    ``verified-<arch>-vllm-<release>.json``, and SHA256SUMS of them all."""
+    """Gather the GitHub release's assets into ``out`` (emptied first); return them.
+
+    They are the residency pictures and summaries, each room's verified.json
+    and SHA256SUMS.
+    """
     from dsv41_aot.aot.jit import VERIFIED
     from dsv41_aot.listing import built_rooms
 
@@ -251,9 +231,7 @@ def release_assets(prebuilt: Path, residency: Path, out: Path) -> list:
 
 
 def gh_commands(tag: str, files: list, exists: bool, repo: str | None) -> list:
-    """The ``gh`` call that puts ``files`` on the release of ``tag``: upload
-    (replacing same-named assets) when the release exists, else create it
-    from the existing tag."""
+    """The ``gh`` command that uploads ``files`` to the release of ``tag`` or creates it."""
     where = ["--repo", repo] if repo else []
     if exists:
         return [["gh", "release", "upload", tag, *map(str, files), "--clobber", *where]]

@@ -1,12 +1,8 @@
-"""What every stage of ci/release.py shares, and the stages that only read
-the checkout and tell the workflow something: ``check-tag`` and ``facts``
-(the version job, run by setup-python's bare interpreter before anything is
-installed), ``cache-key`` (the shard job's build cache key) and
-``source-date-epoch`` (the wheel job's timestamp for a reproducible wheel),
-the last three as step outputs (``$GITHUB_OUTPUT``). Standard library only.
+"""What the ci/release.py stages share, and those that only read the checkout.
 
-The stages that build, merge, pack and publish, and the command line that
-runs every stage, are ci/release.py's.
+The version job runs ``check-tag`` and ``facts`` on a bare interpreter
+before anything is installed, so this module uses the standard library
+only. The other stages and the command line are in ci/release.py.
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ class StageError(Exception):
 
 
 def run(cmd: list, **kw) -> int:
-    """Run one command, its output through; its exit code."""
+    """Run one command with its output passed through, and return its exit code."""
     print("+ " + " ".join(map(str, cmd)), file=sys.stderr, flush=True)
     return subprocess.run([str(c) for c in cmd], **kw).returncode
 
@@ -44,17 +40,24 @@ def must(rc: int, what: str) -> None:
 
 
 def cli(*args) -> list:
-    """``dsv41-aot ARGS`` as this interpreter runs it."""
+    """The command line of ``dsv41-aot ARGS`` run by this interpreter."""
     return [PY, "-m", "dsv41_aot.cli", *map(str, args)]
+
+
+def cli_output(*args, env=None) -> str:
+    """The standard output of ``dsv41-aot ARGS``; StageError when it fails."""
+    r = subprocess.run(cli(*args), capture_output=True, text=True, cwd=ROOT, env=env)
+    if r.returncode:
+        sys.stderr.write(r.stderr)
+        raise StageError(f"dsv41-aot {' '.join(args)} failed", r.returncode)
+    return r.stdout
 
 
 # ---------------------------------------------------------------- check-tag
 
 
 def package_version(root: Path = ROOT) -> str:
-    """``dsv41_aot.__version__`` read as setuptools reads it (a literal in
-    dsv41_aot/__init__.py; pyproject.toml's dynamic version), without
-    importing the package."""
+    """``dsv41_aot.__version__``, read as setuptools does: without importing it."""
     init = root / "dsv41_aot" / "__init__.py"
     for node in ast.parse(init.read_text()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
@@ -63,7 +66,7 @@ def package_version(root: Path = ROOT) -> str:
 
 
 def check_tag(ref_type: str | None, ref_name: str | None, version: str) -> str:
-    """The line to print; StageError when a tag is not ``v`` + version."""
+    """The line to print about a ref; StageError when a tag is not ``v`` + version."""
     if ref_type != "tag":
         return f"not a tag ({ref_type or 'no ref type'} {ref_name or ''}): nothing to check; version {version}".strip()
     want = f"v{version}"
@@ -84,13 +87,15 @@ def cmd_check_tag(args) -> int:
 
 
 def cache_keys(arch: str, shard: str, identity: str) -> tuple[str, list]:
-    """(key, restore keys): the shard's own cache first, then the arch's."""
+    """The build cache's key and restore keys: the shard's cache, then the arch's."""
     return f"{CACHE_PREFIX}-{arch}-{shard}-{identity}", [f"{CACHE_PREFIX}-{arch}-{shard}-", f"{CACHE_PREFIX}-{arch}-"]
 
 
 def write_outputs(outputs: dict, path: str | None) -> None:
-    """Step outputs: appended to ``$GITHUB_OUTPUT`` (multi-line values in
-    its heredoc form), and printed."""
+    """Append step outputs to ``$GITHUB_OUTPUT`` and print them.
+
+    A multi-line value is written in the file's heredoc form.
+    """
     lines = []
     for name, value in outputs.items():
         if "\n" in value:
@@ -106,11 +111,7 @@ def write_outputs(outputs: dict, path: str | None) -> None:
 
 
 def cmd_cache_key(args) -> int:
-    r = subprocess.run(cli("cache", "--identity"), capture_output=True, text=True, cwd=ROOT)
-    if r.returncode:
-        sys.stderr.write(r.stderr)
-        raise StageError("dsv41-aot cache --identity failed", r.returncode)
-    key, restore = cache_keys(args.arch, str(args.shard), r.stdout.strip())
+    key, restore = cache_keys(args.arch, str(args.shard), cli_output("cache", "--identity").strip())
     write_outputs({"key": key, "restore-keys": "\n".join(restore)}, os.environ.get("GITHUB_OUTPUT"))
     return 0
 
@@ -119,11 +120,11 @@ def cmd_cache_key(args) -> int:
 
 
 def source_date_epoch(root: Path = ROOT) -> str | None:
-    """The commit time of the git checkout at ``root`` (``git log -1
-    --format=%ct``: seconds since the epoch), the ``SOURCE_DATE_EPOCH`` a
-    wheel build stamps every file with, so that two builds of one commit
-    give the same sha256; None when ``root`` is not a git checkout (or git
-    is absent)."""
+    """The commit time of the git checkout at ``root``, or None outside one.
+
+    A wheel build stamps every file with it (``SOURCE_DATE_EPOCH``), so two
+    builds of one commit give the same sha256.
+    """
     try:
         r = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct"], capture_output=True, text=True,
                            timeout=60)
@@ -134,7 +135,7 @@ def source_date_epoch(root: Path = ROOT) -> str | None:
 
 
 def cmd_source_date_epoch(args) -> int:
-    """The checkout's commit time as the step output ``epoch``."""
+    """Write the checkout's commit time as the step output ``epoch``."""
     t = source_date_epoch()
     if t is None:
         raise StageError(f"{ROOT} is not a git checkout: no commit time for SOURCE_DATE_EPOCH\n"
@@ -147,21 +148,17 @@ def cmd_source_date_epoch(args) -> int:
 
 
 def facts_outputs(doc: dict) -> dict:
-    """What the later jobs' matrices read, from ``dsv41-aot facts --json``:
-    ``arches`` (a JSON list of names), ``releases`` (a JSON list, newest
-    last) and ``newest``."""
+    """The step outputs the later jobs' matrices read, from ``facts --json``.
+
+    ``arches`` and ``releases`` (newest last) are JSON lists.
+    """
     return {"arches": json.dumps([a["name"] for a in doc["arches"]]),
             "releases": json.dumps([r["version"] for r in doc["releases"]]), "newest": doc["newest"]}
 
 
 def cmd_facts(args) -> int:
-    """The facts command, run by this interpreter with the checkout on its
-    path (the facts are standard library only: nothing installed)."""
+    """Write the facts as step outputs; the checkout on the path, nothing installed."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    r = subprocess.run(cli("facts", "--json"), capture_output=True, text=True, cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=path))
-    if r.returncode:
-        sys.stderr.write(r.stderr)
-        raise StageError("dsv41-aot facts --json failed", r.returncode)
-    write_outputs(facts_outputs(json.loads(r.stdout)), os.environ.get("GITHUB_OUTPUT"))
+    doc = json.loads(cli_output("facts", "--json", env=dict(os.environ, PYTHONPATH=path)))
+    write_outputs(facts_outputs(doc), os.environ.get("GITHUB_OUTPUT"))
     return 0
