@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from ci.check_installed import HEAVY  # noqa: E402
 from ci.prebuilt import admits  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
 from dsv41_aot.manifest import TIMINGS  # noqa: E402
@@ -49,7 +50,6 @@ from dsv41_aot.aot.wheel import PKG, dist_info, open_wheel, report, rooms_in_whe
 from dsv41_aot.cli.verify import print_wheel_report as print_report  # noqa: E402
 
 PLAT = "manylinux_2_28_x86_64"
-HEAVY = ("flydsl", "torch", "vllm")
 ALLOWED_EXTERNAL = ("libamdhip64.so",)  # prefix: any SONAME version of the host's HIP runtime
 
 
