@@ -213,8 +213,10 @@ def release_assets(prebuilt: Path, residency: Path, out: Path) -> list:
     for p in pictures:
         shutil.copyfile(p, out / p.name)
         files.append(out / p.name)
-    proofs = 0
-    for room in built_rooms(Path(prebuilt)):
+    rooms = built_rooms(Path(prebuilt))
+    if not rooms:
+        raise StageError(f"{prebuilt}: no room (<arch>/vllm-<release>/)", 2)
+    for room in rooms:
         src = room.verified_path
         if not src.is_file():
             raise StageError(f"{src.parent}: no {VERIFIED} (every released room carries its proofs; "
@@ -222,9 +224,6 @@ def release_assets(prebuilt: Path, residency: Path, out: Path) -> list:
         target = out / f"verified-{room.arch}-{room.dir.name}.json"
         shutil.copyfile(src, target)
         files.append(target)
-        proofs += 1
-    if not proofs:
-        raise StageError(f"{prebuilt}: no room (<arch>/vllm-<release>/)", 2)
     sums = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in files)
     (out / "SHA256SUMS").write_text(sums)
     return files + [out / "SHA256SUMS"]
