@@ -4,11 +4,14 @@
 
 Each shard's ``<arch>/vllm-<release>/`` joins the same room of the output; a
 key's identity is (release, key). Refused, naming the room and key or the
-folder, with nothing written (exit 1): a shard's missing or altered object;
-one key in two shards with a different object or source identity; one
-room built from several source identities; and, when shard plans
-(ci/build_shard.py) are present, a planned key no shard holds, a missing
-shard, a key its shard's plan did not give it, or a shard with no plan.
+folder, with nothing written (exit 1):
+
+- a shard's missing or altered object;
+- one key in two shards with a different object or source identity;
+- one room built from several source identities;
+- when shard plans (ci/build_shard.py) are present: a planned key no shard
+  holds, a missing shard, a key its plan did not give its shard, or a
+  shard with no plan.
 
 verified.json is merged too, keeping the proofs of the merged objects;
 ``--require-verified`` refuses a key without a proof that matches its entry
