@@ -1,41 +1,23 @@
-"""The build cache: compiled objects and JIT proofs stored by their full
-build identity, shared by every ``--out`` (``build --cache DIR`` or
-``$DSV41_AOT_BUILD_CACHE``; set empty, none). ``--no-cache`` compiles (or
-JIT-builds) every key and never opens the cache, neither reading nor writing it.
+"""The build cache: compiled objects and JIT results stored by build identity.
 
-The cache only ever saves work: a cache that cannot be created, read or
-written, and a record whose blob is damaged or is not the key's object,
-each become a ``warning:`` and a miss. The key is built for real, and the
-build goes on as if there were no cache.
+See docs/building.md ("Commands") for the options and the glossary of
+docs/architecture.md for what the build identity covers. A key compiles to
+the same bytes whenever its identity is the same (tests/test_build.py proves
+it), so a hit is copied instead of compiled.
 
-A key compiles to the same bytes whenever its identity is the same (the
-pipeline is deterministic, and tests/test_build.py proves it). The identity
-is everything those bytes depend on:
+The cache only ever saves work: a folder that cannot be used, or a record
+whose blob is damaged or is not the key's object, is a ``warning:`` and a
+miss, never a failure and never a trusted hit. A hit's blob is checked by
+sha256, and an object also as a fresh compile is (``buildroom.take_from_cache``).
 
-- the key (its string and its vLLM release);
-- the release's tree: vLLM version and mono sources digest;
-- the aiter helpers (upstream's or the project's own, by digest);
-- FlyDSL's version, the ``ld.lld`` FlyDSL links with and the ``llvm-strip``
-  that strips the export;
-- the project's own code that shapes the bytes (``CODE``: the compile,
-  export and strip path, the JIT path, the key's MonoBuild fields).
-
-Layout (``<cache>/v1/``)::
+Layout (``<cache>/v1/``; ``id`` is the sha256 of the identity)::
 
     blobs/<sha256>                  bytes, named by their own sha256
     compile/<id[:2]>/<id>.json      {"key", "release", "sha256", "export_bytes", "seconds"}
     jit/<id[:2]>/<id>.json          {"key", "release", "sha256", "params", "identity", "evidence", "seconds"}
 
-A JIT record keeps its run's evidence (``records.Evidence``: the sha256 of the
-artifact FlyDSL's JIT produced and of its compiled module, and when), so a proof recorded from
-the cache carries what the JIT run that built it produced.
-
-``id`` is the sha256 of the identity. Every file is written atomically (a
-blob before the record naming it), so concurrent builders sharing a cache
-see a whole record or none. A record's blob is read back and checked by
-sha256 on the way out, and a stored object is checked as a fresh compile is
-(``buildroom.take_from_cache``); a mismatch is a miss (the record is
-dropped and the key compiled again), never a trusted hit. Build side only.
+Every file is written atomically, a blob before the record naming it, so
+builders sharing a cache see a whole record or none. Build side only.
 """
 
 from __future__ import annotations
@@ -65,8 +47,10 @@ def code_digest() -> str:
 
 
 def cache_dir(given: str | None, no_cache: bool = False) -> Path | None:
-    """The cache folder a command uses: none with ``--no-cache``; else
-    ``--cache DIR``, else ``$DSV41_AOT_BUILD_CACHE`` (set empty: none), else none."""
+    """The cache folder a command uses, or None.
+
+    ``--no-cache`` wins, then ``--cache DIR``, then ``$DSV41_AOT_BUILD_CACHE``
+    (set empty: none)."""
     if no_cache:
         return None
     chosen = given or os.environ.get(ENV_BUILD_CACHE)
@@ -74,10 +58,10 @@ def cache_dir(given: str | None, no_cache: bool = False) -> Path | None:
 
 
 class BuildCache:
-    """One cache folder, and the identity parts that are the same for every
-    key of a run (``tools``: toolchain.Toolchain). What goes wrong with the
-    folder is collected in ``warnings`` (the command prints them: :meth:`say`),
-    never raised."""
+    """One cache folder, with the identity parts every key of a run shares.
+
+    ``tools`` is a toolchain.Toolchain. Problems with the folder are collected
+    in ``warnings`` (printed by :meth:`say`), never raised."""
 
     def __init__(self, root: Path, tools):
         self.given = Path(root)
@@ -115,11 +99,12 @@ class BuildCache:
         doc = {"what": what, "key": str(key), "release": key.release, "identity": ident, **self.common}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
-    def _record(self, what: str, cid: str) -> Path:
+    def _record(self, what: str, key: BuildKey, ident: dict) -> Path:
+        cid = self._id(what, key, ident)
         return self.root / what / cid[:2] / f"{cid}.json"
 
     def _get(self, what: str, key: BuildKey, ident: dict) -> tuple[dict, bytes] | None:
-        path = self._record(what, self._id(what, key, ident))
+        path = self._record(what, key, ident)
         try:
             rec = json.loads(path.read_bytes())
             data = (self.root / "blobs" / rec["sha256"]).read_bytes()
@@ -149,7 +134,7 @@ class BuildCache:
         rec = {"key": str(key), "release": key.release, "sha256": sha, **fields}
         try:
             atomic_write(self.root / "blobs" / sha, data)  # always: a damaged blob of this name is replaced
-            atomic_write(self._record(what, self._id(what, key, ident)),
+            atomic_write(self._record(what, key, ident),
                          (json.dumps(rec, sort_keys=True) + "\n").encode())
         except OSError as e:
             self._cannot_write(e)
@@ -157,13 +142,12 @@ class BuildCache:
     # a compiled key: its stripped export object
 
     def get_object(self, key: BuildKey, ident: dict) -> tuple[dict, bytes] | None:
-        """(record, stripped object bytes) of ``key`` built under ``ident``
-        (buildroom.identity), or None."""
+        """(record, stripped object) of ``key`` under ``ident``, or None on a miss."""
         return self._get("compile", key, ident)
 
     def reject_object(self, key: BuildKey, ident: dict, why: str) -> None:
-        """The object :meth:`get_object` gave is not ``key``'s (``why``): its record is dropped."""
-        self.drop(self._record("compile", self._id("compile", key, ident)), key, why)
+        """Drop the record of an object :meth:`get_object` gave that is not ``key``'s."""
+        self.drop(self._record("compile", key, ident), key, why)
 
     def put_object(self, key: BuildKey, ident: dict, data: bytes, export_bytes: int, seconds: float) -> None:
         self._put("compile", key, ident, data, export_bytes=export_bytes, seconds=round(float(seconds), 3))
@@ -171,16 +155,17 @@ class BuildCache:
     # a JIT proof: the GPU code object vLLM's JIT built for the key
 
     def get_jit(self, key: BuildKey, ident: dict) -> tuple[dict, bytes] | None:
-        """(record, JIT code object) of ``key``, or None; a record without
-        its run's evidence is a miss (the key is JIT-built again)."""
+        """(record, JIT code object) of ``key``, or None on a miss.
+
+        A record without its run's evidence is a miss."""
         hit = self._get("jit", key, ident)
         if hit is not None and not isinstance(hit[0].get("evidence"), dict):
             return None
         return hit
 
     def reject_jit(self, key: BuildKey, ident: dict, why: str) -> None:
-        """The JIT code object :meth:`get_jit` gave is not to be trusted (``why``): its record is dropped."""
-        self.drop(self._record("jit", self._id("jit", key, ident)), key, why)
+        """Drop the record of a JIT code object :meth:`get_jit` gave that is not trusted."""
+        self.drop(self._record("jit", key, ident), key, why)
 
     def put_jit(self, key: BuildKey, ident: dict, code: bytes, params: list, identity: dict, evidence: dict,
                 seconds: float) -> None:
@@ -192,9 +177,10 @@ class BuildCache:
 
 
 def identity_digest(tools, matrix_path=None) -> str:
-    """One digest of every identity part a build of the matrix's releases
-    shares: what a CI cache key names (a changed part starts a new cache;
-    entries are keyed per key, so a stale one is only a miss)."""
+    """A digest of the identity parts every build of the matrix's releases shares.
+
+    A CI cache key names it: a changed part starts a new cache. Entries are
+    keyed per key, so a stale one is only a miss."""
     from . import compat, matrix
 
     releases = {v: e.mono_sources for v, e in sorted(matrix.load(matrix_path).releases.items())}

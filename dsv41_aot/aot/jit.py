@@ -1,29 +1,17 @@
-"""vLLM's own JIT build of a key, for ``verify --against-jit``; and the
-``verified.json`` proof it leaves beside a room's manifest.
+"""vLLM's own JIT build of a key for ``verify --against-jit``, and its proof.
 
-A JIT worker (``python -m dsv41_aot.aot.jit ARCH RELEASE FOLDER VLLM_ROOT``,
-run on the one worker pool, ``dsv41_aot.aot.workers``, one a room) imports
-the mono package of its release's vLLM tree and asks that release's runner
-(``DSV41MonoLayer.kernels`` / ``ffn_kernel``, on a runner object made without a
-GPU, with the arguments that release's methods take) for the key's launcher
-exactly as at serving time (0.33.0 gfx942's K2 without the key-table build
-included), has FlyDSL's JIT compile it without launching into
-the worker's own fresh FlyDSL disk cache, and takes the GPU code object from
-that cache's pickled artifact (its IR's ``gpu.binary``), not from
-``export_to_c``. The parent compares bytes, kernel name and kernarg layout
-with the prebuilt code object, and the launcher's parameters with the ABI.
-Given the recording HIP (``aot/hiprec``, the stand-in for the AMD GPU), the
-worker maps it first and has FlyDSL's JIT launch the compiled launcher once
-through it; the parent compares that launch with the prebuilt Launcher's.
+A JIT worker (``python -m dsv41_aot.aot.jit ARCH RELEASE FOLDER VLLM_ROOT
+[HIP]``) runs on the worker pool (``aot/workers.py``), one per room. It asks
+its release's runner for the key's launcher exactly as at serving time, has
+FlyDSL's JIT compile it without launching, and reads the GPU code object
+from the JIT's disk-cache artifact (its IR's ``gpu.binary``), not from
+``export_to_c``. Given the recording HIP (the stand-in for the AMD GPU), it
+also launches it once. The parent compares both with the prebuilt key.
 
-The worker also reports what only its run produced (``records.Evidence``: the
-sha256 of that artifact file, of the compiled module it holds, and when): a
-proof in verified.json carries it, so a proof copied from the manifest is told
-apart (a claim, not a signature: docs/releases.md).
-
-FlyDSL internals (compile without launch, the disk cache's file naming, the
-artifact's IR) are reached through ``aot/flydsl_api.py``, the one module that
-touches them, under any FlyDSL ``facts/flydsl.py`` supports.
+The worker reports what only its run produced (``records.Evidence``), so a
+proof copied from the manifest can be told apart (a claim, not a signature:
+docs/releases.md). FlyDSL internals are reached only through
+``aot/flydsl_api.py``.
 """
 
 from __future__ import annotations
@@ -45,10 +33,6 @@ from .hiprec import launch_digest
 
 # FlyDSL annotation class name -> the ABI ctype export_to_c records
 CTYPES = {"Int64": "int64", "Int32": "int32"}
-# VERIFIED (room.py's): per room (<arch>/vllm-<release>/), beside manifest.json,
-# per key the JIT code object it was proven byte-identical to, the vLLM /
-# FlyDSL it was compared under and the JIT run's evidence (records.Proof; the
-# loader never reads it)
 # a runner method's parameter -> the key field it is given (mono/runner.py)
 RUNNER_ARGS = ("tokens", "ratio", "fold", "index", "experts", "topk")
 
@@ -57,8 +41,9 @@ RUNNER_ARGS = ("tokens", "ratio", "fold", "index", "experts", "topk")
 
 
 class VllmJit:
-    """One release's vLLM runner and FlyDSL's JIT, in a process bound to one
-    arch and that release's tree (``vllm_root``, the folder holding vllm/)."""
+    """One release's vLLM runner and FlyDSL's JIT, in a worker bound to one room.
+
+    ``vllm_root`` is the folder holding that release's vllm/."""
 
     def __init__(self, arch: str, release: str, vllm_root: str):
         from importlib import import_module
@@ -80,8 +65,7 @@ class VllmJit:
         }
 
     def runner(self, key: BuildKey):
-        """A DSV41MonoLayer made without a GPU, holding only what its
-        ``kernels`` / ``ffn_kernel`` read."""
+        """A DSV41MonoLayer made without a GPU, holding only what ``kernels`` reads."""
         cls = self.runner_mod.DSV41MonoLayer
         r = cls.__new__(cls)
         r.tp, r.timeline = key.tp, key.timeline
@@ -90,16 +74,17 @@ class VllmJit:
         return r
 
     def launcher(self, key: BuildKey):
-        """The launcher vLLM's runner uses for ``key``, asked for with the
-        arguments the release's method takes (0.33.0: ``kernels(tokens,
-        ratio, fold, index)``, ``ffn_kernel(tokens, experts, topk)``; 0.32.0:
-        ``kernels(tokens, ratio)``, ``ffn_kernel(tokens)``). A K2 key names
-        the layer's fields; on 0.33.0 gfx942 the runner itself drops ``index``."""
+        """The launcher vLLM's runner uses for ``key``.
+
+        It is asked for with the arguments the release's method takes
+        (0.33.0: ``kernels(tokens, ratio, fold, index)``, ``ffn_kernel(tokens,
+        experts, topk)``; 0.32.0: ``kernels(tokens, ratio)``,
+        ``ffn_kernel(tokens)``). On 0.33.0 gfx942 the runner drops ``index``."""
         import inspect
 
         if key.release != self.release or key.arch != self.arch:
             raise AotError(f"{key.describe()}: sent to the {self.arch} JIT worker of vLLM {self.release}",
-                           fix="report it: the worker pool keeps one worker a room")
+                           fix="report it: the worker pool keeps one worker per room")
         kind = kind_facts(key.kind)
         if kind.runner_method not in ("kernels", "ffn_kernel"):
             raise AotError(f"{key.describe()}: verify does not know how vLLM's runner asks for a {key.kind} launch "
@@ -114,14 +99,12 @@ class VllmJit:
         return got[kind.runner_index] if kind.runner_index is not None else got
 
     def code_object(self, key: BuildKey, launch_in: Path | None = None) -> tuple[bytes, list, dict]:
-        """The GPU code object FlyDSL's JIT builds for ``key``, the
-        launcher's parameters as [name, annotation class name], and the
-        run's evidence (``records.Evidence`` fields: the sha256 of the artifact
-        file FlyDSL's JIT wrote to its disk cache, of its cache key, and the
-        UTC time of the compile). With ``launch_in`` (a folder; the process's
-        HIP is the recording HIP, ``hiprec.preload``), the launcher is then
-        launched once by FlyDSL's JIT with ``hiprec.launch_values`` and the
-        evidence carries that launch as HIP saw it (``launch``, canonical)."""
+        """JIT-build ``key``: (GPU code object, launcher parameters, evidence).
+
+        Parameters are [name, annotation class name] pairs; the evidence has
+        ``records.Evidence``'s fields (``run_evidence``). With ``launch_in``
+        (a folder, when the process's HIP is the recording HIP), the launcher
+        is also launched once and the evidence carries that launch (``launch``)."""
         import inspect
         from datetime import datetime, timezone
 
@@ -144,8 +127,9 @@ class VllmJit:
 
     @staticmethod
     def launch(key: BuildKey, launcher, params: list, code: bytes, folder: Path) -> dict:
-        """Launch ``launcher`` (compiled) once through FlyDSL's JIT with the
-        values the prebuilt launch is given; what the recording HIP saw."""
+        """Launch the compiled ``launcher`` once; return what the recording HIP saw.
+
+        The values are those the prebuilt launch is given (``hiprec.launch_values``)."""
         import os
 
         from . import hiprec
@@ -162,17 +146,18 @@ class VllmJit:
 
 
 def run_evidence(artifact: bytes, ir_text, at: str) -> dict:
-    """A JIT run's evidence (``records.Evidence`` fields): the sha256 of the
-    artifact file FlyDSL's JIT wrote, of the compiled module it holds (both
-    differ from key to key), and ``at``, when the compile ran."""
+    """A JIT run's evidence: artifact and module sha256, and when it ran.
+
+    Fields are ``records.Evidence``'s; both digests differ from key to key."""
     module = ir_text.encode() if isinstance(ir_text, str) else bytes(ir_text)
     return {"artifact_sha256": hashlib.sha256(artifact).hexdigest(),
             "module_sha256": hashlib.sha256(module).hexdigest(), "at": at}
 
 
 def _worker_main(argv: list[str]) -> int:
-    """JIT worker: keys on stdin, one JSON answer a key on stdout (worker.serve);
-    each code object is written to FOLDER/<entry>.jit.co for the parent."""
+    """Run the JIT worker (``worker.serve``'s protocol).
+
+    Each code object is written to FOLDER/<entry>.jit.co for the parent."""
     from .worker import ensure_parent, serve
 
     arch, release, folder, vllm_root = argv[0], argv[1], Path(argv[2]), argv[3]
@@ -198,14 +183,14 @@ def _worker_main(argv: list[str]) -> int:
 
 def run(chosen: list[BuildKey], on_answer, *, jobs: int, key_timeout: float, sources: dict,
         hip: Path | None = None) -> None:
-    """JIT-build ``chosen`` on the worker pool, one worker a room (arch and
-    release), each importing the mono package of ``sources[key.release]``
-    (a ``source.MonoSource``), and with ``hip`` (the recording HIP,
-    ``hiprec.build``) launch each once through it (the evidence's
-    ``launch``); ``on_answer(key, message)`` once per key
-    (message: worker.serve's, plus ``identity``, the ready line's release,
-    vLLM and FlyDSL; ``code`` is readable only during the call). A worker
-    whose imported mono sources are not its tree's is refused: its keys fail."""
+    """JIT-build ``chosen`` on the worker pool, one worker per room.
+
+    Each worker imports the mono package of ``sources[key.release]`` (a
+    ``source.MonoSource``); with ``hip`` (the recording HIP) each key is also
+    launched once. ``on_answer(key, message)`` is called once per key with
+    ``worker.serve``'s message plus ``identity`` (the worker's release, vLLM
+    and FlyDSL); the file ``code`` names exists only during the call. A
+    worker whose imported mono sources are not its tree's is refused."""
     from . import toolchain
     from .compiler import worker_env
     from .workers import Pool
@@ -275,26 +260,28 @@ def compare_jit(man: Manifest, key: str, prebuilt: bytes, answer: dict) -> list[
 
 
 def read_verified(room) -> dict:
-    """key -> ``records.KeyProof`` of a room's verified.json ({} when absent),
-    through its one parser (``records.Proof.parse``: ManifestError naming the
-    file). ``room``: a ``room.Room`` or its folder."""
+    """The proofs of a room's verified.json: key -> ``records.KeyProof``.
+
+    ``room`` is a ``room.Room`` or its folder. An absent file gives {}; an
+    unreadable one raises ManifestError naming it."""
     room = room if isinstance(room, Room) else Room.at(room)
     return dict(room.proof().keys)
 
 
 def write_verified(man: Manifest, proofs) -> None:
-    """Write ``proofs`` (KeyProofs, or key -> KeyProof; each key's under one
-    FlyDSL or more) as ``man``'s room's verified.json, keeping only those
-    whose manifest entry still holds the code object the proof is of
+    """Write ``proofs`` (KeyProofs, or a dict of them) as the room's verified.json.
+
+    Only proofs of the code object the manifest entry still holds are kept
     (``records.Proof.of``)."""
     proofs = proofs.values() if isinstance(proofs, dict) else proofs
     atomic_write(man.room / VERIFIED, Proof.of(man.arch, man.release, proofs, man.entries).to_bytes())
 
 
 def verified_record(key: str, code: bytes, identity: dict | None, evidence: dict) -> KeyProof:
-    """The proof of ``key``: its prebuilt code object ``code`` was what
-    vLLM's JIT built under ``identity`` in the run ``evidence`` describes
-    (and, when it carries the launch, the launch both made: its digest)."""
+    """The proof that vLLM's JIT built ``key``'s prebuilt code object ``code``.
+
+    ``identity`` and ``evidence`` describe the JIT run; when the evidence
+    carries the launch, the proof keeps its digest."""
     sha = hashlib.sha256(code).hexdigest()
     launch = evidence.get("launch")
     ev = parse_evidence({k: v for k, v in evidence.items() if k != "launch"}, sha, f"the JIT answer of {key}",

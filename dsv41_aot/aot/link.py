@@ -1,38 +1,12 @@
-"""Link one room's stored export objects (the keys of one vLLM release on one
-arch) into loadable libraries.
+"""Link one room's stored objects into its bands and write its libs.json.
 
-What the runtime opens is a handful of shared libraries per room, not one per
-key (hundreds of dlopens) and not one per arch (a deployment would map and
-verify every width of every TP). A library holds one *chunk*: the keys of one
-TP and one band of eight step widths (``libdsv41_gfx950_tp4_s09-16``), so a
-deployment opens only its TP's chunks, a chunk's members do not move when a
-key is added elsewhere, and only changed chunks are relinked.
-
-Bands live in the arch's ``lib/``, shared by its releases: a library's SONAME
-and its band's file name are derived from its content (the keys and the
-objects linked in), so a chunk two releases compile to the same objects is one
-band, stored once, and two different libraries never share a SONAME (glibc
-would hand out the first for the second).
-
-Each library:
-
-- leaves every ``hip*`` symbol (and libc's) undefined and records no
-  ``DT_NEEDED``: the loader opens the host's libamdhip64 (ROCm 6 or 7) with
-  RTLD_GLOBAL first, so the build machine's ``libamdhip64.so.5`` is never baked
-  in;
-- is linked ``-z now`` so a missing HIP symbol fails at dlopen, not mid-launch;
-- is deterministic: objects in key order, relative paths, no build id;
-- is stored compressed, as a *band* ``<chunk>.<sha256[:16]>.so.xz`` (stdlib
-  ``lzma``, xz preset 6; named by the compressed file's content): the raw
-  ``.so`` exists only in a temporary folder while it is checked. Deflate (a
-  wheel's zip) cannot see the repeats between code objects of adjacent widths;
-  xz makes the libraries about 30x smaller. Every prebuilt dir, a build's or
-  an installed wheel's, holds only bands, so the loader has one load path.
-
-The room's ``libs.json`` (``<arch>/vllm-<release>/libs.json``) records each band's file, sha256 and bytes (of the
-compressed file), raw_sha256 and raw_bytes (of the library it decompresses
-to) and the keys it holds with the sha256 of the object each was linked from,
-so the loader verifies both and notices a manifest newer than its link.
+A band is one xz-compressed shared library per chunk: the keys of one TP and
+eight adjacent step widths (``libdsv41_gfx950_tp4_s09-16``). Its SONAME and
+file name come from its content, so a chunk two releases link from the same
+objects is one band, and two different libraries never share a SONAME. Each
+library leaves every HIP and libc symbol undefined, records no DT_NEEDED and
+is linked ``-z now``; the raw ``.so`` exists only in a temporary folder while
+it is checked. See docs/loader.md ("Loadable form") for why.
 
 Build side (runs the linker); the loader reads libs.json and the bands only.
 """
@@ -74,8 +48,9 @@ _HOST_SYMBOLS = frozenset(
 
 
 def find_linker() -> str:
-    """An ld.lld: DSV41_AOT_LD, else the one the build compiles with
-    (toolchain.llvm_tool: ROCm's, then Debian's newest), else PATH's."""
+    """The ld.lld to link with: DSV41_AOT_LD, the build's own, or PATH's.
+
+    The build's own is ``toolchain.llvm_tool``'s: ROCm's, then Debian's newest."""
     from .toolchain import llvm_tool
 
     for path in (os.environ.get("DSV41_AOT_LD"), llvm_tool("ld.lld"), shutil.which("ld.lld")):
@@ -91,6 +66,7 @@ def chunk_name(key: BuildKey) -> str:
 
 
 def _check_library(data: bytes, path: str, entries: list[str]) -> None:
+    """Refuse a library with DT_NEEDED, a non-host undefined symbol or a lost entry."""
     info = dynamic_info(data)
     if info["needed"]:
         raise AotError(f"{path}: records DT_NEEDED {info['needed']}; the kernel libraries must need nothing")
@@ -104,8 +80,10 @@ def _check_library(data: bytes, path: str, entries: list[str]) -> None:
 
 
 def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=None) -> dict:
-    """Link (or keep, when up to date) every chunk of one room. Returns
-    {"arch", "release", "keys", "libraries", "linked", "up_to_date", "removed", "seconds"}."""
+    """Link every chunk of one room, keeping those already up to date.
+
+    Returns {"arch", "release", "keys", "libraries", "linked", "up_to_date",
+    "removed", "seconds"}."""
     t0 = time.perf_counter()
     arch_dir = Path(arch_dir)
     room = Room(arch_dir.parent, arch_dir.name, release)
@@ -144,23 +122,30 @@ def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=No
             "linked": linked, "up_to_date": kept, "removed": removed, "seconds": round(time.perf_counter() - t0, 3)}
 
 
+def is_band_file(name: str) -> bool:
+    """Whether a file name in an arch's lib/ is a band (or a schema-1 raw library)."""
+    return name.startswith("libdsv41_") and name.endswith((".so", BAND_SUFFIX))
+
+
 def _remove_unnamed_bands(arch_dir: Path) -> list[str]:
-    """Remove the bands of ``arch_dir/lib`` no room names, a room of a
-    release this dsv41-aot does not know included (none while some room's
-    records cannot be read: its bands are unknown)."""
+    """Remove the bands in ``arch_dir/lib`` that no room names; return their names.
+
+    Foreign rooms count as naming theirs. While some room's records cannot be
+    read, nothing is removed."""
     named = named_by_rooms(arch_dir)
     if named is None:
         return []
     keep = named[1]
     removed = []
     for p in sorted((arch_dir / LIB).iterdir()):
-        if p.name not in keep and p.name.startswith("libdsv41_") and p.name.endswith((".so", BAND_SUFFIX)):
+        if p.name not in keep and is_band_file(p.name):
             p.unlink()
             removed.append(p.name)
     return removed
 
 
 def _link_chunk(arch_dir: Path, chunk: str, keys: list[str], man: Manifest, members: dict, linker: str) -> Band:
+    """Link, check and store one chunk's band; return its libs.json record."""
     libdir = arch_dir / LIB
     objects = sorted(dict.fromkeys(man.entries[k].object for k in keys))
     # named by what is linked in: same members, same library (across releases); every reader checks it
@@ -194,9 +179,10 @@ def compress_band(raw: bytes) -> bytes:
 
 
 def link_dir(root: Path, arches=None, *, release: str | None = None, log=None) -> list[dict]:
-    """Link every room of a prebuilt directory (or the named arches' / the
-    release's), each under its arch lock (aot/lock.py: waits for a build
-    writing it)."""
+    """Link every room of a prebuilt directory, or those of ``arches`` / ``release``.
+
+    Each room is linked under its arch lock (``aot/lock.py``), so it waits
+    for a build writing the same arch."""
     from ..facts.arches import arch_facts
     from ..facts.releases import release_facts
     from .lock import arch_lock

@@ -1,43 +1,12 @@
-"""``dsv41-aot verify``: prove a prebuilt directory is what vLLM would run.
+"""``dsv41-aot verify``: check that a prebuilt directory is what vLLM would run.
 
-No AMD GPU runs here, so the strongest evidence that a prebuilt launch
-behaves as vLLM's JIT launch is that it is the same GPU code object, reached
-through the same kernel name and kernarg layout. Two levels:
-
-Per room (``<arch>/vllm-<release>/``: one vLLM release's keys on one arch):
-
-- integrity (always, ``aot/integrity.py`` per key): the manifest parses; every object exists with its
-  recorded sha256; the code object inside it, its kernel name, export ABI and
-  resource figures match the manifest; the symbol can be resident (see
-  ``residency``); the room's ``libs.json`` parses, every band it names is in
-  the arch's ``lib/`` with its recorded sha256, and it links every key of the
-  room's manifest from the manifest's object (what the loader checks before
-  it loads);
-- ``--against-jit``: each chosen key is built again by its release's vLLM
-  runner (the mono package of that release's tree, ``source.find_release``)
-  and FlyDSL's JIT (``dsv41_aot.aot.jit``), on the build's worker pool
-  (``--jobs``, ``--key-timeout``), and its GPU code object, kernel name,
-  kernarg layout and launcher parameters are compared with the prebuilt one;
-  then its launch: vLLM's JIT (in its worker) and the prebuilt Launcher (in a
-  fresh runtime process, ``aot/hiprec/prebuilt.py``) each launch it once
-  with the same values through the recording HIP, the stand-in for the AMD
-  GPU no build machine has (``aot/hiprec``, built once with ``cc``), and the
-  image sha256, kernel name, grid, block, shared memory, stream and argument
-  bytes must agree (``hiprec.compare_launch``);
-  ``--shard i/N`` checks the keys ``dsv41-aot build --shard i/N`` builds (same
-  selection across releases, same partition, same ``--seconds`` files);
-  ``--record`` writes the proof, the room's ``verified.json`` (``records.Proof``:
-  per key the code object, the JIT's identity and its run's evidence, with
-  the launch's digest; an unreadable one is set aside and written again).
-
-Every room's verified.json is read through its one parser (an unreadable one
-is the room's problem) and ``proofs`` says per room how many keys carry a
-proof matching their current entry: ``proven`` (with evidence only a JIT run
-produced), ``no_evidence`` (the old format, version 1, recorded without any:
-readable, counted apart, a warning names the command that proves them again),
-``stale`` (a proof of another code object), ``unproven`` (none).
-
-Every report and failure carries its key's release.
+Every room gets the integrity checks (``aot/integrity.py`` per key, then the
+room's own verdict, ``Room.problems``). ``--against-jit`` also builds the
+chosen keys with vLLM's runner and FlyDSL's JIT (``aot/jit.py``) and
+compares their code objects and launches through the recording HIP, the
+stand-in for the AMD GPU (``aot/hiprec``); ``--record`` writes the proofs.
+See docs/building.md ("Commands") for what each check compares. Every report
+and failure carries its key's release.
 """
 
 from __future__ import annotations
@@ -50,13 +19,14 @@ from pathlib import Path
 from .. import pending
 from ..errors import AotError, ManifestError
 from ..keys import BuildKey
-from ..manifest import BAND_SUFFIX, LIB, LIBS_JSON, Manifest
+from ..manifest import LIB, LIBS_JSON, Manifest
 from ..room import Room
 from ..listing import built_rooms_or_error, named_by_rooms, orphan_objects, rooms_in, rooms_of
 from ..proof import NO_EVIDENCE, STALE
 from .integrity import KeyReport, check_entry
 from . import hiprec
 from .jit import compare_jit, verified_record, write_verified
+from .link import is_band_file
 from .output import tally
 
 
@@ -64,8 +34,7 @@ from .output import tally
 
 
 def choose_keys(man: Manifest, keys: list[str] | None, sample: int | None, seed: int) -> list[str]:
-    """The keys of this room to rebuild: named ones (none named: none), a
-    seeded sample, or all."""
+    """The keys of this room to rebuild: the named ones, a seeded sample, or all."""
     have = sorted(man.entries)
     if keys is not None:
         return [k for k in keys if k in man.entries]
@@ -77,9 +46,10 @@ def choose_keys(man: Manifest, keys: list[str] | None, sample: int | None, seed:
 def shard_keys(shard: str, *, profile: str | None = None, matrix_path: str | None = None,
                arches: list[str] | None = None, seconds: list | None = None,
                release: str | None = None) -> list[BuildKey]:
-    """The keys ``dsv41-aot build --shard`` (and ci/build_shard.py) gives shard
-    ``i/N`` of the profile: the same selection (every release's keys, or
-    ``release``'s), the same partition."""
+    """The keys that ``dsv41-aot build --shard i/N`` builds for this shard.
+
+    The selection (every release's keys, or ``release``'s) and the partition
+    are the build's, so ci/build_shard.py and verify agree."""
     from . import matrix, shards
 
     keys = matrix.load(matrix_path).select(profile)
@@ -92,10 +62,10 @@ def shard_keys(shard: str, *, profile: str | None = None, matrix_path: str | Non
 
 
 def release_trees(releases, mans: dict, trees=(), matrix_path=None) -> dict:
-    """release -> the vLLM tree its keys are JIT-built from
-    (``source.find_release``: a ``--vllm-src`` tree, the installed vLLM, the
-    tree cache), checked against the matrix's mono sources digest of the
-    release (the manifest's when the matrix has no entry for it)."""
+    """Map each release to the vLLM tree its keys are JIT-built from.
+
+    ``source.find_release`` picks the tree; it must have the matrix's mono
+    sources digest for the release (the manifest's when the matrix lacks it)."""
     from .. import source
     from . import matrix
 
@@ -109,13 +79,12 @@ def release_trees(releases, mans: dict, trees=(), matrix_path=None) -> dict:
 
 def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_timeout: float,
                  trees, matrix_path, progress: bool, record: bool, cache: Path | None = None) -> None:
-    """Build ``chosen`` (room -> BuildKeys) again through its release's vLLM
-    JIT on the worker pool and add what differs to each key's report; with
-    ``record``, keep the proof of each key that passed in its room's
-    verified.json. With ``cache`` (aot/cache.py), a key whose JIT code
-    object is cached under the same build identity is compared with that,
-    not JIT-built again (its report says so), and every JIT build is added
-    (a cache that cannot be used is a warning, never a failure)."""
+    """JIT-build ``chosen`` (room -> BuildKeys) and add what differs to each report.
+
+    With ``record``, each key that passed gets its proof in its room's
+    verified.json. With ``cache``, a key whose JIT code object is cached under
+    the same build identity is compared with that instead, and every JIT build
+    is stored (a cache that cannot be used is a warning, never a failure)."""
     import tempfile
 
     from . import jit
@@ -201,8 +170,9 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
 
 
 def _prebuilt_launches(codes: dict, keys: list, sources: dict, hip: Path, folder: Path) -> dict:
-    """BuildKey -> the prebuilt launch of each of ``keys`` (one room's),
-    through the recording HIP ``hip`` (``hiprec.prebuilt``), or its problem."""
+    """Launch each of one room's ``keys`` through the recording HIP ``hip``.
+
+    Returns BuildKey -> the recorded launch, or the text of its problem."""
     from .hiprec.prebuilt import prebuilt_launches
 
     man = codes[keys[0]][0]
@@ -221,10 +191,9 @@ def _compare_launches(prebuilt, jit_launch, code: bytes) -> list[str]:
 
 
 def _proofs_to_record(man: Manifest) -> dict:
-    """The proofs ``--record`` starts from, (key, FlyDSL) -> KeyProof: the
-    room's verified.json (through its parser), every FlyDSL's; an unreadable
-    one is set aside (never over an earlier one) and the room's proofs are
-    recorded anew."""
+    """The proofs ``--record`` starts from: (key, FlyDSL) -> KeyProof.
+
+    An unreadable verified.json is set aside and the room's proofs start empty."""
     from .recover import set_aside
 
     room = Room(man.dir.parent, man.arch, man.release)
@@ -238,9 +207,9 @@ def _proofs_to_record(man: Manifest) -> dict:
 
 
 def proof_counts(root: Path, man: Manifest) -> tuple[dict, list, str | None]:
-    """(``proofs`` entry, room problems, warning) of one room's verified.json
-    against its manifest: how many keys carry a proof in each state, or the
-    problem of an unreadable file."""
+    """Count one room's keys by proof state: (``proofs`` entry, problems, warning).
+
+    An unreadable verified.json gives its problem instead of counts."""
     room = Room(root, man.arch, man.release)
     head = {"arch": man.arch, "release": man.release}
     bad = room.proof_problems()
@@ -269,12 +238,12 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
            seed: int = 0, vllm_src=(), progress: bool = False, jobs: int | None = None,
            key_timeout: float | None = None, record: bool = False, release: str | None = None,
            matrix_path=None, cache: Path | None = None) -> dict:
-    """Verify the prebuilt directory ``root`` (its rooms of ``release``, or
-    every room); returns the JSON report. ``keys`` (BuildKeys, each of its
-    own release, named or a shard's) must all be in ``root``. ``vllm_src``: vLLM trees to JIT-build from, one a
-    release (``--vllm-src``, repeatable). ``cache``: the build cache whose JIT
-    code objects stand in for JIT builds of the same identity (None: no
-    cache, every key JIT-built)."""
+    """Verify the prebuilt directory ``root`` and return the JSON report.
+
+    Checks the rooms of ``release``, or every room. ``keys`` (BuildKeys) must
+    all be in ``root``. ``vllm_src`` lists vLLM trees to JIT-build from, one
+    per release. ``cache`` is the build cache whose JIT code objects stand in
+    for JIT builds of the same identity (None: every key is JIT-built)."""
     from .workers import check_jobs, check_key_timeout
 
     t0 = time.perf_counter()
@@ -305,7 +274,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
         for orphan in orphan_objects(arch_dir):  # an arch's objects are its rooms' (once per arch)
             warnings[orphan] = f"{arch_dir.name}: stored object {orphan.name} is named by no room (left by an older or interrupted build)"
         lib_failures += _unnamed_bands(root, arch_dir)
-        if named_by_rooms(arch_dir) is None:  # N9g: said, not silent
+        if named_by_rooms(arch_dir) is None:  # said, never silent
             warnings[arch_dir] = (f"{arch_dir}: some room's records cannot be read, so what it names is unknown: "
                                   f"no stored object or band of {arch_dir.name} is removed by build or link until "
                                   f"they can (see its failure, or remove a foreign room you do not need)")
@@ -363,10 +332,10 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
 
 
 def _unnamed_bands(root: Path, arch_dir: Path) -> list:
-    """Failures for the files of an arch's lib/ no room's libs.json names
-    (the wheel gate refuses them; link removes the bands among them):
-    nothing while some room's records are missing or cannot be read (what
-    it names is unknown)."""
+    """Failures for the files in an arch's lib/ that no room's libs.json names.
+
+    The wheel gate refuses such files and link removes the bands among them.
+    While some room's records are missing or unreadable, nothing is reported."""
     named = named_by_rooms(arch_dir)
     lib = arch_dir / LIB
     unlinked = any(r.manifest_path.is_file() and not r.libs_path.is_file() for r in rooms_of(arch_dir))
@@ -376,7 +345,7 @@ def _unnamed_bands(root: Path, arch_dir: Path) -> list:
     for p in sorted(lib.iterdir()):
         if p.name in named[1] or p.name.startswith("."):
             continue
-        band = p.name.startswith("libdsv41_") and p.name.endswith((".so", BAND_SUFFIX))
+        band = is_band_file(p.name)
         out.append({"key": None, "release": None, "file": str(p), "what": "band", "serving": False,
                     "error": f"{p} is named by no room's {LIBS_JSON} (a wheel would refuse to ship it)",
                     "fix": f"dsv41-aot link --dir {root} --arch {arch_dir.name}" if band else f"rm '{p}'"})
@@ -384,15 +353,17 @@ def _unnamed_bands(root: Path, arch_dir: Path) -> list:
 
 
 def _key_failure(rep: KeyReport, root: Path) -> dict:
-    """The failure of one key's own checks: ``what`` "object" (its stored
-    object missing or altered: a builder's problem, the bands still serve)
-    or "entry" (the manifest entry does not describe its object)."""
+    """The failure of one key's own checks, as a failures-list row.
+
+    ``what`` is "object" when the stored object is missing or altered (the
+    bands still serve) and "entry" when the entry does not describe it."""
     what = "object" if rep.checks == ["sha256"] else "entry"  # check_entry stops at a bad object
     return {"key": rep.key, "release": rep.release, "file": None, "error": "; ".join(rep.problems),
             "fix": _fix_for(rep, root), "what": what, "serving": what != "object"}
 
 
 def _fix_for(rep: KeyReport, root: Path) -> str:
+    """The command that fixes one key's failed checks."""
     if all(p.startswith("cannot be resident") for p in rep.problems):
         return (f"{rep.describe()} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from "
                 f"build_matrix.yaml")
