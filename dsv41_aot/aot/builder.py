@@ -1,19 +1,11 @@
-"""Parallel, incremental, resumable builds of a list of keys.
+"""Parallel, incremental, resumable and cached builds of a list of keys.
 
-- Parallel: ``jobs`` compile workers (``dsv41_aot.aot.worker``) on the one
-  worker pool (``dsv41_aot.aot.workers``: per-arch workers, slots to the arch
-  with the most work, keys longest first, a per-key timeout).
-- Incremental: a key is up to date when its manifest entry was built from the
-  same source identity (vLLM mono SOURCES and version, aiter helpers, FlyDSL
-  version, linker) and its stored object still hashes to the manifest's
-  sha256. A changed identity rebuilds exactly the keys it covers.
-- Resumable: objects and the manifest are replaced atomically, the manifest
-  at least once a second while compiles land, so a kill at any moment leaves
-  a consistent directory; a rerun compiles only what is missing.
-- Deterministic: same inputs, same bytes (objects and manifest).
-- Cached: with a build cache (``aot/cache.py``), a key whose whole build
-  identity was compiled before, into any output directory, is copied from
-  the cache and checked, not compiled.
+Keys compile on the worker pool (``aot/workers.py``). A key is up to date
+when its entry has the same source identity and its stored object still
+hashes to the entry's sha256. Objects and manifests are replaced atomically,
+the manifests at least once a second, so a kill leaves a consistent folder.
+With a build cache (``aot/cache.py``) a key seen before is copied, not
+compiled. See docs/building.md ("Commands").
 """
 
 from __future__ import annotations
@@ -44,6 +36,8 @@ _TRANSIENT = {"MemoryError", "OSError", "FileNotFoundError", "PermissionError", 
 
 @dataclass
 class Summary:
+    """What a build did, counted per key; ``as_dict`` is its --json document."""
+
     keys: int = 0
     compiled: int = 0
     cached: int = 0  # copied from the build cache (aot/cache.py), not compiled
@@ -58,18 +52,21 @@ class Summary:
     # {"key", "release", "scratch_bytes", "vgpr_spills", "sgpr_spills"}
     spills: list = field(default_factory=list)
     recovered: list = field(default_factory=list)  # corrupt manifests set aside: recover.recover's reports
-    # per built room holding a verified.json: how many of its keys carry a
-    # proof matching their entry (records.Proof.counts), or its "error"
+    # per room with a verified.json: its keys counted by proof state, or its "error"
     proofs: list = field(default_factory=list)
-    # keys built before under another FlyDSL (aot/toolmove.py): "kept", whose
-    # GPU code object this toolchain compiles the same (their stored object,
-    # entry and bands stay; counted up to date), and "changed", rebuilt
-    # because it differs (counted compiled or cached)
+    # keys built before under another FlyDSL (aot/toolmove.py): "kept" when
+    # this toolchain compiles the same GPU code object (counted up to date),
+    # "changed" when it differs (counted compiled or cached)
     kept: list = field(default_factory=list)
     changed: list = field(default_factory=list)
 
+    def keep(self, key: BuildKey) -> None:
+        """Count ``key`` up to date because its GPU code object is unchanged."""
+        self.up_to_date += 1
+        self.kept.append(str(key))
+
     def as_dict(self) -> dict:
-        """The --json summary (aot/output.py's vocabulary)."""
+        """The --json document, in aot/output.py's shared counts."""
         from .output import tally
 
         return tally(
@@ -112,20 +109,15 @@ def build(
     log=None,
     options=(),
 ) -> Summary:
-    """Build ``keys`` into the prebuilt directory ``out``, then link each
-    room's objects into its loadable libraries (``link.link_room``, which
-    keeps up-to-date libraries); returns a summary (failures included: a
-    failed key does not stop the others). Each release's keys are built from
-    that release's vLLM tree (``source.find_release``: one of ``vllm_src``,
-    the installed vLLM or the tree cache), whose mono sources must have the
-    release's digest (``digests``, default build_matrix.yaml's). With
-    ``cache`` (a folder, aot/cache.py), a key whose whole build identity is
-    cached is copied from it, not compiled, and every compiled key is added
-    (a cache that cannot be used is a warning, never a failed build).
-    ``options``: the command-line options a rebuild needs to build the same
-    way (``--matrix``, ``--vllm-src``, ...), carried by printed fixes and by
-    each arch's record of the keys asked for (dsv41_aot/pending.py), written
-    before anything compiles and removed when the build finishes."""
+    """Build ``keys`` into the prebuilt directory ``out``, link it, and return a Summary.
+
+    A failed key does not stop the others. Each release's keys are built
+    from that release's vLLM tree (``source.find_release``, from ``vllm_src``
+    or elsewhere), whose mono sources must have the release's digest
+    (``digests``, default build_matrix.yaml's). ``cache`` is a build cache
+    folder. ``options`` are the command-line options a rebuild needs
+    (``--matrix``, ``--vllm-src``, ...): printed fixes and each arch's record
+    of the keys asked for (``dsv41_aot/pending.py``) carry them."""
     t_start = time.perf_counter()
     out = Path(out).resolve()
     jobs = check_jobs(jobs)
@@ -163,24 +155,25 @@ def build(
         from .cache import BuildCache
 
         store = BuildCache(cache, tools)
+    arches = sorted({k.arch for k in keys})
     with contextlib.ExitStack() as held:
-        # each arch's lock (its releases share objects and bands) from its
-        # manifests' read through their link, taken in one order so that two
-        # builders never wait on each other crosswise
+        # each arch's lock (its releases share objects and bands), held from
+        # reading its manifests to the end of its link, taken in one order so
+        # that two builders never wait on each other crosswise
         states: dict[str, RoomState] = {}
-        for arch in sorted({k.arch for k in keys}):
+        for arch in arches:
             held.enter_context(arch_lock(out / arch, "build", log))
         for room, arch, release in sorted({(k.room, k.arch, k.release) for k in keys}):
             states[room] = RoomState(out, arch, release, *trees[release], summary.recovered, log)
         check_one_source(states, keys, out, options)
-        for arch in sorted({k.arch for k in keys}):  # a kill from here on: verify's fix builds these keys
+        for arch in arches:  # a kill from here on: verify's fix builds these keys
             asked: dict = {}
             for k in keys:
                 if k.arch == arch:
                     asked.setdefault(k.release, []).append(str(k))
             pending.write(out / arch, asked, options)
         _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, store, log)
-        for arch in sorted({k.arch for k in keys}):
+        for arch in arches:
             pending.clear(out / arch)
     summary.wall_seconds = time.perf_counter() - t_start
     if summary.compiled + summary.cached + summary.up_to_date + summary.failed != summary.keys:
@@ -191,6 +184,7 @@ def build(
 
 
 def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, store, log) -> None:
+    """Sort the keys into up to date, cached and to compile; compile, write, link."""
     for key in keys:
         st = states[key.room]
         known = st.manifest.refused.get(str(key))
@@ -199,14 +193,12 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         elif toolmove.moved(st.manifest, key, st.ident):
             old = st.manifest.entries[str(key)]
             if toolmove.proven_under(st.room, old, st.ident["flydsl_version"]):
-                summary.up_to_date += 1  # its proof under this FlyDSL compiled it already: the same code object
-                summary.kept.append(str(key))
+                summary.keep(key)  # its proof under this FlyDSL compiled it already: the same code object
                 continue
             st.moved[str(key)] = old
             hit = store.get_object(key, st.ident) if store is not None else None
             if hit is not None and toolmove.same_code(old, describe_object(key, hit[1], st.ident)[0]):
-                summary.up_to_date += 1
-                summary.kept.append(str(key))
+                summary.keep(key)
             elif hit is not None and take_from_cache(store, st, key):
                 summary.cached += 1
                 summary.changed.append(str(key))
@@ -234,9 +226,7 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
     finally:
         if store is not None:
             store.say(log)  # a cache write that failed: said, never fatal
-        for st in states.values():
-            if st.dirty:
-                st.manifest.write()
+        _flush(states)
         # only once every room's manifest is on disk: an object is an orphan
         # when no room of its arch names it (a room's manifest not yet
         # written would lose its objects)
@@ -267,9 +257,9 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
 
 
 def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
-    """Compile every pending key on the worker pool (a worker a room: one
-    ARCH, one vLLM tree), recording each answer in its room's manifest
-    (flushed at least once a second)."""
+    """Compile every pending key on the worker pool, one worker per room.
+
+    Each answer goes into its room's manifest, written at least once a second."""
     from .workers import Pool
 
     def spawn(room: str, folder: Path):
@@ -286,8 +276,11 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
         return None
 
     def fail(key: BuildKey, error: str, deterministic: bool = False) -> None:
-        """Report a failed key; a refusal by the kernel source (not a crash,
-        a timeout or a worker that could not start) is remembered for this source."""
+        """Count a failed key and print it.
+
+        A ``deterministic`` failure (the kernel source refused the key) is
+        remembered for this source; a crash, a timeout or a worker that
+        could not start is not."""
         st = states[key.room]
         summary.failed += 1
         summary.failures.append({"key": str(key), "release": key.release, "error": error})
@@ -303,17 +296,17 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
 
     def on_answer(key: BuildKey, msg: dict) -> None:
         st = states[key.room]
-        if msg["ok"] and str(key) in st.moved and toolmove.same_code(st.moved[str(key)], msg["entry"]):
+        summary.compile_seconds += msg.get("seconds", 0.0)
+        if not msg["ok"]:
+            fail(key, msg["error"], deterministic=not msg.get("pool") and msg.get("kind") not in _TRANSIENT)
+            return
+        if str(key) in st.moved and toolmove.same_code(st.moved[str(key)], msg["entry"]):
             # the same GPU code object under this toolchain: keep the stored object (the new one is an orphan)
             if store is not None:
                 data = (st.dir / msg["entry"]["object"]).read_bytes()
                 store.put_object(key, st.ident, data, msg["entry"]["export_bytes"], msg["seconds"])
-            summary.up_to_date += 1
-            summary.kept.append(str(key))
-            summary.compile_seconds += msg["seconds"]
-            if bar is not None:
-                bar.update(1)
-        elif msg["ok"]:
+            summary.keep(key)
+        else:
             if str(key) in st.moved:
                 summary.changed.append(str(key))
             e = st.manifest.put(msg["entry"], msg["abi"], seconds=msg["seconds"])
@@ -324,21 +317,19 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
             st.manifest.refused.pop(str(key), None)
             st.dirty = True
             summary.compiled += 1
-            summary.compile_seconds += msg["seconds"]
-            if bar is not None:
-                bar.update(1)
-        else:
-            summary.compile_seconds += msg.get("seconds", 0.0)
-            fail(key, msg["error"], deterministic=not msg.get("pool") and msg.get("kind") not in _TRANSIENT)
-
-    def flush() -> None:
-        for st in states.values():
-            if st.dirty:
-                st.manifest.write()
-                st.dirty = False
+        if bar is not None:
+            bar.update(1)
 
     keys = [k for st in states.values() for k in st.pending]
     for st in states.values():
         st.pending.clear()
     Pool(spawn, jobs=jobs, key_timeout=key_timeout, accept=accept, what="compile").run(
-        keys, on_answer, on_tick=flush, tick_seconds=FLUSH_SECONDS)
+        keys, on_answer, on_tick=lambda: _flush(states), tick_seconds=FLUSH_SECONDS)
+
+
+def _flush(states: dict) -> None:
+    """Write every room's manifest that changed since it was last written."""
+    for st in states.values():
+        if st.dirty:
+            st.manifest.write()
+            st.dirty = False

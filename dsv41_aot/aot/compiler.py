@@ -1,12 +1,9 @@
-"""One key -> one stripped, content-addressed export object (build side).
+"""Compile one key into one stripped, content-addressed export object.
 
-Runs inside a worker process bound to one architecture: the mono package fixes
-its target at import (``common/arch.py`` reads ``ARCH``), so ``ArchCompiler``
-sets the environment first, then imports vLLM's mono package in isolation.
-
-The compile path is FlyDSL's own JIT compile without a launch, then its
-``export_to_c``: FlyDSL internals, driven through ``aot/flydsl_api.py`` (the one
-module that touches them) under any FlyDSL ``facts/flydsl.py`` supports.
+Runs inside a worker bound to one architecture: the mono package fixes its
+target at import (``common/arch.py`` reads ``ARCH``). The compile is FlyDSL's
+own JIT compile without a launch, then its ``export_to_c``, both reached
+through ``aot/flydsl_api.py``.
 """
 
 from __future__ import annotations
@@ -26,11 +23,11 @@ from ..keys import BuildKey
 from ..manifest import OBJECTS, Entry, abi_id, atomic_write, sha256_file
 
 
-
 def worker_env(arch: str, rocm_path: str, cache_dir: str) -> dict:
-    """The environment a compile worker for ``arch`` runs in. FlyDSL options a
-    user may have set are cleared so a build compiles exactly what vLLM's JIT
-    compiles with FlyDSL's defaults."""
+    """The environment a compile worker for ``arch`` runs in.
+
+    FlyDSL options a user may have set are cleared, so a build compiles
+    exactly what vLLM's JIT compiles with FlyDSL's defaults."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLYDSL_")}
     env.update(
         ARCH=arch,
@@ -43,8 +40,9 @@ def worker_env(arch: str, rocm_path: str, cache_dir: str) -> dict:
 
 
 def typed_args(launcher) -> tuple:
-    """Compile arguments for a launcher: a typed zero per parameter
-    annotation (``fx.Int64(0)``, ``fx.Int32(0)``), the stream left default."""
+    """Compile arguments for a launcher: a typed zero per parameter, stream left out.
+
+    Each zero is the parameter's annotation called with 0 (``fx.Int64(0)``)."""
     out = []
     for p in inspect.signature(launcher.func).parameters.values():
         if p.default is not inspect.Parameter.empty:
@@ -62,8 +60,9 @@ class ArchCompiler:
     """Compiles keys of one architecture; lives for a worker's lifetime."""
 
     def __init__(self, arch: str, vllm_root: str, arch_dir: str, strip: str, linker: str, *, release: str):
-        if os.environ.get("ARCH") != arch:
-            raise RuntimeError(f"worker for {arch} started with ARCH={os.environ.get('ARCH')!r}")
+        from .worker import check_arch
+
+        check_arch(arch)  # before anything imports the mono package
         from .. import source
         from . import compat
 
@@ -89,10 +88,11 @@ class ArchCompiler:
         build = getattr(self.layer, KINDS[key.kind].builder)
         return build(self.layer.MonoBuild(**key.build_fields()))
 
-    def compile(self, key: BuildKey) -> tuple[dict, list]:
-        """Compile ``key``, store its stripped export object, and return its
-        manifest entry and ABI. The entry holds nothing measured (same inputs,
-        same bytes): the worker protocol reports the seconds beside it."""
+    def compile(self, key: BuildKey) -> tuple[Entry, list]:
+        """Compile ``key``, store its object, and return (manifest entry, ABI).
+
+        The entry holds nothing measured (same inputs, same bytes): the worker
+        protocol reports the seconds beside it."""
         if key.arch != self.arch or key.release != self.release:
             raise CompileError(f"{key.describe()}: sent to the {self.arch} worker of vLLM {self.release}")
         from . import flydsl_api
@@ -116,12 +116,13 @@ class ArchCompiler:
         return entry.replace(export_bytes=raw_bytes), abi
 
 
-def describe_object(key: BuildKey, data: bytes, identity: dict) -> tuple[dict, list]:
-    """The manifest entry and ABI of ``key``'s stripped export object
-    ``data``, checked: exported for the key's arch, holding the key's GPU
-    kernel, resident one CTA per CU (else the key fails; a spill is kept in
-    the figures, not refused: vLLM's JIT launches the same code object).
-    Used for a fresh compile and to recover a lost manifest from objects/."""
+def describe_object(key: BuildKey, data: bytes, identity: dict) -> tuple[Entry, list]:
+    """Check ``key``'s stripped export object ``data``; return (manifest entry, ABI).
+
+    It must be exported for the key's arch, hold the key's GPU kernel and be
+    resident one CTA per CU; a spill is recorded, not refused (vLLM's JIT
+    launches the same code object). A fresh compile and a manifest recovered
+    from objects/ both pass through here."""
     from .codeobject import code_object_resources, manifest_figures
     from .residency import residency_problems
 

@@ -1,14 +1,14 @@
-"""Per-arch worker processes, and the compile worker:
-``python -m dsv41_aot.aot.worker ARCH RELEASE VLLM_ROOT ARCH_DIR STRIP LINKER``.
+"""The worker side of the key protocol, and the compile worker.
 
-A worker is bound to one architecture for its life (the mono package fixes its
-target at import; ``ARCH`` is in its environment before Python starts). It
-reads key strings on stdin, one a line, and answers one JSON line a key on the
-stdout it was started with. Its first line says it is ready or why it cannot
-start. Everything FlyDSL or vLLM print goes to stderr, so the answer channel
-stays clean. ``serve`` is that protocol, shared by the compile worker here and
-``verify``'s JIT worker (``dsv41_aot.aot.jit``); ``dsv41_aot.aot.workers``
-is its parent side.
+The compile worker is ``python -m dsv41_aot.aot.worker ARCH RELEASE VLLM_ROOT
+ARCH_DIR STRIP LINKER``. A worker is bound to one architecture for its life
+(the mono package fixes its target at import; ``ARCH`` is in its environment
+before Python starts). It reads key strings on stdin, one per line, and
+answers each with one JSON line on the stdout it was started with. Its first
+line says it is ready or why it cannot start. Everything FlyDSL or vLLM print
+goes to stderr, so the answer channel stays clean. ``serve`` is that
+protocol, shared by the compile worker here and ``verify``'s JIT worker
+(``aot/jit.py``); ``aot/workers.py`` is its parent side.
 
 A worker dies with its parent: the kernel sends it SIGKILL when the parent
 goes (``PR_SET_PDEATHSIG``), and it checks its parent before every write (an
@@ -39,16 +39,24 @@ def bind_to_parent() -> None:
 
 
 def ensure_parent() -> None:
-    """Exit at once unless the process that started this worker is still its
-    parent: called before every write."""
+    """Exit at once unless the process that started this worker is still its parent.
+
+    Called before every write."""
     want = os.environ.get(PARENT_ENV)
     if want is not None and os.getppid() != int(want):
         os._exit(3)
 
 
+def check_arch(arch: str) -> None:
+    """Refuse to run unless this process was started with ``ARCH=arch``."""
+    if os.environ.get("ARCH") != arch:
+        raise RuntimeError(f"worker for {arch} started with ARCH={os.environ.get('ARCH')!r}")
+
+
 def describe(e: BaseException) -> str:
-    """An exception from the kernel source, with the line that raised it (a
-    bare ``assert`` in vLLM's mono package has no message of its own)."""
+    """An exception's text, with the source line that raised it.
+
+    A bare ``assert`` in vLLM's mono package has no message of its own."""
     from ..errors import AotError
 
     if isinstance(e, AotError):
@@ -62,12 +70,13 @@ def describe(e: BaseException) -> str:
 
 
 def serve(arch: str, start, answer, *, release: str, ready=lambda state: {}) -> int:
-    """Run the key protocol. ``start()`` makes the per-arch state; each key
-    then gets ``{"ok": true, "key", "seconds", **answer(state, key)}``, or
-    ``{"ok": false, "key", "error", "kind", "seconds"}`` when it raises (one
-    key's failure never stops the others). The ready line carries
-    ``ready(state)``. Keys are read as launches of vLLM ``release`` (the
-    release of the tree the worker imports)."""
+    """Run the key protocol until stdin closes; return the exit status.
+
+    ``start()`` makes the per-arch state and the ready line carries
+    ``ready(state)``. Each key then gets ``{"ok": true, "key", "seconds",
+    **answer(state, key)}``, or ``{"ok": false, "key", "error", "kind",
+    "seconds"}`` when it raises; one key's failure never stops the others.
+    Keys are parsed as keys of vLLM ``release``, the tree the worker imports."""
     bind_to_parent()
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints go to stderr
@@ -78,8 +87,7 @@ def serve(arch: str, start, answer, *, release: str, ready=lambda state: {}) -> 
         answers.flush()
 
     try:
-        if os.environ.get("ARCH") != arch:
-            raise RuntimeError(f"worker for {arch} started with ARCH={os.environ.get('ARCH')!r}")
+        check_arch(arch)
         state = start()
     except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the arch's keys
         traceback.print_exc()
@@ -106,6 +114,7 @@ def serve(arch: str, start, answer, *, release: str, ready=lambda state: {}) -> 
 
 
 def main(argv: list[str]) -> int:
+    """Run the compile worker with its command-line arguments."""
     arch, release, vllm_root, arch_dir, strip, linker = argv
 
     def start():

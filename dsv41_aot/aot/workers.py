@@ -1,8 +1,8 @@
-"""One pool of per-arch worker processes: the parent side of the key protocol.
+"""The pool of per-room worker processes: the parent side of the key protocol.
 
-``build`` runs compile workers (``dsv41_aot.aot.worker``) here and ``verify
---against-jit`` runs JIT workers (``dsv41_aot.aot.jit``); both speak
-``worker.serve``'s protocol (one key a line in, one JSON answer a line out).
+``build`` runs compile workers (``aot/worker.py``) here and ``verify
+--against-jit`` runs JIT workers (``aot/jit.py``); both speak
+``worker.serve``'s protocol.
 
 - A worker is bound to one arch for its life: ``ARCH`` is in its environment
   before Python starts (the mono package fixes its target at import).
@@ -12,13 +12,11 @@
 - Every key gets exactly one answer: the worker's, or the pool's own
   (``"pool": true``) when the worker died, could not start, or ran one key
   past ``key_timeout`` seconds (it is killed and replaced; the rest goes on).
-- Workers die with this process (``worker.serve`` asks the kernel for SIGKILL
-  at the parent's death and checks the parent before every write). Their logs,
-  FlyDSL caches and temp files live in one run folder,
-  ``$TMPDIR/dsv41-aot-workers-*``, removed at the end of the run, or, when
-  this one was killed, by the next run or the next command taking an arch
-  lock (``lock.arch_lock``): an ``owner.lock`` flock held for the run's life
-  tells a dead run's folder from a live one's, and it appears already held.
+- Workers die with this process (see ``aot/worker.py``). Their logs, FlyDSL
+  caches and temp files live in one run folder, ``$TMPDIR/dsv41-aot-workers-*``,
+  removed at the end of the run. A killed run's folder is removed by the next
+  run or arch lock (``lock.arch_lock``); the ``owner.lock`` flock held for the
+  run's life tells a live run's folder from a dead one's.
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..errors import AotError
 from ..keys import BuildKey
 from .shards import estimate_seconds
 from .worker import PARENT_ENV
@@ -51,8 +50,6 @@ Spawn = Callable[[str, Path], tuple[list, dict]]
 
 def check_jobs(jobs: int | None) -> int:
     """``--jobs``: None means the CPU count; below 1 is bad input."""
-    from ..errors import AotError
-
     if jobs is None:
         return os.cpu_count() or 1
     if jobs < 1:
@@ -61,8 +58,7 @@ def check_jobs(jobs: int | None) -> int:
 
 
 def check_key_timeout(seconds: float | None) -> float:
-    from ..errors import AotError
-
+    """``--key-timeout``: None means the default; it must be positive."""
     if seconds is None:
         return DEFAULT_KEY_TIMEOUT
     if not seconds > 0:
@@ -75,8 +71,9 @@ def check_key_timeout(seconds: float | None) -> float:
 
 
 def clean_stale_runs(tmp: Path | None = None) -> list[Path]:
-    """Remove the run folders of pools whose process is gone (a killed build
-    or verify); returns them. A live run holds its folder's ``owner.lock``."""
+    """Remove and return the run folders of pools whose process is gone.
+
+    A live run holds its folder's ``owner.lock``; a folder without one is left."""
     tmp = Path(tmp or tempfile.gettempdir())
     removed = []
     for d in sorted(tmp.glob(RUN_PREFIX + "*")):
@@ -97,9 +94,10 @@ def clean_stale_runs(tmp: Path | None = None) -> list[Path]:
 
 
 class RunFolder:
-    """This run's folder under $TMPDIR, locked for the run's life. Its
-    ``owner.lock`` is flocked under another name and renamed into place, so
-    another process's ``clean_stale_runs`` never sees it unheld."""
+    """This run's folder under $TMPDIR, locked for the run's life.
+
+    Its ``owner.lock`` is flocked under another name and renamed into place,
+    so another process's ``clean_stale_runs`` never sees it unheld."""
 
     def __init__(self):
         clean_stale_runs()
@@ -152,14 +150,14 @@ class _Worker:
 
 
 class Pool:
-    """Runs keys on per-room workers started by ``spawn``: a worker serves
-    one ``BuildKey.room`` (an arch and a vLLM release: the ``ARCH`` it was
-    started with and the vLLM tree it imported), named so to ``spawn`` and
-    ``accept`` (``"gfx950/vllm-0.33.0"``; ``arch`` below).
+    """Runs keys on per-room workers started by ``spawn``.
 
-    ``accept(arch, ready_message)`` may refuse a worker that started (e.g. a
-    source identity that differs from the parent's): its text fails the arch's
-    keys. ``what`` names the work in messages ("compile", "JIT build")."""
+    A worker serves one ``BuildKey.room`` (an arch and a vLLM release), and
+    ``spawn`` and ``accept`` are given that name (``"gfx950/vllm-0.33.0"``;
+    ``arch`` in the code). ``accept(arch, ready_message)`` may refuse a
+    worker that started (say, a source identity that differs from the
+    parent's): its text fails that room's keys. ``what`` names the work in
+    messages ("compile", "JIT build")."""
 
     def __init__(self, spawn: Spawn, *, jobs: int, key_timeout: float = DEFAULT_KEY_TIMEOUT,
                  accept: Callable[[str, dict], str | None] | None = None,
@@ -170,12 +168,13 @@ class Pool:
 
     def run(self, keys: list[BuildKey], on_answer: Callable[[BuildKey, dict], None],
             on_tick: Callable[[], None] | None = None, tick_seconds: float = 1.0) -> None:
-        """Give every key to a worker of its arch; ``on_answer(key, message)``
-        once per key (``message["ok"]`` says how it went); ``on_tick()`` at
-        least every ``tick_seconds`` while the pool runs."""
+        """Give every key to a worker of its room and collect one answer per key.
+
+        ``on_answer(key, message)`` is called once per key (``message["ok"]``
+        says how it went), ``on_tick()`` at least every ``tick_seconds``."""
         pending: dict[str, collections.deque] = {}
         for k in sorted(keys, key=lambda k: (-self.cost(k), str(k))):
-            pending.setdefault(k.room, collections.deque()).append(k)  # one vLLM tree and ARCH a worker
+            pending.setdefault(k.room, collections.deque()).append(k)  # one vLLM tree and ARCH per worker
         left = {a: sum(self.cost(k) for k in q) for a, q in pending.items()}
         refused: dict[str, str] = {}  # arch -> why its workers cannot run
         workers: list[_Worker] = []
@@ -280,6 +279,7 @@ class Pool:
             run.close()
 
     def _read(self, w: _Worker, retire, refuse, on_answer, pool_answer) -> None:
+        """Handle one line from worker ``w``: its ready line, an answer, or its death."""
         line = w.proc.stdout.readline()
         if not line:  # the worker died
             code = w.proc.wait()
