@@ -49,7 +49,7 @@ def test_a_spilling_key_ships_and_a_non_resident_key_still_fails(tmp_path):
     # the manifest keeps the spill's figures
     res = Manifest.read(out / "gfx950", release=NEWEST).entries[SPILL].resources
     assert res["scratch_bytes"] > 0 and res["vgpr_spill_count"] > 0
-    assert f"scratch {res['scratch_bytes']} bytes a lane (VGPR spills {res['vgpr_spill_count']}" in warnings[0]
+    assert f"scratch {res['scratch_bytes']} bytes per lane (VGPR spills {res['vgpr_spill_count']}" in warnings[0]
     # linked into a library the loader opens, and loadable (lazily: no GPU here)
     libs = json.loads((room(out, "gfx950") / LIBS_JSON).read_text())
     assert any(SPILL in lib["entries"] for lib in libs["libraries"])

@@ -92,7 +92,7 @@ def test_residency_unified_register_file_counts_agprs():
 def test_a_spill_is_noted_not_refused():
     spilled = figures(scratch_bytes=16, vgpr_spill_count=4, sgpr_spill_count=2)
     assert residency_problems(spilled, "gfx950", NEWEST) == []
-    assert spill_notes(spilled) == ["spills: scratch 16 bytes a lane (VGPR spills 4, SGPR spills 2)"]
+    assert spill_notes(spilled) == ["spills: scratch 16 bytes per lane (VGPR spills 4, SGPR spills 2)"]
     assert "dynamic stack" in spill_notes(figures(dynamic_stack=True))[0]
     # SGPR spills alone go to VGPR lanes, scratch 0: no spill
     assert spill_notes(figures(sgpr_spill_count=3)) == []
@@ -110,7 +110,7 @@ def test_threads_a_cta_and_the_grid_are_the_keys_releases(monkeypatch):
     assert residency_problems(res, "gfx950", old) == []
     before = usage(res, "gfx950", old)["vgprs"][1]
     monkeypatch.setitem(RELEASES, old, dataclasses.replace(RELEASES[old], cta_threads=1024))
-    assert any("max_flat_workgroup_size 512 < 1024 threads a CTA" in p for p in residency_problems(res, "gfx950", old))
+    assert any("max_flat_workgroup_size 512 < 1024 threads per CTA" in p for p in residency_problems(res, "gfx950", old))
     assert usage(res, "gfx950", old)["vgprs"][1] == before // 2  # twice the waves share a SIMD
     assert residency_problems(res, "gfx950", NEWEST) == []  # the other release keeps its own grid
     cus = arch_facts("gfx950").cus

@@ -1,5 +1,4 @@
-"""The build half: the matrix, vLLM's kernel source, the compile workers,
-the linker, code-object reading, residency, verify and coverage.
+"""The build side: matrix, kernel sources, compile workers, link and verify.
 
 Runs on CPU-only build machines with FlyDSL, torch (CPU) and vLLM's mono
 package installed; nothing here is imported by a serving process

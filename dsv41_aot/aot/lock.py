@@ -1,20 +1,16 @@
-"""The one lock of an arch folder: whoever writes ``<dir>/<arch>/`` (a build
-from its manifest read through its link, or ``dsv41-aot link``) holds it.
+"""The lock of an arch folder, held by whoever writes ``<dir>/<arch>/``.
 
-A second writer waits for it, saying so on stderr, instead of failing: two
-builders on one ``--out`` both end up built and linked, one after the other,
-and a link never deletes the library a concurrent build just linked. The lock
-is ``flock`` on ``<arch>/.build.lock``, so a killed holder releases it with
-its last file descriptor. The holder's pid is written into the file for the
-waiting message.
+A build holds it from reading its manifests to the end of its link, and
+``dsv41-aot link`` while it links. A second writer waits, saying so on
+stderr, instead of failing, so two builds on one ``--out`` both end up built
+and linked. The lock is ``flock`` on ``<arch>/.build.lock``: a killed holder
+releases it with its last file descriptor. The holder writes its pid into
+the file for the waiting message.
 
-Holding the lock makes this process the folder's only writer, so any
-temporary left in it (an ``atomic_write`` temp file, a ``lib/.link-*``
-folder) belongs to a writer that was killed: it is removed on acquiring.
-So are the worker pool's run folders of killed builds and verifies
-(``$TMPDIR/dsv41-aot-workers-*`` whose ``owner.lock`` nobody holds,
-``workers.clean_stale_runs``), whatever the command taking the lock does
-(a build that compiles nothing starts no pool to clean them).
+The holder is the folder's only writer, so on acquiring it removes what
+killed writers left: temporary files and link folders, and the worker
+pool's stale run folders (``workers.clean_stale_runs``; a build that
+compiles nothing starts no pool to clean them).
 """
 
 from __future__ import annotations
@@ -33,8 +29,9 @@ LOCK_FILE = ".build.lock"
 
 @contextlib.contextmanager
 def arch_lock(arch_dir: Path, what: str = "build", log=None):
-    """Hold the lock of ``arch_dir`` for the ``with`` block, waiting for
-    another holder (one message on ``log``, default stderr)."""
+    """Hold the lock of ``arch_dir`` for the ``with`` block.
+
+    Waiting for another holder prints one message on ``log`` (default stderr)."""
     arch_dir = Path(arch_dir)
     arch_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(arch_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -58,9 +55,11 @@ def arch_lock(arch_dir: Path, what: str = "build", log=None):
 
 
 def remove_leftovers(arch_dir: Path) -> list[str]:
-    """Remove what killed writers of ``arch_dir`` left behind: atomic_write's
-    ``.<name>.*.tmp`` files (the folder, objects/, lib/, each release's
-    room) and link's ``lib/.link-*`` folders. Call only holding the arch lock."""
+    """Remove and return what killed writers of ``arch_dir`` left behind.
+
+    That is atomic_write's ``.<name>.*.tmp`` files (in the folder, objects/,
+    lib/ and each room) and link's ``lib/.link-*`` folders. Call it only
+    while holding the arch lock."""
     removed = []
     rooms = sorted(p for p in arch_dir.glob(f"{PREFIX}*") if p.is_dir())
     for folder in (arch_dir, arch_dir / OBJECTS, arch_dir / LIB, *rooms):

@@ -1,18 +1,9 @@
-"""What every ``dsv41-aot ... --json`` prints: exactly one JSON object on
-stdout and nothing else there (progress, warnings and FAILED lines go to
-stderr), with one vocabulary across build, verify, link, coverage, list and
-inspect:
+"""The one JSON document every ``dsv41-aot ... --json`` prints on stdout.
 
-- ``keys``: how many keys the command looked at;
-- ``ok``: how many of them passed (built or up to date, verified, linked,
-  present, resident);
-- ``failed``: how many problems it found (an int), and ``failures``: the
-  list of them, each ``{"key", "error"}`` (``key`` null when the problem is
-  a file's; ``file`` and ``fix`` where there is one);
-
-then the command's own fields. A command that stops on an error (exit 2 bad
-input, 1 failed check) prints ``{"command", "error", "fix", "exit_code",
-"keys": 0, "ok": 0, "failed": 1, "failures": [...]}``.
+Every document starts with the same counts (``keys``, ``ok``, ``failed``,
+``failures``), then the command's own fields; a command stopped by an error
+prints ``command``, ``error``, ``fix`` and ``exit_code`` too. See
+docs/building.md ("Commands") for the fields.
 """
 
 from __future__ import annotations

@@ -1,27 +1,19 @@
-"""Recover a room whose manifest.json is corrupt (truncated, ``{}``, another
-schema): set the file aside, and rebuild the manifest from the
-content-addressed objects of its arch folder.
+"""Rebuild a room's corrupt manifest.json from its arch's stored objects.
 
-Each stored object carries what its entry says: its C entry point names the
-key (``dsv41_<kind>_<arch>_s4_tp4_r1`` is ``<kind>@<arch>:s=4,tp=4,r=1``),
-its export metadata the ABI and arch, its GPU code object the kernel and
-resource figures; the sha256 is its file name. An object is recovered only
-when all of that checks out (``compiler.describe_object``, the same checks a
-fresh compile passes) and it is the only object for its key; anything else
-stays out of the manifest, and the build compiles that key again. The arch's
-objects are shared by its releases: an object another release's manifest
-names is that release's, and an object is the room's release's only when it
-holds the GPU kernel that release names the key's (``kernel_symbol``: the
-releases name their kernels differently).
+The corrupt file is set aside first. Each object carries what its entry
+says: its C entry point names the key (``dsv41_<kind>_<arch>_s4_tp4_r1`` is
+``<kind>@<arch>:s=4,tp=4,r=1``), its export metadata the ABI and arch, its
+code object the kernel and figures, its file name the sha256. An object is
+recovered only when it passes a fresh compile's checks
+(``compiler.describe_object``), is the only object for its key, is named
+by no other release's manifest, and holds the kernel this release names
+(``kernel_symbol``). Any other key is compiled again.
 
-What an object cannot carry is the source identity it was built from (vLLM
-mono digest, helpers, linker): recovered entries take the identity of the
-build that recovers them, once their FlyDSL version matches. Nor does it
-carry ``export_bytes`` (FlyDSL's export before the strip): a recovered entry
-lacks it, so the build does not count it up to date (``buildroom.up_to_date``)
-and takes the key from the build cache or compiles it, which writes the
-clean build's entry: a recovered manifest ends byte-identical to a clean
-build's. ``dsv41-aot verify --against-jit`` proves them against vLLM's JIT.
+An object does not carry its source identity, so recovered entries take
+the recovering build's (once the FlyDSL version matches). Nor does it carry
+``export_bytes``, so the build does not count a recovered entry up to date
+(``buildroom.up_to_date``): the cache or a compile writes the clean entry,
+and a recovered manifest ends byte-identical to a clean build's.
 """
 
 from __future__ import annotations
@@ -41,8 +33,9 @@ _ENTRY_RE = re.compile(r"dsv41_([a-z0-9]+)_(gfx[0-9a-f]+)_([a-z]+[0-9]+(?:_[a-z]
 
 
 def key_of_entry(entry: str, release: str) -> BuildKey:
-    """The key (of vLLM ``release``) whose C entry point
-    is ``entry`` (the inverse of ``BuildKey.entry``)."""
+    """The key of vLLM ``release`` whose C entry point is ``entry``.
+
+    The inverse of ``BuildKey.entry``."""
     m = _ENTRY_RE.fullmatch(entry)
     if not m:
         raise AotError(f"{entry!r} is not a dsv41-aot entry point name")
@@ -55,8 +48,9 @@ def key_of_entry(entry: str, release: str) -> BuildKey:
 
 
 def entry_of_object(path: Path, arch: str, identity: dict, release: str) -> tuple["Entry", list]:
-    """(manifest entry, ABI) re-derived from one stored object, or AotError /
-    ElfError / ValueError saying why it cannot be."""
+    """Re-derive (manifest entry, ABI) from one stored object.
+
+    Raises AotError, ElfError or ValueError saying why it cannot."""
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != path.stem:
         raise AotError(f"{path.name}: content does not match its sha256 name (corrupt)")
@@ -88,9 +82,10 @@ def set_aside(path: Path) -> Path:
 
 
 def recover(arch_dir: Path, arch: str, identity: dict, *, release: str) -> tuple[Manifest, dict]:
-    """Set the corrupt manifest of ``release``'s room in ``arch_dir`` aside
-    and write one rebuilt from the arch's objects. Returns the manifest and
-    {"arch", "release", "set_aside", "recovered", "skipped": [why, ...]}."""
+    """Set the room's corrupt manifest aside and write one rebuilt from objects.
+
+    Returns the manifest and {"arch", "release", "set_aside", "recovered",
+    "skipped": [why, ...]}."""
     from ..room import room_dir
     from ..listing import built_releases
 

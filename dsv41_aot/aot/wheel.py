@@ -1,8 +1,8 @@
-"""What a kernels wheel holds, read offline from its bytes by the room's own
-parsers (``Manifest.parse``, ``records.LinkRecord``, ``records.Proof``):
-``dsv41-aot verify --wheel FILE`` and the release's wheel checks
-(``ci/check_wheel.py``), each opening it through :func:`open_wheel`, which
-judges the file as pip does first. No auditwheel, FlyDSL, torch or vLLM."""
+"""Read a kernels wheel offline, through the room's own parsers.
+
+Used by ``dsv41-aot verify --wheel FILE`` and ``ci/check_wheel.py``; both
+open the file with :func:`open_wheel`. No auditwheel, FlyDSL, torch or vLLM.
+"""
 
 from __future__ import annotations
 
@@ -24,11 +24,12 @@ FIX_DOWNLOAD = "download the wheel again (pip download --no-deps dsv41-aot), or 
 
 
 def open_wheel(wheel: Path) -> zipfile.ZipFile:
-    """A wheel file opened for reading, judged first as pip judges it: a
-    sound zip (every member's bytes read back and checked by CRC; AotError,
-    exit 2, naming the file otherwise) whose members all install inside the
-    target folder: no absolute name, no ``..`` step, no name given twice
-    (IntegrityError, exit 1, naming the member: pip refuses such a wheel)."""
+    """Open a wheel for reading, after judging it as pip would.
+
+    It must be a sound zip, every member's CRC checked (else AotError, exit
+    2, naming the file), whose members all install inside the target
+    folder: no absolute name, no ``..`` step, no name given twice (else
+    IntegrityError, exit 1, naming the member)."""
     wheel = Path(wheel)
     try:
         z = zipfile.ZipFile(wheel)
@@ -64,13 +65,13 @@ def open_wheel(wheel: Path) -> zipfile.ZipFile:
 
 
 def dist_info(names) -> str | None:
-    """The one top-level ``*.dist-info`` folder among a wheel's member names (None: none, or several)."""
+    """The one top-level ``*.dist-info`` folder among a wheel's members, or None."""
     found = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info") and "/" in n}
     return found.pop() if len(found) == 1 else None
 
 
 def rooms_in_wheel(names) -> dict:
-    """{arch: [release, ...]} of the rooms (``<arch>/vllm-<release>/manifest.json``) a wheel holds."""
+    """The rooms a wheel's member names hold, as {arch: [release, ...]}."""
     out: dict = {}
     for arch, release in rooms_in_members(names, PKG):
         out.setdefault(arch, []).append(release)
@@ -84,15 +85,15 @@ def wheel_rooms(z: zipfile.ZipFile) -> list[Room]:
 
 
 def wheel_problems(z: zipfile.ZipFile) -> list[str]:
-    """What is wrong with the rooms a wheel holds, as each room's own
-    verdict (``Room.problems``) says it: records, links and bands."""
+    """What each room's own verdict (``Room.problems``) finds wrong in a wheel."""
     return [p.message for room in wheel_rooms(z) for p in room.problems(objects=False)]
 
 
 def wheel_bands(z: zipfile.ZipFile) -> dict:
-    """{arch: ({release: Room}, {band file: raw library})} of a wheel, each
-    band read by its room (AotError on the first one that cannot be read:
-    :func:`wheel_problems` lists them all)."""
+    """A wheel's rooms and raw bands: {arch: ({release: Room}, {band file: bytes})}.
+
+    The first band that cannot be read raises AotError; :func:`wheel_problems`
+    lists them all."""
     out: dict = {}
     for room in wheel_rooms(z):
         rooms, raw = out.setdefault(room.arch, ({}, {}))
@@ -107,15 +108,12 @@ def wheel_bands(z: zipfile.ZipFile) -> dict:
 
 
 def report(wheel: Path) -> dict:
-    """What a (downloaded) kernels wheel holds and whether it holds together,
-    offline, with the room's own parsers and nothing else (no auditwheel, no
-    FlyDSL, torch or vLLM): per (arch, vLLM release, TP) the keys, their
-    kinds and token widths and how many carry a proof against vLLM's JIT
-    (the room's verified.json, read by its one parser, records.Proof: a proof
-    counts when its verdict on the manifest entry is PROVEN: the same code
-    object and sources, and evidence only a JIT run produced). ``problems``
-    lists what each room's verdict (``Room.problems``) finds wrong (empty:
-    the wheel holds together); ``unproven`` the keys without a matching proof."""
+    """Report what a kernels wheel holds and whether it holds together.
+
+    Per (arch, vLLM release, TP): the keys, their kinds and token widths,
+    and how many are proven (``records.Proof.verdict`` is PROVEN).
+    ``problems`` is what each room's verdict finds wrong (empty: the wheel
+    holds together); ``unproven`` lists the keys without a matching proof."""
     out = {"wheel": Path(wheel).name, "bytes": Path(wheel).stat().st_size, "rooms": [], "bands": [],
            "problems": [], "unproven": []}
     problems = out["problems"]
