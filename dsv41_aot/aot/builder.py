@@ -26,6 +26,7 @@ from ..errors import AotError, OutputDirError, ToolchainError
 from ..keys import BuildKey
 from ..listing import orphan_objects
 from .lock import arch_lock
+from .output import progress_bar, tally
 from .residency import spill_notes
 from .workers import check_jobs, check_key_timeout
 
@@ -67,8 +68,6 @@ class Summary:
 
     def as_dict(self) -> dict:
         """The --json document, in aot/output.py's shared counts."""
-        from .output import tally
-
         return tally(
             self.keys, self.compiled + self.cached + self.up_to_date, self.failures,
             compiled=self.compiled,
@@ -215,11 +214,7 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         store.say(log)
     todo = sum(len(s.pending) for s in states.values())
 
-    bar = None
-    if progress and todo:
-        from tqdm import tqdm
-
-        bar = tqdm(total=todo, desc="dsv41-aot build", unit="sym", file=sys.stderr, dynamic_ncols=True)
+    bar = progress_bar(todo, "dsv41-aot build", "sym") if progress and todo else None
     try:
         if todo:
             _run(states, tools, jobs, key_timeout, summary, bar, store)

@@ -155,9 +155,7 @@ def run_evidence(artifact: bytes, ir_text, at: str) -> dict:
 
 
 def _worker_main(argv: list[str]) -> int:
-    """Run the JIT worker (``worker.serve``'s protocol).
-
-    Each code object is written to FOLDER/<entry>.jit.co for the parent."""
+    """Run the JIT worker; each code object goes to FOLDER/<entry>.jit.co."""
     from .worker import ensure_parent, serve
 
     arch, release, folder, vllm_root = argv[0], argv[1], Path(argv[2]), argv[3]

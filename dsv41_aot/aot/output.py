@@ -37,6 +37,13 @@ def internal_error_doc(command: str, err: BaseException) -> dict:
                  exit_code=INTERNAL_ERROR)
 
 
+def progress_bar(total: int, desc: str, unit: str):
+    """A tqdm progress bar on stderr, since stdout is --json's."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+
 def print_json(doc) -> None:
     """Print the one JSON document of a --json command on stdout."""
     sys.stdout.write(json.dumps(doc, indent=1) + "\n")

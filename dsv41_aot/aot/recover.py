@@ -33,9 +33,7 @@ _ENTRY_RE = re.compile(r"dsv41_([a-z0-9]+)_(gfx[0-9a-f]+)_([a-z]+[0-9]+(?:_[a-z]
 
 
 def key_of_entry(entry: str, release: str) -> BuildKey:
-    """The key of vLLM ``release`` whose C entry point is ``entry``.
-
-    The inverse of ``BuildKey.entry``."""
+    """The key of vLLM ``release`` whose C entry point is ``entry``."""
     m = _ENTRY_RE.fullmatch(entry)
     if not m:
         raise AotError(f"{entry!r} is not a dsv41-aot entry point name")

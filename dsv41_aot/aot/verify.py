@@ -27,7 +27,7 @@ from .integrity import KeyReport, check_entry
 from . import hiprec
 from .jit import compare_jit, verified_record, write_verified
 from .link import is_band_file
-from .output import tally
+from .output import progress_bar, tally
 
 
 # ---------------------------------------------------------------- JIT side
@@ -111,11 +111,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
     proofs = {room: _proofs_to_record(man) for room, man in mans.items()} if record else {}
     hip = hiprec.build(cache=cache) if todo or hits else None
     launches: dict = {}  # key -> the prebuilt launch (hiprec.recorded_launch), or what went wrong
-    bar = None
-    if progress and (todo or hits):
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(todo) + len(hits), desc="verify --against-jit", unit="key", file=sys.stderr, dynamic_ncols=True)
+    bar = progress_bar(len(todo) + len(hits), "verify --against-jit", "key") if progress and (todo or hits) else None
 
     def on_answer(key: BuildKey, msg: dict) -> None:
         rep = reports[key]

@@ -39,9 +39,7 @@ def bind_to_parent() -> None:
 
 
 def ensure_parent() -> None:
-    """Exit at once unless the process that started this worker is still its parent.
-
-    Called before every write."""
+    """Exit at once unless the process that started this worker is still its parent."""
     want = os.environ.get(PARENT_ENV)
     if want is not None and os.getppid() != int(want):
         os._exit(3)

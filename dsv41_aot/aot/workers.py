@@ -71,9 +71,7 @@ def check_key_timeout(seconds: float | None) -> float:
 
 
 def clean_stale_runs(tmp: Path | None = None) -> list[Path]:
-    """Remove and return the run folders of pools whose process is gone.
-
-    A live run holds its folder's ``owner.lock``; a folder without one is left."""
+    """Remove and return the run folders whose ``owner.lock`` nobody holds."""
     tmp = Path(tmp or tempfile.gettempdir())
     removed = []
     for d in sorted(tmp.glob(RUN_PREFIX + "*")):
