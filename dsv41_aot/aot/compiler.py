@@ -39,6 +39,12 @@ def worker_env(arch: str, rocm_path: str, cache_dir: str) -> dict:
     return env
 
 
+def check_arch(arch: str) -> None:
+    """Refuse to run unless this process was started with ``ARCH=arch`` (``worker_env``)."""
+    if os.environ.get("ARCH") != arch:
+        raise RuntimeError(f"worker for {arch} started with ARCH={os.environ.get('ARCH')!r}")
+
+
 def typed_args(launcher) -> tuple:
     """Compile arguments for a launcher: a typed zero per parameter, stream left out.
 
@@ -60,8 +66,6 @@ class ArchCompiler:
     """Compiles keys of one architecture; lives for a worker's lifetime."""
 
     def __init__(self, arch: str, vllm_root: str, arch_dir: str, strip: str, linker: str, *, release: str):
-        from .worker import check_arch
-
         check_arch(arch)  # before anything imports the mono package
         from .. import source
         from . import compat

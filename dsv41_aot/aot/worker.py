@@ -45,12 +45,6 @@ def ensure_parent() -> None:
         os._exit(3)
 
 
-def check_arch(arch: str) -> None:
-    """Refuse to run unless this process was started with ``ARCH=arch``."""
-    if os.environ.get("ARCH") != arch:
-        raise RuntimeError(f"worker for {arch} started with ARCH={os.environ.get('ARCH')!r}")
-
-
 def describe(e: BaseException) -> str:
     """An exception's text, with the source line that raised it.
 
@@ -85,6 +79,8 @@ def serve(arch: str, start, answer, *, release: str, ready=lambda state: {}) -> 
         answers.flush()
 
     try:
+        from .compiler import check_arch
+
         check_arch(arch)
         state = start()
     except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the arch's keys
