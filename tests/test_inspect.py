@@ -67,7 +67,7 @@ def test_residency_refuses_the_broken_gfx942_k2_s17_tp2():
     # measured here: gfx942 K2 tokens=17 tp=2 r=2 needs 77,056 bytes of LDS and 325 VGPRs
     problems = residency_problems(figures(lds_bytes=77056, vgpr_count=325, vgpr_alloc=328), "gfx942", NEWEST)
     assert any("LDS 77056" in p and "65536" in p for p in problems), problems
-    assert any("VGPRs 325" in p and "> 256 a wave" in p for p in problems), problems
+    assert any("VGPRs 325" in p and "> 256 per wave" in p for p in problems), problems
     assert any("325 arch VGPRs > 256" in p for p in problems), problems
     # the same LDS fits gfx950's 160 KiB: only the registers are refused there
     assert not any("LDS" in p for p in residency_problems(figures(lds_bytes=77056), "gfx950", NEWEST))
@@ -84,7 +84,7 @@ def test_residency_counts_lds_in_allocation_granules():
 def test_residency_unified_register_file_counts_agprs():
     # 200 arch VGPRs + 64 AGPRs = 264 in the unified file: 2 waves a SIMD do not fit
     problems = residency_problems(figures(vgpr_count=264, agpr_count=64, vgpr_alloc=264, accum_offset=200), "gfx950", NEWEST)
-    assert any("AGPRs 64" in p and "> 256 a wave" in p for p in problems), problems
+    assert any("AGPRs 64" in p and "> 256 per wave" in p for p in problems), problems
     # the kernel descriptor's allocation wins over the note's count
     assert residency_problems(figures(vgpr_count=250, vgpr_alloc=264), "gfx942", NEWEST)
 
