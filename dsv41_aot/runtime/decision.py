@@ -1,12 +1,10 @@
-"""Whether this process serves the prebuilt kernels: the one decision the
-vLLM plugin acts on and ``dsv41-aot doctor`` reports.
+"""Whether this process serves the prebuilt kernels: one decision, two users.
 
-:func:`decide` reads the plugin's variables once -- ``DSV41_AOT_DISABLE``,
-``DSV41_AOT_MODE``, ``DSV41_AOT_ARCH``, ``DSV41_AOT_PREBUILT`` -- and the
-GPU's arch from the kernel driver's topology (no HIP call, so a process vLLM
-later forks is not left with a HIP runtime), then looks for the room of the
-installed vLLM. The answer is a :class:`Decision`: the arch, the mode, the
-room, whether to serve and why, in plain words.
+The vLLM plugin acts on :func:`decide`'s answer and ``dsv41-aot doctor``
+reports it. It reads the plugin's variables (``DSV41_AOT_DISABLE``,
+``DSV41_AOT_MODE``, ``DSV41_AOT_ARCH``, ``DSV41_AOT_PREBUILT``), the GPU's
+arch from the kernel driver's topology (no HIP call, so a process vLLM later
+forks is not left with a HIP runtime) and the room of the installed vLLM.
 
 Runtime-side module: standard library only.
 """
@@ -35,11 +33,11 @@ class Decision:
     """What this process serves and why.
 
     ``mode`` is what the variables ask for: "strict", "fallback", or "off"
-    (disabled, or a mode the plugin does not know); ``serve`` says whether
-    there is something to serve in that mode. ``stopped_at`` names the step
-    that said no ("disabled", "mode", "arch", "prebuilt", "vllm", "room",
-    "error"), None when serving. ``arch_problem`` is why the arch cannot be
-    served (None when it can), told even when an earlier step said no."""
+    (disabled, or an unknown mode). ``serve`` says whether there is
+    something to serve in that mode. ``stopped_at`` names the step that said
+    no ("disabled", "mode", "arch", "prebuilt", "vllm", "room", "error"),
+    None when serving. ``arch_problem`` is why the arch cannot be served,
+    told even when an earlier step said no."""
 
     serve: bool
     why: str
@@ -58,6 +56,11 @@ class Decision:
     def level(self) -> int:
         """The log level of the plugin's line: WARNING when something is wrong."""
         return logging.WARNING if self.warning else logging.INFO
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line: its type name and its message's first line."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def kfd_arches(nodes: Path = KFD_NODES) -> list[str]:
@@ -81,8 +84,10 @@ def kfd_arches(nodes: Path = KFD_NODES) -> list[str]:
 
 
 def _arch(env, kfd, device) -> tuple:
-    """(arch, where it came from, problem, fix, whether the problem is a
-    warning rather than simply no GPU here): DSV41_AOT_ARCH, else the
+    """The arch to serve, where it came from, and why it cannot be served.
+
+    A tuple (arch, source, problem, fix, warning); ``warning`` tells a real
+    problem from simply no GPU here. The arch is DSV41_AOT_ARCH, else the
     KFD topology's one GPU arch, else (when ``device`` is given) the HIP
     device's."""
     named = env.get(ENV_ARCH)
@@ -108,16 +113,16 @@ def _arch(env, kfd, device) -> tuple:
 
 
 def decide(env=None, *, kfd=kfd_arches, device=None) -> Decision:
-    """Decide whether this process serves the prebuilt kernels, reading
-    ``env`` (default: ``os.environ``); ``device``, when given, names the HIP
-    device's arch when the KFD topology has none (doctor asks; the plugin
-    never touches HIP). Never raises."""
+    """Decide whether this process serves the prebuilt kernels; never raises.
+
+    ``env`` defaults to ``os.environ``. ``device``, when given, names the
+    HIP device's arch when the KFD topology has none: doctor passes it, the
+    plugin never touches HIP."""
     env = os.environ if env is None else env
     try:
         return _decide(env, kfd, device)
     except Exception as e:  # noqa: BLE001 - the plugin must never stop vLLM
-        return Decision(False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", "off",
-                        stopped_at="error", warning=True)
+        return Decision(False, one_line(e), "off", stopped_at="error", warning=True)
 
 
 def _decide(env, kfd, device) -> Decision:

@@ -1,38 +1,17 @@
-"""The vLLM plugin's hands on vLLM's mono runner module: prebuilt Launchers
-where the runner asks for FlyDSL's.
+"""The plugin's patch of vLLM's mono runner module: prebuilt Launchers.
 
 vLLM's ``DSV41MonoLayer`` (``vllm/models/deepseek_v41/amd/mono/runner.py``)
-builds its launchers by calling ``build_mono_k1/k2/ffn(MonoBuild(...))``,
-which FlyDSL compiles just in time. :func:`install` wraps those build
-functions in the runner module (one a launch kind: ``facts/kinds.py``) --
-vLLM's files stay untouched, and every runner method of every vLLM release
-dsv41-aot serves goes through them -- so they hand out the loader's Launcher
-of exactly the ``MonoBuild`` vLLM passes: its dataclass fields are the key's.
-vLLM memoizes what they return, as it memoizes its own launchers. The
-running release is told by the runner package's mono sources digest
-(computed once), which picks the room of that release
-(``loader.release_of``); the runner's own arch flag, named by the release's
-facts (``Release.arch_flag``), must agree with the arch the keys take.
+gets its launchers from ``build_mono_k1/k2/ffn(MonoBuild(...))``, which
+FlyDSL compiles just in time. :func:`install` wraps those functions in the
+runner module, leaving vLLM's files untouched, so each returns the loader's
+Launcher of the key its ``MonoBuild`` names. Each Launcher is bound when it
+is handed out: in an eager step, never inside a graph capture. A key the
+loader refuses raises in strict mode; in fallback mode it is warned about
+once and gets vLLM's own function (FlyDSL JIT).
 
-Each Launcher is bound when it is handed out (``Launcher.bind()``: sha256
-check, dlopen, entry lookup; no GPU work), in the eager step where vLLM asks
-for it, never inside a graph capture. Whatever the loader refuses there -- a
-key it cannot derive, an arch it does not know or that disagrees with the
-runner, a key not prebuilt, a corrupt or missing library -- is decided per key:
-
-- strict (the default): the loader's error is raised, naming the key and the
-  command that fixes it;
-- fallback: one warning line per key, then vLLM's own function (FlyDSL JIT);
-  that key counts as served by JIT.
-
-A patch that fails while vLLM imports its runner is rolled back (vLLM's
-functions, no mode, no hook) with one log line: the plugin never breaks
-vLLM. The runner module is patched when it is imported, never imported from
-here: if it is already in ``sys.modules`` at once, else by a
-``sys.meta_path`` finder that watches that one module name, so installing on
-a machine where vLLM never reaches the mono path costs nothing.
-
-The entry point vLLM calls, and what decides whether to install, is
+The runner module is patched when it is imported, never imported from here.
+A patch that fails is rolled back with one log line: the plugin never breaks
+vLLM. See docs/building.md ("In vLLM"). The entry point vLLM calls is
 :mod:`.vllm_plugin` (``dsv41_aot.vllm``), which re-exports these names.
 """
 
@@ -52,7 +31,7 @@ from ..facts.arches import arch_facts
 from ..facts.kinds import KINDS
 from ..facts.releases import RELEASES, release_facts
 from ..keys import BuildKey
-from .decision import ENV_DISABLE, ENV_MODE, MODES
+from .decision import ENV_DISABLE, ENV_MODE, MODES, one_line
 
 RUNNER = "vllm.models.deepseek_v41.amd.mono.runner"
 
@@ -67,7 +46,7 @@ class _Install:
         self.reset()
 
     def reset(self) -> None:
-        """Not installed (the lock stays: uninstall() runs holding it)."""
+        """Forget the installation, keeping the lock (uninstall() holds it here)."""
         self.mode: str | None = None  # None: not installed
         self.prebuilt: str | None = None
         self.arch: str | None = None  # None: the runner package's target arch
@@ -88,12 +67,12 @@ BUILDERS = {name: k.builder for name, k in KINDS.items()}  # kind -> build_mono_
 
 
 def check_arch_flag(module, release: str, arch: str) -> None:
-    """The runner module's arch flag -- the attribute vLLM ``release``'s
-    facts name (``Release.arch_flag``; an absent attribute reads False) --
-    must have the value the release's ``Deploy`` of ``arch`` expects
-    (``runner_flag``): a runner compiled for another arch would be handed
-    kernels it does not run. A release whose runner has no flag: nothing to
-    check."""
+    """Refuse a runner module whose arch flag does not match ``arch``.
+
+    The flag is the attribute ``Release.arch_flag`` names (absent reads
+    False). It must equal the ``runner_flag`` of the release's ``Deploy`` for
+    ``arch``: a runner compiled for another arch would get kernels it does
+    not run. A release whose runner has no flag has nothing to check."""
     rel = release_facts(release)
     if rel.arch_flag is None:
         return
@@ -104,9 +83,10 @@ def check_arch_flag(module, release: str, arch: str) -> None:
 
 
 def _running(module) -> tuple[str, str]:
-    """(arch, release) of the vLLM mono package ``module`` belongs to, found
-    once: its mono sources digest picks the release's room
-    (``loader.release_of``); the arch is install()'s, else the package's
+    """The (arch, release) of the mono package holding ``module``, found once.
+
+    The package's mono sources digest picks the release's room
+    (``loader.release_of``). The arch is install()'s, else the package's
     target (``common/arch.py``, which releases before 0.33.0 lack)."""
     from . import loader
 
@@ -130,8 +110,9 @@ def _running(module) -> tuple[str, str]:
 
 
 def key_of(kind: str, build, module) -> BuildKey:
-    """The key of ``build_mono_<kind>(build)``: the fields of the MonoBuild
-    instance vLLM passes are the key's, in the running release."""
+    """The key of ``build_mono_<kind>(build)`` in the running release.
+
+    The fields of the MonoBuild instance vLLM passes are the key's."""
     arch, release = _running(module)
     rel = release_facts(release)
     fields = {f.name: getattr(build, f.name) for f in dataclasses.fields(build)}
@@ -143,10 +124,11 @@ def key_of(kind: str, build, module) -> BuildKey:
 
 
 def _launcher(what: str, derive):
-    """The bound prebuilt Launcher of the key ``derive()`` gives, or None in
-    fallback mode when that key cannot be served (warned once per key; a
-    key that cannot be derived is named by ``what``, the runner call).
-    Strict mode raises the same error at the same point."""
+    """The bound prebuilt Launcher of the key ``derive()`` gives, or None.
+
+    None only in fallback mode, for a key that cannot be served (warned once
+    per key; ``what``, the runner call, names a key that cannot be derived).
+    Strict mode raises the loader's error at the same point."""
     from . import loader
 
     key = None
@@ -158,7 +140,7 @@ def _launcher(what: str, derive):
         if _state.mode != "fallback":
             raise
         text = what if key is None else key.describe()
-        if isinstance(e, ReleaseMismatchError):  # no room for this vLLM at all: one line, not one a key
+        if isinstance(e, ReleaseMismatchError):  # no room for this vLLM at all: one line, not one per key
             text = "the running vLLM release"
         with _state.lock:
             _state.served["jit"] += 1
@@ -166,7 +148,7 @@ def _launcher(what: str, derive):
             _state.warned.add(text)
         if first:
             log.warning("dsv41-aot: %s not served from the prebuilt kernels, FlyDSL JIT-compiles it "
-                        "(fallback mode): %s: %s", text, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+                        "(fallback mode): %s", text, one_line(e))
         report_jit_compile(what if key is None else key.describe())
         return None
     with _state.lock:
@@ -178,14 +160,14 @@ JIT_MONITOR = "vllm.utils.jit_monitor"  # vLLM's --jit-monitor-mode (0.33.0): Tr
 
 
 def report_jit_compile(what: str) -> None:
-    """Tell vLLM's JIT monitor, when it is active (``--jit-monitor-mode``:
-    vLLM activates it after warm-up), that FlyDSL JIT-compiles the mono launch
-    ``what`` (a key the prebuilt kernels do not serve; vLLM's runner asks for
-    its launcher right before its first launch, where FlyDSL compiles it):
-    ``warn`` logs it, ``error`` raises. The monitor watches Triton, CuTeDSL
-    and TileLang only. Reported through vLLM's own event handler
-    (``_handle_jit_event``, the one its hooks call); never imported here:
-    an active monitor is already in ``sys.modules``."""
+    """Tell vLLM's JIT monitor, if active, that FlyDSL JIT-compiles ``what``.
+
+    The monitor (``--jit-monitor-mode``, active after warm-up) watches
+    Triton, CuTeDSL and TileLang only. vLLM's runner asks for a launcher
+    right before its first launch, where FlyDSL compiles it, so this is the
+    moment. The report goes through vLLM's own handler (``_handle_jit_event``,
+    the one its hooks call): ``warn`` logs it, ``error`` raises. The monitor
+    is never imported here: an active one is already in ``sys.modules``."""
     monitor = sys.modules.get(JIT_MONITOR)
     if monitor is None or not monitor.is_active():
         return
@@ -204,12 +186,11 @@ def report_jit_compile(what: str) -> None:
 
 
 def _patch(module) -> None:
-    """Wrap the build functions vLLM's runner module calls
-    (``build_mono_k1/k2/ffn``: every runner method of every release builds
-    its launchers through them) so each hands out the prebuilt Launcher of
-    the MonoBuild it is given. vLLM's runner memoizes what they return, as
-    it memoizes its JIT launchers. All or nothing: on any failure vLLM's
-    functions are put back and the error raised."""
+    """Wrap the runner module's ``build_mono_*`` functions to hand out Launchers.
+
+    Every runner method of every release builds its launchers through them,
+    and vLLM memoizes what they return. All or nothing: on any failure
+    vLLM's functions are put back and the error raised."""
     with _state.lock:
         if _state.patched is module:
             return
@@ -244,12 +225,13 @@ def _patch(module) -> None:
 
 
 def _give_up(why: BaseException) -> None:
-    """A patch failed while vLLM imported its runner: undo everything (vLLM
-    keeps its own functions and FlyDSL JIT) and say so once."""
+    """Undo a patch that failed while vLLM imported its runner; log it once.
+
+    vLLM keeps its own functions and FlyDSL JIT."""
     try:
         uninstall()
-        log.warning("dsv41-aot vLLM plugin off: could not patch %s (%s: %s); vLLM keeps FlyDSL JIT",
-                    RUNNER, type(why).__name__, str(why).splitlines()[0] if str(why) else "")
+        log.warning("dsv41-aot vLLM plugin off: could not patch %s (%s); vLLM keeps FlyDSL JIT",
+                    RUNNER, one_line(why))
     except Exception:  # noqa: BLE001 - never break vLLM's import
         pass
 
@@ -276,8 +258,10 @@ class _PatchingLoader(importlib.abc.Loader):
 
 
 class _RunnerHook(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for the runner module only, it asks the finders
-    after it and wraps the spec's loader so the module is patched on import."""
+    """An import finder that makes the runner module patch itself on import.
+
+    It finds nothing itself: for the runner module only, it asks the finders
+    after it and wraps the loader of the spec they return."""
 
     def find_spec(self, fullname, path, target=None):
         if fullname != RUNNER:
@@ -300,10 +284,11 @@ class _RunnerHook(importlib.abc.MetaPathFinder):
 
 
 def install(mode: str = "strict", *, prebuilt: str | os.PathLike | None = None, arch: str | None = None) -> None:
-    """Make vLLM's mono runner take its launchers from the prebuilt kernels
-    (``prebuilt``: the loader's directory by default; ``arch``: the runner
-    package's target arch by default). Idempotent: a second call only updates
-    the mode / directory."""
+    """Make vLLM's mono runner take its launchers from the prebuilt kernels.
+
+    ``prebuilt`` defaults to the loader's directory, ``arch`` to the runner
+    package's target arch. Idempotent: a second call only updates the
+    settings."""
     if mode not in MODES:
         raise AotError(f"unknown dsv41-aot vLLM mode {mode!r} (one of {', '.join(MODES)})",
                        fix=f"install(mode='strict') or {ENV_MODE}=fallback")
@@ -349,8 +334,7 @@ def uninstall() -> None:
 
 
 def _renew_lock_in_child() -> None:
-    """After fork: a lock held by another thread of the parent would never
-    be released in the child."""
+    """Give a forked child a new lock: one held by a parent thread stays held."""
     _state.lock = threading.RLock()
 
 
@@ -359,7 +343,9 @@ if hasattr(os, "register_at_fork"):
 
 
 def installed() -> dict:
-    """What install() set up: mode, prebuilt dir, whether the runner is
-    patched yet, launchers served from the cache / by JIT so far."""
+    """What install() set up, and the launchers served so far by origin.
+
+    Mode, prebuilt directory, whether the runner is patched or hooked, and
+    ``served_aot`` / ``served_jit``."""
     return {"mode": _state.mode, "prebuilt": _state.prebuilt, "patched": _state.patched is not None,
             "hooked": _state.hook is not None, **{f"served_{k}": v for k, v in _state.served.items()}}
