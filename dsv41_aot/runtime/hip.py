@@ -24,6 +24,7 @@ FIX_HIP = (
     "install ROCm 6 or 7 (libamdhip64), set ROCM_PATH to it, "
     "or name the library with DSV41_AOT_HIP_LIB=/path/to/libamdhip64.so"
 )
+FIX_DEVICE = "check the ROCm install and that a GPU is visible (rocm-smi; HIP_VISIBLE_DEVICES)"
 HIP_SUCCESS = 0
 # HIP runtime versions the kernels are built for: ROCm 6.x and 7.x
 # (hipRuntimeGetVersion: major * 10,000,000 + minor * 100,000 + patch). The AOT
@@ -109,9 +110,10 @@ class Hip:
         return self.lib.hipGetDevice(ctypes.byref(d)), d.value
 
     def kernel_lookup(self, image: bytes, name: str) -> int | None:
-        """hipModuleGetFunction's status for kernel ``name`` in a fresh module
-        of ``image`` (loaded, looked up, unloaded): how a failed first launch
-        tells the lookup from the launch. None when the image does not load."""
+        """hipModuleGetFunction's status for ``name`` in a fresh module of ``image``.
+
+        How a failed first launch tells the lookup from the launch; None when
+        the image does not load."""
         module, fn = ctypes.c_void_p(), ctypes.c_void_p()
         buf = ctypes.create_string_buffer(image, len(image))
         if self.lib.hipModuleLoadData(ctypes.byref(module), buf) != HIP_SUCCESS:
@@ -122,8 +124,7 @@ class Hip:
             self.lib.hipModuleUnload(module)
 
     def arch(self, device: int | None = None) -> str | None:
-        """The device's gcnArchName without its feature suffix (``gfx942``
-        from ``gfx942:sramecc+:xnack-``); None when there is no device."""
+        """The device's gcnArchName without its features (``gfx942``), or None."""
         status, count = self.device_count()
         if status != HIP_SUCCESS or count < 1:
             return None
@@ -139,9 +140,10 @@ class Hip:
         return m.group(0).rstrip(b"\0").split(b":")[0].decode() if m else None
 
     def stream_capturing(self, stream: int, what: str = "") -> bool:
-        """hipStreamIsCapturing on ``stream`` (0: the null stream). A query
-        that fails is not an answer: it raises LaunchError with its status
-        (a failed query must not read as "not capturing")."""
+        """Whether ``stream`` (0: the null stream) is being captured into a graph.
+
+        A failed hipStreamIsCapturing is no answer: it raises LaunchError
+        with its status, never reads as "not capturing"."""
         self.touched = True
         state = ctypes.c_int(0)
         status = self.lib.hipStreamIsCapturing(ctypes.c_void_p(stream or None), ctypes.byref(state))
@@ -149,7 +151,7 @@ class Hip:
             err = LaunchError(
                 f"{what + ': ' if what else ''}cannot tell whether stream {stream:#x} is being captured: hipStreamIsCapturing failed with "
                 f"{self.error_name(status)} ({status}); nothing was loaded",
-                fix="check the ROCm install and that a GPU is visible (rocm-smi; HIP_VISIBLE_DEVICES)",
+                fix=FIX_DEVICE,
             )
             err.status = status
             raise err
@@ -165,8 +167,9 @@ class Hip:
         return v.value
 
     def check_version(self) -> tuple:
-        """(major, minor) of this HIP runtime, refused (HipVersionError) when
-        outside ACCEPTED unless DSV41_AOT_ALLOW_HIP_VERSION names it."""
+        """(major, minor) of this HIP runtime; outside ACCEPTED, HipVersionError.
+
+        DSV41_AOT_ALLOW_HIP_VERSION may name one more major.minor to accept."""
         v = self.runtime_version()
         major, minor = v // 10_000_000, v // 100_000 % 100
         if ACCEPTED[0] <= (major, minor) < ACCEPTED[1] or os.environ.get(ENV_ALLOW_VERSION) == f"{major}.{minor}":
@@ -186,8 +189,7 @@ def touched() -> bool:
 
 
 def load() -> Hip:
-    """libamdhip64, opened once per process with RTLD_GLOBAL (its version is
-    checked where a kernel library is bound: Hip.check_version)."""
+    """libamdhip64, opened once per process with RTLD_GLOBAL (version: check_version)."""
     global _hip
     if _hip is not None:
         return _hip

@@ -1,7 +1,8 @@
-"""``Launcher``, one prebuilt launch symbol called like vLLM's FlyDSL
-launcher: binding its band, checking its ABI against the library's export
-metadata, loading its code object (never inside a graph capture), packing
-the integers and calling the C entry; and the stream handle it accepts.
+"""``Launcher``: one prebuilt launch symbol, called like vLLM's FlyDSL launcher.
+
+A Launcher binds its band, checks its ABI against the library's export
+metadata, loads its code object (never inside a graph capture), packs the
+integers and calls the C entry. See docs/loader.md ("Launcher call path").
 
 Runtime-side module: standard library only (plus hip.py's ctypes binding).
 """
@@ -57,18 +58,14 @@ def _stream_handle(stream) -> int:
 
 
 class Launcher:
-    """One prebuilt launch symbol, called like vLLM's FlyDSL launcher:
-    ``launcher(*ints, stream=...)``. The integers are packed by the manifest's
-    ABI into a buffer of the calling thread (one per thread, made at its
-    first call), then the C entry is called with pointers into it: threads
-    never share a buffer, so one Launcher serves any number of threads.
+    """One prebuilt launch symbol, called as ``launcher(*ints, stream=...)``.
 
-    ``bind()`` (done by the first call or ``preload`` too) verifies and opens
-    the key's band (once per band), resolves its entry and checks the ABI
-    against the library's own export metadata; then the first call loads the
-    code object on the device. Making a Launcher reads only the manifest, so a
-    whole deployment's Launchers are ready at once, and a corrupt band is
-    refused before any of it is mapped."""
+    The integers are packed by the manifest's ABI into a buffer owned by the
+    calling thread, then the C entry is called with pointers into it, so one
+    Launcher serves any number of threads. Making one reads only the
+    manifest. ``bind()`` (done by the first call or ``preload`` too) opens
+    the band and checks the entry's ABI; the first call then loads the code
+    object on the device."""
 
     __slots__ = ("key", "kernel_name", "entry", "abi", "library", "arch", "_abi", "_idx", "_librec", "_lib",
                  "_tls", "_call", "_pack", "_ready", "_hip", "_devices", "_launched", "_image_sha",
@@ -92,10 +89,11 @@ class Launcher:
         self._image_sha, self._image_bytes = entry.code_object_sha256, entry.code_object_bytes
 
     def bind(self) -> None:
-        """Verify and open this key's band, resolve its C entry, check its ABI;
-        no GPU work. Idempotent and thread-safe; every failure is a LoadError.
-        The band is opened under its own lock (``open_library``), so
-        Launchers of different bands bind concurrently (``bind_all``)."""
+        """Verify and open this key's band, resolve its entry, check its ABI.
+
+        No GPU work. Idempotent and thread-safe; every failure is a
+        LoadError. The band is opened under its own lock (``open_library``),
+        so Launchers of different bands bind concurrently (``bind_all``)."""
         if self._lib is not None:
             return
         lib = open_library(self._idx, self._librec)
@@ -115,8 +113,9 @@ class Launcher:
             self._lib = lib  # last: a bound Launcher has every field above
 
     def _check_metadata(self, lib: ctypes.CDLL) -> None:
-        """The manifest's ABI must be the one the library says its entry takes
-        (``<entry>__metadata``, written by FlyDSL's export): a tampered
+        """Check the manifest's ABI against the library's own export metadata.
+
+        ``<entry>__metadata`` is written by FlyDSL's export: a tampered
         manifest must not make the entry read past the argument array."""
         fix = self._idx.fix_reinstall
         try:
@@ -177,31 +176,27 @@ class Launcher:
             self._recover(status, stream, argv)
 
     def _first_call(self, args, stream) -> None:
-        """A call before any launch of this Launcher succeeded: its module
-        loaded on the current device first, then the call; a success makes
-        every later call take the short path."""
+        """Load the module on the current device, then launch by the short path.
+
+        ``_ready`` is set before that launch and cleared again if it fails,
+        so only a success makes later calls skip this step."""
         stream = _stream_handle(stream)
         device = self.load_module(stream)
-        try:
-            buf, argv = self._tls.args
-        except AttributeError:
-            buf, argv = self._thread_buffer()
-        try:
-            self._pack(buf, 0, *args, stream)
-        except struct.error:
-            raise self._bad_args(args, stream) from None
-        status = self._call(argv)
-        if status:
-            self._recover(status, stream, argv)
-        else:
-            self._launched.add(device)
         self._ready = True
+        try:
+            self(*args, stream=stream)
+        except BaseException:
+            self._ready = False
+            raise
+        self._launched.add(device)
 
     def _recover(self, status: int, stream: int, argv) -> None:
-        """A nonzero status from the entry. FLYDSL_AOT_ERR_NOT_LOADED: the
-        band holds no module of this key for the current device (a
-        hipSetDevice since this Launcher's first load): load it there and call
-        again, once. Anything else raises, naming the HIP call that failed."""
+        """Handle a nonzero status from the entry: reload once, or raise.
+
+        FLYDSL_AOT_ERR_NOT_LOADED means the band holds no module of this key
+        for the current device (a hipSetDevice since the first load): load it
+        there and call again, once. Anything else raises, naming the HIP call
+        that failed."""
         if status == ERR_NOT_LOADED:
             device = self.load_module(stream)
             status = self._call(argv)
@@ -211,9 +206,10 @@ class Launcher:
         raise self._failed(status)
 
     def load_module(self, stream=None) -> int:
-        """Load this key's code object on the current device, once a device;
-        return that device. Refused in a fork() child of a process that had
-        used HIP, inside a graph capture, and on a device of another arch."""
+        """Load this key's code object on the current device; return the device.
+
+        Once per device. Refused in a fork() child of a process that had used
+        HIP, inside a graph capture, and on a device of another arch."""
         if state.current().forked_after_hip is not None:
             raise self._fork_error()
         hip = _hip.load()
@@ -294,11 +290,13 @@ class Launcher:
         return LaunchError(f"{self.key}: {why}; nothing was launched")
 
     def _failed(self, status: int) -> LaunchError:
-        """The error of a failed launch, naming the call: FlyDSL's own codes
-        as such; after a success on this device, hipModuleLaunchKernel (the
-        band caches the kernel's function a device); before one, the band
-        also looked the kernel up (hipModuleGetFunction), and a fresh lookup
-        in the same code object tells which of the two failed."""
+        """The error of a failed launch, naming the call that failed.
+
+        FlyDSL's own codes are named as such. After a success on this device
+        the call is hipModuleLaunchKernel (the band caches the kernel's
+        function per device). Before one, the band also looked the kernel up
+        (hipModuleGetFunction): a fresh lookup in the same code object tells
+        which of the two failed."""
         hip = self._hip or _hip.load()
         name = f"{hip.error_name(status)} ({status})"
         if status in (ERR_NOT_INITIALIZED, ERR_NOT_LOADED):
@@ -322,8 +320,9 @@ class Launcher:
                            _launch_fix(status))
 
     def _image(self) -> bytes | None:
-        """This key's code object, found in the band's own bytes (the
-        descriptor it was dlopened through) by the manifest's sha256."""
+        """This key's code object, found in the band's bytes by its sha256.
+
+        The bytes are read through the descriptor the band was dlopened from."""
         fd = state.current().fds.get(self.library)
         if fd is None:
             return None
@@ -339,7 +338,7 @@ class Launcher:
 
 ERR_NOT_INITIALIZED, ERR_NOT_LOADED = -1, -2  # FlyDSL's AOT runtime's own codes (its export header)
 EM_AMDGPU = (224).to_bytes(2, "little")
-FIX_DEVICE = "check the ROCm install and that a GPU is visible (rocm-smi; HIP_VISIBLE_DEVICES)"
+FIX_DEVICE = _hip.FIX_DEVICE
 
 
 def _load_fix(status: int, arch: str, device: int) -> str:
