@@ -1,5 +1,4 @@
-"""The runtime half: what a serving process imports to launch prebuilt
-kernels (loader, HIP binding, the vLLM plugin).
+"""The runtime half: what a serving process imports to launch prebuilt kernels.
 
 Standard library only. It may import the shared core (``dsv41_aot.errors``,
 ``keys``, ``manifest``, ``source``, ``facts``) and never ``dsv41_aot.aot``,

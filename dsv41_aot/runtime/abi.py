@@ -1,8 +1,7 @@
-"""The call ABI of a launch symbol: the slot C types (``CODES``) and
-``Abi``, one slot list compiled once into a struct layout, each slot's
-offset in it, the ``void*`` array type and the entry's C prototype.
+"""The call ABI of a launch symbol: slot C types and their compiled layout.
 
-Runtime-side module: standard library only.
+``Abi`` compiles one slot list once into a struct layout, each slot's
+offset in it, the ``void*`` array type and the entry's C prototype.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ CODES = {
 
 
 class Abi:
-    """One ABI (slot list) compiled once: a struct layout for packing the
-    integers straight into a buffer, and each slot's offset in it."""
+    """One ABI (slot list) compiled once, to pack integers straight into a buffer."""
 
     def __init__(self, slots: list, aid: str = "?"):
         if not isinstance(slots, list) or not all(isinstance(s, dict) for s in slots):

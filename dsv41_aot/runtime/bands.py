@@ -1,11 +1,9 @@
-"""Bands, the compressed libraries of a room's keys: dlopening exactly the
-bytes the room read and checked (``room.Room.read_band``: inside the arch's
-lib/, a plain file, its sha256 and raw sha256) once per process
-(``open_library``, under the band's own lock) from a sealed memfd, else from
-a file of the per-user cache (``cache_dir``) verified through its descriptor;
-``bind_all``, many Launchers' bands at once (a thread a band).
+"""Bands, the compressed libraries of a room's keys, opened once per process.
 
-Runtime-side module: standard library only (plus hip.py's ctypes binding).
+``open_library`` dlopens exactly the bytes the room read and checked
+(``room.Room.read_band``) from a sealed memfd, else from a file of the
+per-user cache (``cache_dir``) verified through its descriptor.
+``bind_all`` binds many Launchers' bands at once, one thread per band.
 """
 
 from __future__ import annotations
@@ -25,14 +23,14 @@ ENV_CACHE = "DSV41_AOT_CACHE"  # where bands are unpacked when the kernel has no
 
 
 def open_library(idx: RoomIndex, lib: Band) -> ctypes.CDLL:
-    """Bind one band, once per process: check the HIP runtime, read, verify
-    and decompress the band (``Room.read_band``), dlopen exactly those bytes
-    (libamdhip64 first, RTLD_GLOBAL: the library's hip* references bind to it).
+    """Bind one band, once per process, and return its library.
 
-    Under the band's own lock, never the process-wide one: two bands bind at
-    once (xz, sha256 and the memfd write release the GIL), two threads asking
-    for one band open it once. Lock order: whoever holds ``state.lock`` may
-    take a band's lock, never the other way round (nothing here takes it)."""
+    Checks the HIP runtime, reads, verifies and decompresses the band
+    (``Room.read_band``) and dlopens exactly those bytes, libamdhip64 first
+    (RTLD_GLOBAL: the library's hip* references bind to it). This runs under
+    the band's own lock, so two bands bind at once (xz, sha256 and the memfd
+    write release the GIL). Lock order: whoever holds ``state.lock`` may take
+    a band's lock, never the other way round (nothing here takes it)."""
     key = idx.band_paths[lib.file]
     st = state.current()
     handle = st.band(key)
@@ -63,12 +61,11 @@ def open_library(idx: RoomIndex, lib: Band) -> ctypes.CDLL:
 
 
 def bind_all(launchers, workers: int | None = None) -> None:
-    """Bind ``launchers`` (``Launcher.bind``), their bands concurrently: one
-    thread a band up to ``workers`` (default: this process's CPUs), each
-    band read, checked, decompressed and dlopened by ``open_library`` under
-    its own lock; then each entry resolved and its ABI checked. The first
-    error (in the order the launchers came) is raised once every band has
-    been tried; bands that bound stay bound."""
+    """Bind ``launchers``, their bands concurrently (``open_library``).
+
+    One thread per band, up to ``workers`` (default: this process's CPUs).
+    The first error, in the order the launchers came, is raised once every
+    band has been tried; bands that bound stay bound."""
     launchers = list(launchers)
     first: dict = {}  # band path -> its first Launcher not bound yet
     for launcher in launchers:
@@ -98,9 +95,7 @@ def bind_all(launchers, workers: int | None = None) -> None:
 
 
 def _library_fd(raw: bytes, lib: Band) -> int:
-    """A descriptor holding exactly ``raw``: a sealed memfd, else (a kernel
-    without memfd) a file of the per-user cache verified through the
-    descriptor it is opened by."""
+    """A descriptor holding exactly ``raw``: a sealed memfd, else a cache file."""
     name = lib.file[: -len(".xz")]
     try:
         fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -121,8 +116,7 @@ def _library_fd(raw: bytes, lib: Band) -> int:
 
 
 def cache_dir() -> Path:
-    """Where bands are unpacked when memfd is unavailable: DSV41_AOT_CACHE,
-    else $XDG_CACHE_HOME/dsv41-aot, else ~/.cache/dsv41-aot."""
+    """Where bands are unpacked without memfd (DSV41_AOT_CACHE, else the user's cache)."""
     explicit = os.environ.get(ENV_CACHE)
     if explicit:
         return Path(explicit)
@@ -131,8 +125,10 @@ def cache_dir() -> Path:
 
 
 def _cached_fd(raw: bytes, lib: Band) -> int:
-    """Open ``<cache>/<raw_sha256>.so``, read it through that descriptor and
-    check its sha256; (re)write it atomically first when absent or wrong."""
+    """Open the band's cache file and check its sha256 through that descriptor.
+
+    The file is ``<cache>/<raw_sha256>.so``, (re)written atomically first
+    when absent or wrong."""
     from ..manifest import atomic_write
 
     path = cache_dir() / f"{lib.raw_sha256}.so"

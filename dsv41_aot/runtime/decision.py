@@ -5,8 +5,6 @@ reports it. It reads the plugin's variables (``DSV41_AOT_DISABLE``,
 ``DSV41_AOT_MODE``, ``DSV41_AOT_ARCH``, ``DSV41_AOT_PREBUILT``), the GPU's
 arch from the kernel driver's topology (no HIP call, so a process vLLM later
 forks is not left with a HIP runtime) and the room of the installed vLLM.
-
-Runtime-side module: standard library only.
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ def one_line(e: BaseException) -> str:
 
 
 def kfd_arches(nodes: Path = KFD_NODES) -> list[str]:
-    """The GPU architectures the kernel driver lists (KFD topology
-    ``gfx_target_version``, e.g. 90402 -> gfx942), read from sysfs."""
+    """The GPU archs in the KFD topology's ``gfx_target_version`` (90402 -> gfx942)."""
     out = set()
     try:
         props = sorted(nodes.glob("*/properties"))

@@ -1,15 +1,9 @@
-"""``dsv41-aot doctor``'s work: will this serving host get prebuilt kernels,
-and if not, why.
+"""The checks of ``dsv41-aot doctor``: will this host get prebuilt kernels?
 
-It asks the runtime's own judges and never loads a kernel: the installed
-vLLM and its mono sources digest (``host.installed_vllm``), the room the
-loader would pick (``rooms.release_of``), the HIP runtime's verdict
-(``hip.Hip.check_version``), the plugin's entry point and mode, the room's
-problems (``room.Room.problems``: every band read and checked by sha256, not
-bound), and for a deployment the launches vLLM can ask for
-(``facts.coverage.required``, the rules ``dsv41-aot coverage`` uses).
-
-Runtime-side module: standard library only (plus hip.py's ctypes binding).
+Each check asks the runtime's own judge and never loads a kernel:
+``host.installed_vllm``, ``decision.decide``, ``rooms.release_of``,
+``hip.Hip.check_version``, ``room.Room.problems`` and, for a deployment,
+``facts.coverage`` (the rules ``dsv41-aot coverage`` uses).
 """
 
 from __future__ import annotations
@@ -34,8 +28,7 @@ SHOWN = 8  # keys named in a failing coverage line (--json lists them all)
 
 @dataclass
 class Check:
-    """One line of the report. ``status``: "ok", "fail" (exit 1), "warn" or
-    "info" (neither changes the exit code)."""
+    """One line of the report; only a "fail" (not "ok", "warn", "info") exits 1."""
 
     name: str
     status: str
@@ -65,8 +58,7 @@ class Report:
 
 
 def diagnose(tp: int | None = None, max_rows: int | None = None, draft: tuple | None = None) -> Report:
-    """Every check, in order. CoverageInputError (exit 2) for a deployment
-    vLLM does not run or bad arguments; every other finding is a line."""
+    """Run every check in order; CoverageInputError (exit 2) for bad arguments."""
     runs = sorted({t for r in RELEASES.values() for d in r.arches.values() for t in d.tp_sizes})
     if tp is not None and tp not in runs:
         raise CoverageInputError(f"--tp {tp}: no vLLM release's mono path runs TP {tp} (they run TP "
@@ -97,8 +89,7 @@ def diagnose(tp: int | None = None, max_rows: int | None = None, draft: tuple | 
 
 
 def _vllm(rep: Report) -> tuple:
-    """(source.MonoSource, its mono sources digest) of the installed vLLM,
-    found without importing it; (None, None) when there is none."""
+    """The installed vLLM's mono source and its digest, or (None, None)."""
     try:
         digest, src, _mono = host.installed_vllm()
     except AotError as e:
@@ -115,8 +106,7 @@ def _vllm(rep: Report) -> tuple:
 
 
 def _arch(rep: Report, d: decision.Decision) -> str | None:
-    """The arch the plugin serves (the decision's), and whether vLLM's
-    runner compiles for the same one."""
+    """The arch the plugin serves, if vLLM's runner compiles for the same one."""
     if d.arch is not None:
         rep.facts["arch"] = {"arch": d.arch, "from": d.arch_from}
     if d.arch_problem:
@@ -141,7 +131,7 @@ def _device_arch() -> str | None:
 
 
 def _hip(rep: Report, arch: str | None) -> None:
-    """The HIP runtime the bands bind against, and its verdict (the loader's check)."""
+    """The HIP runtime the bands bind against, and the loader's verdict on it."""
     try:
         h = hip.load()
     except HipUnavailableError as e:
@@ -168,8 +158,7 @@ def _hip(rep: Report, arch: str | None) -> None:
 
 
 def _plugin(rep: Report, d: decision.Decision) -> str | None:
-    """The ``vllm.general_plugins`` entry point vLLM calls, and the mode the
-    decision gives it. None when vLLM would not call it or it is off."""
+    """The plugin's mode, or None when vLLM would not call it or it is off."""
     from importlib.metadata import entry_points
 
     eps = [ep for ep in entry_points(group=ENTRY_GROUP) if ep.value == ENTRY_VALUE]
@@ -226,8 +215,7 @@ def _room(rep: Report, root: Path, arch: str, src, digest: str | None) -> Room |
 
 
 def _bands(rep: Report, room: Room) -> list:
-    """The room's serving problems (its own checks: every band read,
-    decompressed and checked by sha256, nothing bound)."""
+    """The room's serving problems: every band read and checked, none bound."""
     problems = [p for p in room.problems(objects=False) if p.serving]
     try:
         bands = len(room.links().bands)
@@ -243,9 +231,7 @@ def _bands(rep: Report, room: Room) -> list:
 
 
 def _flydsl(rep: Report, room: Room) -> None:
-    """The host's FlyDSL (its distribution's version, read without importing
-    it) and how many of the room's keys are proven equal to what its JIT
-    builds (the room's verified.json, per FlyDSL: records.Proof)."""
+    """The host's FlyDSL, and how many of the room's keys are proven under it."""
     from importlib.metadata import PackageNotFoundError, version
 
     from ..proof import flydsl_text
@@ -298,8 +284,7 @@ def _refused(room: Room, problems: list) -> dict:
 
 def _coverage(rep: Report, root: Path, arch: str | None, room: Room | None, src, problems, mode,
               tp: int, max_rows: int | None, draft: tuple | None) -> None:
-    """The launches vLLM can ask for on the deployment, and how many of them
-    the room serves (the coverage rules: facts.coverage)."""
+    """How many of the launches vLLM can ask for on the deployment the room serves."""
     if arch is None:
         rep.fail("coverage", f"TP {tp}: not counted, the arch is unknown (see the arch line)",
                  fix=f"{host.ENV_ARCH}=gfx950 dsv41-aot doctor --tp {tp}")

@@ -6,8 +6,6 @@ one a serving host loads). This module opens the host's libamdhip64 with
 ``RTLD_GLOBAL`` before any kernel library is opened, so their references bind
 to it. A libamdhip64 already mapped in the process (torch's ROCm build, say) is
 reused, never a second copy beside it.
-
-Runtime-side module: standard library only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""What this process runs on and with: the GPU arch (``resolve_arch``,
-the current device's), the vLLM mono package it imports (``running_vllm``,
-``installed_vllm``: its sources digest, without importing it), the check of
-a key's build source against it (``check_source``).
+"""What this process runs on: the GPU arch and the vLLM mono package.
 
-Runtime-side module: standard library only (plus hip.py's ctypes binding).
+``resolve_arch`` gives the arch; ``running_vllm`` and ``installed_vllm`` the
+mono package and its sources digest (without importing vLLM); and
+``check_source`` checks a key's build source against that digest.
 """
 
 from __future__ import annotations
@@ -39,11 +38,11 @@ def resolve_arch(arch: str | None = None) -> str:
 
 
 def running_vllm(mono_dir: Path | None) -> None:
-    """Say which vLLM mono package this process runs (the plugin does, from
-    the runner module it patched): its digest, not the installed vLLM's
-    (they differ only when a tree is imported from elsewhere), picks the
-    release's room and is checked against every key loaded. None: back to
-    the installed vLLM."""
+    """Name the vLLM mono package this process runs; None: the installed one.
+
+    The plugin names the package of the runner module it patched. Its digest
+    (which differs from the installed vLLM's only when a tree is imported
+    from elsewhere) picks the room and is checked against every key loaded."""
     from .. import source
 
     with state.current().lock:
@@ -56,10 +55,11 @@ def running_vllm(mono_dir: Path | None) -> None:
 
 
 def installed_vllm() -> tuple:
-    """(mono digest, source.MonoSource, mono dir) of the vLLM this process
-    would import, found without importing it; (None, None, None) when none is
-    installed (or it has no mono package). A digest that fails to compute is
-    not "no vLLM": it raises SourceMismatchError, at every load."""
+    """The mono digest, source and mono dir of the vLLM this process would import.
+
+    Found without importing it; (None, None, None) when none is installed
+    (or it has no mono package). A digest that fails to compute is not "no
+    vLLM": it raises SourceMismatchError, at every load."""
     if state.current().installed_digest is None:
         from .. import source
         from ..errors import ToolchainError
@@ -86,6 +86,7 @@ def installed_vllm() -> tuple:
 
 
 def check_source(key: str, entry) -> None:
+    """Refuse ``entry`` when built from other mono sources than vLLM's here."""
     digest, src, mono = installed_vllm()
     built = entry.source.get("mono_sources")
     if digest is None or built == digest:

@@ -3,8 +3,6 @@
 A Launcher binds its band, checks its ABI against the library's export
 metadata, loads its code object (never inside a graph capture), packs the
 integers and calls the C entry. See docs/loader.md ("Launcher call path").
-
-Runtime-side module: standard library only (plus hip.py's ctypes binding).
 """
 
 from __future__ import annotations
@@ -39,8 +37,7 @@ def _capturing(stream: int, key: str) -> bool:
 
 
 def _stream_handle(stream) -> int:
-    """A HIP stream as an integer: int, None, a torch stream (``.cuda_stream``)
-    or a ctypes pointer."""
+    """A HIP stream as an integer, from an int, None, a torch stream or a pointer."""
     if stream is None:
         return 0
     handle = getattr(stream, "cuda_stream", None)
@@ -320,9 +317,7 @@ class Launcher:
                            _launch_fix(status))
 
     def _image(self) -> bytes | None:
-        """This key's code object, found in the band's bytes by its sha256.
-
-        The bytes are read through the descriptor the band was dlopened from."""
+        """This key's code object, found by its sha256 in the band's dlopened bytes."""
         fd = state.current().fds.get(self.library)
         if fd is None:
             return None

@@ -1,30 +1,13 @@
-"""The runtime: prebuilt launch symbols as Launchers, with no JIT in the process.
+"""The runtime's public API: prebuilt launch symbols as Launchers, with no JIT.
 
-``load_key("k2@gfx950:s=4,tp=4,r=1")`` looks the key up in the prebuilt
-directory's manifest (read once per arch and indexed), checks it (arch, vLLM
-source digest, link record) and returns a :class:`Launcher`, a drop-in for
-what vLLM's ``build_mono_*`` returns: ``launcher(*ints, stream=...)``.
+``load_key("k2@gfx950:s=4,tp=4,r=1")`` finds the key in the running vLLM's
+room, checks it (arch, vLLM source digest, link record) and returns a
+:class:`Launcher`, a drop-in for what vLLM's ``build_mono_*`` returns.
+Nothing is written to disk, and nothing reaches the GPU before a Launcher's
+first call or :func:`preload`. See docs/loader.md.
 
-``Launcher.bind()`` (its first call or preload does it too) binds the key's
-band: the compressed library file is read once, its sha256 checked, it is
-decompressed in memory, the raw sha256 checked, and exactly those bytes are
-dlopened from a sealed memfd (``/proc/self/fd/N``): nothing is written to
-disk and only the bands a process binds are decompressed. Then the entry is
-resolved and its ABI checked against the library's own export metadata.
-
-Nothing reaches the GPU until a Launcher is first called (or preloaded): each
-key's code object is loaded by its own ``<entry>__module_load``, once, under a
-lock, and never inside a graph capture (a first load there raises
-CaptureError, as vLLM's runner does for a first scratch allocation).
-
-This module is the public API (``load_key``, ``load``, ``preload``, ``keys``,
-``releases``); each other runtime module owns one concern: ``state``
-(the process's Prebuilt, fork), ``decision`` (whether to serve), ``abi`` (slot layout), ``host`` (device arch, running
-vLLM, source checks), ``rooms`` (room index, release selection), ``bands``
-(band I/O, dlopen) and ``launcher`` (``Launcher``). The names other code
+Each other runtime module owns one concern, and the names other code
 imports from here are re-exported.
-
-Runtime-side module: standard library only (plus hip.py's ctypes binding).
 """
 
 from __future__ import annotations
@@ -46,10 +29,11 @@ from ..errors import KeyNotPrebuiltError, ManifestError
 
 
 def load_key(key, *, release: str | None = None, prebuilt: str | os.PathLike | None = None) -> Launcher:
-    """The Launcher of one key: a BuildKey (of its release), or its string
-    naming a launch of ``release`` (default: the running vLLM's, :func:`release_of`).
-    A key asked for again is a dict lookup: the directory, the running room
-    and the Launcher are each found once per process."""
+    """The Launcher of one key: a BuildKey, or its string in vLLM ``release``.
+
+    ``release`` defaults to the running vLLM's (:func:`release_of`). A key
+    asked for again is a dict lookup: the directory, the running room and
+    the Launcher are each found once per process."""
     root = resolve_root(prebuilt)
     st = state.current()
     if isinstance(key, str):
@@ -69,7 +53,7 @@ def load_key(key, *, release: str | None = None, prebuilt: str | os.PathLike | N
 
 
 def _new_launcher(key, text: str, root: Path, release: str | None) -> Launcher:
-    """load_key's first time for a key: find it in its room, check it, make its Launcher."""
+    """Find a key in its room, check it and make its Launcher (the first time)."""
     arch = text.partition("@")[2].partition(":")[0]
     # a canonical key of a room already indexed needs no parsing
     idx = state.current().indexes.get((root, arch, release))
@@ -105,9 +89,10 @@ def _new_launcher(key, text: str, root: Path, release: str | None) -> Launcher:
 
 
 def _link_mismatch(idx: RoomIndex, key: str, entry: dict, lib, obj_sha: str | None) -> ManifestError:
-    """Name what disagrees between the manifest and libs.json, and the fix
-    that works: relink (the object was rebuilt), rebuild (the manifest entry
-    no longer matches its object) or reinstall (no objects: a wheel)."""
+    """The error naming what disagrees between the manifest and libs.json.
+
+    Its fix is the one that works: relink (the object was rebuilt), rebuild
+    (the entry no longer matches its object) or reinstall (no objects: a wheel)."""
     libs = idx.room.libs_path
     if lib is None:
         what = f"{key} is in {idx.manifest.path} but in no library of {libs}"
@@ -131,9 +116,7 @@ def _link_mismatch(idx: RoomIndex, key: str, entry: dict, lib, obj_sha: str | No
 
 
 def prebuilt_dir() -> Path:
-    """The prebuilt directory the loader reads by default, absolute:
-    ``$DSV41_AOT_PREBUILT``, else the installed package's ``kernels_prebuilt/``
-    (``manifest.prebuilt_dir``), resolved once per value of the variable."""
+    """The prebuilt directory the loader reads by default, absolute (``resolve_root``)."""
     return resolve_root(None)
 
 
@@ -141,11 +124,11 @@ def load(kind: str, *, tokens: int, tp: int, ratio: int, fold: bool | None = Non
          experts: int | None = None, topk: int | None = None, ug_groups: int | None = None,
          swa_width: int | None = None, timeline: bool | None = None,
          arch: str | None = None, release: str | None = None, prebuilt: str | os.PathLike | None = None) -> Launcher:
-    """The Launcher for the launch vLLM's ``build_mono_<kind>(MonoBuild(...))``
-    would build, on ``arch`` (default: DSV41_AOT_ARCH, else the current
-    device), in vLLM ``release`` (default: the running vLLM's). A field left
-    None is that release's MonoBuild default (facts/releases.py, filled by
-    BuildKey)."""
+    """The Launcher of what ``build_mono_<kind>(MonoBuild(...))`` would build.
+
+    ``arch`` defaults to DSV41_AOT_ARCH, else the current device's; ``release``
+    to the running vLLM's. A field left None is that release's MonoBuild
+    default (facts/releases.py, filled in by BuildKey)."""
     from ..keys import BuildKey
 
     arch = resolve_arch(arch)
@@ -158,20 +141,17 @@ def load(kind: str, *, tokens: int, tp: int, ratio: int, fold: bool | None = Non
 
 def bind(keys, *, release: str | None = None, prebuilt: str | os.PathLike | None = None,
          workers: int | None = None) -> list:
-    """Bind the Launchers of ``keys`` (strings, BuildKeys or Launchers) now,
-    with no GPU work (``Launcher.bind``: each band read, verified,
-    decompressed and dlopened once, each entry resolved and its ABI checked),
-    their bands concurrently: one thread a band, up to ``workers`` (default:
-    the CPUs this process may run on)."""
+    """Bind the Launchers of ``keys`` now, their bands concurrently; no GPU work.
+
+    ``keys`` are strings, BuildKeys or Launchers. One thread per band, up to
+    ``workers`` (default: the CPUs this process may run on)."""
     out = [k if isinstance(k, Launcher) else load_key(k, release=release, prebuilt=prebuilt) for k in keys]
     bind_all(out, workers)
     return out
 
 
 def preload(keys, *, release: str | None = None, prebuilt: str | os.PathLike | None = None, stream=None) -> list:
-    """Load the code objects of ``keys`` (strings, BuildKeys or Launchers) on
-    the current device now, so no first call pays for it (or meets a capture):
-    :func:`bind` first (the bands concurrently), then each code object."""
+    """Bind ``keys`` and load their code objects now: no first call then pays for it."""
     out = bind(keys, release=release, prebuilt=prebuilt)
     for launcher in out:
         launcher.load_module(stream)
@@ -180,8 +160,7 @@ def preload(keys, *, release: str | None = None, prebuilt: str | os.PathLike | N
 
 def keys(arch: str | None = None, *, release: str | None = None,
          prebuilt: str | os.PathLike | None = None) -> list[str]:
-    """Every prebuilt key of ``arch`` (default: as :func:`load`) in vLLM
-    ``release`` (default: the running vLLM's)."""
+    """Every prebuilt key of ``arch`` in vLLM ``release`` (defaults as :func:`load`)."""
     root = resolve_root(prebuilt)
     return sorted(index_of(root, resolve_arch(arch), release).entries)
 

@@ -1,11 +1,9 @@
-"""The loader's view of rooms (one vLLM release's keys on one arch).
+"""The loader's view of rooms: the prebuilt directory, room indexes, the pick.
 
-``resolve_root`` is the prebuilt directory, resolved once per way of naming it; ``RoomIndex``, a room's manifest
-and link record read once; ``index_of``, the room of a release, made once per
-process; ``_no_room``, what to say when there is none; and ``release_of``,
-the room that serves the running vLLM, picked once per directory and arch.
-
-Runtime-side module: standard library only.
+``resolve_root`` finds the prebuilt directory once per way of naming it;
+``RoomIndex`` is a room's manifest and link record, read once; ``index_of``
+makes a release's index once per process; ``release_of`` picks the room
+that serves the running vLLM, once per directory and arch.
 """
 
 from __future__ import annotations
@@ -24,11 +22,11 @@ from ..errors import ArchMismatchError, ManifestError, ReleaseMismatchError
 
 
 def resolve_root(prebuilt=None) -> Path:
-    """The absolute prebuilt directory: ``prebuilt`` resolved, else
-    ``manifest.prebuilt_dir()`` ($DSV41_AOT_PREBUILT, else the package's).
-    Resolved once per process for each way of naming it (the argument, or the
-    variable's value; a relative one with the working directory), so a key's
-    Launcher costs a dict lookup, not a ``Path.resolve`` a call. A symlink
+    """The absolute prebuilt directory: ``prebuilt``, else ``manifest.prebuilt_dir()``.
+
+    Resolved once per process for each way of naming it (the argument or the
+    variable's value, with the working directory when relative), so a key's
+    Launcher costs a dict lookup, not a ``Path.resolve`` per call. A symlink
     re-pointed while the process runs is not followed again."""
     if prebuilt is None:
         named = os.environ.get(ENV_PREBUILT)
@@ -46,9 +44,10 @@ def resolve_root(prebuilt=None) -> Path:
 
 
 class RoomIndex:
-    """The loader's view of one room (``room.Room``, which owns its paths and
-    reads its records): which band links each key, and the room's ABIs
-    compiled on first use."""
+    """The loader's view of one room: which band links each key, and its ABIs.
+
+    ``room.Room`` owns the paths and reads the records; ABIs are compiled on
+    first use."""
 
     def __init__(self, room: Room):
         self.room = room
@@ -82,7 +81,7 @@ class RoomIndex:
 
 
 def index_of(root: Path, arch: str, release: str | None = None) -> RoomIndex:
-    """The room of ``release`` (default: the running vLLM's, :func:`release_of`) on ``arch``."""
+    """The index of vLLM ``release``'s room on ``arch`` (default: :func:`release_of`)."""
     if not isinstance(arch, str) or not ARCH_RE.fullmatch(arch):  # never a path: no "/", no ".."
         raise ManifestError(f"arch {arch!r} is not a GPU arch name (gfx...): refusing to look for it under {root}",
                             fix=f"name it like gfx950: {ENV_ARCH}=gfx950 (or arch=...)")
@@ -114,6 +113,7 @@ def _file_version(path: Path) -> tuple | None:
 
 
 def _no_room(root: Path, arch: str, release: str, held: list) -> None:
+    """Raise the error saying why ``root`` has no room of ``release`` on ``arch``."""
     folder = root / arch
     if root.exists() and not root.is_dir():
         raise ManifestError(f"prebuilt directory {root} is a file, not a folder",
@@ -141,12 +141,13 @@ def _no_room(root: Path, arch: str, release: str, held: list) -> None:
 
 
 def release_of(root: Path, arch: str) -> str:
-    """The release whose room serves this process on ``arch``: the room whose
-    manifest records the installed vLLM's mono sources digest, computed once
-    (without importing vLLM); without vLLM installed, the newest room. A
-    vLLM whose digest no room has is a ReleaseMismatchError, or with
-    DSV41_AOT_ALLOW_SOURCE_MISMATCH=1 the room of its version (else the newest),
-    with a warning."""
+    """The release whose room serves this process on ``arch``, picked once.
+
+    It is the room whose manifest records the installed vLLM's mono sources
+    digest (computed without importing vLLM); with no vLLM, the newest. A
+    digest no room has is a ReleaseMismatchError, or with
+    DSV41_AOT_ALLOW_SOURCE_MISMATCH=1 the room of vLLM's version (else the
+    newest), with a warning."""
     picked = state.current().picked.get((root, arch))
     if picked is not None:
         return picked

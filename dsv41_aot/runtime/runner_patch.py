@@ -2,17 +2,13 @@
 
 vLLM's ``DSV41MonoLayer`` (``vllm/models/deepseek_v41/amd/mono/runner.py``)
 gets its launchers from ``build_mono_k1/k2/ffn(MonoBuild(...))``, which
-FlyDSL compiles just in time. :func:`install` wraps those functions in the
-runner module, leaving vLLM's files untouched, so each returns the loader's
-Launcher of the key its ``MonoBuild`` names. Each Launcher is bound when it
-is handed out: in an eager step, never inside a graph capture. A key the
-loader refuses raises in strict mode; in fallback mode it is warned about
-once and gets vLLM's own function (FlyDSL JIT).
-
-The runner module is patched when it is imported, never imported from here.
-A patch that fails is rolled back with one log line: the plugin never breaks
-vLLM. See docs/building.md ("In vLLM"). The entry point vLLM calls is
-:mod:`.vllm_plugin` (``dsv41_aot.vllm``), which re-exports these names.
+FlyDSL compiles just in time. :func:`install` wraps those functions, leaving
+vLLM's files untouched, so each returns the bound Launcher of the key its
+``MonoBuild`` names. A key the loader refuses raises in strict mode; in
+fallback mode it is warned about once and gets vLLM's own function. The
+runner module is patched when imported, never imported from here, and a
+failed patch is rolled back: the plugin never breaks vLLM. See
+docs/building.md ("In vLLM"); :mod:`.vllm_plugin` re-exports these names.
 """
 
 from __future__ import annotations
@@ -110,9 +106,7 @@ def _running(module) -> tuple[str, str]:
 
 
 def key_of(kind: str, build, module) -> BuildKey:
-    """The key of ``build_mono_<kind>(build)`` in the running release.
-
-    The fields of the MonoBuild instance vLLM passes are the key's."""
+    """The key of ``build_mono_<kind>(build)``: the MonoBuild's fields are its own."""
     arch, release = _running(module)
     rel = release_facts(release)
     fields = {f.name: getattr(build, f.name) for f in dataclasses.fields(build)}
@@ -225,9 +219,7 @@ def _patch(module) -> None:
 
 
 def _give_up(why: BaseException) -> None:
-    """Undo a patch that failed while vLLM imported its runner; log it once.
-
-    vLLM keeps its own functions and FlyDSL JIT."""
+    """Undo a patch that failed during vLLM's import (vLLM keeps its JIT); log once."""
     try:
         uninstall()
         log.warning("dsv41-aot vLLM plugin off: could not patch %s (%s); vLLM keeps FlyDSL JIT",
@@ -316,8 +308,7 @@ def install(mode: str = "strict", *, prebuilt: str | os.PathLike | None = None, 
 
 
 def uninstall() -> None:
-    """Undo install(): vLLM's functions back on the runner module, no hook.
-    Runners keep the launchers they memoized."""
+    """Undo install(); runners keep the launchers they memoized."""
     with _state.lock:
         if _state.patched is not None:
             for name, fn in _state.originals.items():
@@ -343,9 +334,6 @@ if hasattr(os, "register_at_fork"):
 
 
 def installed() -> dict:
-    """What install() set up, and the launchers served so far by origin.
-
-    Mode, prebuilt directory, whether the runner is patched or hooked, and
-    ``served_aot`` / ``served_jit``."""
+    """What install() set up, and the launchers served so far (``served_aot/jit``)."""
     return {"mode": _state.mode, "prebuilt": _state.prebuilt, "patched": _state.patched is not None,
             "hooked": _state.hook is not None, **{f"served_{k}": v for k, v in _state.served.items()}}

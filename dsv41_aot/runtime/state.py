@@ -1,12 +1,8 @@
-"""The runtime's process state: :class:`Prebuilt`, one object holding what
-this process has indexed, opened and loaded (indexes, picked rooms, bands
-and their descriptors, Launchers, the device arch, the vLLM digest,
-warnings), and the fork handler that resets it in a child.
+"""The runtime's process state: one :class:`Prebuilt`, reset in a forked child.
 
-Every runtime module reaches the process's instance through
-:func:`current`; tests take a new one with :func:`fresh`.
-
-Runtime-side module: standard library only.
+It holds what this process has indexed, opened and loaded. Every runtime
+module reaches it through :func:`current`; tests take a new one with
+:func:`fresh`.
 """
 
 from __future__ import annotations
@@ -18,8 +14,7 @@ import threading
 
 
 class Prebuilt:
-    """A process's loaded rooms, bands and caches, one object; reset in a
-    forked child."""
+    """A process's loaded rooms, bands and caches, in one object."""
 
     def __init__(self):
         self.lock = threading.RLock()
@@ -98,8 +93,7 @@ def current() -> Prebuilt:
 
 @contextlib.contextmanager
 def fresh():
-    """A new, empty Prebuilt for this process while the block runs (tests),
-    the previous one back after it."""
+    """A new, empty Prebuilt while the block runs (tests); the old one after it."""
     global _current
     before, _current = _current, Prebuilt()
     try:
@@ -109,11 +103,12 @@ def fresh():
 
 
 def _after_fork_in_child() -> None:
-    """HIP does not survive fork: in a child of a process that had used HIP
-    (a device query or a module load), every Launcher's first call raises
-    ForkError (launcher.load_module); a child forked before any HIP use loads
-    its own modules. Either way no Launcher keeps the parent's loads. Locks
-    are new (one held by another thread at fork would never be released here)."""
+    """Reset the state in a forked child, since HIP does not survive fork.
+
+    In a child of a process that had used HIP (a device query or a module
+    load), every Launcher's first call raises ForkError; a child forked
+    before any HIP use loads its own modules. No Launcher keeps the parent's
+    loads, and the locks are new (one held at fork would never be released)."""
     _current._after_fork()
 
 

@@ -32,9 +32,7 @@ from .runner_patch import (  # noqa: F401 - the plugin's public names (dsv41_aot
 
 
 def _ensure_visible() -> None:
-    """Give our logger a stderr handler when nothing would print an INFO line.
-
-    vLLM configures its own ``vllm`` logger only."""
+    """Give our logger a stderr handler (vLLM configures only its own logger)."""
     if not log.handlers and not logging.getLogger().handlers:
         h = logging.StreamHandler()
         h.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [dsv41_aot] %(message)s", "%m-%d %H:%M:%S"))
