@@ -1,12 +1,10 @@
 """``dsv41-aot``: every command a user runs.
 
-Exit codes: 0 ok, 1 checks failed (a key failed to compile, an artifact is
-wrong), 2 bad input (the command line, the matrix, the environment). Commands
-that a script parses take ``--json``: one JSON document on stdout, also on an
-error (``dsv41_aot.aot.output`` has the shared vocabulary). Each command's
-arguments and printing live in a module of this package, which provides
-``register(subparsers)``; the subparser's ``func(args) -> int`` runs it, and
-the work itself is the build half's (``dsv41_aot.aot``) or the shared core's.
+Exit codes: 0 ok, 1 checks failed, 2 bad input (the command line, the
+matrix, the environment). With ``--json`` a command prints one JSON
+document on stdout, also on an error (``dsv41_aot.aot.output``). Each
+command module here provides ``register(subparsers)``; its ``func(args) ->
+int`` runs the command, and the work is the build half's or the core's.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""``dsv41-aot build``, ``list`` and ``fetch-vllm``: their arguments and their
-output (the work is ``dsv41_aot.aot.builder``, ``dsv41_aot.room`` and
-``dsv41_aot.source``)."""
+"""``dsv41-aot build``, ``list`` and ``fetch-vllm``: arguments and output.
+
+The work is ``aot.builder``'s, ``room``'s and ``source``'s."""
 
 from __future__ import annotations
 
@@ -62,8 +62,7 @@ def _selected_keys(args) -> list:
 
 
 def _rebuild_options(args) -> list[str]:
-    """The options of this build that a printed rebuild must carry to build
-    the same way: its matrix, vLLM trees, ``--any-key`` and cache choice."""
+    """The options a printed rebuild must carry to build the same way."""
     out = ["--matrix", str(Path(args.matrix).resolve())] if args.matrix else []
     for t in args.vllm_src or ():
         out += ["--vllm-src", str(Path(t).resolve())]
@@ -159,9 +158,10 @@ def cmd_list(args) -> int:
 
 
 def _room_proofs(room, man, proofs: list, warnings: list):
-    """The room's verified.json (records.Proof) for list, its counts appended
-    to ``proofs``; None when it is unreadable (a warning naming the file and
-    its fix: list still lists)."""
+    """The room's proofs for ``list``, their counts appended to ``proofs``.
+
+    None when verified.json is unreadable: a warning names the file and its
+    fix, and ``list`` still lists."""
     from ..errors import ManifestError
 
     try:
@@ -211,7 +211,7 @@ def register(sub) -> None:
                                      "launches of (default: the matrix's newest)")
     p.add_argument("--vllm-src", action="append", metavar="PATH",
                    help="a vLLM tree (folder holding vllm/) to build its release's keys from (repeatable: one "
-                        "a release); default: the installed vllm, then the tree cache (dsv41-aot fetch-vllm)")
+                        "per release); default: the installed vllm, then the tree cache (dsv41-aot fetch-vllm)")
     p.add_argument("--list", action="store_true", help="print the selected keys and exit")
     p.add_argument("--json", action="store_true", help="print one JSON summary at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

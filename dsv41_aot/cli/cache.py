@@ -1,4 +1,4 @@
-"""``dsv41-aot cache``: its arguments and its output (the work is ``dsv41_aot.aot.cache``)."""
+"""``dsv41-aot cache``'s arguments and output; ``aot.cache`` does the work."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``dsv41-aot coverage``: its arguments and its output (the work is ``dsv41_aot.aot.coverage``)."""
+"""``dsv41-aot coverage``'s arguments and output; ``aot.coverage`` does the work."""
 
 from __future__ import annotations
 

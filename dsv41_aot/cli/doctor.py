@@ -1,4 +1,4 @@
-"""``dsv41-aot doctor``: its arguments and its output (the work is ``dsv41_aot.runtime.doctor``)."""
+"""``dsv41-aot doctor``'s arguments and output; ``runtime.doctor`` does the work."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""``dsv41-aot facts``: the facts tables (``dsv41_aot/facts/``) as they are,
-for a person (a short table) or a script (``--json``: ci/bootstrap.sh and
-the wheels workflow read the releases and arches from it instead of
-repeating them).
+"""``dsv41-aot facts``: the facts tables (``dsv41_aot/facts/``) as they are.
 
-A thin printer: every value comes from the tables' own dataclasses, nothing
-is written here twice. Standard library only, like the tables, so it runs
-with a bare interpreter and the project on ``PYTHONPATH``.
+A short table for a person; ``--json`` for a script (ci/bootstrap.sh and
+the wheels workflow read the releases and arches from it). Every value
+comes from the tables' own dataclasses. Standard library only, like the
+tables, so it runs with a bare interpreter and the project on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -27,9 +25,10 @@ def _plain(value):
 
 
 def document() -> dict:
-    """The ``--json`` document's own fields: ``releases`` (newest last, each
-    with its folder), ``newest``, ``arches`` (those some release runs on,
-    each with the releases that do) and ``kinds``."""
+    """The ``--json`` document's fields: releases, newest, arches and kinds.
+
+    Releases come newest last, each with its folder; arches are those some
+    release runs on, each with the releases that do."""
     releases = [dict(_plain(dataclasses.asdict(r)), folder=r.folder) for r in oldest_first()]
     arches = [dict(_plain(dataclasses.asdict(ARCHES[a])), releases=[r.version for r in oldest_first()
                                                                      if a in r.arches])
@@ -58,7 +57,7 @@ def _draft(dep) -> str:
 
 
 def lines() -> list[str]:
-    """The text form: one block a release (newest last), then the arches and the kinds."""
+    """The text form: one block per release (newest last), then arches and kinds."""
     out = ["vLLM releases (newest last):"]
     ordered = oldest_first()
     for rel in ordered:
@@ -76,7 +75,7 @@ def lines() -> list[str]:
         a = ARCHES[name]
         runs = ", ".join(r.version for r in oldest_first() if name in r.arches)
         out.append(f"  {a.name:7} {a.products:16} gfx_target_version {a.gfx_target_version}  {a.cus} CUs, "
-                   f"LDS {a.lds_bytes // 1024} KiB a CU  vLLM {runs}")
+                   f"LDS {a.lds_bytes // 1024} KiB per CU  vLLM {runs}")
     out.append("launch kinds:")
     for k in KINDS.values():
         asked = f"{k.runner_method}()" + (f"[{k.runner_index}]" if k.runner_index is not None else "")

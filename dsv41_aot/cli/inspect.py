@@ -1,4 +1,4 @@
-"""``dsv41-aot inspect``: its arguments and its output (the work is ``dsv41_aot.aot.inspection``)."""
+"""``dsv41-aot inspect``'s arguments and output; ``aot.inspection`` does the work."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    """Exit 1 when any symbol cannot be resident, else 0 (a spill is shown, not failed)."""
+    """Print the residency report; exit 1 when a symbol cannot be resident."""
     doc = report(args.dir, args.release)
     rows = doc["rows"]
     if args.plot:

@@ -1,4 +1,4 @@
-"""``dsv41-aot link``: its arguments and its output (the work is ``dsv41_aot.aot.link``)."""
+"""``dsv41-aot link``'s arguments and output; ``aot.link`` does the work."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "link",
-        help="link stored objects into loadable libraries (<dir>/<arch>/lib/, one libs.json a release)",
+        help="link stored objects into loadable libraries (<dir>/<arch>/lib/, one libs.json per release)",
         description="Link each room's (arch and vLLM release) stored export objects into shared libraries, one per "
                     "TP and band of eight step widths, stored xz-compressed (<arch>/lib/*.so.xz, shared by the "
                     "arch's releases; <arch>/vllm-<release>/libs.json); up-to-date bands are kept. No "

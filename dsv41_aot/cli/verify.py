@@ -1,4 +1,4 @@
-"""``dsv41-aot verify``: its arguments and its output (the work is ``dsv41_aot.aot.verify``)."""
+"""``dsv41-aot verify``'s arguments and output; ``aot.verify`` does the work."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def register(sub) -> None:
                    help="with --against-jit: write <arch>/vllm-<release>/verified.json, the proof of each key that passed")
     p.add_argument("--vllm-src", action="append", metavar="PATH",
                    help="with --against-jit: a vLLM tree (folder holding vllm/) to JIT-build its release's keys from "
-                        "(repeatable: one a release); default: the installed vllm, then the tree cache "
+                        "(repeatable: one per release); default: the installed vllm, then the tree cache "
                         "(dsv41-aot fetch-vllm)")
     p.add_argument("--json", action="store_true", help="print one JSON report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -140,8 +140,9 @@ def run(args) -> int:
 
 
 def print_wheel_report(r: dict, require_proofs: bool = False) -> int:
-    """The report as text; exit 1 when something is wrong (or, with
-    ``require_proofs``, a key carries no proof)."""
+    """Print a wheel's report; exit 1 when something is wrong.
+
+    With ``require_proofs``, a key without a proof is wrong too."""
     print(f"{r['wheel']}: {r.get('name')} {r.get('version')}, {r['bytes'] / 1e6:.2f} MB")
     for room in r["rooms"]:
         print(f"  {room['arch']} vLLM {room['release']} (mono sources {room['mono_sources']}): {room['keys']} keys, "
