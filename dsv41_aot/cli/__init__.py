@@ -16,6 +16,15 @@ import sys
 from ..aot.output import INTERNAL_ERROR, error_doc, internal_error_doc, print_json
 from ..errors import AotError
 
+
+def add_dir(p, flag: str = "--dir") -> None:
+    """The prebuilt directory option of a command, defaulting as the loader does."""
+    from ..manifest import prebuilt_dir
+
+    p.add_argument(flag, default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else "
+                                                           "kernels_prebuilt/)")
+
+
 # the command modules of this package, each with register(subparsers)
 COMMANDS: tuple[str, ...] = ("build", "inspect", "verify", "link", "coverage", "cache", "doctor", "facts")
 

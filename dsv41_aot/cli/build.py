@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ..aot.output import print_json, tally
 from ..errors import AotError
-from ..manifest import prebuilt_dir
 from ..proof import flydsl_text
+from . import add_dir
 
 
 # ---------------------------------------------------------------- build
@@ -202,7 +202,7 @@ def register(sub) -> None:
     p.add_argument("--jobs", "-j", type=int, default=None, help="worker processes (default: CPU count)")
     p.add_argument("--key-timeout", type=float, default=None, metavar="SECONDS",
                    help="fail a key whose compile takes longer; its worker is replaced (default 600)")
-    p.add_argument("--out", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
+    add_dir(p, "--out")
     p.add_argument("--shard", help="build shard i of N (i/N, from 0), balanced by compile seconds")
     p.add_argument("--seconds", nargs="+", default=[], metavar="TIMINGS",
                    help="with --shard: <arch>/timings.json files (or manifest.json / arch folders beside them) "
@@ -220,7 +220,7 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("list", help="what a prebuilt directory holds")
-    p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
+    add_dir(p)
     p.add_argument("--release", help="only this vLLM release's keys")
     p.add_argument("--json", action="store_true", help="one JSON document: its entries carry their release")
     p.set_defaults(func=cmd_list)

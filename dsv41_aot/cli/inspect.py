@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from ..aot.inspection import cta_text, plot, report, summary_lines
-from ..manifest import prebuilt_dir
+from . import add_dir
 
 # ---------------------------------------------------------------- CLI
 
 
 def register(sub) -> None:
     p = sub.add_parser("inspect", help="residency of every prebuilt symbol: resources against the arch's limits, spills, headroom")
-    p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
+    add_dir(p)
     p.add_argument("--json", action="store_true", help='print one JSON document: {"threads", "limits", "rows", "summary"} '
                                                         "(threads: a CTA of the rooms' releases; each row has its own)")
     p.add_argument("--plot", metavar="FILE.png", help="write a PNG of LDS / VGPR (AGPR, SGPR where they bind) use against "

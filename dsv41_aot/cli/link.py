@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..aot.link import link_dir
-from ..manifest import prebuilt_dir
+from . import add_dir
 
 # ------------------------------------------------------------------ CLI
 
@@ -20,7 +20,7 @@ def register(subparsers) -> None:
                     "arch's releases; <arch>/vllm-<release>/libs.json); up-to-date bands are kept. No "
                     "libamdhip64 SONAME is recorded.",
     )
-    p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
+    add_dir(p)
     p.add_argument("--arch", action="append", help="link only this arch (repeatable)")
     p.add_argument("--release", help="link only this vLLM release's rooms")
     p.add_argument("--json", action="store_true", help="print one JSON document with per-room summaries")

@@ -11,14 +11,13 @@ from ..errors import AotError
 from ..facts.releases import NEWEST
 from ..keys import BuildKey
 from ..proof import flydsl_text
+from . import add_dir
 from .cache import add_args
 
 
 def register(sub) -> None:
-    from ..manifest import prebuilt_dir
-
     p = sub.add_parser("verify", help="check prebuilt objects; with --against-jit, against vLLM's own JIT build")
-    p.add_argument("--dir", default=str(prebuilt_dir()), help="prebuilt directory (default: $DSV41_AOT_PREBUILT, else kernels_prebuilt/)")
+    add_dir(p)
     p.add_argument("--against-jit", action="store_true",
                    help="rebuild keys through vLLM's runner and FlyDSL's JIT and compare code objects, and each "
                         "key's launch by the JIT and the prebuilt Launcher through the recording HIP (the "
