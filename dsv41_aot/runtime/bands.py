@@ -25,10 +25,9 @@ ENV_CACHE = "DSV41_AOT_CACHE"  # where bands are unpacked when the kernel has no
 def open_library(idx: RoomIndex, lib: Band) -> ctypes.CDLL:
     """Bind one band, once per process, and return its library.
 
-    Checks the HIP runtime, reads, verifies and decompresses the band
-    (``Room.read_band``) and dlopens exactly those bytes, libamdhip64 first
-    (RTLD_GLOBAL: the library's hip* references bind to it). This runs under
-    the band's own lock, so two bands bind at once (xz, sha256 and the memfd
+    The band is read, verified and decompressed by ``Room.read_band``, and
+    libamdhip64 is opened first so the library's hip* references bind to it.
+    The band's own lock lets two bands bind at once (xz, sha256 and the memfd
     write release the GIL). Lock order: whoever holds ``state.lock`` may take
     a band's lock, never the other way round (nothing here takes it)."""
     key = idx.band_paths[lib.file]

@@ -81,12 +81,10 @@ def kfd_arches(nodes: Path = KFD_NODES) -> list[str]:
 
 
 def _arch(env, kfd, device) -> tuple:
-    """The arch to serve, where it came from, and why it cannot be served.
+    """(arch, source, problem, fix, warning): the arch to serve, or why none.
 
-    A tuple (arch, source, problem, fix, warning); ``warning`` tells a real
-    problem from simply no GPU here. The arch is DSV41_AOT_ARCH, else the
-    KFD topology's one GPU arch, else (when ``device`` is given) the HIP
-    device's."""
+    DSV41_AOT_ARCH, else the KFD topology's one GPU arch, else the HIP
+    device's (``device``). ``warning`` tells a problem from simply no GPU."""
     named = env.get(ENV_ARCH)
     if named:
         arch, where = named, ENV_ARCH

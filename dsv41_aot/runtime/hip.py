@@ -24,17 +24,14 @@ FIX_HIP = (
 )
 FIX_DEVICE = "check the ROCm install and that a GPU is visible (rocm-smi; HIP_VISIBLE_DEVICES)"
 HIP_SUCCESS = 0
-# HIP runtime versions the kernels are built for: ROCm 6.x and 7.x
-# (hipRuntimeGetVersion: major * 10,000,000 + minor * 100,000 + patch). The AOT
-# runtime of every FlyDSL dsv41-aot supports targets ROCm 6+
-# (hipGetDevicePropertiesR0600's layout, gfx950 code objects); ROCm 5's HIP
-# predates both.
+# ROCm 6.x and 7.x (hipRuntimeGetVersion: major * 10,000,000 + minor * 100,000 + patch): the AOT
+# runtime of every FlyDSL dsv41-aot supports targets ROCm 6+ (hipGetDevicePropertiesR0600's
+# layout, gfx950 code objects), which ROCm 5's HIP predates.
 ACCEPTED = ((6, 0), (8, 0))  # [from, to)
 ENV_ALLOW_VERSION = "DSV41_AOT_ALLOW_HIP_VERSION"  # "5.2": also accept exactly that major.minor
 _ARCH_RE = re.compile(rb"gfx[0-9a-f]+(?::[A-Za-z0-9+\-:]*)?\x00")
-# hipDeviceProp_t grew between ROCm 5 and 6 (hipGetDevicePropertiesR0600);
-# a buffer larger than either, scanned for the gcnArchName string, needs
-# neither layout.
+# hipDeviceProp_t grew between ROCm 5 and 6 (hipGetDevicePropertiesR0600): a buffer larger
+# than either, scanned for the gcnArchName string, needs neither layout.
 _PROPS_BYTES = 16384
 
 _lock = threading.Lock()

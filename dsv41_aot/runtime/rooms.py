@@ -143,11 +143,10 @@ def _no_room(root: Path, arch: str, release: str, held: list) -> None:
 def release_of(root: Path, arch: str) -> str:
     """The release whose room serves this process on ``arch``, picked once.
 
-    It is the room whose manifest records the installed vLLM's mono sources
-    digest (computed without importing vLLM); with no vLLM, the newest. A
-    digest no room has is a ReleaseMismatchError, or with
-    DSV41_AOT_ALLOW_SOURCE_MISMATCH=1 the room of vLLM's version (else the
-    newest), with a warning."""
+    The room whose manifest records the installed vLLM's mono sources digest
+    (without vLLM: the newest). No match is a ReleaseMismatchError, or with
+    DSV41_AOT_ALLOW_SOURCE_MISMATCH=1 a warning and the room of vLLM's
+    version (else the newest)."""
     picked = state.current().picked.get((root, arch))
     if picked is not None:
         return picked

@@ -26,8 +26,7 @@ class Prebuilt:
         # parsed to pick it, taken over once by rooms.index_of
         self.read_rooms: dict = {}
         self.libraries: dict = {}  # band path -> ctypes.CDLL
-        # band path -> the lock its first bind holds (reading, checking, decompressing, dlopening it), so
-        # bands bind concurrently; never held while taking ``lock`` (see bands.open_library)
+        # band path -> the lock its first bind holds, so bands bind concurrently (bands.open_library)
         self.band_locks: dict = {}
         self.band_locks_guard = threading.Lock()  # only around band_locks.setdefault
         self.fds: dict = {}  # band path -> the descriptor it was dlopened through (kept open: see bands.open_library)
@@ -38,8 +37,7 @@ class Prebuilt:
         self.installed_digest: tuple | None = None  # (digest or None, source.MonoSource, mono dir, error or None)
         self.abi_checked: dict = {}  # export metadata (entry name removed) -> ABI id it was checked against
         self.warned: set = set()
-        # this process is a fork() child of one that had used HIP: no module may be loaded here (the parent's
-        # pid); see _after_fork_in_child
+        # the parent's pid when this is a fork() child of a process that had used HIP: nothing loads here
         self.forked_after_hip: int | None = None
 
     def warn_once(self, what, message: str) -> None:
