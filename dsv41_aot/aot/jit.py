@@ -8,7 +8,7 @@ from the JIT's disk-cache artifact (its IR's ``gpu.binary``), not from
 ``export_to_c``. Given the recording HIP (the stand-in for the AMD GPU), it
 also launches it once. The parent compares both with the prebuilt key.
 
-The worker reports what only its run produced (``records.Evidence``), so a
+The worker reports what only its run produced (``proof.Evidence``), so a
 proof copied from the manifest can be told apart (a claim, not a signature:
 docs/releases.md). FlyDSL internals are reached only through
 ``aot/flydsl_api.py``.
@@ -102,7 +102,7 @@ class VllmJit:
         """JIT-build ``key``: (GPU code object, launcher parameters, evidence).
 
         Parameters are [name, annotation class name] pairs; the evidence has
-        ``records.Evidence``'s fields (``run_evidence``). With ``launch_in``
+        ``proof.Evidence``'s fields (``run_evidence``). With ``launch_in``
         (a folder, when the process's HIP is the recording HIP), the launcher
         is also launched once and the evidence carries that launch (``launch``)."""
         import inspect
@@ -148,7 +148,7 @@ class VllmJit:
 def run_evidence(artifact: bytes, ir_text, at: str) -> dict:
     """A JIT run's evidence: artifact and module sha256, and when it ran.
 
-    Fields are ``records.Evidence``'s; both digests differ from key to key."""
+    Fields are ``proof.Evidence``'s; both digests differ from key to key."""
     module = ir_text.encode() if isinstance(ir_text, str) else bytes(ir_text)
     return {"artifact_sha256": hashlib.sha256(artifact).hexdigest(),
             "module_sha256": hashlib.sha256(module).hexdigest(), "at": at}
@@ -258,7 +258,7 @@ def compare_jit(man: Manifest, key: str, prebuilt: bytes, answer: dict) -> list[
 
 
 def read_verified(room) -> dict:
-    """The proofs of a room's verified.json: key -> ``records.KeyProof``.
+    """The proofs of a room's verified.json: key -> ``proof.KeyProof``.
 
     ``room`` is a ``room.Room`` or its folder. An absent file gives {}; an
     unreadable one raises ManifestError naming it."""
@@ -270,7 +270,7 @@ def write_verified(man: Manifest, proofs) -> None:
     """Write ``proofs`` (KeyProofs, or a dict of them) as the room's verified.json.
 
     Only proofs of the code object the manifest entry still holds are kept
-    (``records.Proof.of``)."""
+    (``proof.Proof.of``)."""
     proofs = proofs.values() if isinstance(proofs, dict) else proofs
     atomic_write(man.room / VERIFIED, Proof.of(man.arch, man.release, proofs, man.entries).to_bytes())
 

@@ -111,7 +111,7 @@ def report(wheel: Path) -> dict:
     """Report what a kernels wheel holds and whether it holds together.
 
     Per (arch, vLLM release, TP): the keys, their kinds and token widths,
-    and how many are proven (``records.Proof.verdict`` is PROVEN).
+    and how many are proven (``proof.Proof.verdict`` is PROVEN).
     ``problems`` is what each room's verdict finds wrong (empty: the wheel
     holds together); ``unproven`` lists the keys without a matching proof."""
     out = {"wheel": Path(wheel).name, "bytes": Path(wheel).stat().st_size, "rooms": [], "bands": [],
