@@ -19,7 +19,7 @@ Prints, side by side:
   (3.9 MB for 1,611 keys);
 - with ``--full-band DIR`` (a prebuilt dir holding every ``full`` key of at
   least one chunk of a room, e.g. ``dsv41-aot build --release 0.32.0 --key
-  <the 40 gfx950 tp=4 s=1..8 keys>``): that real band's xz bytes a key, and
+  <the 40 gfx950 tp=4 s=1..8 keys>``): that real band's xz bytes per key, and
   the best estimate of the whole wheel: each room's full keys at its own real
   band's rate, else at the anchor's rate;
 - pip install into a fresh venv, then a fresh process to the first bound

@@ -54,7 +54,7 @@ def records(cache: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
-    """KEYS built through the session's cache (compiled once a session, and
+    """KEYS built through the session's cache (compiled once per session, and
     stored there): the bytes every build below must give."""
     out = tmp_path_factory.mktemp("reference") / "p"
     s, _ = build(out)

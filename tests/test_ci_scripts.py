@@ -70,7 +70,7 @@ def test_shards_cut_across_releases():
     assert all(set(p["keys"]) == {"0.32.0", "0.33.0"} for p in plans)
     text = sorted(both)[0]
     holders = [(p["index"], r) for p in plans for r, ks in p["keys"].items() if text in ks]
-    assert sorted(r for _, r in holders) == ["0.32.0", "0.33.0"]  # once a release, never twice
+    assert sorted(r for _, r in holders) == ["0.32.0", "0.33.0"]  # once per release, never twice
     assert sum(len(build_shard.pairs(p["keys"])) for p in plans) == len(full)
 
 

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 ENV_DEPLOYMENT = "DSV41_AOT_FULL_DEPLOYMENT"
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "prebuilt-gfx950-tp4"
 ARCH, NEW, OLD = "gfx950", "0.33.0", "0.32.0"
-# the deployment as shipped (its README): keys a room, bands a room
+# the deployment as shipped (its README): keys per room, bands per room
 SHIPPED = {NEW: (912, 6), OLD: (240, 6)}
 
 

@@ -82,7 +82,7 @@ def test_residency_counts_lds_in_allocation_granules():
 
 
 def test_residency_unified_register_file_counts_agprs():
-    # 200 arch VGPRs + 64 AGPRs = 264 in the unified file: 2 waves a SIMD do not fit
+    # 200 arch VGPRs + 64 AGPRs = 264 in the unified file: 2 waves per SIMD do not fit
     problems = residency_problems(figures(vgpr_count=264, agpr_count=64, vgpr_alloc=264, accum_offset=200), "gfx950", NEWEST)
     assert any("AGPRs 64" in p and "> 256 per wave" in p for p in problems), problems
     # the kernel descriptor's allocation wins over the note's count

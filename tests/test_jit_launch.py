@@ -82,6 +82,6 @@ def test_prebuilt_and_jit_launches_hand_hip_the_same_launch(smoke_dir, recording
             (key, {f: (pre[f][:80], jit[f][:80]) for f in FIELDS if pre[f] != jit[f]})
         assert pre["kernarg"] not in ("?", "none") and pre["stream"] == "0x7e57"
         assert pre["fn"] != jit["fn"] and pre["grid"] == "256,1,1"  # two modules of one image, each its own function
-    # the JIT looks its kernel up before every launch; the prebuilt band once a device
+    # the JIT looks its kernel up before every launch; the prebuilt band once per device
     lookups = [c["kernel"] for c in rh.calls(log, "hipModuleGetFunction")]
     assert sorted(lookups) == sorted([c["kernel"] for c in first] * 3)
