@@ -4,7 +4,9 @@ arches) and linked by whichever test asks first, in any test order."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 
 import pytest
 
@@ -18,25 +20,62 @@ os.environ.setdefault("DSV41_AOT_ALLOW_HIP_VERSION", "5.2")
 import _smoke  # noqa: E402
 
 
+SHARED = "DSV41_AOT_TEST_SHARED"  # the session's folder, shared by every pytest-xdist worker
+
+
 def pytest_configure(config):
-    """One fresh build cache for the session (aot/cache.py), never kept
-    between runs: a key compiles once per session, however many folders the
-    tests build it into; a test that must compile (kills, identity changes,
-    failures) passes --no-cache or changes the identity. Every subprocess
-    inherits it."""
+    """One session folder, made by the process that runs the session and
+    inherited by its pytest-xdist workers and every subprocess: the build
+    cache (aot/cache.py), never kept between runs, so a key compiles once per
+    session however many folders and workers build it (a test that must
+    compile passes --no-cache or changes the identity), and the locks that
+    let one worker make what the others then reuse."""
     import tempfile
+    from pathlib import Path
 
     from dsv41_aot.aot.cache import ENV_BUILD_CACHE
 
-    config._dsv41_cache = tempfile.mkdtemp(prefix="dsv41-aot-test-cache-")
-    os.environ[ENV_BUILD_CACHE] = config._dsv41_cache
+    if not os.environ.get(SHARED):  # the controller (or a run without workers)
+        config._dsv41_shared = tempfile.mkdtemp(prefix="dsv41-aot-test-session-")
+        os.environ[SHARED] = config._dsv41_shared
+        os.environ[ENV_BUILD_CACHE] = str(Path(config._dsv41_shared) / "cache")
+    config.stash[SUMMARY] = []
 
 
 def pytest_unconfigure(config):
     import shutil
 
-    if getattr(config, "_dsv41_cache", None):
-        shutil.rmtree(config._dsv41_cache, ignore_errors=True)
+    if getattr(config, "_dsv41_shared", None):
+        shutil.rmtree(config._dsv41_shared, ignore_errors=True)
+
+
+SUMMARY = pytest.StashKey[list]()  # lines a test module leaves for the end of the run
+
+
+@pytest.fixture(scope="session")
+def summary_lines(request) -> list:
+    """Lines to print in the run's closing summary (from a pytest-xdist worker too)."""
+    return request.config.stash[SUMMARY]
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # a worker: hand its lines to the controller
+        session.config.workeroutput["dsv41_summary"] = session.config.stash[SUMMARY]
+
+
+def pytest_testnodedown(node, error):
+    node.config.stash[SUMMARY].extend(node.workeroutput.get("dsv41_summary", []))
+
+
+@contextlib.contextmanager
+def session_lock(name: str):
+    """Hold the session's lock ``name`` (an flock): what one worker makes under
+    it, the next worker to take it finds made."""
+    import fcntl
+
+    with open(os.path.join(os.environ[SHARED], f"{name}.lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -44,37 +83,58 @@ def smoke_dir(tmp_path_factory):
     """Built and linked; read it, copy it to change it."""
     if os.environ.get(FAST):
         pytest.fail(f"{FAST} is set (ci/test.sh --fast) but this test needs the smoke build: it compiles")
-    return _smoke.smoke_dir(tmp_path_factory)
+    with session_lock("smoke"):  # one worker compiles; the others build theirs from the cache it filled
+        return _smoke.smoke_dir(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def flydsl_python(tmp_path_factory):
+def smoke_jit(smoke_dir):
+    """The smoke build, with every key's JIT build in the session's build
+    cache: ``verify --against-jit`` ran once over it, by whichever worker
+    asked first. JIT comparisons of smoke keys then come from the cache, so
+    two workers never JIT-build the same keys side by side. A test that must
+    see the JIT run passes --no-cache."""
+    from pathlib import Path
+
+    done = Path(os.environ[SHARED], "smoke-jit-done")
+    with session_lock("smoke-jit"):
+        if not done.exists():
+            r = _smoke.cli("verify", "--dir", smoke_dir, "--against-jit", "--no-progress")
+            assert r.returncode == 0, r.stdout + r.stderr
+            done.touch()
+    return smoke_dir
+
+
+@pytest.fixture(scope="session")
+def flydsl_python():
     """``flydsl_python(version)``: the Python of a second environment whose
     FlyDSL is ``version`` and whose everything else (torch, vLLM's source,
     pyyaml) is this environment's: a venv holding only that FlyDSL (installed
     by this environment's pip), and a .pth naming this environment's
     site-packages, which Python puts after the venv's own (so the venv's
-    FlyDSL is the one imported). Made once a session (tests/test_flydsl_pin.py)."""
+    FlyDSL is the one imported). Made once per session, in the session folder
+    every worker shares (tests/test_flydsl_pin.py)."""
     import subprocess
     import sys
     import sysconfig
     from pathlib import Path
 
-    made: dict = {}
-
     def make(v: str) -> str:
-        if v not in made:
-            env = tmp_path_factory.mktemp(f"flydsl-{v}")
+        env = Path(os.environ[SHARED], f"flydsl-{v}")
+        py = str(env / "bin" / "python")
+        with session_lock(f"flydsl-{v}"):
+            if (env / "made").exists():
+                return py
+            shutil.rmtree(env, ignore_errors=True)  # a half-made one, from a worker that died
             subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, capture_output=True)
-            py = str(env / "bin" / "python")
             pip = subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--disable-pip-version-check",
                                   f"flydsl=={v}"], capture_output=True, text=True)
             assert pip.returncode == 0, f"pip install flydsl=={v} failed:\n{pip.stdout}\n{pip.stderr}"
             site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                   capture_output=True, text=True, check=True).stdout.strip()
             Path(site, "dsv41-aot-first-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-            made[v] = py
-        return made[v]
+            (env / "made").touch()
+        return py
 
     return make
 
@@ -83,10 +143,10 @@ FAST = "DSV41_AOT_TEST_FAST"  # ci/test.sh --fast: a compile is a test-selection
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test that reaches the smoke build compiles (once a session): it is
+    """A test that reaches the smoke build compiles (once per session): it is
     slow, whatever its own marks say, so ``-m "not slow"`` never compiles."""
     for item in items:
-        if "smoke_dir" in getattr(item, "fixturenames", ()):
+        if "smoke_dir" in getattr(item, "fixturenames", ()):  # smoke_jit's too
             item.add_marker(pytest.mark.slow)
 
 
@@ -105,8 +165,11 @@ def fresh(monkeypatch):
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    """Name the shuffled order (pytest-randomly) even under -q, which hides the
-    header that says it: the line to replay a failing order with."""
+    """The lines test modules left, and the shuffled order (pytest-randomly)
+    even under -q, which hides the header that says it: the line to replay a
+    failing order with."""
+    for line in config.stash[SUMMARY]:
+        terminalreporter.write_line(line)
     seed = getattr(config.option, "randomly_seed", None)
     if isinstance(seed, int):
         terminalreporter.write_line(f"test order: shuffled by pytest-randomly; replay it with --randomly-seed={seed}")
@@ -115,7 +178,7 @@ def pytest_terminal_summary(terminalreporter, config):
 @pytest.fixture(scope="session")
 def recording_hip(tmp_path_factory):
     """The recording HIP (dsv41_aot/aot/hiprec/recording_hip.c), the suite's
-    one stand-in for the AMD GPU (MOCK-GPU), built once a session by the
+    one stand-in for the AMD GPU (MOCK-GPU), built once per session by the
     package's own builder: its libamdhip64.so.7. Processes use it through
     ``_recording_hip.env``."""
     import _recording_hip

@@ -484,37 +484,6 @@ def test_identity_change_makes_a_key_stale(smoke_dir):
     assert buildroom.up_to_date(m, key, ident)
 
 
-@pytest.mark.slow
-def test_keys_that_cannot_run_fail_alone(tmp_path):
-    out = tmp_path / "pb"
-    # measured here: gfx942 FFN s=33 tp=2 trips stages/moe.py's shared_units assert;
-    # gfx942 K2 s=17 tp=2 r=2 compiles but needs 77,056 B of LDS (64 KiB) and
-    # 325 VGPRs: a persistent CTA that could never be resident
-    refused, unresident = "ffn@gfx942:s=33,tp=2,r=0", "k2@gfx942:s=17,tp=2,r=2"
-    code, stdout, stderr = run_cli(
-        "build", "--key", refused, unresident, CHEAP[1], "--any-key", "--out", out, "--json", "--no-progress",
-        check=False,
-    )
-    assert code == 1
-    s = json.loads(stdout)
-    assert (s["compiled"] + s["cached"], s["failed"]) == (1, 2)
-    errors = {f["key"]: f["error"] for f in s["failures"]}
-    assert "moe.py" in errors[refused]
-    assert unresident in errors[unresident] and "LDS" in errors[unresident] and "65536" in errors[unresident].replace(",", "")
-    m = Manifest.read(out / "gfx942", release=NEWEST)
-    assert list(m.entries) == [CHEAP[1]]
-    assert m.entries[CHEAP[1]].resources["scratch_bytes"] == 0
-    assert set(m.refused) == {refused, unresident}
-    # the same source refuses them again: reported, not recompiled
-    code, stdout, _ = run_cli(
-        "build", "--key", refused, unresident, CHEAP[1], "--any-key", "--out", out, "--json", "--no-progress",
-        check=False,
-    )
-    s = json.loads(stdout)
-    assert code == 1 and (s["compiled"], s["up_to_date"], s["failed"], s["compile_seconds"]) == (0, 1, 2, 0)
-    assert {f["key"]: f["error"] for f in s["failures"]} == errors and all(f["known"] for f in s["failures"])
-
-
 def test_seconds_without_shard_and_an_unknown_release_exit_2(tmp_path, capsys):
     """--seconds only balances --shard's shards (verify refuses the same);
     --release names a release dsv41-aot knows, else "unknown vLLM release"

@@ -121,12 +121,12 @@ def test_bad_shard_is_refused():
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, smoke_dir):
+def built(tmp_path_factory, smoke_jit):
     """The smoke profile built whole (and linked), and built as 2 shards per
     arch (every release's keys of each shard, each verified against its
     release's JIT: verified.json in each room)."""
     tmp = tmp_path_factory.mktemp("ci")
-    whole = copy_of(smoke_dir, tmp / "whole")  # the session's smoke build, linked
+    whole = copy_of(smoke_jit, tmp / "whole")  # the session's smoke build, linked
     shards = []
     for arch in ARCHES:
         for i in range(2):

@@ -34,8 +34,8 @@ SMOKE = matrix.load().select("smoke")  # BuildKeys: each with its release
 
 
 @pytest.fixture(scope="module")
-def smoke(smoke_dir) -> Path:
-    return smoke_dir
+def smoke(smoke_jit) -> Path:
+    return smoke_jit
 
 
 def cli(*argv) -> subprocess.CompletedProcess:
