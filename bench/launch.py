@@ -161,7 +161,7 @@ def main() -> int:
     for name, key in KEYS.items():
         p, j = prebuilt[name]["us"], jit[name]["us"]
         print(f"| {name} `{key}` | {figure(p)} | {figure(j)} | {statistics.median(j) / statistics.median(p):.1f}x |")
-    print("\nHIP calls a launch (a recorded launch after the first):")
+    print("\nHIP calls per launch (a recorded launch after the first):")
     for side, out in (("prebuilt", prebuilt), ("JIT", jit)):
         print(f"- {side}: " + "; ".join(f"{name}: {' + '.join(out[name]['calls'])}" for name in KEYS))
     print(f"\n/proc/loadavg before: {before}; after: {after}")

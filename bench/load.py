@@ -355,7 +355,7 @@ def main() -> int:
               f"costs {runner['first_cpu_s'] * 1e3:.0f} ms CPU, {runner['first_memfd'] / 1e6:.1f} MB of memfd "
               f"(RSS +{runner['first_rss'] / 1e6:.1f} MB); all {runner['bands']} bands {runner['all_cpu_s'] * 1e3:.0f} "
               f"ms CPU, {runner['all_memfd'] / 1e6:.1f} MB of memfd (RSS +{runner['all_rss'] / 1e6:.1f} MB): "
-              f"in each vLLM process (one a GPU)")
+              f"in each vLLM process (one per GPU)")
 
     call = py(CALL, root, arch)
     print("\nOne launch's Python side (real Launcher and library, the C entry answering -1 without a device): "
