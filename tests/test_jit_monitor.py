@@ -2,7 +2,7 @@
 ``vllm/utils/jit_monitor.py``) is told of a mono launch FlyDSL JIT-compiles
 in fallback mode: the monitor watches Triton, CuTeDSL and TileLang, not
 FlyDSL. Each case runs in a fresh process that imports vLLM's module
-(``activate`` is once a process), installs the plugin in fallback mode over
+(``activate`` runs once per process), installs the plugin in fallback mode over
 an empty prebuilt folder (no key is served) and asks for one key's launcher
 twice through the plugin's own per-key decision (``runner_patch._launcher``).
 """
