@@ -115,7 +115,7 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
     try:
         z = open_wheel(wheel)  # a sound zip whose members all install inside the target folder
     except IntegrityError as e:
-        problems.append(str(e).splitlines()[0])
+        problems.append(e.message)
         return out
     with z:
         names = z.namelist()
@@ -189,7 +189,7 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
                 try:
                     ok = admits(spec, release)
                 except AotError as e:
-                    problems.append(str(e).splitlines()[0])
+                    problems.append(e.message)
                     break
                 if not ok:
                     problems.append(f"the vllm extra (vllm{spec}) does not admit vLLM {release}, which the wheel serves")

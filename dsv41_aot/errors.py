@@ -110,3 +110,10 @@ class LaunchError(LoadError):
 
 class ForkError(LaunchError):
     """A first load in a process forked after its parent used HIP (HIP does not survive fork)."""
+
+
+def message_of(e: BaseException) -> str:
+    """An exception's text without a fix: ``AotError.message``, else ``str(e)``.
+
+    For the places that catch AotError together with other exceptions."""
+    return e.message if isinstance(e, AotError) else str(e)

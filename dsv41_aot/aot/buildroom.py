@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import source
 from . import toolchain, toolmove
-from ..errors import AotError, ManifestError
+from ..errors import AotError, ManifestError, message_of
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write, sha256_file
 from ..pending import rebuild_cmd
@@ -60,7 +60,7 @@ class RoomState:
 
             self.manifest, report = recover(self.dir, arch, ident, release=release)
             recovered.append(report)
-            print(f"dsv41-aot build: {str(e).splitlines()[0]}\n  set aside as {report['set_aside']}; "
+            print(f"dsv41-aot build: {e.message}\n  set aside as {report['set_aside']}; "
                   f"{report['recovered']} entries recovered from {self.dir / 'objects'}"
                   + (f", {len(report['skipped'])} objects not (their keys compile again)" if report["skipped"] else "")
                   + ("; no object holds FlyDSL's unstripped export size (export_bytes): the recovered keys are taken "
@@ -118,7 +118,7 @@ def count_proofs(st: RoomState, log) -> dict | None:
     try:
         counts = room.proof().counts(st.manifest.entries)
     except ManifestError as e:
-        print(f"warning: {str(e).splitlines()[0]}; fix: {e.fix}", file=log)
+        print(f"warning: {e.message}; fix: {e.fix}", file=log)
         return dict(head, keys=len(st.manifest.entries), error=e.message)
     if counts[STALE]:
         print(f"warning: {room.verified_path}: {counts[STALE]} proof(s) against vLLM's JIT are of another code object "
@@ -139,7 +139,7 @@ def take_from_cache(store, st: RoomState, key: BuildKey) -> bool:
     try:
         entry, abi = describe_object(key, data, st.ident)
     except (AotError, ValueError) as e:  # an intact blob, but not this key's object (elf.ElfError is a ValueError)
-        store.reject_object(key, st.ident, f"names a blob that is not its object ({str(e).splitlines()[0]})")
+        store.reject_object(key, st.ident, f"names a blob that is not its object ({message_of(e)})")
         return False
     entry = entry.replace(export_bytes=rec["export_bytes"])
     obj = st.dir / entry.object

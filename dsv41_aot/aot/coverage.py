@@ -68,7 +68,7 @@ def check_all(arch: str, tp: int, *, max_rows=None, draft_text: str | None = Non
         except NotDeployed as e:
             if release is not None:
                 raise
-            skipped.append({"release": version, "arch": arch, "tp": tp, "reason": str(e).split("\n")[0]})
+            skipped.append({"release": version, "arch": arch, "tp": tp, "reason": e.message})
     if not deps:
         raise NotDeployed(f"no vLLM release of the matrix runs {arch} at TP {tp}: "
                           f"{'; '.join(s['reason'] for s in skipped)}",

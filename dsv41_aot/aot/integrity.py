@@ -56,7 +56,7 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
     try:
         man.check_object(key)
     except IntegrityError as err:
-        rep.problems.append(str(err).split("\n")[0])
+        rep.problems.append(err.message)
         return rep, None
     try:
         parsed = BuildKey.parse(key, man.release)

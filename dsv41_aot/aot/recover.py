@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 
 from .. import elf
-from ..errors import AotError, ManifestError
+from ..errors import AotError, ManifestError, message_of
 from ..keys import BuildKey
 from ..manifest import MANIFEST, OBJECTS, Entry, Manifest, read_timings
 
@@ -106,7 +106,7 @@ def recover(arch_dir: Path, arch: str, identity: dict, *, release: str) -> tuple
         try:
             entry, abi = entry_of_object(path, arch, identity, release)
         except (AotError, elf.ElfError, ValueError, KeyError, OSError) as e:
-            skipped.append(f"{path.name}: {str(e).splitlines()[0]}")
+            skipped.append(f"{path.name}: {message_of(e)}")
             continue
         found.setdefault(entry.key, []).append((entry, abi))
     man = Manifest(arch_dir, arch, timings=read_timings(room), release=release)

@@ -197,7 +197,7 @@ def _proofs_to_record(man: Manifest) -> dict:
         return {(p.key, p.flydsl): p for p in room.proof().all()}
     except ManifestError as e:
         aside = set_aside(room.verified_path)
-        print(f"warning: {str(e).splitlines()[0]}; set aside as {aside}: the keys proven now are recorded anew",
+        print(f"warning: {e.message}; set aside as {aside}: the keys proven now are recorded anew",
               file=sys.stderr)
         return {}
 

@@ -120,7 +120,7 @@ def report(wheel: Path) -> dict:
     try:
         z = open_wheel(wheel)  # not a sound zip: AotError (exit 2)
     except IntegrityError as e:
-        problems.append(str(e).splitlines()[0])
+        problems.append(e.message)
         return out
     with z:
         names = set(z.namelist())

@@ -77,7 +77,7 @@ def _main() -> int:
             launcher(*k["values"], stream=Stream())
             answers[k["key"]] = None
         except AotError as e:
-            answers[k["key"]] = str(e).splitlines()[0]
+            answers[k["key"]] = e.message
         finally:
             os.environ.pop("RECORDING_HIP_LOG", None)
     print(json.dumps(answers))
