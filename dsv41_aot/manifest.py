@@ -113,6 +113,15 @@ def prebuilt_dir() -> Path:
     return packaged if packaged.is_dir() else here.parent / "kernels_prebuilt"
 
 
+def user_cache_dir() -> Path:
+    """The user's cache folder for dsv41-aot: ``$XDG_CACHE_HOME/dsv41-aot``, else ``~/.cache/dsv41-aot``.
+
+    An empty XDG_CACHE_HOME counts as unset. The band cache, the vLLM tree
+    cache, the linker shim and the recording HIP keep their folders here."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dsv41-aot"
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so a reader, or a kill, sees the old file or the new, never a torn one."""
     import tempfile  # not at import: the loader reads manifests, never writes them

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ToolchainError
+from .manifest import user_cache_dir
 
 MONO_REL = Path("vllm/models/deepseek_v41/amd/mono")
 MODEL_REL = "vllm/models/deepseek_v41/"  # what a fetched tree keeps of the wheel
@@ -121,8 +122,7 @@ def trees_dir() -> Path:
     env = os.environ.get(ENV_TREES)
     if env:
         return Path(env).resolve()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dsv41-aot" / "vllm"
+    return user_cache_dir() / "vllm"
 
 
 def find_release(release: str, digest: str | None, trees=()) -> MonoSource:

@@ -32,3 +32,27 @@ def test_find_with_the_shim_as_rocm_path_keeps_it_a_link_to_a_real_lld(shim, mon
     again = toolchain.find()
     assert again.lld == first.lld and Path(os.readlink(link)) == first.lld
     assert Path(os.path.realpath(link)).is_file()
+
+
+@pytest.mark.parametrize("xdg", [True, False], ids=["xdg-set", "xdg-empty"])
+def test_the_user_cache_folders_share_one_root(tmp_path, monkeypatch, xdg):
+    """The band cache, the vLLM tree cache, the recording HIP and the shim sit
+    in one dsv41-aot folder; an empty XDG_CACHE_HOME counts as unset."""
+    import subprocess
+    import sys
+
+    from dsv41_aot import source
+    from dsv41_aot.aot import hiprec
+    from dsv41_aot.runtime import bands
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg") if xdg else "")
+    monkeypatch.delenv(bands.ENV_CACHE, raising=False)
+    monkeypatch.delenv(source.ENV_TREES, raising=False)
+    root = (tmp_path / "xdg" if xdg else home / ".cache") / "dsv41-aot"
+    # SHIM_DIR is fixed when toolchain is imported: read it from a fresh process
+    shim = subprocess.run([sys.executable, "-c", "from dsv41_aot.aot import toolchain; print(toolchain.SHIM_DIR)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert [bands.cache_dir(), source.trees_dir(), hiprec.default_folder(), Path(shim)] == \
+        [root, root / "vllm", root / "recording-hip", root / "rocm"]

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ToolchainError
+from ..manifest import user_cache_dir
 
 FIX_LLD = "install a ROCm (set ROCM_PATH) or Debian's lld-19 and llvm-19: apt-get install lld-19 llvm-19"
-SHIM_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dsv41-aot" / "rocm"
+SHIM_DIR = user_cache_dir() / "rocm"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from . import state
 from .rooms import RoomIndex
 from ..errors import HipUnavailableError, IntegrityError
 from ..linkrecord import Band
+from ..manifest import user_cache_dir
 
 ENV_CACHE = "DSV41_AOT_CACHE"  # where bands are unpacked when the kernel has no memfd
 
@@ -119,8 +120,7 @@ def cache_dir() -> Path:
     explicit = os.environ.get(ENV_CACHE)
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dsv41-aot"
+    return user_cache_dir()
 
 
 def _cached_fd(raw: bytes, lib: Band) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import AotError
+from ...manifest import user_cache_dir
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "recording_hip.c"
@@ -38,8 +39,7 @@ FIELDS = ("image_sha256", "kernel", "grid", "block", "shared", "stream", "kernar
 
 def default_folder(cache: Path | None = None) -> Path:
     """Where ``build`` keeps the library: in the build cache, else the user's cache."""
-    base = Path(cache) if cache else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dsv41-aot"
-    return base / "recording-hip"
+    return (Path(cache) if cache else user_cache_dir()) / "recording-hip"
 
 
 def build(folder: Path | None = None, *, cache: Path | None = None) -> Path:
