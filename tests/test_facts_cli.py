@@ -24,7 +24,7 @@ from dsv41_aot.errors import AotError
 from dsv41_aot.facts import arches, kinds
 from dsv41_aot.facts.releases import NEWEST, RELEASES, version_order
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.runtime import runner_patch
+from dsv41_aot.runtime import runner_patch, state
 
 
 def deployed() -> list[str]:
@@ -184,7 +184,7 @@ def test_the_plugin_finds_the_running_release_then_checks_that_releases_flag(mon
     monkeypatch.setattr(runner_patch._state, "prebuilt", str(tmp_path))
     mod = _runner(IS_MI300=False, GFX942=True)
     mod.__file__ = str(tmp_path / "runner.py")
-    monkeypatch.setattr(runner_patch._state, "running", None)
+    monkeypatch.setattr(state.current(), "runner_room", None)
     with pytest.raises(AotError, match="IS_MI300=False"):
         runner_patch._running(mod)
     mod.IS_MI300 = True

@@ -23,7 +23,7 @@ import pytest
 from _smoke import OLD, REPO, SMOKE_KEYS, cli, copy_of, libdir, room, smoke_count
 from dsv41_aot import elf
 from dsv41_aot import vllm as plugin
-from dsv41_aot.runtime import runner_patch
+from dsv41_aot.runtime import runner_patch, state
 from dsv41_aot.errors import AotError
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.facts.releases import NEWEST
@@ -473,12 +473,12 @@ def test_a_runner_the_plugin_cannot_patch_still_imports_and_nothing_is_left_inst
 
 @pytest.mark.faults
 def test_the_plugin_lock_is_renewed_in_a_forked_child():
-    """vLLM forks workers; a lock another thread held at fork must not hang
-    the child's install()."""
+    """vLLM forks workers; the process state's lock, which install() takes,
+    held by another thread at fork must not hang the child's install()."""
     held, release = threading.Event(), threading.Event()
 
     def hold():
-        with runner_patch._state.lock:
+        with state.current().lock:
             held.set()
             release.wait(30)
 
@@ -519,6 +519,23 @@ def test_install_is_idempotent_and_uninstall_removes_the_hook():
     finally:
         plugin.uninstall()
     assert sys.meta_path == before and plugin.installed()["mode"] is None
+
+
+def test_uninstall_forgets_the_runner_patch_counts_and_warnings_not_the_loaders():
+    """What the runner patch found, counted and warned about lives on the
+    process state: uninstall() forgets it and keeps the loader's warnings,
+    and a new process state starts with none of it."""
+    with state.fresh() as st:
+        assert st.warn_once(("release", "digest"), "the loader's warning")
+        assert st.warn_once(("runner", "a key"), "the runner patch's warning")
+        st.count_served("jit")
+        st.runner_room = ("gfx950", NEWEST)
+        assert plugin.installed()["served_jit"] == 1
+        plugin.uninstall()
+        assert (st.runner_room, st.served, st.warned) == (None, {"aot": 0, "jit": 0}, {("release", "digest")})
+        assert not st.warn_once(("release", "digest"), "told once only")
+        assert st.warn_once(("runner", "a key"), "told again after uninstall()")
+    assert state.current() is not st and state.current().served is not st.served
 
 
 def test_install_refuses_an_unknown_mode():

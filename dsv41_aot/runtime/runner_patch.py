@@ -19,7 +19,6 @@ import importlib.abc
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 
 from ..errors import AotError, ReleaseMismatchError
@@ -27,6 +26,7 @@ from ..facts.arches import arch_facts
 from ..facts.kinds import KINDS
 from ..facts.releases import RELEASES, release_facts
 from ..keys import BuildKey
+from . import state
 from .decision import ENV_DISABLE, ENV_MODE, MODES, one_line
 
 RUNNER = "vllm.models.deepseek_v41.amd.mono.runner"
@@ -35,23 +35,25 @@ log = logging.getLogger("dsv41_aot")
 
 
 class _Install:
-    """What install() set up in this process."""
+    """What install() changed in this interpreter: its settings, hook and patched module.
+
+    It is kept apart from ``state.Prebuilt`` because it records changes to
+    objects outside it (``sys.meta_path``, vLLM's runner module), which a
+    new Prebuilt (``state.fresh()``) must not forget. What the patch finds
+    and hands out is on the Prebuilt (``runner_room``, ``served``, its
+    warnings), and install() and uninstall() hold the Prebuilt's lock."""
 
     def __init__(self):
-        self.lock = threading.RLock()
         self.reset()
 
     def reset(self) -> None:
-        """Forget the installation, keeping the lock (uninstall() holds it here)."""
+        """Forget the installation."""
         self.mode: str | None = None  # None: not installed
         self.prebuilt: str | None = None
         self.arch: str | None = None  # None: the runner package's target arch
         self.hook: _RunnerHook | None = None
         self.patched = None  # the runner module whose build functions we wrapped
         self.originals: dict = {}  # build function name -> vLLM's function
-        self.running: tuple | None = None  # (arch, release) of the patched runner, found at its first build
-        self.warned: set = set()  # fallback keys already warned about
-        self.served: dict = {"aot": 0, "jit": 0}  # launchers handed out, by origin
 
 
 _state = _Install()
@@ -86,8 +88,9 @@ def _running(module) -> tuple[str, str]:
     target (``common/arch.py``, which releases before 0.33.0 lack)."""
     from . import loader
 
-    if _state.running is not None:
-        return _state.running
+    st = state.current()
+    if st.runner_room is not None:
+        return st.runner_room
     pkg = module.__name__.rsplit(".", 1)[0]
     arch = _state.arch
     if not arch:
@@ -101,8 +104,8 @@ def _running(module) -> tuple[str, str]:
     release = loader.release_of(root, arch)
     release_facts(release).deploy(arch)  # UnknownArchError: the release's mono path does not run there
     check_arch_flag(module, release, arch)
-    _state.running = (arch, release)
-    return _state.running
+    st.runner_room = (arch, release)
+    return st.runner_room
 
 
 def key_of(kind: str, build, module) -> BuildKey:
@@ -136,17 +139,12 @@ def _launcher(what: str, derive):
         text = what if key is None else key.describe()
         if isinstance(e, ReleaseMismatchError):  # no room for this vLLM at all: one line, not one per key
             text = "the running vLLM release"
-        with _state.lock:
-            _state.served["jit"] += 1
-            first = text not in _state.warned
-            _state.warned.add(text)
-        if first:
-            log.warning("dsv41-aot: %s not served from the prebuilt kernels, FlyDSL JIT-compiles it "
-                        "(fallback mode): %s", text, one_line(e))
+        state.current().count_served("jit")
+        state.current().warn_once(("runner", text), f"dsv41-aot: {text} not served from the prebuilt kernels, "
+                                  f"FlyDSL JIT-compiles it (fallback mode): {one_line(e)}")
         report_jit_compile(what if key is None else key.describe())
         return None
-    with _state.lock:
-        _state.served["aot"] += 1
+    state.current().count_served("aot")
     return launcher
 
 
@@ -167,10 +165,9 @@ def report_jit_compile(what: str) -> None:
         return
     handle = getattr(monitor, "_handle_jit_event", None)
     if handle is None:  # a vLLM whose monitor reports otherwise: say it here, once
-        if ("jit_monitor", what) not in _state.warned:
-            _state.warned.add(("jit_monitor", what))
-            log.warning("dsv41-aot: FlyDSL JIT compilation during inference: %s (vLLM's JIT monitor has no "
-                        "_handle_jit_event to report it through)", what)
+        state.current().warn_once(("runner", "jit_monitor", what),
+                                  f"dsv41-aot: FlyDSL JIT compilation during inference: {what} (vLLM's JIT monitor "
+                                  "has no _handle_jit_event to report it through)")
         return
     handle(backend="FlyDSL", event="JIT compilation", fn_name=what,
            detail="not served from the prebuilt dsv41-aot kernels (fallback mode)")
@@ -185,7 +182,7 @@ def _patch(module) -> None:
     Every runner method of every release builds its launchers through them,
     and vLLM memoizes what they return. All or nothing: on any failure
     vLLM's functions are put back and the error raised."""
-    with _state.lock:
+    with state.current().lock:
         if _state.patched is module:
             return
         missing = [fn for fn in BUILDERS.values() if not callable(getattr(module, fn, None))]
@@ -287,14 +284,14 @@ def install(mode: str = "strict", *, prebuilt: str | os.PathLike | None = None, 
                        fix=f"install(mode='strict') or {ENV_MODE}=fallback")
     if arch is not None:
         arch_facts(arch)  # UnknownArchError naming the known ones
-    with _state.lock:
+    with state.current().lock:
         before = (_state.mode, _state.prebuilt, _state.arch)
         _state.mode = mode
         _state.prebuilt = str(Path(prebuilt).resolve()) if prebuilt is not None else None
         _state.arch = arch
         module = sys.modules.get(RUNNER)
         if module is not None and hasattr(module, "DSV41MonoLayer"):
-            _state.running = None  # the settings may name another arch or directory
+            state.current().runner_room = None  # the settings may name another arch or directory
             try:
                 _patch(module)
             except BaseException:
@@ -310,7 +307,7 @@ def install(mode: str = "strict", *, prebuilt: str | os.PathLike | None = None, 
 
 def uninstall() -> None:
     """Undo install(); runners keep the launchers they memoized."""
-    with _state.lock:
+    with state.current().lock:
         if _state.patched is not None:
             for name, fn in _state.originals.items():
                 setattr(_state.patched, name, fn)
@@ -323,18 +320,10 @@ def uninstall() -> None:
             except ValueError:
                 pass
         _state.reset()
-
-
-def _renew_lock_in_child() -> None:
-    """Give a forked child a new lock: one held by a parent thread stays held."""
-    _state.lock = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_renew_lock_in_child)
+        state.current().forget_runner()
 
 
 def installed() -> dict:
     """What install() set up, and the launchers served so far (``served_aot/jit``)."""
     return {"mode": _state.mode, "prebuilt": _state.prebuilt, "patched": _state.patched is not None,
-            "hooked": _state.hook is not None, **{f"served_{k}": v for k, v in _state.served.items()}}
+            "hooked": _state.hook is not None, **{f"served_{k}": v for k, v in state.current().served.items()}}

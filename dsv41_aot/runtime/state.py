@@ -1,8 +1,8 @@
 """The runtime's process state: one :class:`Prebuilt`, reset in a forked child.
 
-It holds what this process has indexed, opened and loaded. Every runtime
-module reaches it through :func:`current`; tests take a new one with
-:func:`fresh`.
+It holds what this process has indexed, opened and loaded, and what the
+vLLM plugin's runner patch found and handed out. Every runtime module
+reaches it through :func:`current`; tests take a new one with :func:`fresh`.
 """
 
 from __future__ import annotations
@@ -36,15 +36,38 @@ class Prebuilt:
         self.hip_version: tuple | None = None  # (major, minor), checked once
         self.installed_digest: tuple | None = None  # (digest or None, source.MonoSource, mono dir, error or None)
         self.abi_checked: dict = {}  # export metadata (entry name removed) -> ABI id it was checked against
-        self.warned: set = set()
+        self.warned: set = set()  # what warn_once has told; ("runner", ...) keys are the runner patch's
+        self.warned_guard = threading.Lock()  # only around warned's check and add
+        # what the plugin's runner patch found and handed out (runner_patch), forgotten by its uninstall()
+        self.runner_room: tuple | None = None  # (arch, release) of the patched vLLM runner, found at its first build
+        self.served: dict = {"aot": 0, "jit": 0}  # launchers handed to vLLM's runner, by origin
         # the parent's pid when this is a fork() child of a process that had used HIP: nothing loads here
         self.forked_after_hip: int | None = None
 
-    def warn_once(self, what, message: str) -> None:
-        """Log ``message`` as a warning the first time ``what`` is told, never again."""
-        if what not in self.warned:
+    def warn_once(self, what, message: str) -> bool:
+        """Log ``message`` as a warning the first time ``what`` is told, never again.
+
+        True when this call logged it. Safe from any thread: it takes no lock
+        but its own, so a caller may hold ``lock`` or a band's lock."""
+        with self.warned_guard:
+            first = what not in self.warned
             self.warned.add(what)
+        if first:
             logging.getLogger("dsv41_aot").warning("%s", message)
+        return first
+
+    def count_served(self, origin: str) -> None:
+        """Count one launcher handed to vLLM's runner: ``origin`` is "aot" or "jit"."""
+        with self.lock:
+            self.served[origin] += 1
+
+    def forget_runner(self) -> None:
+        """Forget what the runner patch found, counted and warned about (its uninstall())."""
+        with self.lock:
+            self.runner_room = None
+            self.served = {"aot": 0, "jit": 0}
+            with self.warned_guard:
+                self.warned = {w for w in self.warned if not (isinstance(w, tuple) and w[:1] == ("runner",))}
 
     def device_arch(self) -> str | None:
         """The current HIP device's arch (None without a device), read once."""
@@ -73,6 +96,7 @@ class Prebuilt:
         from . import hip
 
         self.lock = threading.RLock()
+        self.warned_guard = threading.Lock()
         self.band_locks, self.band_locks_guard = {}, threading.Lock()
         self.arch_found, self.arch_read = None, False
         if self.forked_after_hip is None and hip.touched():
@@ -106,7 +130,8 @@ def _after_fork_in_child() -> None:
     In a child of a process that had used HIP (a device query or a module
     load), every Launcher's first call raises ForkError; a child forked
     before any HIP use loads its own modules. No Launcher keeps the parent's
-    loads, and the locks are new (one held at fork would never be released)."""
+    loads, and the locks are new (one held at fork would never be released):
+    the runner patch's install() and uninstall() take ``lock`` too."""
     _current._after_fork()
 
 
