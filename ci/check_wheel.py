@@ -103,6 +103,35 @@ def raw_libraries(contents: dict) -> dict:
     return {f"{arch}/{f[:-3]}": b for arch, (_, raw) in contents.items() for f, b in raw.items()}
 
 
+def requirement_problems(requires: list, provided: list) -> tuple[list, str | None]:
+    """Judge a wheel's ``Requires-Dist`` lines: (problems, the vllm extra's range or None).
+
+    ``provided`` is the wheel's ``Provides-Extra`` names. Every requirement
+    must sit in an extra, FlyDSL and torch only in ``build``, vLLM in
+    ``build`` or ``vllm``."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    problems, spec = [], None
+    extras = sorted(set(provided) | {"build", "vllm"})
+    for line in requires:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as e:
+            problems.append(f"Requires-Dist {line!r} is not a PEP 508 requirement ({e})")
+            continue
+        name = canonicalize_name(req.name)
+        marker = req.marker
+        inside = [x for x in extras if marker is not None and marker.evaluate({"extra": x})]
+        if marker is None or marker.evaluate({"extra": ""}) or not inside:
+            problems.append(f"runtime requirement {line!r}: the runtime needs only the standard library")
+        elif name in HEAVY and set(inside) - ({"build", "vllm"} if name == "vllm" else {"build"}):
+            problems.append(f"{line!r} outside the build extra")
+        elif name == "vllm" and "vllm" in inside:
+            spec = str(req.specifier)
+    return problems, spec
+
+
 def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) -> dict:
     """Run the checks above on one wheel file and return its summary.
 
@@ -126,16 +155,8 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
         out.update(name=meta["Name"], version=meta["Version"], tags=tags)
         arches = sorted({n[len(PKG):].split("/")[0] for n in names if n.startswith(PKG) and n.count("/") > 2})
         out["arches"] = arches
-        spec = None
-        for req in meta.get_all("Requires-Dist") or []:
-            name = re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0].lower()
-            extra = re.search(r'extra == "([^"]+)"', req)
-            if extra is None:
-                problems.append(f"runtime requirement {req!r}: the runtime needs only the standard library")
-            elif name in HEAVY and extra.group(1) not in ("build", "vllm" if name == "vllm" else "build"):
-                problems.append(f"{req!r} outside the build extra")
-            elif extra.group(1) == "vllm" and name == "vllm":
-                spec = req.split(";")[0][len(name):].strip().strip("()")
+        found, spec = requirement_problems(meta.get_all("Requires-Dist") or [], meta.get_all("Provides-Extra") or [])
+        problems += found
         for lic in ("LICENSE", "NOTICE"):
             if not any(n.startswith(info) and n.rsplit("/", 1)[-1] == lic for n in names):
                 problems.append(f"{lic} missing from {info}")

@@ -395,6 +395,26 @@ def test_the_vllm_extra_is_read_from_pyproject_and_matched_by_pep_440():
         prebuilt.admits(">=0.32,<x", "0.33.0")
 
 
+def test_check_wheel_reads_requires_dist_as_pep_508():
+    """ci/check_wheel.py parses each Requires-Dist with packaging: the
+    runtime needs nothing, FlyDSL and torch sit only in the build extra, and
+    the vllm extra's range is the one the wheel must serve under."""
+    from ci.check_wheel import requirement_problems
+
+    ok = ['flydsl==0.4.2; extra == "build"', 'vllm==0.33.0 ; extra == "build"',
+          'vllm[audio]<0.34,>=0.32.0; extra == "vllm"']
+    assert requirement_problems(ok, ["build", "vllm"]) == ([], "<0.34,>=0.32.0")
+    bad = ["numpy", 'msgpack; python_version >= "3.8"', 'Torch (>=2) ; extra == "vllm"',
+           'flydsl; extra == "plot"', 'vllm>=>1; extra == "vllm"']
+    problems, spec = requirement_problems(bad, ["build", "vllm", "plot"])
+    assert spec is None
+    assert [p.split(":")[0] for p in problems[:2]] == ["runtime requirement 'numpy'",
+                                                      "runtime requirement 'msgpack; python_version >= \"3.8\"'"]
+    assert [p.endswith("outside the build extra") for p in problems[2:4]] == [True, True]
+    assert problems[4].startswith("Requires-Dist 'vllm>=>1; extra == \"vllm\"' is not a PEP 508 requirement")
+    assert len(problems) == 5
+
+
 def test_the_wheel_gate_runs_when_a_wheel_is_built_not_when_setup_py_is_imported(tmp_path):
     """With DSV41_AOT_PREBUILT naming an empty dir, the backend's metadata
     step (what pip install -e runs first) and an sdist succeed; only the wheel
