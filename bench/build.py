@@ -35,7 +35,7 @@ from dsv41_aot.aot import matrix  # noqa: E402
 from dsv41_aot.facts.kinds import KINDS, kind_facts  # noqa: E402
 from dsv41_aot.facts.releases import NEWEST, release_facts  # noqa: E402
 from dsv41_aot.keys import BuildKey  # noqa: E402
-from dsv41_aot.manifest import Manifest  # noqa: E402
+from dsv41_aot.room import Room  # noqa: E402
 
 ARCHES = tuple(release_facts(NEWEST).arches)  # the sample: the newest release's keys on each arch it runs on
 
@@ -76,7 +76,7 @@ def main() -> int:
         print(f"  refused: {f['error']}")
     entries, secs = {}, {}
     for arch in ARCHES:
-        man = Manifest.read(out / arch, release=NEWEST)  # the sample's keys are the newest release's (its room)
+        man = Room(out, arch, NEWEST).manifest()  # the sample's keys are the newest release's (its room)
         entries.update(man.entries)
         secs.update(man.timings)  # the room's timings.json: the manifest holds nothing measured
 

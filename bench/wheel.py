@@ -89,9 +89,9 @@ def band_model(prebuilt: Path, arch: str, release: str) -> dict:
     shared part plus each key's marginal bytes, from relinking the room's
     smoke objects with and without each key."""
     from dsv41_aot.aot.link import LINK_FLAGS, compress_band, find_linker
-    from dsv41_aot.manifest import Manifest
+    from dsv41_aot.room import Room
 
-    man = Manifest.read(prebuilt / arch, arch, release=release)
+    man = Room(prebuilt, arch, release).manifest()
     keys = sorted(man.entries)
     linker = find_linker()
 
@@ -160,8 +160,7 @@ def first_launcher(venv: Path, key: str, release: str) -> dict:
 
 
 def main(argv=None) -> int:
-    from dsv41_aot.manifest import Manifest
-    from dsv41_aot.room import folder_name
+    from dsv41_aot.room import Room, folder_name
     from dsv41_aot.listing import built_rooms
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -193,7 +192,7 @@ def main(argv=None) -> int:
             tp = max(int(k.split("tp=")[1].split(",")[0]) for k in keys)
             deployment = [k for k in keys if f",tp={tp}," in k]
             model = band_model(prebuilt, arch, release)
-            first = sorted(Manifest.read(prebuilt / arch, arch, release=release).entries)[0]
+            first = sorted(Room(prebuilt, arch, release).manifest().entries)[0]
             report["rooms"][f"{arch}/{folder_name(release)}"] = {
                 "arch": arch, "release": release, "full_keys": len(keys),
                 "full_by_kind": dict(Counter(k.split("@")[0] for k in keys)),

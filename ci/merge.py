@@ -139,7 +139,7 @@ def _merge_room(arch: str, release: str, adirs: list, held: dict, held_by: dict,
     room = f"{arch}/{release_facts(release).folder}"
     entries, abis, origin, sources, timings = {}, {}, {}, {}, {}
     for adir in adirs:
-        man = Manifest.read(adir, arch, release=release)
+        man = Room(adir.parent, arch, release).manifest()
         held_by.setdefault(adir, []).extend((release, k) for k in sorted(man.entries))
         timings.update(man.timings)
         for key, e in sorted(man.entries.items()):

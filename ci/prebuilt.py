@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
 from dsv41_aot.facts.releases import RELEASES, deployed_arches, release_facts, version_order  # noqa: E402
-from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, Manifest  # noqa: E402
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX  # noqa: E402
 from dsv41_aot.room import Room  # noqa: E402
 from dsv41_aot.listing import built_arches, built_releases, orphan_objects  # noqa: E402
 
@@ -154,7 +154,7 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
     out.files += [f"{LIB}/{name}" for name in sorted(bands)]
     objects = set()
     for release in releases:
-        objects |= {e.object for e in Manifest.read(adir, arch, release=release).entries.values()}
+        objects |= {e.object for e in Room(adir.parent, arch, release).manifest().entries.values()}
     out.files += sorted(objects)
     return out
 

@@ -176,7 +176,7 @@ class Manifest:
     """One room's manifest: the keys of one vLLM release on one arch.
 
     ``dir`` is the arch folder (objects and bands are the arch's), ``room``
-    the release's folder in it."""
+    the release's folder in it. ``room.Room.manifest`` reads one."""
 
     def __init__(self, arch_dir: Path, arch: str, entries: dict | None = None, abis: dict | None = None,
                  refused: dict | None = None, timings: dict | None = None, *, release: str):
@@ -210,22 +210,6 @@ class Manifest:
         return next(iter(digests)) if len(digests) == 1 else None
 
     # ---------------------------------------------------------------- io
-    @classmethod
-    def read(cls, arch_dir: Path, arch: str | None = None, *, release: str,
-             missing_ok: bool = False) -> "Manifest":
-        arch_dir = Path(arch_dir)
-        path = _room_dir(arch_dir, release) / MANIFEST
-        arch = arch or arch_dir.name
-        # a build sets a corrupt manifest aside and recovers its entries from the stored objects
-        fix = f"dsv41-aot build --arch {arch} --release {release} --out {arch_dir.parent}"
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            if missing_ok:
-                return cls(arch_dir, arch, release=release)
-            raise ManifestError(f"no manifest at {path}", fix=fix) from None
-        return cls.parse(raw, path, arch_dir, arch, release, fix)
-
     @classmethod
     def parse(cls, raw: bytes, path, arch_dir: Path, arch: str, release: str, fix: str) -> "Manifest":
         """Parse manifest.json's bytes: the one parser, for a folder's file or a wheel's member.

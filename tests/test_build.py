@@ -21,7 +21,8 @@ from dsv41_aot.aot import buildroom, matrix, toolchain
 from dsv41_aot.facts import flydsl
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import BAND_SUFFIX, LIB, LIBS_JSON, Manifest, sha256_file
+from dsv41_aot.manifest import BAND_SUFFIX, LIB, LIBS_JSON, sha256_file
+from dsv41_aot.room import Room
 from dsv41_aot.listing import built_rooms
 
 GOLDEN = REPO / "tests" / "data" / "golden_code_objects.txt"
@@ -117,7 +118,7 @@ def test_a_build_from_the_build_cache_compiles_nothing_and_gives_the_same_bytes(
     _, stdout, stderr = run_cli("build", "--profile", "smoke", "--out", second, "--no-progress")
     assert f"0 compiled, {ALL_SMOKE} from the build cache" in stdout
     assert _tree(second) == _tree(first) == _tree(smoke_dir)
-    assert Manifest.read(second / "gfx950", release=NEWEST).timings == Manifest.read(first / "gfx950", release=NEWEST).timings  # what compiles took
+    assert Room(second, "gfx950", NEWEST).manifest().timings == Room(first, "gfx950", NEWEST).manifest().timings  # what compiles took
 
 
 @pytest.mark.slow
@@ -147,16 +148,16 @@ def test_a_damaged_cache_entry_is_compiled_again_never_trusted(tmp_path):
 def test_resume_rebuilds_only_missing_or_corrupt_and_is_deterministic(smoke_dir, tmp_path):
     out = tmp_path / "pb"
     shutil.copytree(smoke_dir, out)
-    m950 = Manifest.read(out / "gfx950", release=NEWEST)
+    m950 = Room(out, "gfx950", NEWEST).manifest()
     dropped = m950.entries.pop("k1@gfx950:s=4,tp=4,r=1")
     m950.write()
-    m942 = Manifest.read(out / "gfx942", release=NEWEST)
+    m942 = Room(out, "gfx942", NEWEST).manifest()
     obj = out / "gfx942" / m942.entries["k1@gfx942:s=4,tp=4,r=1"].object
     data = bytearray(obj.read_bytes())
     data[len(data) // 2] ^= 0xFF
     obj.write_bytes(bytes(data))
     # vLLM 0.32.0's room: its K1 dropped too (the same key string: another entry)
-    old = Manifest.read(out / "gfx950", release=OLD)
+    old = Room(out, "gfx950", OLD).manifest()
     dropped_old = old.entries.pop("k1@gfx950:s=4,tp=4,r=1")
     old.write()
     # compiled for real (--no-cache): same inputs, same bytes is what this proves
@@ -166,12 +167,12 @@ def test_resume_rebuilds_only_missing_or_corrupt_and_is_deterministic(smoke_dir,
     # same inputs, same bytes: the rebuilt directory equals the original
     for r in built_rooms(smoke_dir):
         arch_dir, release = r.arch_dir, r.release
-        a, b = Manifest.read(arch_dir, release=release), Manifest.read(out / arch_dir.name, release=release)
+        a, b = Room(arch_dir.parent, arch_dir.name, release).manifest(), Room(out, arch_dir.name, release).manifest()
         assert sorted(a.entries) == sorted(b.entries)
         for key in a.entries:
             assert a.entries[key].sha256 == b.entries[key].sha256, key
-    assert Manifest.read(out / "gfx950", release=NEWEST).entries["k1@gfx950:s=4,tp=4,r=1"].sha256 == dropped.sha256
-    assert Manifest.read(out / "gfx950", release=OLD).entries["k1@gfx950:s=4,tp=4,r=1"].sha256 == dropped_old.sha256
+    assert Room(out, "gfx950", NEWEST).manifest().entries["k1@gfx950:s=4,tp=4,r=1"].sha256 == dropped.sha256
+    assert Room(out, "gfx950", OLD).manifest().entries["k1@gfx950:s=4,tp=4,r=1"].sha256 == dropped_old.sha256
 
 
 # The build in a process group of its own, SIGKILLed (workers and all) at one
@@ -211,14 +212,14 @@ def _killed_build(moment: str, keys: list, out) -> dict:
         # worker compiles the next one (one compile is about 2 s)
         manifest, deadline = room(out, "gfx950") / "manifest.json", time.time() + 600
         while time.time() < deadline and proc.poll() is None:
-            if manifest.exists() and 1 <= len(Manifest.read(out / "gfx950", release=NEWEST).entries) < len(keys):
+            if manifest.exists() and 1 <= len(Room(out, "gfx950", NEWEST).manifest().entries) < len(keys):
                 time.sleep(0.3)
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
             time.sleep(0.02)
     err = proc.communicate(timeout=600)[1]
     assert proc.returncode == -signal.SIGKILL, f"the build was not interrupted {moment} (exit {proc.returncode}): {err[-2000:]}"
-    m = Manifest.read(out / "gfx950", missing_ok=True, release=NEWEST)  # parses: never torn
+    m = Room(out, "gfx950", NEWEST).manifest(missing_ok=True)  # parses: never torn
     for key in m.entries:
         m.check_object(key)
     return m.entries
@@ -240,7 +241,7 @@ def test_a_build_killed_mid_flight_resumes_with_what_is_missing(moment, tmp_path
     s = build_json(*K1S, out=out)
     missing = len(K1S) - len(recorded)
     assert (s["compiled"] + s["cached"], s["up_to_date"], s["failed"]) == (missing, len(recorded), 0)
-    m = Manifest.read(out / "gfx950", release=NEWEST)
+    m = Room(out, "gfx950", NEWEST).manifest()
     assert sorted(m.entries) == sorted(K1S)
     for key, e in recorded.items():
         assert m.entries[key].sha256 == e.sha256, f"{key} was compiled again"
@@ -287,7 +288,7 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     s = json.loads(run_cli(*args)[1])
     assert s["compiled"] == 1
     assert json.loads(run_cli(*args)[1])["compiled"] == 0
-    built = Manifest.read(out / "gfx950", release=NEWEST).entries[CHEAP[0]]
+    built = Room(out, "gfx950", NEWEST).manifest().entries[CHEAP[0]]
     # a checkout without a version is told by its digest: it is 0.33.0's
     assert (built.source["vllm_version"], built.source["mono_sources"]) == ("unknown", src.digest)
     # a second key of the room, built from the same tree
@@ -299,7 +300,7 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     # digests (never passed over for the installed vLLM), nothing rebuilt
     code, _, err = run_cli(*args, check=False)
     assert code == 2 and edited in err and src.digest in err and "mono_sources" in err
-    assert Manifest.read(out / "gfx950", release=NEWEST).entries[CHEAP[0]] == built
+    assert Room(out, "gfx950", NEWEST).manifest().entries[CHEAP[0]] == built
     # a matrix recording the edited digest for 0.33.0 rebuilds what it covers
     mx = tmp_path / "build_matrix.yaml"
     mx.write_text((REPO / "build_matrix.yaml").read_text().replace(f"mono_sources: {src.digest}", f"mono_sources: {edited}"))
@@ -307,7 +308,7 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     # naming both digests (one room, one source), nothing rebuilt
     code, _, err = run_cli(*args, "--matrix", mx, check=False)
     assert code == 2 and edited in err and src.digest in err and "two sources" in err
-    assert Manifest.read(out / "gfx950", release=NEWEST).entries[CHEAP[0]] == built
+    assert Room(out, "gfx950", NEWEST).manifest().entries[CHEAP[0]] == built
     # its printed fix carries this build's --matrix and --vllm-src (N9d): run
     # word for word, it rebuilds the room from the edited tree, not the installed vLLM
     (fix,) = [line.split("fix:", 1)[1].split(": ", 1)[1] for line in err.splitlines() if "fix:" in line]
@@ -317,7 +318,7 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     assert argv[argv.index("--vllm-src") + 1] == str(root.resolve()), fix
     s = json.loads(run_cli(*argv[1:], "--json", "--no-progress")[1])
     assert s["compiled"] == 2
-    e = Manifest.read(out / "gfx950", release=NEWEST).entries[CHEAP[0]]
+    e = Room(out, "gfx950", NEWEST).manifest().entries[CHEAP[0]]
     assert e.source["mono_sources"] == edited
     assert e.source["vllm_version"] == "unknown"
     assert json.loads(run_cli(*args, "--matrix", mx)[1])["compiled"] == 0
@@ -348,17 +349,17 @@ def _only_the_changed_key_rebuilds(out, field, **run) -> str:
     differing from before in ``field`` only; again, nothing. Returns the new
     ``field``."""
     a, b = K1S[:2]
-    m = Manifest.read(out / "gfx950", release=NEWEST)
+    m = Room(out, "gfx950", NEWEST).manifest()
     for k in K1S[2:]:
         del m.entries[k]
     m.write()
-    before = Manifest.read(out / "gfx950", release=NEWEST).entries
+    before = Room(out, "gfx950", NEWEST).manifest().entries
     code, _, err = run_cli("build", "--key", a, "--out", out, "--json", "--no-progress", check=False, **run)
     assert code == 2 and "two sources" in err and field in err and f"--key {a} {b}" in err, err
-    assert Manifest.read(out / "gfx950", release=NEWEST).entries == before
+    assert Room(out, "gfx950", NEWEST).manifest().entries == before
     s = build_json(a, b, out=out, **run)
     assert (s["compiled"], s["up_to_date"], s["failed"]) == (2, 0, 0), f"a changed {field} did not rebuild the room"
-    after = Manifest.read(out / "gfx950", release=NEWEST).entries
+    after = Room(out, "gfx950", NEWEST).manifest().entries
     new, old = after[a].source, before[a].source
     assert {f for f in new if new[f] != old.get(f)} == {field} and after[b].source == new
     # the same kernel source and compile: the same GPU code (the object's own
@@ -377,17 +378,17 @@ def _a_toolchain_change_keeps_the_same_code(out, **run) -> str:
     under it, and changes nothing; A and B together compile once each and
     keep their objects and entries. Returns the refusal's message."""
     a, b = K1S[:2]
-    m = Manifest.read(out / "gfx950", release=NEWEST)
+    m = Room(out, "gfx950", NEWEST).manifest()
     for k in K1S[2:]:
         del m.entries[k]
     m.write()
-    before = Manifest.read(out / "gfx950", release=NEWEST).entries
+    before = Room(out, "gfx950", NEWEST).manifest().entries
     code, _, err = run_cli("build", "--key", a, "--out", out, "--json", "--no-progress", check=False, **run)
     assert code == 2 and "no proof under this FlyDSL" in err and "build the whole room" in err, err
-    assert Manifest.read(out / "gfx950", release=NEWEST).entries == before
+    assert Room(out, "gfx950", NEWEST).manifest().entries == before
     s = build_json(a, b, out=out, **run)
     assert (s["compiled"], s["up_to_date"], s["failed"]) == (0, 2, 0) and sorted(s["toolchain_kept"]) == [a, b], s
-    assert s["toolchain_changed"] == [] and Manifest.read(out / "gfx950", release=NEWEST).entries == before
+    assert s["toolchain_changed"] == [] and Room(out, "gfx950", NEWEST).manifest().entries == before
     return err
 
 
@@ -463,7 +464,7 @@ def test_identity_change_makes_a_key_stale(smoke_dir):
     source identity writes and verify's check of the entry passes."""
     from dsv41_aot.keys import BuildKey
 
-    m = Manifest.read(smoke_dir / "gfx950", release=NEWEST)
+    m = Room(smoke_dir, "gfx950", NEWEST).manifest()
     key = BuildKey.parse("k1@gfx950:s=4,tp=4,r=1", NEWEST)  # a smoke key
     built = m.entries[str(key)]
     ident = built.source

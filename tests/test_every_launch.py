@@ -16,7 +16,8 @@ import pytest
 from _smoke import REPO, room, run_cli
 
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.manifest import LIBS_JSON, Manifest
+from dsv41_aot.manifest import LIBS_JSON
+from dsv41_aot.room import Room
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +54,7 @@ def test_keys_that_cannot_run_fail_alone_and_are_not_compiled_again(built):
     assert "moe.py" in errors[REFUSED]
     assert UNRESIDENT in errors[UNRESIDENT] and "LDS 77056" in errors[UNRESIDENT]
     assert "65536" in errors[UNRESIDENT].replace(",", "") and "scratch" not in errors[UNRESIDENT]
-    m = Manifest.read(out / "gfx942", release=NEWEST)
+    m = Room(out, "gfx942", NEWEST).manifest()
     assert list(m.entries) == [] and set(m.refused) == {REFUSED, UNRESIDENT}
     # the same source refuses them again: reported, not recompiled
     code, stdout, _ = run_cli(*BUILD, "--out", out, check=False)
@@ -71,7 +72,7 @@ def test_a_spilling_key_ships(built):
     assert len(warnings) == 1 and warnings[0].startswith(f"warning: {SPILL} (vLLM 0.33.0) spills: scratch ")
 
     # the manifest keeps the spill's figures
-    res = Manifest.read(out / "gfx950", release=NEWEST).entries[SPILL].resources
+    res = Room(out, "gfx950", NEWEST).manifest().entries[SPILL].resources
     assert res["scratch_bytes"] > 0 and res["vgpr_spill_count"] > 0
     assert f"scratch {res['scratch_bytes']} bytes per lane (VGPR spills {res['vgpr_spill_count']}" in warnings[0]
     # linked into a library the loader opens, and loadable (lazily: no GPU here)

@@ -25,7 +25,7 @@ import pytest
 from _smoke import OLD, REPO, copy_of, libdir, room
 
 from dsv41_aot.aot import verify as verify_mod
-from dsv41_aot.room import folder_name
+from dsv41_aot.room import Room, folder_name
 from dsv41_aot.aot.lock import LOCK_FILE, arch_lock
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
@@ -294,7 +294,7 @@ def test_two_builders_on_one_out_both_end_built_and_linked(tmp_path):
     b = popen_build(out, [second], stderr=log_b)
     assert a.wait(600) == 0 and b.wait(600) == 0, (tmp_path / "a.err").read_text() + (tmp_path / "b.err").read_text()
     assert f"waiting for another dsv41-aot build or link of {out / 'gfx950'} (pid {a.pid})" in (tmp_path / "b.err").read_text()
-    man = Manifest.read(out / "gfx950", release=NEWEST)
+    man = Room(out, "gfx950", NEWEST).manifest()
     assert sorted(man.entries) == sorted([first, second])
     linked = {k for lib in json.loads((room(out, "gfx950") / LIBS_JSON).read_text())["libraries"] for k in lib["entries"]}
     assert linked == {first, second}
@@ -343,7 +343,7 @@ def test_build_holds_the_lock_through_link(smoke, tmp_path, monkeypatch):
 
     monkeypatch.setattr(link, "link_room", probing_link)
     # both gfx950 rooms: one arch lock (their objects and bands are shared) held through both links
-    keys = [BuildKey.parse(k, r) for r in (OLD, NEWEST) for k in Manifest.read(d / "gfx950", release=r).entries]
+    keys = [BuildKey.parse(k, r) for r in (OLD, NEWEST) for k in Room(d, "gfx950", r).manifest().entries]
     s = builder.build(keys, d, jobs=1, progress=False)
     assert (s.compiled, s.up_to_date, s.failed) == (0, len(keys), 0)
     assert sorted(seen) == [(OLD, "held"), (NEWEST, "held")]
@@ -355,7 +355,7 @@ def test_build_holds_the_lock_through_link(smoke, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_flipped_object_is_refused_by_verify_and_link_and_rebuilt_by_build(smoke, tmp_path):
     d = copy_of(smoke, tmp_path / "p")
-    man = Manifest.read(d / "gfx950", release=NEWEST)
+    man = Room(d, "gfx950", NEWEST).manifest()
     key = "k1@gfx950:s=4,tp=4,r=1"  # the cheapest smoke key to compile again
     before = man.object_path(key).read_bytes()
     flip(man.object_path(key), random.Random(SEED))
@@ -451,7 +451,7 @@ def test_random_manifest_flips_are_refused(smoke, tmp_path):
             continue
         # verify passed: the manifest must still mean the same (what the
         # loader and the builder read), only an informational figure moved
-        assert meaning(Manifest.read(d / "gfx950", release=NEWEST)) == meaning(Manifest.read(reference_dir, release=NEWEST)), \
+        assert meaning(Room(d, "gfx950", NEWEST).manifest()) == meaning(Room(reference_dir.parent, "gfx950", NEWEST).manifest()), \
             f"flip at byte {at} passed verify and changed the manifest"
         informational += 1
         record("survived")
@@ -468,7 +468,7 @@ def test_random_manifest_flips_are_refused(smoke, tmp_path):
 def test_corrupt_manifest_link_refuses_and_its_fix_recovers(smoke, tmp_path, damage):
     d = copy_of(smoke, tmp_path / "p")
     path = room(d, "gfx950") / MANIFEST
-    before = Manifest.read(d / "gfx950", release=NEWEST)
+    before = Room(d, "gfx950", NEWEST).manifest()
     good = path.read_bytes()
     bad = {
         "truncated": good[: len(good) // 2],
@@ -519,7 +519,7 @@ def test_entries_a_recovery_left_without_export_bytes_are_rebuilt(smoke, tmp_pat
 def test_an_abi_with_a_slot_removed_is_refused_at_read(smoke, tmp_path):
     """An ABI is shared by id (a hash of its slots): one with a slot removed
     no longer matches its id, and every reader (verify, link, the loader's
-    Manifest.read) refuses the manifest instead of calling with fewer slots."""
+    Room.manifest) refuses the manifest instead of calling with fewer slots."""
     d = copy_of(smoke, tmp_path / "p")
     path = room(d, "gfx950") / MANIFEST
     doc = json.loads(path.read_text())
@@ -527,7 +527,7 @@ def test_an_abi_with_a_slot_removed_is_refused_at_read(smoke, tmp_path):
     doc["abis"][aid] = doc["abis"][aid][:-2] + doc["abis"][aid][-1:]  # drop the slot before the stream
     path.write_text(json.dumps(doc))
     with pytest.raises(ManifestError, match=f"ABI {aid} is not the slot list its id names"):
-        Manifest.read(d / "gfx950", release=NEWEST)
+        Room(d, "gfx950", NEWEST).manifest()
     v = cli("verify", "--dir", d)
     assert v.returncode == 1 and f"ABI {aid}" in v.stdout and "dsv41-aot build --arch gfx950" in v.stderr
     record("refused")
@@ -541,12 +541,12 @@ def test_a_corrupt_old_release_manifest_recovers_only_that_releases_objects(smok
     0.33.0's room as it was."""
     d = copy_of(smoke, tmp_path / "p")
     key = "k1@gfx950:s=4,tp=4,r=1"  # in both rooms: two objects, one entry point name
-    new = Manifest.read(d / "gfx950", release=NEWEST)
+    new = Room(d, "gfx950", NEWEST).manifest()
     stray = new.entries.pop(key)  # 0.33.0's K1 object, now named by no manifest
     new.write()
     new_bytes = (room(d, "gfx950") / MANIFEST).read_bytes()
     path = room(d, "gfx950", OLD) / MANIFEST
-    before = Manifest.read(d / "gfx950", release=OLD)
+    before = Room(d, "gfx950", OLD).manifest()
     good = path.read_bytes()
     assert before.entries[key].object != stray.object
     path.write_bytes(path.read_bytes()[:200])

@@ -162,10 +162,10 @@ def test_verify_under_another_flydsl_adds_its_proof_and_rebuilds_nothing(smoke_d
     # the room's proof under the installed FlyDSL, as a verify --record under it leaves one (made-up evidence:
     # tests/test_proofs.py proves the recording itself)
     from dsv41_aot.aot.jit import write_verified
-    from dsv41_aot.manifest import Manifest
+    from dsv41_aot.room import Room
     from dsv41_aot.proof import Evidence, KeyProof
 
-    man = Manifest.read(d / "gfx950", release=NEWEST)
+    man = Room(d, "gfx950", NEWEST).manifest()
     e = man.entries[key]
     jit = {"release": NEWEST, "vllm_version": e.source["vllm_version"], "mono_sources": e.source["mono_sources"],
            "flydsl_version": INSTALLED}

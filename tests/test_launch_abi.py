@@ -35,7 +35,8 @@ from dsv41_aot.aot.compiler import describe_object
 from dsv41_aot.aot.link import link_dir
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import Manifest, atomic_write
+from dsv41_aot.manifest import atomic_write
+from dsv41_aot.room import Room
 
 # the cases: (release, key, narrowed), one per kind
 CASES = [(NEWEST, k, True) for k in sorted(SMOKE_RELEASE_KEYS[NEWEST]) if "@gfx942:" in k]
@@ -108,7 +109,7 @@ def put_stub(root, release: str, key: str, narrow: bool, work) -> None:
     """Replace ``key``'s stored object by its stub, and its manifest entry by
     the one the build derives from the stub (describe_object)."""
     bk = BuildKey.parse(key, release)
-    man = Manifest.read(root / bk.arch, release=release)
+    man = Room(root, bk.arch, release).manifest()
     old = man.entries[key]
     meta_bytes, code = elf.exported_parts(man.object_path(key).read_bytes(), bk.entry)
     meta = json.loads(meta_bytes)
@@ -146,7 +147,7 @@ def stubbed(smoke_dir, tmp_path_factory):
     for release, key, _ in CASES:
         bk = BuildKey.parse(key, release)
         libs = json.loads((room(root, bk.arch, release) / "libs.json").read_text())
-        want = Manifest.read(root / bk.arch, release=release).entries[key].sha256
+        want = Room(root, bk.arch, release).manifest().entries[key].sha256
         assert [lib["entries"][key] for lib in libs["libraries"] if key in lib["entries"]] == [want]
     return root
 

@@ -22,7 +22,7 @@ from dsv41_aot.aot import link
 from dsv41_aot.errors import IntegrityError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import Manifest, sha256_file
+from dsv41_aot.manifest import sha256_file
 from dsv41_aot.room import Room
 from dsv41_aot.listing import built_rooms
 
@@ -52,7 +52,7 @@ def test_every_key_is_linked_into_a_library_with_the_recorded_sha(smoke):
     assert sorted(_rooms(smoke)) == [("gfx942", NEWEST), ("gfx950", OLD), ("gfx950", NEWEST)]
     named: dict = {}
     for arch, release in _rooms(smoke):
-        man = Manifest.read(smoke / arch, release=release)
+        man = Room(smoke, arch, release).manifest()
         doc = _doc(smoke, arch, release)
         assert (doc["arch"], doc["release"]) == (arch, release)
         libs = doc["libraries"]
@@ -139,7 +139,7 @@ def test_link_is_deterministic_and_incremental(smoke, tmp_path):
 
 def test_a_flipped_byte_in_an_object_is_refused_and_nothing_is_written(smoke, tmp_path):
     d = copy_of(smoke, tmp_path / "p")
-    man = Manifest.read(d / "gfx950", release=OLD)
+    man = Room(d, "gfx950", OLD).manifest()
     key = sorted(man.entries)[0]
     obj = d / "gfx950" / man.entries[key].object
     data = bytearray(obj.read_bytes())
@@ -234,7 +234,7 @@ def test_library_metadata_matches_vllm_launcher_parameters(smoke):
     assert len(meta) == sum(map(len, SMOKE_RELEASE_KEYS.values()))
     for arch, release in _rooms(smoke):
         keys = sorted(k.split(" ")[1] for k in meta if k.startswith(f"{release} ") and f"@{arch}:" in k)
-        man = Manifest.read(smoke / arch, release=release)
+        man = Room(smoke, arch, release).manifest()
         assert keys == sorted(man.entries)
         r = subprocess.run([sys.executable, "-c", _VLLM_SIGNATURES, arch, release, man.mono_sources, *keys],
                            capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -307,7 +307,7 @@ def test_a_band_whose_keys_changed_is_relinked(smoke, tmp_path):
     drop = "k2@gfx950:s=4,tp=4,r=1"  # one of the three keys of 0.33.0's s01-08 band
     before = {lib["chunk"]: lib for lib in _libs(d, "gfx950")}
     chunk = next(c for c, lib in before.items() if drop in lib["entries"])
-    man = Manifest.read(d / "gfx950", release=NEWEST)
+    man = Room(d, "gfx950", NEWEST).manifest()
     del man.entries[drop]
     man.write()
     r = cli("link", "--dir", d, "--arch", "gfx950", "--release", NEWEST, "--json")

@@ -34,7 +34,7 @@ from dsv41_aot.errors import (
 )
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import Manifest
+from dsv41_aot.room import Room
 from dsv41_aot.runtime import loader, state
 
 pytestmark = pytest.mark.slow
@@ -63,7 +63,7 @@ def test_launchers_for_every_smoke_key(smoke, fresh):
             key = BuildKey.parse(text, NEWEST)
             assert launcher.key == text and launcher.arch == arch
             assert launcher.kernel_name == key.kernel_symbol and launcher.entry == key.entry
-            assert launcher.abi[-1]["name"] == "stream" and launcher.abi == Manifest.read(smoke / arch, release=NEWEST).abi(text)
+            assert launcher.abi[-1]["name"] == "stream" and launcher.abi == Room(smoke, arch, NEWEST).manifest().abi(text)
             assert dsv41_aot.load_key(text, prebuilt=smoke) is launcher  # one Launcher per key
 
 
@@ -421,10 +421,10 @@ def test_a_key_string_is_served_by_the_running_vllms_room(smoke, fresh):
     old = dsv41_aot.load_key(K1, prebuilt=smoke)
     assert old is not new and old._idx.release == OLD and old.key == K1
     assert old.kernel_name == BuildKey.parse(K1, OLD).kernel_symbol == "_ZN5aiter27dsv41_mono_k1_s4_tp4_r1_tl0E"
-    assert old.abi == Manifest.read(smoke / "gfx950", release=OLD).abi(K1)
+    assert old.abi == Room(smoke, "gfx950", OLD).manifest().abi(K1)
     old.bind()  # its band (0.32.0's room's) and its ABI against the library's metadata
     assert old.library != new.library and old.library.startswith(str(smoke / "gfx950" / "lib"))
-    assert fresh.keys("gfx950", prebuilt=smoke) == sorted(Manifest.read(smoke / "gfx950", release=OLD).entries)
+    assert fresh.keys("gfx950", prebuilt=smoke) == sorted(Room(smoke, "gfx950", OLD).manifest().entries)
     assert dsv41_aot.load("k2", tokens=4, tp=4, ratio=1, arch="gfx950", prebuilt=smoke).kernel_name == \
         BuildKey.parse("k2@gfx950:s=4,tp=4,r=1", OLD).kernel_symbol
     # a field 0.32.0's MonoBuild lacks: bad input, naming it
@@ -488,7 +488,7 @@ def test_an_allowed_source_mismatch_is_served_by_the_running_releases_room_not_t
     assert launcher.kernel_name == BuildKey.parse(K1, OLD).kernel_symbol != BuildKey.parse(K1, NEWEST).kernel_symbol
     old_bands = {lib["file"] for lib in json.loads((room(smoke, "gfx950", OLD) / "libs.json").read_text())["libraries"]}
     assert os.path.basename(launcher.library) in old_bands
-    assert fresh.keys("gfx950", prebuilt=smoke) == sorted(Manifest.read(smoke / "gfx950", release=OLD).entries)
+    assert fresh.keys("gfx950", prebuilt=smoke) == sorted(Room(smoke, "gfx950", OLD).manifest().entries)
     warned = [r.getMessage() for r in caplog.records if r.name == "dsv41_aot"]
     assert any(f"running vLLM {OLD} mono sources" in w and f"using vLLM {OLD}'s" in w for w in warned), warned
 

@@ -225,7 +225,7 @@ def copy(smoke_dir, tmp_path) -> Path:
 def test_merge_refuses_a_malformed_proof_naming_it(copy, tmp_path, case, capsys):
     """ci/merge.py reads each shard room's verified.json through the parser:
     exit 1 naming the file (a traceback before), nothing written."""
-    man = Manifest.read(copy / "gfx950", release=NEWEST)
+    man = Room(copy, "gfx950", NEWEST).manifest()
     doc = json.loads(BAD[case]) if case != "no code_object_sha256" else None
     if doc is None:
         recs = {k: forged(man, k) for k in man.entries}
@@ -250,7 +250,7 @@ def test_the_wheel_gate_refuses_a_truncated_proof(copy):
     from ci import prebuilt
 
     assert [r.name for c in prebuilt.check_dir(copy, ["gfx950"]) for r in c.rooms]  # sound as built
-    man = Manifest.read(copy / "gfx950", release=NEWEST)
+    man = Room(copy, "gfx950", NEWEST).manifest()
     path = write_proofs(man, {k: forged(man, k) for k in man.entries})
     path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
     with pytest.raises(ManifestError, match="malformed JSON") as e:
@@ -287,7 +287,7 @@ def test_record_replaces_an_unreadable_proof_and_verify_counts_per_room(copy):
     assert path.with_name("verified.json.corrupt").read_text() == "[]" and "set aside" in proc.stderr
     report = json.loads(proc.stdout)
     counts = {(p["arch"], p["release"]): p for p in report["proofs"]}[("gfx950", NEWEST)]
-    man = Manifest.read(copy / "gfx950", release=NEWEST)
+    man = Room(copy, "gfx950", NEWEST).manifest()
     assert counts == {"arch": "gfx950", "release": NEWEST, "keys": len(man.entries), PROVEN: 1, NO_EVIDENCE: 0,
                       STALE: 0, "unproven": len(man.entries) - 1, "by_flydsl": {dist_version("flydsl"): 1}}
     proof = Room(copy, "gfx950", NEWEST).proof()
@@ -337,7 +337,7 @@ def test_proofs_copied_from_the_manifest_are_told_apart(copy, tmp_path):
 def test_list_and_build_read_the_proofs(copy):
     """list says each key's proof; build says each room's count and warns
     of a proof its rebuild made stale (here: a proof of another object)."""
-    man = Manifest.read(copy / "gfx950", release=NEWEST)
+    man = Room(copy, "gfx950", NEWEST).manifest()
     recs = {k: forged(man, k) for k in man.entries}
     other = sorted(recs)[0]
     recs[other]["code_object_sha256"] = "0" * 64

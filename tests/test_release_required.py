@@ -10,7 +10,7 @@ import pytest
 
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import Manifest
+from dsv41_aot.room import Room
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dsv41_aot"
 
@@ -78,6 +78,6 @@ def test_a_key_a_manifest_and_a_pin_need_their_release(tmp_path):
     with pytest.raises(TypeError):
         BuildKey.parse("k1@gfx950:s=4,tp=4,r=1")
     with pytest.raises(TypeError):
-        Manifest.read(tmp_path / "gfx950", missing_ok=True)
+        Room(tmp_path, "gfx950")
     assert not any(f.name == "release" and f.default is not dataclasses.MISSING for f in dataclasses.fields(BuildKey))
     assert BuildKey("k1", "gfx950", 4, 4, 1, release=NEWEST).release == NEWEST

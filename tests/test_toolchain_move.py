@@ -18,7 +18,7 @@ import pytest
 
 from dsv41_aot.facts.flydsl import FLYDSL
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.manifest import Manifest
+from dsv41_aot.room import Room
 
 REPO = Path(__file__).resolve().parents[1]
 INSTALLED = version("flydsl")
@@ -72,8 +72,8 @@ def test_a_flydsl_move_rebuilds_only_keys_whose_code_object_changed(flydsl_pytho
     assert r.returncode == 0, r.stdout + r.stderr
     named = [line.split()[1].rstrip(":") for line in r.stdout.splitlines() if line.strip().startswith("rebuilt ")]
     assert named == [CHANGED] and "1 key(s) built before under another FlyDSL" in r.stdout, r.stdout
-    kept = Manifest.read(out / "gfx950", release=NEWEST).entries[KEPT]
-    rebuilt = Manifest.read(out / "gfx942", release=NEWEST).entries[CHANGED]
+    kept = Room(out, "gfx950", NEWEST).manifest().entries[KEPT]
+    rebuilt = Room(out, "gfx942", NEWEST).manifest().entries[CHANGED]
     assert kept.source["flydsl_version"] == INSTALLED and rebuilt.source["flydsl_version"] == other
     after = _bands(out)
     assert {k: v for k, v in after.items() if k.startswith("gfx950/")} == \

@@ -80,7 +80,7 @@ def test_against_jit_passes_on_smoke(copy):
 
 @pytest.mark.slow
 def test_flipped_byte_fails_with_its_key(copy):
-    man = Manifest.read(copy / "gfx942", release="0.33.0")
+    man = Room(copy, "gfx942", "0.33.0").manifest()
     key = "k2@gfx942:s=4,tp=4,r=1"
     path = man.object_path(key)
     data = bytearray(path.read_bytes())
@@ -99,7 +99,7 @@ def test_swapped_object_with_updated_sha_is_caught(copy):
     the checksum passes, the export and code object checks do not."""
     from dsv41_aot.manifest import sha256_file
 
-    man = Manifest.read(copy / "gfx950", release="0.32.0")
+    man = Room(copy, "gfx950", "0.32.0").manifest()
     victim, donor = "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1"
     shutil.copyfile(man.object_path(donor), man.object_path(victim))
     man.entries[victim] = man.entries[victim].replace(sha256=sha256_file(man.object_path(victim)),
@@ -123,7 +123,7 @@ def test_swapped_object_with_updated_sha_is_caught(copy):
 def test_compare_jit_names_every_difference(smoke, tmp_path):
     """The comparison itself, on real code objects: a JIT answer holding
     another key's code object differs in bytes, kernel name and kernargs."""
-    man = Manifest.read(smoke / "gfx950", release=NEWEST)
+    man = Room(smoke, "gfx950", NEWEST).manifest()
     k1, k2 = "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=4,tp=4,r=1"
     code = {k: exported_parts(man.object_path(k).read_bytes(), man.entries[k].entry)[1] for k in (k1, k2)}
     (tmp_path / "k2.co").write_bytes(code[k2])
@@ -235,7 +235,7 @@ def test_libraries_and_libs_json_are_checked(copy, damage):
 
 
 def test_mixed_source_identities_fail(copy):
-    man = Manifest.read(copy / "gfx942", release="0.33.0")
+    man = Room(copy, "gfx942", "0.33.0").manifest()
     key = sorted(man.entries)[0]
     man.entries[key] = man.entries[key].replace(source=dict(man.entries[key].source, mono_sources="0" * 16))
     man.write()
@@ -256,7 +256,7 @@ def test_a_mixed_room_left_by_a_stopped_build_carries_its_options(copy):
     arch's unfinished build recorded (N9d)."""
     from dsv41_aot import pending
 
-    man = Manifest.read(copy / "gfx942", release="0.33.0")
+    man = Room(copy, "gfx942", "0.33.0").manifest()
     key = sorted(man.entries)[0]
     man.entries[key] = man.entries[key].replace(source=dict(man.entries[key].source, mono_sources="0" * 16))
     man.write()
@@ -271,7 +271,7 @@ def test_keys_a_stopped_build_did_not_build_are_a_warning_naming_it(copy):
     verify warns, naming the build that finishes it with its options (N9f)."""
     from dsv41_aot import pending
 
-    built = sorted(Manifest.read(copy / "gfx942", release="0.33.0").entries)
+    built = sorted(Room(copy, "gfx942", "0.33.0").manifest().entries)
     extra = "k1@gfx942:s=9,tp=4,r=0"
     pending.write(copy / "gfx942", {"0.33.0": built + [extra]}, ["--no-cache"])
     proc = cli("verify", "--dir", copy, "--json")
@@ -491,7 +491,7 @@ def test_what_the_wheel_gate_refuses_fails_verify_and_counts_per_key(copy):
     (bad,) = [f for f in doc["failures"] if f["file"] == str(band)]
     assert bad["what"] == "band" and bad["serving"] and bad["keys"]
     assert doc["ok"] == doc["keys"] - len(bad["keys"]) and doc["failed"] >= 1
-    man = Manifest.read(copy / "gfx942", release=NEWEST)
+    man = Room(copy, "gfx942", NEWEST).manifest()
     man.object_path(sorted(man.entries)[0]).unlink()
     doc = json.loads(cli("verify", "--dir", copy, "--json").stdout)
     (own,) = [f for f in doc["failures"] if f["key"] == sorted(man.entries)[0] and f["file"] is None]

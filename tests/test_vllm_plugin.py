@@ -27,7 +27,7 @@ from dsv41_aot.runtime import runner_patch, state
 from dsv41_aot.errors import AotError
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.manifest import Manifest
+from dsv41_aot.room import Room
 
 PROBE = REPO / "tests" / "_vllm_probe.py"
 
@@ -50,7 +50,7 @@ def probe(arch: str, prebuilt: Path, mode: str, order: str, calls: list, **optio
 def code_object_symbols(prebuilt: Path, key: str, release: str = NEWEST) -> set:
     """The symbols of the GPU code object inside a key's stored export object."""
     bk = BuildKey.parse(key, release)
-    man = Manifest.read(prebuilt / bk.arch, bk.arch, release=release)
+    man = Room(prebuilt, bk.arch, release).manifest()
     _, code = elf.exported_parts(man.object_path(key).read_bytes(), bk.entry)
     return {s.name for s in elf.Elf(code).symbols()}
 

@@ -26,7 +26,7 @@ from _smoke import REPO, SMOKE_RELEASE_KEYS, copy_of, room
 from dsv41_aot.aot import jit, verify
 from dsv41_aot.aot.workers import RUN_PREFIX
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.manifest import Manifest
+from dsv41_aot.room import Room
 from dsv41_aot.listing import built_rooms
 
 # (release, key) of every smoke key: a key string names a launch within its release
@@ -113,8 +113,8 @@ def test_one_job_builds_every_arch(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     s = json.loads(r.stdout)
     assert (s["keys"], s["compiled"], s["up_to_date"], s["failed"]) == (2, 2, 0, 0), s
-    assert set(Manifest.read(out / "gfx950", release=NEWEST).entries) == {K1_950}
-    assert set(Manifest.read(out / "gfx942", release=NEWEST).entries) == {K1_942}
+    assert set(Room(out, "gfx950", NEWEST).manifest().entries) == {K1_950}
+    assert set(Room(out, "gfx942", NEWEST).manifest().entries) == {K1_942}
     assert runs(tmp_path) == []  # the run's folder goes with the run
 
 
@@ -196,9 +196,9 @@ def test_a_hung_compile_times_out_and_the_build_goes_on(tmp_path):
     assert (s["compiled"], s["failed"]) == (1, 1), s
     (f,) = s["failures"]
     assert f["key"] == hung and "did not finish in 25 s" in f["error"] and f"worker {worker} killed, log:" in f["error"]
-    assert set(Manifest.read(out / "gfx950", release=NEWEST).entries) == {fine}
+    assert set(Room(out, "gfx950", NEWEST).manifest().entries) == {fine}
     assert not alive(worker)
-    m = Manifest.read(out / "gfx950", release=NEWEST)
+    m = Room(out, "gfx950", NEWEST).manifest()
     assert hung not in m.refused  # a timeout is not the source's refusal: a rerun tries again
 
 
@@ -298,7 +298,7 @@ def test_merge_carries_the_proofs_and_can_require_them(smoke, tmp_path):
         jit.write_verified(man, recs[arch_dir.name, release])
     unproven = sorted(recs["gfx942", "0.33.0"])[0]
     del recs["gfx942", "0.33.0"][unproven]
-    jit.write_verified(Manifest.read(d / "gfx942", release=NEWEST), recs["gfx942", "0.33.0"])
+    jit.write_verified(Room(d, "gfx942", NEWEST).manifest(), recs["gfx942", "0.33.0"])
 
     with pytest.raises(merge.MergeError, match="carry no proof") as e:
         merge.merge([d], tmp_path / "refused", link=False, log=None, require_verified=True)

@@ -84,7 +84,7 @@ def recover(arch_dir: Path, arch: str, identity: dict, *, release: str) -> tuple
 
     Returns the manifest and {"arch", "release", "set_aside", "recovered",
     "skipped": [why, ...]}."""
-    from ..room import room_dir
+    from ..room import Room, room_dir
     from ..listing import built_releases
 
     arch_dir = Path(arch_dir)
@@ -94,7 +94,7 @@ def recover(arch_dir: Path, arch: str, identity: dict, *, release: str) -> tuple
     for other in built_releases(arch_dir):
         if other != release:
             try:
-                others |= {e.object for e in Manifest.read(arch_dir, arch, release=other).entries.values()}
+                others |= {e.object for e in Room(arch_dir.parent, arch, other).manifest().entries.values()}
             except ManifestError:
                 pass
     found: dict = {}

@@ -26,7 +26,7 @@ from dsv41_aot.facts.releases import release_facts
 from dsv41_aot.runtime import loader
 from dsv41_aot import vllm as plugin
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import Manifest
+from dsv41_aot.room import Room
 
 # the runner API _tp_worker.py drives: DSV41MonoLayer.kernels(tokens, ratio,
 # fold, index) and ffn_kernel(tokens, experts, topk), vLLM 0.33.0's
@@ -57,7 +57,7 @@ def _deployment(root: Path):
 
 
 def _calls(dep, root: Path, n: int, seed: int) -> list:
-    have = set(Manifest.read(root / dep.arch, dep.arch, release=dep.release).entries)
+    have = set(Room(root, dep.arch, dep.release).manifest().entries)
     need = {str(k) for k in coverage.required(dep)}
     held = {BuildKey.parse(k, dep.release) for k in need & have}
     reads_index = release_facts(dep.release).deploy(dep.arch).k2_reads_index
