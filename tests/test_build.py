@@ -340,6 +340,15 @@ def _append(path, text):
     path.write_text(path.read_text() + text)
 
 
+def _cut_to_two_keys(out) -> tuple:
+    """Cut ``out``'s gfx950 room of K1S to its first two keys A and B: (A, B, the entries left)."""
+    m = Room(out, "gfx950", NEWEST).manifest()
+    for k in K1S[2:]:
+        del m.entries[k]
+    m.write()
+    return K1S[0], K1S[1], Room(out, "gfx950", NEWEST).manifest().entries
+
+
 def _only_the_changed_key_rebuilds(out, field, **run) -> str:
     """``out`` holds K1S built by this project as it is, cut to a room of two
     keys A and B. Under a helper change (``run``: the env / cwd
@@ -348,12 +357,7 @@ def _only_the_changed_key_rebuilds(out, field, **run) -> str:
     changes nothing; A and B together rebuild both, their entries' source
     differing from before in ``field`` only; again, nothing. Returns the new
     ``field``."""
-    a, b = K1S[:2]
-    m = Room(out, "gfx950", NEWEST).manifest()
-    for k in K1S[2:]:
-        del m.entries[k]
-    m.write()
-    before = Room(out, "gfx950", NEWEST).manifest().entries
+    a, b, before = _cut_to_two_keys(out)
     code, _, err = run_cli("build", "--key", a, "--out", out, "--json", "--no-progress", check=False, **run)
     assert code == 2 and "two sources" in err and field in err and f"--key {a} {b}" in err, err
     assert Room(out, "gfx950", NEWEST).manifest().entries == before
@@ -377,12 +381,7 @@ def _a_toolchain_change_keeps_the_same_code(out, **run) -> str:
     (aot/toolmove.py): building A alone is refused, as B would stay unproven
     under it, and changes nothing; A and B together compile once each and
     keep their objects and entries. Returns the refusal's message."""
-    a, b = K1S[:2]
-    m = Room(out, "gfx950", NEWEST).manifest()
-    for k in K1S[2:]:
-        del m.entries[k]
-    m.write()
-    before = Room(out, "gfx950", NEWEST).manifest().entries
+    a, b, before = _cut_to_two_keys(out)
     code, _, err = run_cli("build", "--key", a, "--out", out, "--json", "--no-progress", check=False, **run)
     assert code == 2 and "no proof under this FlyDSL" in err and "build the whole room" in err, err
     assert Room(out, "gfx950", NEWEST).manifest().entries == before
