@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +32,6 @@ def pytest_configure(config):
     compile passes --no-cache or changes the identity), and the locks that
     let one worker make what the others then reuse."""
     import tempfile
-    from pathlib import Path
 
     from dsv41_aot.aot.cache import ENV_BUILD_CACHE
 
@@ -43,8 +43,6 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    import shutil
-
     if getattr(config, "_dsv41_shared", None):
         shutil.rmtree(config._dsv41_shared, ignore_errors=True)
 
@@ -94,8 +92,6 @@ def smoke_jit(smoke_dir):
     asked first. JIT comparisons of smoke keys then come from the cache, so
     two workers never JIT-build the same keys side by side. A test that must
     see the JIT run passes --no-cache."""
-    from pathlib import Path
-
     done = Path(os.environ[SHARED], "smoke-jit-done")
     with session_lock("smoke-jit"):
         if not done.exists():
@@ -117,7 +113,6 @@ def flydsl_python():
     import subprocess
     import sys
     import sysconfig
-    from pathlib import Path
 
     def make(v: str) -> str:
         env = Path(os.environ[SHARED], f"flydsl-{v}")
