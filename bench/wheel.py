@@ -178,6 +178,12 @@ def main(argv=None) -> int:
             sh([PY, "-m", "dsv41_aot.cli", "build", "--profile", "smoke", "--out", prebuilt, "--no-progress"], cwd=ROOT)
             sh([PY, "-m", "dsv41_aot.cli", "link", "--dir", prebuilt], cwd=ROOT)
         found = [(r.arch, r.release) for r in built_rooms(prebuilt)]
+        bare = sorted({arch for arch, _ in found if not (prebuilt / arch / "objects").is_dir()})
+        if bare:  # a shipped deployment holds bands only: nothing to relink into a band model
+            print(f"bench/wheel.py: error: {prebuilt} holds no stored objects for {', '.join(bare)} "
+                  f"(the band model relinks them)\n  fix: pass a build folder: dsv41-aot build --out DIR, "
+                  f"then bench/wheel.py --prebuilt DIR", file=sys.stderr)
+            return 2
         src = source_tree(tmp / "src")
         t0 = time.perf_counter()
         wheel = pip_wheel(src, tmp / "dist", {"DSV41_AOT_PREBUILT": str(prebuilt)})
@@ -244,7 +250,7 @@ def main(argv=None) -> int:
               f"{'ok' if best / MB <= TARGET_MB else 'MISSED'}")
     for room, a in R.items():
         m = a["model"]
-        print(f"\n  {room} band model: shared {m['shared'] / 1e3:.1f} kB a band, marginal xz per key "
+        print(f"\n  {room} band model: shared {m['shared'] / 1e3:.1f} kB per band, marginal xz per key "
               + ", ".join(f"{k} {v / 1e3:.1f} kB" for k, v in sorted(m["marginal"].items()))
               + f" ({m['smoke_keys']} smoke objects in one band: {m['smoke_band_bytes'] / 1e3:.1f} kB); "
                 f"full: {a['full_by_kind']}")
