@@ -3,8 +3,8 @@
     python ci/check_wheel.py WHEEL [--prebuilt DIR] [--no-auditwheel] [--json]
     python ci/check_wheel.py --audit-only WHEEL      (cibuildwheel's repair step)
     python ci/check_wheel.py --audit-prebuilt DIR    (before packing: the raw libraries of DIR's bands)
-    python ci/check_wheel.py --report WHEEL [--json] [--require-proofs]
-                                                     (what a downloaded wheel holds, checked offline)
+
+What a downloaded wheel holds, and its proofs, is ``dsv41-aot verify --wheel``.
 
 A wheel must:
 
@@ -46,8 +46,7 @@ from ci.prebuilt import admits  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
 from dsv41_aot.manifest import TIMINGS  # noqa: E402
 from dsv41_aot.listing import built_arches, built_releases, built_rooms  # noqa: E402
-from dsv41_aot.aot.wheel import PKG, dist_info, open_wheel, report, rooms_in_wheel as _rooms, wheel_bands, wheel_problems  # noqa: E402,F401
-from dsv41_aot.cli.verify import print_wheel_report as print_report  # noqa: E402
+from dsv41_aot.aot.wheel import PKG, dist_info, open_wheel, rooms_in_wheel as _rooms, wheel_bands, wheel_problems  # noqa: E402
 
 PLAT = "manylinux_2_28_x86_64"
 ALLOWED_EXTERNAL = ("libamdhip64.so",)  # prefix: any SONAME version of the host's HIP runtime
@@ -309,20 +308,8 @@ def _main(argv=None) -> int:
     ap.add_argument("--no-auditwheel", action="store_true")
     ap.add_argument("--audit-only", action="store_true", help="only auditwheel on the raw libraries")
     ap.add_argument("--audit-prebuilt", metavar="DIR", help="auditwheel on the raw libraries of DIR's bands")
-    ap.add_argument("--report", metavar="WHEEL", help="what WHEEL holds per (arch, release, TP), its proofs, its "
-                                                      "bands checked offline")
-    ap.add_argument("--require-proofs", action="store_true", help="with --report: a key without a proof fails")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if args.report:
-        if not Path(args.report).is_file():
-            print(f"ci/check_wheel.py: error: no wheel at {args.report}", file=sys.stderr)
-            return 2
-        r = report(Path(args.report))
-        if args.json:
-            print(json.dumps(r, indent=1))
-            return 1 if r["problems"] or (args.require_proofs and r["unproven"]) else 0
-        return print_report(r, args.require_proofs)
     if args.audit_prebuilt:
         return audit_prebuilt(Path(args.audit_prebuilt))
     if not args.wheels:

@@ -177,9 +177,10 @@ def cmd_checkwheel(args) -> int:
         raise StageError(f"{folder}: {len(wheels)} wheels, expected the one kernels wheel", 2)
     must(check_wheel.main(["--prebuilt", args.prebuilt, str(wheels[0])]), "ci/check_wheel.py")
     must(twine_check(wheels), "twine check --strict")
-    report = ["--report", str(wheels[0])] + (["--require-proofs"] if args.require_proofs else [])
-    must(check_wheel.main(report), "ci/check_wheel.py --report (every key proven)" if args.require_proofs
-          else "ci/check_wheel.py --report")
+    if args.require_proofs:
+        from dsv41_aot.cli import main as dsv41_aot
+
+        must(dsv41_aot(["verify", "--wheel", str(wheels[0])]), "dsv41-aot verify --wheel (every key proven)")
     return 0
 
 
@@ -320,7 +321,8 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("--require-proofs", action="store_true", help="as checkwheel --require-proofs")
         p.set_defaults(func=func)
 
-    p = sub.add_parser("checkwheel", help="check_wheel.py against the prebuilt dir, twine check, the wheel's report")
+    p = sub.add_parser("checkwheel", help="check_wheel.py against the prebuilt dir, twine check, and with "
+                                          "--require-proofs dsv41-aot verify --wheel")
     p.add_argument("--prebuilt", required=True)
     p.add_argument("wheelhouse", help="the folder holding the one wheel (or the wheel)")
     p.add_argument("--require-proofs", action="store_true",

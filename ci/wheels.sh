@@ -16,7 +16,7 @@
 #                build/ folder), --no-build-isolation: no index is asked for
 #                setuptools; then cibuildwheel's repair-step audit;
 #   checkwheel   ci/check_wheel.py (name, tag, metadata, bands against the
-#                prebuilt dir, auditwheel), twine check, the wheel's report.
+#                prebuilt dir, auditwheel), twine check.
 # Nothing is compiled. PYTHON (default: python3) runs it;
 # DSV41_AOT_WHEEL_FRONTEND=build uses `python -m build --wheel --no-isolation`
 # (cibuildwheel's frontend) instead of `pip wheel`.

@@ -582,5 +582,6 @@ def test_a_user_downloads_the_wheel_and_checks_it_offline(rehearsal, installed, 
                 data = data[:100] + bytes([data[100] ^ 1]) + data[101:]
                 flipped = item.filename
             zout.writestr(item, data)
-    r = subprocess.run([PY, "ci/check_wheel.py", "--report", str(bad)], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run([PY, "-m", "dsv41_aot.cli", "verify", "--wheel", str(bad)], capture_output=True, text=True,
+                       cwd=REPO)
     assert r.returncode == 1 and flipped.rsplit("/", 1)[1] in r.stdout and "FAILED" in r.stdout, r.stdout
