@@ -32,6 +32,7 @@ from dsv41_aot.aot import matrix, shards  # noqa: E402
 from dsv41_aot.errors import AotError  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
 from dsv41_aot.manifest import atomic_write  # noqa: E402
+from ci.stages import cli  # noqa: E402
 
 
 def by_release(keys) -> dict:
@@ -68,6 +69,9 @@ def plan(arch: str, index: int, count: int, profile: str | None = None, matrix_p
     }
 
 
+PLANS = "shard-*of*.json"  # what plan_name's names match
+
+
 def plan_name(arch: str, index: int, count: int) -> str:
     return f"shard-{arch}-{index}of{count}.json"
 
@@ -102,16 +106,15 @@ def main(argv=None) -> int:
           f"~{p['estimated_seconds']:.0f} CPU-s", file=sys.stderr)
     out = Path(args.out)
     common = (["--matrix", args.matrix] if args.matrix else []) + (["--jobs", str(args.jobs)] if args.jobs else [])
-    cli = [sys.executable, "-m", "dsv41_aot.cli"]
     trees = [a for t in args.vllm_src for a in ("--vllm-src", t)]
     for release, keys in p["keys"].items():
-        r = subprocess.run(cli + ["build", "--out", str(out), "--no-progress", "--json", *common, *trees,
-                                  "--release", release, "--key", *keys], cwd=ROOT)
+        r = subprocess.run(cli("build", "--out", out, "--no-progress", "--json", *common, *trees,
+                               "--release", release, "--key", *keys), cwd=ROOT)
         if r.returncode:
             return r.returncode
     if mine and not args.no_verify:
-        cmd = cli + ["verify", "--dir", str(out), "--against-jit", "--record", "--no-progress", *common,
-                     "--shard", args.shard, "--arch", args.arch, "--profile", p["profile"], *trees]
+        cmd = cli("verify", "--dir", out, "--against-jit", "--record", "--no-progress", *common,
+                  "--shard", args.shard, "--arch", args.arch, "--profile", p["profile"], *trees)
         if args.seconds:
             cmd += ["--seconds", *args.seconds]
         r = subprocess.run(cmd, cwd=ROOT)

@@ -44,7 +44,7 @@ from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest  # noqa: E402
 from dsv41_aot.room import Room  # noqa: E402
 from dsv41_aot.listing import built_rooms  # noqa: E402
 from dsv41_aot.proof import NO_EVIDENCE, PROVEN  # noqa: E402
-from ci.build_shard import pairs  # noqa: E402
+from ci.build_shard import PLANS, pairs  # noqa: E402
 
 
 class MergeError(IntegrityError):
@@ -55,7 +55,7 @@ def _plans(shards: list[Path]) -> dict:
     """Map each arch to the plan dicts found in the shard dirs."""
     out: dict = {}
     for d in shards:
-        for p in sorted(d.glob("shard-*of*.json")):
+        for p in sorted(d.glob(PLANS)):
             plan = json.loads(p.read_bytes())
             plan["_file"], plan["_dir"] = str(p), d
             out.setdefault(plan["arch"], []).append(plan)

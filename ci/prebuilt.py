@@ -43,6 +43,7 @@ class RoomContents:
     release: str
     keys: list
     mono_sources: str
+    objects: set  # the stored objects its entries name, relative to the arch folder
 
     @property
     def name(self) -> str:
@@ -105,7 +106,8 @@ def _check_room(root: Path, arch: str, release: str, digests: dict, bands: dict)
                             f"not {release}", fix=fix)
     for band in room.links().bands:
         bands.setdefault(band.file, band)
-    return RoomContents(arch=arch, release=release, keys=sorted(man.entries), mono_sources=digest)
+    return RoomContents(arch=arch, release=release, keys=sorted(man.entries), mono_sources=digest,
+                        objects={e.object for e in man.entries.values()})
 
 
 def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchContents:
@@ -152,10 +154,7 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
                              f"({', '.join(r.name for r in out.rooms)})",
                              fix=f"dsv41-aot link --dir {root} --arch {arch}")
     out.files += [f"{LIB}/{name}" for name in sorted(bands)]
-    objects = set()
-    for release in releases:
-        objects |= {e.object for e in Room(adir.parent, arch, release).manifest().entries.values()}
-    out.files += sorted(objects)
+    out.files += sorted(set().union(*(r.objects for r in out.rooms)))
     return out
 
 

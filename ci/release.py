@@ -63,8 +63,9 @@ def cmd_shard(args) -> int:
 
 def shard_dirs(folder: Path) -> list:
     """The shard folders in ``folder``, or ``folder`` itself when it is one shard."""
-    # download-artifact extracts a lone artifact into the path itself
-    if list(Path(folder).glob("shard-*of*.json")):
+    from ci.build_shard import PLANS
+
+    if list(Path(folder).glob(PLANS)):  # download-artifact extracts a lone artifact into the path itself
         return [Path(folder)]
     dirs = sorted(p for p in Path(folder).iterdir() if p.is_dir() and not p.name.startswith("."))
     if not dirs:
