@@ -346,7 +346,7 @@ def main(argv=None) -> int:
         return args.func(args)
     except StageError as e:
         print(f"ci/release.py {args.command}: error: {e}", file=sys.stderr)
-        return e.code
+        return e.exit_code
 
 
 if __name__ == "__main__":

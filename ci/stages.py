@@ -2,7 +2,7 @@
 
 The version job runs ``check-tag`` and ``facts`` on a bare interpreter
 before anything is installed, so this module uses the standard library
-only. The other stages and the command line are in ci/release.py.
+and the checkout's ``dsv41_aot.errors`` only. The other stages and the command line are in ci/release.py.
 """
 
 from __future__ import annotations
@@ -16,16 +16,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 PY = sys.executable
 CACHE_PREFIX = "dsv41-build"
 
+from dsv41_aot.errors import AotError  # noqa: E402 (standard library only)
 
-class StageError(Exception):
-    """A stage refused: the message names what and the fix."""
 
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
+class StageError(AotError):
+    """A stage that refused, with its exit code (1 a check failed, 2 bad input)."""
+
+    def __init__(self, message: str, code: int = 1, *, fix: str | None = None):
+        super().__init__(message, fix=fix)
+        self.exit_code = code
 
 
 def run(cmd: list, **kw) -> int:
@@ -73,8 +77,9 @@ def check_tag(ref_type: str | None, ref_name: str | None, version: str) -> str:
     if ref_name != want:
         raise StageError(
             f"tag {ref_name!r} is not v + dsv41_aot.__version__ ({want!r}): refusing to build a release whose "
-            f"wheel would say {version}\n  fix: tag the commit {want}, or set __version__ = \"{str(ref_name)[1:]}\" "
-            f"in dsv41_aot/__init__.py, commit, and tag that commit")
+            f"wheel would say {version}",
+            fix=f"tag the commit {want}, or set __version__ = \"{str(ref_name)[1:]}\" in dsv41_aot/__init__.py, "
+                f"commit, and tag that commit")
     return f"tag {ref_name} = v + dsv41_aot.__version__ ({version}): ok"
 
 
@@ -138,8 +143,8 @@ def cmd_source_date_epoch(args) -> int:
     """Write the checkout's commit time as the step output ``epoch``."""
     t = source_date_epoch()
     if t is None:
-        raise StageError(f"{ROOT} is not a git checkout: no commit time for SOURCE_DATE_EPOCH\n"
-                         "  fix: run it in a clone of the repository (actions/checkout)", 2)
+        raise StageError(f"{ROOT} is not a git checkout: no commit time for SOURCE_DATE_EPOCH", 2,
+                         fix="run it in a clone of the repository (actions/checkout)")
     write_outputs({"epoch": t}, os.environ.get("GITHUB_OUTPUT"))
     return 0
 
