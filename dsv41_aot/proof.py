@@ -10,6 +10,7 @@ Shared core: standard library only.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -89,14 +90,20 @@ class KeyProof:
         """What in ``entry`` made the proof stale: its code object or vLLM source; else None.
 
         Another FlyDSL alone is no change: the proof still holds for its own FlyDSL."""
+        change = self.change(entry)
+        return f"{change[0]} ({change[1]})" if change else None
+
+    def change(self, entry) -> tuple[str, str] | None:
+        """What in ``entry`` made the proof stale and how, as (what, detail); else None."""
         source = entry.source or {}
         if self.code_object_sha256 != entry.code_object_sha256:
             built = source.get("flydsl_version")
             under = f" by FlyDSL {built}, proven under {self.flydsl or 'an unnamed FlyDSL'}" \
                 if built and built != self.flydsl else ""
-            return f"the code object (rebuilt since{under})"
+            return "the code object", f"rebuilt since{under}"
         if "mono_sources" in self.jit and self.jit["mono_sources"] != source.get("mono_sources"):
-            return f"the vLLM source (mono sources {source.get('mono_sources')}, proven against {self.jit['mono_sources']})"
+            return ("the vLLM source",
+                    f"mono sources {source.get('mono_sources')}, proven against {self.jit['mono_sources']}")
         return None
 
     def verdict(self, entry) -> str:
@@ -142,21 +149,13 @@ class Proof:
 
     def flydsl_counts(self, entries: dict) -> dict:
         """FlyDSL release -> how many of ``entries`` have a PROVEN proof under it."""
-        out: dict = {}
-        for p in self.all():
-            if p.key in entries and p.verdict(entries[p.key]) == PROVEN:
-                out[p.flydsl] = out.get(p.flydsl, 0) + 1
-        return dict(sorted(out.items()))
+        proven = Counter(p.flydsl for p in self.all() if p.key in entries and p.verdict(entries[p.key]) == PROVEN)
+        return dict(sorted(proven.items()))
 
     def changes(self, entries: dict) -> dict:
-        """What changed (KeyProof.changed) -> how many of the entries' proofs it made stale."""
-        out: dict = {}
-        for k, e in entries.items():
-            why = self.keys[k].changed(e) if k in self.keys else None
-            if why:
-                what = why.split(" (")[0]
-                out[what] = out.get(what, 0) + 1
-        return out
+        """What changed (KeyProof.change) -> how many of the entries' proofs it made stale."""
+        found = (self.keys[k].change(e) for k, e in entries.items() if k in self.keys)
+        return dict(Counter(change[0] for change in found if change))
 
     @classmethod
     def parse(cls, data: bytes, where: str, arch: str, release: str, fix: str) -> "Proof":
