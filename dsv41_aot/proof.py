@@ -230,12 +230,8 @@ class Proof:
 
     def counts(self, entries: dict) -> dict:
         """How many of ``entries`` have a proof in each state, and how many none (``unproven``)."""
-        out = dict.fromkeys(PROOF_STATES, 0)
-        for key, e in entries.items():
-            state = self.verdict(key, e)
-            if state:
-                out[state] += 1
-        return dict(keys=len(entries), **out, unproven=len(entries) - sum(out.values()))
+        found = Counter(self.verdict(key, e) for key, e in entries.items())
+        return dict(keys=len(entries), **{state: found[state] for state in PROOF_STATES}, unproven=found[None])
 
 
 def flydsl_text(by_flydsl: dict) -> str:
