@@ -62,14 +62,16 @@ def run(args) -> int:
         if not Path(args.wheel).is_file():
             raise AotError(f"--wheel {args.wheel}: no such file", fix="pip download --no-deps dsv41-aot, then pass its file")
         r = report(Path(args.wheel))
+        failed = bool(r["problems"] or r["unproven"])  # every key proven and every room sound, else exit 1
         if args.json:
             from ..aot.output import print_json, tally
 
             print_json(tally(sum(room["keys"] for room in r["rooms"]), sum(room["proven"] for room in r["rooms"]),
                              [{"key": None, "error": p} for p in r["problems"]]
                              + [{"key": k, "error": "no proof against vLLM's JIT"} for k in r["unproven"]], **r))
-            return 1 if r["problems"] or r["unproven"] else 0
-        return print_wheel_report(r, require_proofs=True)
+        else:
+            print_wheel_report(r, failed)
+        return 1 if failed else 0
     if args.sample is not None and args.sample < 1:
         raise AotError(f"--sample {args.sample}: must be at least 1", fix="pass --sample N with N >= 1")
     if args.sample is not None and not args.against_jit:
@@ -138,10 +140,8 @@ def run(args) -> int:
     return 1 if report["failed"] else 0
 
 
-def print_wheel_report(r: dict, require_proofs: bool = False) -> int:
-    """Print a wheel's report; exit 1 when something is wrong.
-
-    With ``require_proofs``, a key without a proof is wrong too."""
+def print_wheel_report(r: dict, failed: bool) -> None:
+    """Print a wheel's report (``aot.wheel.report``) and its verdict."""
     print(f"{r['wheel']}: {r.get('name')} {r.get('version')}, {r['bytes'] / 1e6:.2f} MB")
     for room in r["rooms"]:
         print(f"  {room['arch']} vLLM {room['release']} (mono sources {room['mono_sources']}): {room['keys']} keys, "
@@ -156,9 +156,6 @@ def print_wheel_report(r: dict, require_proofs: bool = False) -> int:
               f"sha256 ok")
     for p in r["problems"]:
         print(f"  problem: {p}")
-    bad_proofs = require_proofs and r["unproven"]
     if r["unproven"]:
         print(f"  unproven: {len(r['unproven'])} key(s), e.g. {r['unproven'][0]}")
-    verdict = "FAILED" if r["problems"] or bad_proofs else "ok"
-    print(f"{r['wheel']}: {verdict}")
-    return 1 if verdict == "FAILED" else 0
+    print(f"{r['wheel']}: {'FAILED' if failed else 'ok'}")
