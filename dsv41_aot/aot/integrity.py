@@ -19,6 +19,8 @@ from .compiler import describe_object
 # the entry fields describe_object derives, which the manifest must match (the ABI is compared apart)
 ENTRY_FIELDS = ("kind", "arch", "fields", "symbol", "entry", "object", "sha256", "bytes", "code_object_sha256",
                 "code_object_bytes", "resources")
+# how a key's problem opens when its kernel cannot launch as a persistent kernel (fixed in the matrix, not rebuilt)
+NOT_RESIDENT = "cannot be resident"
 
 
 @dataclass
@@ -73,7 +75,7 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
         rep.problems.append(f"object {e.object} is not an export of entry {e.entry}: {err}")
         return rep, None
     except ResidencyError as err:
-        rep.problems.append(f"cannot be resident: {err}")
+        rep.problems.append(f"{NOT_RESIDENT}: {err}")
         return rep, None
     except CompileError as err:
         rep.problems.append(f"object {e.object} is not the key's export: {err}")

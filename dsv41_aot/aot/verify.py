@@ -23,7 +23,7 @@ from ..manifest import LIB, LIBS_JSON, Manifest
 from ..room import Room
 from ..listing import built_rooms_or_error, named_by_rooms, orphan_objects, rooms_in, rooms_of
 from ..proof import NO_EVIDENCE, STALE
-from .integrity import KeyReport, check_entry
+from .integrity import NOT_RESIDENT, KeyReport, check_entry
 from . import hiprec
 from .jit import compare_jit, verified_record, write_verified
 from .link import is_band_file
@@ -360,7 +360,11 @@ def _key_failure(rep: KeyReport, root: Path) -> dict:
 
 def _fix_for(rep: KeyReport, root: Path) -> str:
     """The command that fixes one key's failed checks."""
-    if all(p.startswith("cannot be resident") for p in rep.problems):
-        return (f"{rep.describe()} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from "
-                f"build_matrix.yaml")
+    if all(p.startswith(NOT_RESIDENT) for p in rep.problems):
+        return not_resident_fix(rep.describe())
     return f"dsv41-aot build --release {rep.release} --key '{rep.key}' --out {root}"
+
+
+def not_resident_fix(keys: str) -> str:
+    """The fix of ``keys`` (described keys, comma separated) that cannot be resident."""
+    return f"{keys} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from build_matrix.yaml"
