@@ -123,14 +123,13 @@ def report(wheel: Path) -> dict:
         problems.append(e.message)
         return out
     with z:
-        names = set(z.namelist())
-        meta = email.parser.Parser().parsestr(z.read(f"{dist_info(names)}/METADATA").decode(errors="replace"))
+        meta = email.parser.Parser().parsestr(z.read(f"{dist_info(z.namelist())}/METADATA").decode(errors="replace"))
         out.update(name=meta["Name"], version=meta["Version"])
         rooms = wheel_rooms(z)
         if not rooms:
             problems.append(f"no room under {PKG}: a wheel without kernels")
+        problems += wheel_problems(z)
         for room in rooms:
-            problems += [p.message for p in room.problems(objects=False)]  # the room's one verdict
             try:
                 man, links = room.manifest(), room.links()
             except AotError:
@@ -139,7 +138,7 @@ def report(wheel: Path) -> dict:
                 proof = room.proof()
             except AotError:
                 proof = Proof(room.arch, room.release, {})  # unreadable: listed above, every key unproven
-            release, vpath = room.release, f"{PKG}{room.name}/{VERIFIED}"
+            release = room.release
             for band in links.bands:
                 if room.reader.has(f"{room.arch}/{LIB}/{band.file}"):
                     out["bands"].append({"room": room.name, "file": f"{room.arch}/{LIB}/{band.file}",
@@ -160,7 +159,7 @@ def report(wheel: Path) -> dict:
                 t["tokens"] = [min(t["tokens"][0], k.tokens), max(t["tokens"][1], k.tokens)]
             out["rooms"].append({
                 "arch": room.arch, "release": release, "mono_sources": man.mono_sources, "keys": len(man.entries),
-                "proven": sum(t["proven"] for t in by_tp.values()), "verified_json": vpath in names,
+                "proven": sum(t["proven"] for t in by_tp.values()), "verified_json": room.has(VERIFIED),
                 "tp": {str(tp): by_tp[tp] for tp in sorted(by_tp)},
             })
     return out
