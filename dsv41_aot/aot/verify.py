@@ -249,16 +249,16 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
     root = Path(root)
     found = rooms_in(root, release) or built_rooms_or_error(root, release)  # none at all: bad input, naming the fix
     reports, codes, chosen, lib_failures, warnings, served_bad = {}, {}, {}, [], {}, set()
-    mans = []
+    mans = {}  # Room -> its manifest, for the rooms whose manifest reads
     for room in found:
         try:
-            mans.append(room.manifest())
+            mans[room] = room.manifest()
         except ManifestError:  # the room's manifest problem (with its fix); its keys cannot be checked
             lib_failures += [dict(p.as_dict(), release=room.release) for p in room.problems(objects=False)]
     wanted = None
     if keys is not None:
         wanted = set(keys)
-        known = {BuildKey.parse(k, m.release) for m in mans for k in m.entries}
+        known = {BuildKey.parse(k, m.release) for m in mans.values() for k in m.entries}
         unknown = sorted(wanted - known)
         if unknown:
             shown = [k.describe() for k in unknown[:5]]
@@ -278,7 +278,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             warnings[left] = (f"{left}: a temporary file a killed write left (the file it was for is whole); "
                               f"remove it: rm '{left}'")
         for rel, ks in pending.asked(arch_dir).items():  # a killed build: the keys it did not get to
-            built = next((m.entries for m in mans if (m.arch, m.release) == (arch_dir.name, rel)), {})
+            built = next((m.entries for m in mans.values() if (m.arch, m.release) == (arch_dir.name, rel)), {})
             if missing := [k for k in ks if k not in built]:
                 warnings[arch_dir / f"{pending.PENDING}#{rel}"] = (
                     f"{arch_dir}: a build was stopped (or is running) before it built {len(missing)} of the "
@@ -288,8 +288,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             if not foreign.known:
                 warnings[foreign.dir] = (f"{foreign.dir}: {foreign.dir.name} is a release this dsv41-aot does not "
                                          f"know; left as it is (its objects and bands are kept)")
-    for man in mans:
-        room = Room(root, man.arch, man.release)
+    for room, man in mans.items():
         # the room's one verdict (what the loader refuses); stored objects are checked key by key below
         for p in room.problems(objects=False, proof=False):
             band = next((b for b in room.links().bands if b.file == p.band), None) if p.band and not p.key else None
@@ -306,17 +305,17 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
         if against_jit:
             picked = choose_keys(man, names, None, seed) if wanted is not None else choose_keys(man, None, sample, seed)
             keys_ = [BuildKey.parse(k, man.release) for k in picked]
-            chosen[f"{man.arch}/{man.room.name}"] = [k for k in keys_ if codes[k][1] is not None]
+            chosen[room.name] = [k for k in keys_ if codes[k][1] is not None]
     if against_jit:
         _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, trees=vllm_src,
                      matrix_path=matrix_path, progress=progress, record=record, cache=cache)
     proofs = []
-    for man in mans:  # after --record wrote them
+    for room, man in mans.items():  # after --record wrote them: proof_counts reads verified.json anew
         counts, bad, warning = proof_counts(root, man)
         proofs.append(counts)
         lib_failures += [dict(p.as_dict(), release=man.release) for p in bad]
         if warning:
-            warnings[Room(root, man.arch, man.release).verified_path] = warning
+            warnings[room.verified_path] = warning
     order = list(reports.values())
     failures = [_key_failure(r, root) for r in order if not r.ok] + lib_failures
     return tally(len(order), sum(r.ok and (r.release, r.key) not in served_bad for r in order), failures,
