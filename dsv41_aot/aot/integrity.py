@@ -91,9 +91,14 @@ def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
     return rep, code
 
 
+def scalar_slots(abi: list) -> list:
+    """The slots of an ABI that a launch passes by value: every slot but the stream."""
+    return [s for s in abi if s["name"] != "stream"]
+
+
 def kernarg_problems(abi: list, res: dict) -> list[str]:
     """Where the ABI's scalar slots differ from the kernel's by-value kernargs, in order."""
-    scalars = [s for s in abi if s["name"] != "stream"]
+    scalars = scalar_slots(abi)
     args = res["args"]
     if len(scalars) != len(args):
         return [f"ABI has {len(scalars)} scalar slots, the kernel {len(args)} kernargs"]

@@ -30,6 +30,7 @@ from ..room import Room
 from ..proof import VERIFIED, KeyProof, Proof, parse_evidence
 from .codeobject import code_object_resources
 from .hiprec import launch_digest
+from .integrity import scalar_slots
 
 # FlyDSL annotation class name -> the ABI ctype export_to_c records
 CTYPES = {"Int64": "int64", "Int32": "int32"}
@@ -136,7 +137,7 @@ class VllmJit:
 
         log, layouts = folder / f"{key.entry}.jit.hip.log", folder / f"{key.entry}.jit.layouts"
         hiprec.write_layout_file(layouts, [hiprec.kernel_metadata(code)])
-        values = hiprec.launch_values([CTYPES.get(t, t) for n, t in params if n != "stream"])
+        values = hiprec.launch_values([ctype for _, ctype in scalar_params(params)])
         os.environ.update(RECORDING_HIP_LOG=str(log), RECORDING_HIP_KERNELS=str(layouts))  # read at each call
         try:
             launcher(*values, stream=hiprec.Stream())
@@ -227,6 +228,11 @@ def run(chosen: list[BuildKey], on_answer, *, jobs: int, key_timeout: float, sou
     Pool(spawn, jobs=jobs, key_timeout=key_timeout, accept=accept, what="JIT build").run(chosen, answer)
 
 
+def scalar_params(params: list) -> list[list[str]]:
+    """A launcher's parameters as ABI slots name them: [name, ctype] pairs, the stream left out."""
+    return [[name, CTYPES.get(t, t)] for name, t in params if name != "stream"]
+
+
 def compare_jit(man: Manifest, key: str, prebuilt: bytes, answer: dict) -> list[str]:
     """Differences between the prebuilt code object and vLLM's JIT one."""
     if "error" in answer:
@@ -247,8 +253,8 @@ def compare_jit(man: Manifest, key: str, prebuilt: bytes, answer: dict) -> list[
     if a["args"] != b["args"] or a["kernarg_bytes"] != b["kernarg_bytes"]:
         out.append(f"kernarg layout differs: prebuilt {len(a['args'])} args / {a['kernarg_bytes']} bytes, JIT {len(b['args'])} / {b['kernarg_bytes']}")
     abi = man.abi(key)
-    want = [[s["name"], s["ctype"]] for s in abi if s["name"] != "stream"]
-    got = [[n, CTYPES.get(t, t)] for n, t in answer["params"] if n != "stream"]
+    want = [[s["name"], s["ctype"]] for s in scalar_slots(abi)]
+    got = scalar_params(answer["params"])
     if want != got:
         out.append(f"vLLM's launcher parameters {got} differ from the ABI {want}")
     return out

@@ -30,12 +30,14 @@ def prebuilt_launches(root: Path, arch: str, release: str, mono_dir: Path, keys:
 
     ``keys`` maps each key of one room to (its ABI slots, its GPU code object);
     the launches go through the recording HIP ``lib`` and log into ``folder``."""
+    from ..integrity import scalar_slots  # here: the launch process below imports only the runtime
+
     folder.mkdir(parents=True, exist_ok=True)
     layouts = folder / "layouts.tsv"
     write_layout_file(layouts, [kernel_metadata(code) for _, code in keys.values()])
     job = {"root": str(root), "release": release, "mono_dir": str(mono_dir), "layouts": str(layouts), "keys": [
         {"key": k, "log": str(folder / f"{i}.hip.log"),
-         "values": launch_values([s["ctype"] for s in abi if s["name"] != "stream"])}
+         "values": launch_values([s["ctype"] for s in scalar_slots(abi)])}
         for i, (k, (abi, _)) in enumerate(sorted(keys.items()))]}
     run_env = {k: v for k, v in os.environ.items() if not k.startswith(("DSV41_AOT_", "RECORDING_HIP_"))}
     run_env.update(env(lib, None, arch=arch))
