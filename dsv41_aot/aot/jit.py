@@ -263,13 +263,11 @@ def compare_jit(man: Manifest, key: str, prebuilt: bytes, answer: dict) -> list[
 # ---------------------------------------------------------------- verified.json
 
 
-def read_verified(room) -> dict:
-    """The proofs of a room's verified.json: key -> ``proof.KeyProof``.
+def read_verified(folder: Path) -> dict:
+    """The proofs of a room folder's verified.json: key -> ``proof.KeyProof``.
 
-    ``room`` is a ``room.Room`` or its folder. An absent file gives {}; an
-    unreadable one raises ManifestError naming it."""
-    room = room if isinstance(room, Room) else Room.at(room)
-    return dict(room.proof().keys)
+    An absent file gives {}; an unreadable one raises ManifestError naming it."""
+    return dict(Room.at(folder).proof().keys)
 
 
 def write_verified(man: Manifest, proofs) -> None:
