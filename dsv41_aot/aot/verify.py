@@ -296,16 +296,14 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             lib_failures.append(dict(p.as_dict(), release=man.release, keys=keys_))
             if p.serving:  # a key counts as ok only when its room serves it too
                 served_bad |= {(man.release, k) for k in keys_}
-        names = [k for k in sorted(man.entries) if wanted is None or BuildKey.parse(k, man.release) in wanted]
+        parsed = {k: BuildKey.parse(k, man.release) for k in sorted(man.entries)}
+        names = [k for k, bk in parsed.items() if wanted is None or bk in wanted]
         for k in names:
-            rep, code = check_entry(man, k)
-            bk = BuildKey.parse(k, man.release)
-            reports[bk] = rep
-            codes[bk] = (man, code)
+            reports[parsed[k]], code = check_entry(man, k)
+            codes[parsed[k]] = (man, code)
         if against_jit:
-            picked = choose_keys(man, names, None, seed) if wanted is not None else choose_keys(man, None, sample, seed)
-            keys_ = [BuildKey.parse(k, man.release) for k in picked]
-            chosen[room.name] = [k for k in keys_ if codes[k][1] is not None]
+            picked = choose_keys(man, None if wanted is None else names, sample, seed)
+            chosen[room.name] = [parsed[k] for k in picked if codes[parsed[k]][1] is not None]
     if against_jit:
         _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, trees=vllm_src,
                      matrix_path=matrix_path, progress=progress, record=record, cache=cache)
