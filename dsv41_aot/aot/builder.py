@@ -105,7 +105,6 @@ def build(
     progress: bool = True,
     link: bool = True,
     cache: Path | None = None,
-    log=None,
     options=(),
 ) -> Summary:
     """Build ``keys`` into the prebuilt directory ``out``, link it, and return a Summary.
@@ -121,12 +120,10 @@ def build(
     out = Path(out).resolve()
     jobs = check_jobs(jobs)
     key_timeout = check_key_timeout(key_timeout)
-    log = log or sys.stderr
+    log = sys.stderr
     # every check before anything is written
     check_out_dir(out)
     tools = toolchain.find()
-    if isinstance(vllm_src, (str, os.PathLike)):
-        vllm_src = (vllm_src,)
     if digests is None:
         from . import matrix
 
