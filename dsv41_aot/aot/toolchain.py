@@ -99,13 +99,6 @@ def flydsl_version() -> str:
     return flydsl_facts(have).version
 
 
-def check_arch(arch: str) -> None:
-    """Refuse an arch dsv41-aot has no facts for (UnknownArchError, exit 2)."""
-    from ..facts.arches import arch_facts
-
-    arch_facts(arch)
-
-
 def source_identity(*, vllm_version: str, mono_sources: str, helpers: str, flydsl_version: str, linker: str) -> dict:
     """The source identity a built entry records: the one place its fields are named."""
     return {"vllm_version": vllm_version, "mono_sources": mono_sources, "helpers": helpers,

@@ -46,10 +46,10 @@ def _selected_keys(args) -> list:
                 raise AotError(f"profile {args.profile or m.default_profile!r} selects no vLLM {args.release} key",
                                fix=f"drop --release, or pick another profile (releases: {', '.join(m.releases)})")
     if args.arch:
-        from ..aot import toolchain
+        from ..facts.arches import arch_facts
 
         for a in args.arch:
-            toolchain.check_arch(a)
+            arch_facts(a)  # an unknown arch: "unknown arch", naming the known ones (exit 2)
         keys = [k for k in keys if k.arch in args.arch]
         if not keys:
             raise AotError(f"no selected key is for {', '.join(args.arch)}", fix="drop --arch or pick another profile")
