@@ -13,7 +13,7 @@ from .. import source
 from . import toolchain, toolmove
 from ..errors import AotError, ManifestError, message_of
 from ..keys import BuildKey
-from ..manifest import Manifest, atomic_write, sha256_file
+from ..manifest import Manifest
 from ..pending import rebuild_cmd
 from ..proof import STALE
 from ..room import Room
@@ -130,7 +130,7 @@ def take_from_cache(store, st: RoomState, key: BuildKey) -> bool:
     """Take ``key``'s object from the build cache into its room, checked like a compile.
 
     False on a miss, or when its blob fails the checks (the record is then dropped)."""
-    from .compiler import describe_object
+    from .compiler import describe_object, store_object
 
     hit = store.get_object(key, st.ident)
     if hit is None:
@@ -142,9 +142,7 @@ def take_from_cache(store, st: RoomState, key: BuildKey) -> bool:
         store.reject_object(key, st.ident, f"names a blob that is not its object ({message_of(e)})")
         return False
     entry = entry.replace(export_bytes=rec["export_bytes"])
-    obj = st.dir / entry.object
-    if not (obj.is_file() and sha256_file(obj) == entry.sha256):  # absent, or corrupt in place
-        atomic_write(obj, data)
+    store_object(st.dir, entry, data)
     st.manifest.put(entry, abi, seconds=rec["seconds"])  # timings keep what the compile took
     st.manifest.refused.pop(str(key), None)
     st.dirty = True

@@ -113,11 +113,19 @@ class ArchCompiler:
             data = stripped.read_bytes()
             raw_bytes = raw.stat().st_size
         entry, abi = describe_object(key, data, self.identity)
-        obj = self.arch_dir / entry.object
-        if not (obj.is_file() and sha256_file(obj) == entry.sha256):  # absent, or corrupt in place
-            self.before_write()
-            atomic_write(obj, data)
+        store_object(self.arch_dir, entry, data, self.before_write)
         return entry.replace(export_bytes=raw_bytes), abi
+
+
+def store_object(arch_dir: Path, entry: Entry, data: bytes, before_write=None) -> None:
+    """Write ``entry``'s object ``data`` into ``arch_dir`` unless it is already there intact.
+
+    ``before_write`` is called just before a write (a worker's parent check)."""
+    obj = Path(arch_dir) / entry.object
+    if not (obj.is_file() and sha256_file(obj) == entry.sha256):  # absent, or corrupt in place
+        if before_write is not None:
+            before_write()
+        atomic_write(obj, data)
 
 
 def describe_object(key: BuildKey, data: bytes, identity: dict) -> tuple[Entry, list]:
