@@ -292,20 +292,18 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
         if not msg["ok"]:
             fail(key, msg["error"], deterministic=not msg.get("pool") and msg.get("kind") not in _TRANSIENT)
             return
-        if str(key) in st.moved and toolmove.same_code(st.moved[str(key)], msg["entry"]):
+        new = msg["entry"]
+        if store is not None:  # the object this toolchain compiled, as the worker stored it
+            data = (st.dir / new["object"]).read_bytes()
+            if hashlib.sha256(data).hexdigest() == new["sha256"]:
+                store.put_object(key, st.ident, data, new["export_bytes"], msg["seconds"])
+        if str(key) in st.moved and toolmove.same_code(st.moved[str(key)], new):
             # the same GPU code object under this toolchain: keep the stored object (the new one is an orphan)
-            if store is not None:
-                data = (st.dir / msg["entry"]["object"]).read_bytes()
-                store.put_object(key, st.ident, data, msg["entry"]["export_bytes"], msg["seconds"])
             summary.keep(key)
         else:
             if str(key) in st.moved:
                 summary.changed.append(str(key))
-            e = st.manifest.put(msg["entry"], msg["abi"], seconds=msg["seconds"])
-            if store is not None:
-                data = (st.dir / e.object).read_bytes()
-                if hashlib.sha256(data).hexdigest() == e.sha256:
-                    store.put_object(key, st.ident, data, e.export_bytes, msg["seconds"])
+            st.manifest.put(new, msg["abi"], seconds=msg["seconds"])
             st.manifest.refused.pop(str(key), None)
             st.dirty = True
             summary.compiled += 1
