@@ -17,24 +17,27 @@ def tally(keys: int, ok: int, failures: list, **fields) -> dict:
     return {"keys": keys, "ok": ok, "failed": len(failures), "failures": failures, **fields}
 
 
+def _stopped_doc(command: str, message: str, fix: str | None, exit_code: int) -> dict:
+    """The --json document of a command stopped before its end, with its exit code."""
+    return tally(0, 0, [{"key": None, "error": message, "fix": fix}], command=command, error=message, fix=fix,
+                 exit_code=exit_code)
+
+
 def error_doc(command: str, err) -> dict:
     """The --json document of a command stopped by a dsv41_aot error."""
-    message = getattr(err, "message", str(err))
-    fix = getattr(err, "fix", None)
-    return tally(0, 0, [{"key": None, "error": message, "fix": fix}], command=command, error=message, fix=fix,
-                 exit_code=getattr(err, "exit_code", 1))
+    return _stopped_doc(command, getattr(err, "message", str(err)), getattr(err, "fix", None),
+                       getattr(err, "exit_code", 1))
 
 
 INTERNAL_ERROR = 70  # sysexits' EX_SOFTWARE: a bug of dsv41-aot, not the input (2) nor a check (1)
 
 
 def internal_error_doc(command: str, err: BaseException) -> dict:
-    """The --json document of a command stopped by an unexpected exception
-    (its traceback goes to stderr)."""
-    message = f"internal error: {type(err).__name__}: {err}"
-    fix = "report it with the traceback printed on stderr"
-    return tally(0, 0, [{"key": None, "error": message, "fix": fix}], command=command, error=message, fix=fix,
-                 exit_code=INTERNAL_ERROR)
+    """The --json document of a command stopped by an unexpected exception.
+
+    Its traceback goes to stderr."""
+    return _stopped_doc(command, f"internal error: {type(err).__name__}: {err}",
+                       "report it with the traceback printed on stderr", INTERNAL_ERROR)
 
 
 def progress_bar(total: int, desc: str, unit: str):
