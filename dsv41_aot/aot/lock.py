@@ -22,7 +22,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..manifest import LIB, OBJECTS, PREFIX
+from ..listing import rooms_of
+from ..manifest import LIB, OBJECTS
 
 LOCK_FILE = ".build.lock"
 
@@ -61,7 +62,7 @@ def remove_leftovers(arch_dir: Path) -> list[str]:
     lib/ and each room) and link's ``lib/.link-*`` folders. Call it only
     while holding the arch lock."""
     removed = []
-    rooms = sorted(p for p in arch_dir.glob(f"{PREFIX}*") if p.is_dir())
+    rooms = [room.dir for room in rooms_of(arch_dir)]
     for folder in (arch_dir, arch_dir / OBJECTS, arch_dir / LIB, *rooms):
         if not folder.is_dir():
             continue
