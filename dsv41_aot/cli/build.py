@@ -162,18 +162,14 @@ def _room_proofs(room, man, proofs: list, warnings: list):
 
     None when verified.json is unreadable: a warning names the file and its
     fix, and ``list`` still lists."""
-    from ..errors import ManifestError
+    from ..aot.verify import proof_counts
 
-    try:
-        proof = room.proof()
-    except ManifestError as e:
-        warnings.append(e.message + (f"; fix: {e.fix}" if e.fix else ""))
-        proofs.append({"arch": room.arch, "release": room.release, "keys": len(man.entries),
-                       "error": e.message})
+    counted, bad, _ = proof_counts(room.root, man)
+    proofs.append(counted)
+    if bad:
+        warnings.append(bad[0].message + (f"; fix: {bad[0].fix}" if bad[0].fix else ""))
         return None
-    proofs.append({"arch": room.arch, "release": room.release, **proof.counts(man.entries),
-                   "by_flydsl": proof.flydsl_counts(man.entries)})
-    return proof
+    return room.proof()
 
 
 def cmd_fetch_vllm(args) -> int:
