@@ -4,8 +4,6 @@
 --against-jit`` runs JIT workers (``aot/jit.py``); both speak
 ``worker.serve``'s protocol.
 
-- A worker is bound to one arch for its life: ``ARCH`` is in its environment
-  before Python starts (the mono package fixes its target at import).
 - At most ``jobs`` workers at once. A free slot goes to the arch with the most
   estimated work left per worker; an arch's keys go longest first. A worker
   whose arch has no key left is retired, so its slot serves the other arches.
