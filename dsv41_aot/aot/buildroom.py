@@ -58,7 +58,7 @@ class RoomState:
         except ManifestError as e:
             from .recover import recover
 
-            self.manifest, report = recover(self.dir, arch, ident, release=release)
+            self.manifest, report = recover(self.room, ident)
             recovered.append(report)
             print(f"dsv41-aot build: {e.message}\n  set aside as {report['set_aside']}; "
                   f"{report['recovered']} entries recovered from {self.dir / 'objects'}"

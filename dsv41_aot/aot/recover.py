@@ -27,7 +27,7 @@ from pathlib import Path
 from .. import elf
 from ..errors import AotError, ManifestError, message_of
 from ..keys import BuildKey
-from ..manifest import MANIFEST, OBJECTS, Entry, Manifest, read_timings
+from ..manifest import OBJECTS, Entry, Manifest, read_timings
 
 _ENTRY_RE = re.compile(r"dsv41_([a-z0-9]+)_(gfx[0-9a-f]+)_([a-z]+[0-9]+(?:_[a-z]+[0-9]+)*)")
 
@@ -79,42 +79,39 @@ def set_aside(path: Path) -> Path:
         n += 1
 
 
-def recover(arch_dir: Path, arch: str, identity: dict, *, release: str) -> tuple[Manifest, dict]:
-    """Set the room's corrupt manifest aside and write one rebuilt from objects.
+def recover(room, identity: dict) -> tuple[Manifest, dict]:
+    """Set ``room``'s corrupt manifest aside and write one rebuilt from its arch's objects.
 
     Returns the manifest and {"arch", "release", "set_aside", "recovered",
     "skipped": [why, ...]}."""
-    from ..room import Room, room_dir
+    from ..room import Room
     from ..listing import built_releases
 
-    arch_dir = Path(arch_dir)
-    room = room_dir(arch_dir, release)
-    aside = set_aside(room / MANIFEST)
+    aside = set_aside(room.manifest_path)
     others: set = set()  # objects another release's (readable) manifest names
-    for other in built_releases(arch_dir):
-        if other != release:
+    for other in built_releases(room.arch_dir):
+        if other != room.release:
             try:
-                others |= {e.object for e in Room(arch_dir.parent, arch, other).manifest().entries.values()}
+                others |= {e.object for e in Room(room.root, room.arch, other).manifest().entries.values()}
             except ManifestError:
                 pass
     found: dict = {}
     skipped = []
-    objdir = arch_dir / OBJECTS
-    for path in sorted(objdir.glob("*.o")) if objdir.is_dir() else []:
+    for path in sorted(room.objects.glob("*.o")) if room.objects.is_dir() else []:
         if f"{OBJECTS}/{path.name}" in others:
             continue
         try:
-            entry, abi = entry_of_object(path, arch, identity, release)
+            entry, abi = entry_of_object(path, room.arch, identity, room.release)
         except (AotError, elf.ElfError, ValueError, KeyError, OSError) as e:
             skipped.append(f"{path.name}: {message_of(e)}")
             continue
         found.setdefault(entry.key, []).append((entry, abi))
-    man = Manifest(arch_dir, arch, timings=read_timings(room), release=release)
+    man = Manifest(room.arch_dir, room.arch, timings=read_timings(room.dir), release=room.release)
     for key, cands in sorted(found.items()):
         if len(cands) > 1:
             skipped.append(f"{key}: {len(cands)} objects hold it and none is known to be current")
             continue
         man.put(*cands[0])
     man.write()
-    return man, {"arch": arch, "release": release, "set_aside": str(aside), "recovered": len(man.entries),
+    return man, {"arch": room.arch, "release": room.release, "set_aside": str(aside), "recovered": len(man.entries),
                  "skipped": skipped}
