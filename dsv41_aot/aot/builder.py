@@ -223,7 +223,7 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         # when no room of its arch names it (a room's manifest not yet
         # written would lose its objects)
         if summary.failed == 0:
-            for arch_dir in sorted({st.dir for st in states.values()}):
+            for arch_dir in sorted({st.room.arch_dir for st in states.values()}):
                 for orphan in orphan_objects(arch_dir):
                     orphan.unlink(missing_ok=True)
         if bar is not None:
@@ -241,7 +241,7 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
 
         for st in states.values():
             if st.manifest.entries:
-                summary.libraries += link_room(st.dir, st.release)["libraries"]
+                summary.libraries += link_room(st.room.arch_dir, st.room.release)["libraries"]
     for st in states.values():
         counted = count_proofs(st, log)
         if counted is not None:
@@ -256,9 +256,9 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
 
     def spawn(room: str, folder: Path):
         st = states[room]
-        env = worker_env(st.arch, str(tools.rocm_path), str(folder / "flydsl"))
-        argv = [sys.executable, "-m", "dsv41_aot.aot.worker", st.arch, st.release, str(st.src.root), str(st.dir),
-                str(tools.strip), tools.lld_version]
+        env = worker_env(st.room.arch, str(tools.rocm_path), str(folder / "flydsl"))
+        argv = [sys.executable, "-m", "dsv41_aot.aot.worker", st.room.arch, st.room.release, str(st.src.root),
+                str(st.room.arch_dir), str(tools.strip), tools.lld_version]
         return argv, env
 
     def accept(room: str, ready: dict) -> str | None:
@@ -294,7 +294,7 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
             return
         new = msg["entry"]
         if store is not None:  # the object this toolchain compiled, as the worker stored it
-            data = (st.dir / new["object"]).read_bytes()
+            data = (st.room.arch_dir / new["object"]).read_bytes()
             if hashlib.sha256(data).hexdigest() == new["sha256"]:
                 store.put_object(key, st.ident, data, new["export_bytes"], msg["seconds"])
         if str(key) in st.moved and toolmove.same_code(st.moved[str(key)], new):

@@ -51,8 +51,7 @@ class RoomState:
     def __init__(self, out: Path, arch: str, release: str, src: source.MonoSource, ident: dict,
                  recovered: list, log):
         self.room = Room(out, arch, release)
-        self.dir = self.room.arch_dir
-        self.arch, self.release, self.src, self.ident = arch, release, src, ident
+        self.src, self.ident = src, ident
         try:
             self.manifest = self.room.manifest(missing_ok=True)
         except ManifestError as e:
@@ -61,7 +60,7 @@ class RoomState:
             self.manifest, report = recover(self.room, ident)
             recovered.append(report)
             print(f"dsv41-aot build: {e.message}\n  set aside as {report['set_aside']}; "
-                  f"{report['recovered']} entries recovered from {self.dir / 'objects'}"
+                  f"{report['recovered']} entries recovered from {self.room.objects}"
                   + (f", {len(report['skipped'])} objects not (their keys compile again)" if report["skipped"] else "")
                   + ("; no object holds FlyDSL's unstripped export size (export_bytes): the recovered keys are taken "
                      "from the build cache or compiled again" if report["recovered"] else ""),
@@ -86,11 +85,11 @@ def check_one_source(states: dict, keys: list, out: Path, options=()) -> None:
         if not stale:
             continue
         was = st.manifest.entries[stale[0]].source
-        rebuild = rebuild_cmd(out, st.release, asked[room] | set(stale), options)
+        rebuild = rebuild_cmd(out, st.room.release, asked[room] | set(stale), options)
         if all(toolmove.served(st.manifest.entries[k].source) == toolmove.served(st.ident) for k in stale):
             raise AotError(
-                f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.release} on {st.arch} were built with FlyDSL "
-                f"{was.get('flydsl_version')} (linker {was.get('linker')}), this build's is "
+                f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.room.release} on {st.room.arch} were built with "
+                f"FlyDSL {was.get('flydsl_version')} (linker {was.get('linker')}), this build's is "
                 f"{st.ident['flydsl_version']} (linker {st.ident['linker']}), and no proof under this FlyDSL says "
                 f"their GPU code objects are unchanged; building only some keys could leave the room serving code "
                 f"of two toolchains",
@@ -99,8 +98,8 @@ def check_one_source(states: dict, keys: list, out: Path, options=()) -> None:
                     f"is unchanged): " + rebuild)
         differ = sorted(f for f in set(was) | set(st.ident) if was.get(f) != st.ident.get(f))
         raise AotError(
-            f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.release} on {st.arch} were built from mono sources "
-            f"{was.get('mono_sources')} (vLLM {was.get('vllm_version')}), this build's are "
+            f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.room.release} on {st.room.arch} were built from "
+            f"mono sources {was.get('mono_sources')} (vLLM {was.get('vllm_version')}), this build's are "
             f"{st.ident['mono_sources']} (vLLM {st.ident['vllm_version']}); {', '.join(differ)} differ. Building "
             f"only some keys would leave the room of two sources, which no installed vLLM matches",
             fix="rebuild the whole room: " + rebuild)
@@ -114,7 +113,7 @@ def count_proofs(st: RoomState, log) -> dict | None:
     room = st.room
     if not room.verified_path.is_file():
         return None
-    head = {"arch": st.arch, "release": st.release}
+    head = {"arch": room.arch, "release": room.release}
     try:
         counts = room.proof().counts(st.manifest.entries)
     except ManifestError as e:
@@ -142,7 +141,7 @@ def take_from_cache(store, st: RoomState, key: BuildKey) -> bool:
         store.reject_object(key, st.ident, f"names a blob that is not its object ({message_of(e)})")
         return False
     entry = entry.replace(export_bytes=rec["export_bytes"])
-    store_object(st.dir, entry, data)
+    store_object(st.room.arch_dir, entry, data)
     st.manifest.put(entry, abi, seconds=rec["seconds"])  # timings keep what the compile took
     st.manifest.refused.pop(str(key), None)
     st.dirty = True
