@@ -71,11 +71,10 @@ def find() -> Toolchain:
             raise ToolchainError("no llvm-strip found (debug info is stripped from exported objects)", fix=FIX_LLD)
         strip = Path(found)
     lld_version = tool_version(lld)
-    if lld.parent.parent.name == "llvm" and lld == lld.parent.parent.parent / "llvm" / "bin" / "ld.lld":
-        rocm = lld.parent.parent.parent
-    else:
+    if lld.parent.name == "bin" and lld.parent.parent.name == "llvm":  # a ROCm's <rocm>/llvm/bin/ld.lld
+        rocm = lld.parents[2]
+    else:  # Debian's lld, behind the shim folder (never the shim itself: _llvm_dirs skips it)
         rocm = SHIM_DIR
-    if rocm == SHIM_DIR:
         link = SHIM_DIR / "llvm" / "bin" / "ld.lld"
         link.parent.mkdir(parents=True, exist_ok=True)
         if not (link.is_symlink() and Path(os.readlink(link)) == lld):
