@@ -187,3 +187,14 @@ def identity_digest(tools, matrix_path=None) -> str:
     doc = {"releases": releases, "helpers": compat.install_aiter_shim(),
            **BuildCache.parts(tools)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def contents(folder: Path | None) -> tuple[dict, int]:
+    """What a cache folder holds: records per kind ({"compile", "jit"}) and the bytes of all its files."""
+    counts, size = {"compile": 0, "jit": 0}, 0
+    root = Path(folder) / LAYOUT if folder is not None else None
+    if root is not None and root.is_dir():
+        for what in counts:
+            counts[what] = sum(1 for _ in (root / what).glob("*/*.json"))
+        size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    return counts, size

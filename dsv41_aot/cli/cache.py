@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..aot.cache import ENV_BUILD_CACHE, LAYOUT, cache_dir, identity_digest
+from ..aot.cache import ENV_BUILD_CACHE, cache_dir, contents, identity_digest
 
 
 def add_args(p, what: str) -> None:
@@ -39,11 +39,7 @@ def run(args) -> int:
     if args.identity:
         print(digest)
         return 0
-    counts, size = {"compile": 0, "jit": 0}, 0
-    if folder is not None and (folder / LAYOUT).is_dir():
-        for what in counts:
-            counts[what] = sum(1 for _ in (folder / LAYOUT / what).glob("*/*.json"))
-        size = sum(p.stat().st_size for p in (folder / LAYOUT).rglob("*") if p.is_file())
+    counts, size = contents(folder)
     if args.json:
         print_json(tally(0, 0, [], cache=str(folder) if folder else None, identity=digest,
                          objects=counts["compile"], jit_proofs=counts["jit"], bytes=size))
