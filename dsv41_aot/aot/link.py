@@ -97,10 +97,9 @@ def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=No
         old = {band.chunk: band for band in room.links().bands}
     except ManifestError:  # never linked, or a record the room refuses: every chunk is linked again
         old = {}
-    libdir = arch_dir / LIB
-    if libdir.is_symlink():  # the loader refuses bands outside the arch's own lib/: make it a real folder
-        libdir.unlink()
-    libdir.mkdir(parents=True, exist_ok=True)
+    if room.lib.is_symlink():  # the loader refuses bands outside the arch's own lib/: make it a real folder
+        room.lib.unlink()
+    room.lib.mkdir(parents=True, exist_ok=True)
     libraries, linked, kept = [], 0, 0
     for chunk, keys in sorted(chunks.items()):
         members = {k: man.entries[k].sha256 for k in keys}
@@ -111,7 +110,7 @@ def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=No
             kept += 1
             continue
         linker = linker or find_linker()
-        libraries.append(_link_chunk(arch_dir, chunk, keys, man, members, linker))
+        libraries.append(_link_chunk(room, chunk, keys, man, members, linker))
         linked += 1
         if log:
             log(f"linked {libraries[-1].file} ({len(keys)} keys)")
@@ -144,27 +143,26 @@ def _remove_unnamed_bands(arch_dir: Path) -> list[str]:
     return removed
 
 
-def _link_chunk(arch_dir: Path, chunk: str, keys: list[str], man: Manifest, members: dict, linker: str) -> Band:
+def _link_chunk(room: Room, chunk: str, keys: list[str], man: Manifest, members: dict, linker: str) -> Band:
     """Link, check and store one chunk's band; return its libs.json record."""
-    libdir = arch_dir / LIB
     objects = sorted(dict.fromkeys(man.entries[k].object for k in keys))
     # named by what is linked in: same members, same library (across releases); every reader checks it
     so_name = soname(chunk, members)
-    with tempfile.TemporaryDirectory(dir=libdir, prefix=".link-") as tmp:
+    with tempfile.TemporaryDirectory(dir=room.lib, prefix=".link-") as tmp:
         out = Path(tmp) / f"{chunk}.so"
         cmd = [linker, *LINK_FLAGS, f"-soname={so_name}", "-o", str(out), *objects]
-        r = subprocess.run(cmd, cwd=arch_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        r = subprocess.run(cmd, cwd=room.arch_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if r.returncode:
             raise AotError(
                 f"linking {chunk} ({len(keys)} keys) failed: {(r.stderr or r.stdout).strip()[:2000]}",
-                fix=f"rebuild the objects: dsv41-aot build --arch {man.arch} --release {man.release} --out {arch_dir.parent}",
+                fix=f"rebuild the objects: dsv41-aot build --arch {room.arch} --release {room.release} --out {room.root}",
             )
         raw = out.read_bytes()
         _check_library(raw, chunk, [man.entries[k].entry for k in keys])
         band = compress_band(raw)
         digest = hashlib.sha256(band).hexdigest()
         name = f"{chunk}.{digest[:16]}{BAND_SUFFIX}"
-        final = libdir / name
+        final = room.lib / name
         if final.is_symlink() or not final.is_file() or sha256_file(final) != digest:
             staged = Path(tmp) / name
             staged.write_bytes(band)
