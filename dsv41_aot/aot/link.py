@@ -85,7 +85,7 @@ def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=No
     Returns {"arch", "release", "keys", "libraries", "linked", "up_to_date",
     "removed", "seconds"}."""
     t0 = time.perf_counter()
-    arch_dir = Path(arch_dir)
+    arch_dir = Path(arch_dir).resolve()  # the linker runs in arch_dir: its output path must not be relative
     room = Room(arch_dir.parent, arch_dir.name, release)
     man = room.manifest()
     for key in man.entries:  # refuse a corrupt object before linking it in
