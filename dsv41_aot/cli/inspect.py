@@ -23,13 +23,14 @@ def run(args) -> int:
     """Print the residency report; exit 1 when a symbol cannot be resident."""
     doc = report(args.dir, args.release)
     rows = doc["rows"]
+    not_resident = [r for r in rows if not r["resident"]]
     if args.plot:
         plot(rows, args.plot)
     if args.json:
         from ..aot.output import print_json, tally
 
         failures = [{"key": r["key"], "release": r["release"], "error": "; ".join(r["problems"])}
-                    for r in rows if not r["resident"]]
+                    for r in not_resident]
         print_json(tally(len(rows), len(rows) - len(failures), failures, **doc))
     else:
         print(f"{'release':7} {'key':44} {'VGPR':>4} {'AGPR':>4} {'SGPR':>4} {'LDS':>7} {'scratch':>7} {'kernarg':>7} {'wave':>4} {'w/SIMD':>6}  resident")
@@ -42,10 +43,9 @@ def run(args) -> int:
             )
             for note in r["problems"] + r["spills"]:
                 print(f"    {note}")
-        bad = sum(not r["resident"] for r in rows)
         spilled = sum(bool(r["spills"]) for r in rows)
-        print(f"{len(rows)} symbol{'s' if len(rows) != 1 else ''}, {bad} cannot be resident {cta_text(rows)} per CU, {spilled} spilling"
+        print(f"{len(rows)} symbol{'s' if len(rows) != 1 else ''}, {len(not_resident)} cannot be resident {cta_text(rows)} per CU, {spilled} spilling"
               + (f"; plot: {args.plot}" if args.plot else ""))
         print()
         print("\n".join(summary_lines(doc["summary"])))
-    return 1 if any(not r["resident"] for r in rows) else 0
+    return 1 if not_resident else 0
