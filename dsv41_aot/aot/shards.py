@@ -30,15 +30,16 @@ def recorded_seconds(paths) -> dict:
     release is the room folder's; elsewhere it is None (any release)."""
     import json
 
-    from ..facts.releases import RELEASES as _RELEASES
-    from ..manifest import PREFIX, TIMINGS, read_timings
+    from ..facts.releases import RELEASES
+    from ..listing import rooms_of
+    from ..manifest import TIMINGS, read_timings
 
-    folders = {r.folder: v for v, r in _RELEASES.items()}
+    folders = {r.folder: v for v, r in RELEASES.items()}
     files: list = []
     for p in paths or ():
         p = Path(p)
         if p.is_dir():
-            rooms = sorted(p.glob(f"{PREFIX}*/{TIMINGS}"))
+            rooms = [r.timings_path for r in rooms_of(p) if r.timings_path.is_file()]
             files += rooms if rooms and not (p / TIMINGS).is_file() else [p / TIMINGS]
         else:
             files.append(p)
