@@ -25,7 +25,7 @@ from pathlib import Path
 from ..elf import dynamic_info
 from ..errors import AotError, ManifestError, ToolchainError
 from ..keys import BuildKey
-from ..manifest import BAND_SUFFIX, LIB, Manifest, sha256_file
+from ..manifest import BAND_SUFFIX, LIB, MANIFEST, PREFIX, Manifest, sha256_file
 from ..linkrecord import Band, LinkRecord, soname
 from ..room import Room
 from ..listing import built_rooms, named_by_rooms
@@ -191,7 +191,7 @@ def link_dir(root: Path, arches=None, *, release: str | None = None, log=None) -
         release_facts(release)
     found = [r for r in built_rooms(Path(root), release) if not arches or r.arch in arches]
     if not found:
-        raise AotError(f"no built room (<arch>/vllm-<release>/manifest.json) under {root}"
+        raise AotError(f"no built room (<arch>/{PREFIX}<release>/{MANIFEST}) under {root}"
                        + (f" for vLLM {release}" if release else ""),
                        fix=f"build first: dsv41-aot build --profile smoke --out {root}")
     out = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..aot.link import link_dir
+from ..manifest import PREFIX
 from . import add_dir
 
 # ------------------------------------------------------------------ CLI
@@ -17,7 +18,7 @@ def register(subparsers) -> None:
         help="link stored objects into loadable libraries (<dir>/<arch>/lib/, one libs.json per release)",
         description="Link each room's (arch and vLLM release) stored export objects into shared libraries, one per "
                     "TP and band of eight step widths, stored xz-compressed (<arch>/lib/*.so.xz, shared by the "
-                    "arch's releases; <arch>/vllm-<release>/libs.json); up-to-date bands are kept. No "
+                    f"arch's releases; <arch>/{PREFIX}<release>/libs.json); up-to-date bands are kept. No "
                     "libamdhip64 SONAME is recorded.",
     )
     add_dir(p)
