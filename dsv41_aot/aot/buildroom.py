@@ -31,13 +31,14 @@ def identity(src: source.MonoSource, tools: toolchain.Toolchain) -> dict:
 def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:
     """Whether the key's entry is what a clean build would write.
 
-    It must have the same source identity, be whole (an entry recovered from
-    objects/ lacks ``export_bytes``, FlyDSL's unstripped size), and pass
-    ``integrity.check_entry``, so that verify's fix ``build --key`` fixes it."""
+    It must have the same source identity, not be recovered from its object
+    (``recover.recovered``), and pass ``integrity.check_entry``, so that
+    verify's fix ``build --key`` fixes it."""
     from .integrity import check_entry
+    from .recover import recovered
 
     e = m.entries.get(str(key))
-    if e is None or e.source != ident or type(e.export_bytes) is not int:
+    if e is None or e.source != ident or recovered(e):
         return False
     return check_entry(m, str(key))[0].ok
 

@@ -68,6 +68,11 @@ def entry_of_object(path: Path, arch: str, identity: dict, release: str) -> tupl
     return describe_object(key, data, identity)
 
 
+def recovered(e: Entry) -> bool:
+    """Whether an entry is one recovered from its object: it lacks ``export_bytes``, FlyDSL's unstripped size."""
+    return type(e.export_bytes) is not int
+
+
 def set_aside(path: Path) -> Path:
     """Rename a corrupt file out of the way (never over an earlier one)."""
     n = 0

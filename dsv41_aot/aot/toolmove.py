@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..errors import IntegrityError, ManifestError
 from ..proof import PROVEN
+from .recover import recovered
 
 # source identity parts whose effect on what is served the GPU code object judges
 TOOLCHAIN = ("flydsl_version", "linker")
@@ -22,7 +23,7 @@ def served(ident: dict) -> dict:
 def moved(m, key, ident: dict) -> bool:
     """Whether ``key``'s entry differs from ``ident`` only in toolchain, its object intact."""
     e = m.entries.get(str(key))
-    if e is None or e.source == ident or served(e.source) != served(ident) or type(e.export_bytes) is not int:
+    if e is None or e.source == ident or served(e.source) != served(ident) or recovered(e):
         return False
     try:
         m.check_object(str(key))
