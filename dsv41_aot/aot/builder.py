@@ -161,7 +161,7 @@ def build(
             held.enter_context(arch_lock(out / arch, "build", log))
         for room, arch, release in sorted({(k.room, k.arch, k.release) for k in keys}):
             states[room] = RoomState(out, arch, release, *trees[release], summary.recovered, log)
-        check_one_source(states, keys, out, options)
+        check_one_source(states, keys, options)
         for arch in arches:  # a kill from here on: verify's fix builds these keys
             asked: dict = {}
             for k in keys:

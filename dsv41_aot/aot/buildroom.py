@@ -71,7 +71,7 @@ class RoomState:
         self.moved: dict = {}  # key -> its entry built under another toolchain, compiled now to compare (aot/toolmove.py)
 
 
-def check_one_source(states: dict, keys: list, out: Path, options=()) -> None:
+def check_one_source(states: dict, keys: list, options=()) -> None:
     """Refuse a build that would leave a room holding keys of two source identities.
 
     Exit 2, before anything is written. Every key built from another identity
@@ -86,7 +86,7 @@ def check_one_source(states: dict, keys: list, out: Path, options=()) -> None:
         if not stale:
             continue
         was = st.manifest.entries[stale[0]].source
-        rebuild = rebuild_cmd(out, st.room.release, asked[room] | set(stale), options)
+        rebuild = rebuild_cmd(st.room.root, st.room.release, asked[room] | set(stale), options)
         if all(toolmove.served(st.manifest.entries[k].source) == toolmove.served(st.ident) for k in stale):
             raise AotError(
                 f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.room.release} on {st.room.arch} were built with "
@@ -94,9 +94,9 @@ def check_one_source(states: dict, keys: list, out: Path, options=()) -> None:
                 f"{st.ident['flydsl_version']} (linker {st.ident['linker']}), and no proof under this FlyDSL says "
                 f"their GPU code objects are unchanged; building only some keys could leave the room serving code "
                 f"of two toolchains",
-                fix=f"prove the room under this FlyDSL first (dsv41-aot verify --dir {out} --against-jit --record), "
-                    f"or build the whole room (each key compiles once and keeps its object where its code object "
-                    f"is unchanged): " + rebuild)
+                fix=f"prove the room under this FlyDSL first (dsv41-aot verify --dir {st.room.root} --against-jit "
+                    f"--record), or build the whole room (each key compiles once and keeps its object where its code "
+                    f"object is unchanged): " + rebuild)
         differ = sorted(f for f in set(was) | set(st.ident) if was.get(f) != st.ident.get(f))
         raise AotError(
             f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.room.release} on {st.room.arch} were built from "
