@@ -20,8 +20,8 @@ from pathlib import Path
 
 from .. import pending, source
 from . import toolchain, toolmove
-from .buildroom import RoomState, check_one_source, count_proofs, identity, take_from_cache, up_to_date
-from .compiler import describe_object, worker_env
+from .buildroom import RoomState, cache_hit, check_one_source, count_proofs, identity, take_from_cache, up_to_date
+from .compiler import worker_env
 from ..errors import AotError, OutputDirError, ToolchainError
 from ..keys import BuildKey
 from ..listing import orphan_objects
@@ -192,10 +192,11 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
                 summary.keep(key)  # its proof under this FlyDSL compiled it already: the same code object
                 continue
             st.moved[str(key)] = old
-            hit = store.get_object(key, st.ident) if store is not None else None
-            if hit is not None and toolmove.same_code(old, describe_object(key, hit[1], st.ident)[0]):
+            hit = cache_hit(store, st, key)
+            if hit is not None and toolmove.same_code(old, hit[0]):
                 summary.keep(key)
-            elif hit is not None and take_from_cache(store, st, key):
+            elif hit is not None:
+                take_from_cache(st, key, hit)
                 summary.cached += 1
                 summary.changed.append(str(key))
             else:
@@ -203,7 +204,8 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         elif known is not None and known.get("source") == st.ident:
             summary.failed += 1  # refused by this very source: compiling again would refuse again
             summary.failures.append({"key": str(key), "release": key.release, "error": known["error"], "known": True})
-        elif store is not None and take_from_cache(store, st, key):
+        elif (hit := cache_hit(store, st, key)) is not None:
+            take_from_cache(st, key, hit)
             summary.cached += 1
         else:
             st.pending.append(key)

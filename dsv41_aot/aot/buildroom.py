@@ -126,24 +126,31 @@ def count_proofs(st: RoomState, log) -> dict | None:
     return dict(head, **counts)
 
 
-def take_from_cache(store, st: RoomState, key: BuildKey) -> bool:
-    """Take ``key``'s object from the build cache into its room, checked like a compile.
+def cache_hit(store, st: RoomState, key: BuildKey) -> tuple | None:
+    """``key``'s object in the build cache, checked like a compile: (entry, ABI, seconds, bytes).
 
-    False on a miss, or when its blob fails the checks (the record is then dropped)."""
-    from .compiler import describe_object, store_object
+    None without a cache, on a miss, or when its blob fails the checks (the
+    record is then dropped)."""
+    from .compiler import describe_object
 
-    hit = store.get_object(key, st.ident)
+    hit = store.get_object(key, st.ident) if store is not None else None
     if hit is None:
-        return False
+        return None
     rec, data = hit
     try:
         entry, abi = describe_object(key, data, st.ident)
     except (AotError, ValueError) as e:  # an intact blob, but not this key's object (elf.ElfError is a ValueError)
         store.reject_object(key, st.ident, f"names a blob that is not its object ({message_of(e)})")
-        return False
-    entry = entry.replace(export_bytes=rec["export_bytes"])
+        return None
+    return entry.replace(export_bytes=rec["export_bytes"]), abi, rec["seconds"], data
+
+
+def take_from_cache(st: RoomState, key: BuildKey, hit: tuple) -> None:
+    """Store a ``cache_hit`` as ``key``'s object and entry in its room."""
+    from .compiler import store_object
+
+    entry, abi, seconds, data = hit
     store_object(st.room.arch_dir, entry, data)
-    st.manifest.put(entry, abi, seconds=rec["seconds"])  # timings keep what the compile took
+    st.manifest.put(entry, abi, seconds=seconds)  # timings keep what the compile took
     st.manifest.refused.pop(str(key), None)
     st.dirty = True
-    return True

@@ -8,7 +8,7 @@ it), so a hit is copied instead of compiled.
 The cache only ever saves work: a folder that cannot be used, or a record
 whose blob is damaged or is not the key's object, is a ``warning:`` and a
 miss, never a failure and never a trusted hit. A hit's blob is checked by
-sha256, and an object also as a fresh compile is (``buildroom.take_from_cache``).
+sha256, and an object also as a fresh compile is (``buildroom.cache_hit``).
 
 Layout (``<cache>/v1/``; ``id`` is the sha256 of the identity)::
 
