@@ -14,8 +14,8 @@ from pathlib import Path
 from . import pending
 from .errors import AotError
 from .facts.releases import RELEASES, release_facts, version_order
-from .manifest import MANIFEST, OBJECTS, PREFIX
-from .room import ROOM_RE, Room, room_dir
+from .manifest import MANIFEST, OBJECTS, PREFIX, room_dir
+from .room import ROOM_RE, Room
 
 
 def rooms_in_members(names, prefix: str) -> list[tuple[str, str]]:

@@ -164,11 +164,12 @@ def load_json(data: bytes, where, fix: str):
 
 
 def folder_name(release: str) -> str:
-    """The name of ``release``'s room folder in an arch folder (``room.Room`` builds the paths)."""
+    """The name of ``release``'s room folder in an arch folder."""
     return PREFIX + release
 
 
-def _room_dir(arch_dir: Path, release: str) -> Path:
+def room_dir(arch_dir: Path, release: str) -> Path:
+    """The folder of ``release``'s keys in an arch folder (known release or not)."""
     return Path(arch_dir) / folder_name(release)
 
 
@@ -183,7 +184,7 @@ class Manifest:
         self.dir = Path(arch_dir)
         self.arch = arch
         self.release = release
-        self.room = _room_dir(self.dir, release)
+        self.room = room_dir(self.dir, release)
         self.entries: dict = entries or {}  # key -> Entry
         self.abis: dict = abis or {}
         # keys the kernel source refused, with the error and source identity:
@@ -248,7 +249,7 @@ class Manifest:
         refused = doc.get("refused", {})
         if not isinstance(refused, dict):
             raise ManifestError(f"{path}: refused must be a mapping", fix=fix)
-        timings = read_timings(_room_dir(arch_dir, release)) if arch_dir.is_dir() else {}
+        timings = read_timings(room_dir(arch_dir, release)) if arch_dir.is_dir() else {}
         m = cls(arch_dir, arch, {k: Entry.from_dict(e) for k, e in entries.items()}, abis, refused, timings,
                 release=release)
         if entries and doc.get("mono_sources") != m.mono_sources:

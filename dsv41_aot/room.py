@@ -21,17 +21,13 @@ from . import pending
 from .elf import ElfError, dynamic_info
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
-from .manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, folder_name
+from .manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, room_dir
+from .manifest import folder_name  # noqa: F401 - tests and benches take a room folder's name from here
 from .linkrecord import Band, LinkRecord
 from .proof import VERIFIED, Proof
 
 REINSTALL = "pip install --force-reinstall --no-deps dsv41-aot"  # a wheel's room: no objects/ to relink from
 ROOM_RE = re.compile(re.escape(PREFIX) + r"(\d+\.\d+\.\d+)")
-
-
-def room_dir(arch_dir: Path, release: str) -> Path:
-    """The folder of ``release``'s keys in an arch folder (known release or not)."""
-    return Path(arch_dir) / folder_name(release)
 
 
 # ---------------------------------------------------------------- problems
