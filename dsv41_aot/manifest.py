@@ -29,7 +29,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from .errors import IntegrityError, ManifestError
@@ -48,10 +48,6 @@ SHA256_RE = re.compile(r"[0-9a-f]{64}")  # a sha256 digest as the records write 
 TIMINGS = "timings.json"  # <arch>/vllm-<release>/timings.json: {key: compile seconds}, never shipped
 PREFIX = "vllm-"  # a room's folder is PREFIX + its release (folder_name): spelled here only
 ENV_PREBUILT = "DSV41_AOT_PREBUILT"  # the one variable naming a prebuilt directory
-REQUIRED = (
-    "key", "kind", "arch", "fields", "symbol", "entry", "object", "sha256", "bytes",
-    "code_object_sha256", "code_object_bytes", "abi", "source",
-)
 
 
 @dataclass(frozen=True)
@@ -98,6 +94,10 @@ class Entry:
     def replace(self, **changes) -> "Entry":
         """A copy with ``changes`` (entries are never edited in place)."""
         return replace(self, **changes)
+
+
+# the fields every entry must have: Entry's fields without a default
+REQUIRED = tuple(f.name for f in fields(Entry) if f.default is MISSING and f.default_factory is MISSING)
 
 
 def prebuilt_dir() -> Path:
@@ -299,7 +299,7 @@ class Manifest:
     def check_object(self, key: str) -> None:
         """Raise IntegrityError unless the key's stored object has the manifest's sha256 and size."""
         e = self.entries[key]
-        path = self.dir / e.object
+        path = self.object_path(key)
         fix = f"dsv41-aot build --release {self.release} --key '{key}' --out {self.dir.parent}"
         try:
             size = path.stat().st_size
