@@ -44,7 +44,6 @@ _SHORT = dict(
 )
 _LONG = {v: k for k, v in _SHORT.items()}
 _BOOLS = ("fold", "index", "timeline")
-_OPTIONAL_ORDER = _releases.DEFAULTED  # the optional fields, in key order
 _KEY_RE = re.compile(r"^(?P<kind>[a-z0-9]+)@(?P<arch>gfx[0-9a-f]+):(?P<fields>.*)$")
 
 
@@ -102,7 +101,7 @@ class BuildKey:
             if getattr(self, name) != want:
                 # the launch does not read this field: pin it so one symbol has one key
                 object.__setattr__(self, name, want)
-        for name in ("experts", "topk", "ug_groups", "swa_width"):
+        for name in _releases.ROUTING:  # the routing fields are counts
             if getattr(self, name) < 1:
                 raise KeyFormatError(f"{self}: {_LONG[name]}={getattr(self, name)} must be >= 1", fix=FIX_KEY)
 
@@ -111,7 +110,7 @@ class BuildKey:
         parts = [f"s={self.tokens}", f"tp={self.tp}", f"r={self.ratio}"]
         defaults = _releases.release_facts(self.release).defaults
         fixed = pinned(self.kind, self.release)
-        for name in _OPTIONAL_ORDER:
+        for name in _releases.DEFAULTED:  # the optional fields, in key order
             value = getattr(self, name)
             if value != defaults[name] and name not in fixed:
                 parts.append(f"{_LONG[name]}={int(value)}")
@@ -201,8 +200,8 @@ class BuildKey:
         return replace(self, **changes)
 
 
-# the fields a neighbour may differ in besides the width: deployment, layer, routing
-_NEIGHBOUR_FIELDS = ("tp", "ratio", "index", "fold", "experts", "topk", "ug_groups", "swa_width", "timeline")
+# the fields a neighbour may differ in besides the width (tokens): every other MonoBuild field
+_NEIGHBOUR_FIELDS = _releases.ALL_FIELDS[1:]
 
 
 def neighbours(key: BuildKey, available, n: int = 5) -> list[str]:
