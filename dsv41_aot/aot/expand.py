@@ -13,17 +13,14 @@ from dataclasses import dataclass, field
 
 from ..facts.coverage import NotDeployed, deployment, runner_calls
 from ..facts.kinds import KINDS
-from ..facts.releases import RELEASES
+from ..facts.releases import ALL_FIELDS, RELEASES
 from ..keys import ARCHES, RATIOS, BuildKey
 from .yamllines import line_of
 
 AXES = ("arch", "tp", "tokens")
 LAYER_FIELDS = ("ratio", "fold", "index")  # RunnerCall.layer's order
 DRAFT_FIELDS = ("experts", "topk", "swa_width")  # coverage.Deployment.draft's order
-_MATCH_FIELDS = {
-    "arch", "kind", "release", "tokens", "tp", "ratio", "fold", "index",
-    "experts", "topk", "ug_groups", "swa_width", "timeline",
-}
+_MATCH_FIELDS = {"arch", "kind", "release", *ALL_FIELDS}  # what a `where` filter can name
 
 
 @dataclass
