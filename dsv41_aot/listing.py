@@ -68,8 +68,8 @@ def built_rooms_or_error(root: Path, release: str | None = None) -> list[Room]:
     if not found:
         what = f"vLLM {release} kernels" if release else "prebuilt architecture"
         # a build killed before its first manifest write left the keys it was asked for
-        unfinished = [c for d in sorted(Path(root).iterdir()) if d.is_dir() for c in pending.read(d)
-                      if release is None or f" --release {release} " in c] if Path(root).is_dir() else []
+        unfinished = [c for d in sorted(Path(root).iterdir()) if d.is_dir()
+                      for c in pending.read(d, release)] if Path(root).is_dir() else []
         if unfinished:
             raise AotError(f"{root} holds no {what} (no <arch>/{PREFIX}<release>/{MANIFEST}): a build of it was "
                            f"stopped before it wrote one", fix=" && ".join(unfinished))

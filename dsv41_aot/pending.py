@@ -61,15 +61,16 @@ def command(arch_dir: Path, root, release: str) -> str | None:
     return rebuild_cmd(root, release, keys, options(arch_dir)) if keys else None
 
 
-def read(arch_dir: Path) -> list[str]:
+def read(arch_dir: Path, release: str | None = None) -> list[str]:
     """The commands that finish an unfinished build of ``arch_dir``, one per release.
 
-    [] without a readable record: the caller's own fix then stands."""
+    Only ``release``'s when given; [] without a readable record: the
+    caller's own fix then stands."""
     doc = _load(arch_dir)
     if not doc:
         return []
     root = Path(arch_dir).resolve().parent
-    return [rebuild_cmd(root, r, ks, doc["options"]) for r, ks in doc["keys"].items()]
+    return [rebuild_cmd(root, r, ks, doc["options"]) for r, ks in doc["keys"].items() if release in (None, r)]
 
 
 def _load(arch_dir: Path) -> dict | None:
