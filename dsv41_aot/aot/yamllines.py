@@ -27,6 +27,12 @@ class Seq(list):
 
 
 class LineLoader(yaml.SafeLoader):
+    """A safe loader building Node and Seq; ``path`` names the file in its errors."""
+
+    def __init__(self, stream, path: Path):
+        super().__init__(stream)
+        self.path = path
+
     # ``deep`` is SafeLoader's signature; values are always built deep here
     def construct_mapping(self, node, deep=False):
         out = Node(super().construct_mapping(node, deep=True))
@@ -35,7 +41,7 @@ class LineLoader(yaml.SafeLoader):
         for k, _ in node.value:
             name = self.construct_object(k, deep=True)
             if name in out.lines:
-                raise MatrixError(f"line {k.start_mark.line + 1}: key {name!r} given twice in one mapping")
+                raise MatrixError(f"{self.path}:{k.start_mark.line + 1}: key {name!r} given twice in one mapping")
             out.lines[name] = k.start_mark.line + 1
         return out
 
@@ -61,11 +67,12 @@ def line_of(obj, key=None) -> int:
 
 def parse(text: str, path: Path):
     """``text``, the file at ``path``, parsed; an error names the file and line."""
+    loader = LineLoader(text, path)
     try:
-        return yaml.load(text, Loader=LineLoader)
+        return loader.get_single_data()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise MatrixError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}", fix=f"fix the YAML syntax in {path}") from None
-    except MatrixError as e:
-        raise MatrixError(f"{path}:{str(e)[len('line '):]}" if str(e).startswith("line ") else str(e)) from None
+    finally:
+        loader.dispose()
