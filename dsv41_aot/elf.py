@@ -15,8 +15,13 @@ from dataclasses import dataclass
 
 ELF_MAGIC = b"\x7fELF"
 SHT_SYMTAB = 2
+SHT_DYNAMIC = 6
 SHT_NOTE = 7
 SHT_NOBITS = 8
+SHT_DYNSYM = 11
+DT_NULL = 0
+DT_NEEDED = 1
+DT_SONAME = 14
 
 
 class ElfError(ValueError):
@@ -75,10 +80,11 @@ class Elf:
             raise ElfError(f"section {s.name} runs past the end of the file")
         return self.data[s.offset : s.offset + s.size]
 
-    def symbols(self) -> list[Symbol]:
+    def symbols(self, table: int = SHT_SYMTAB) -> list[Symbol]:
+        """Every symbol of the ``table`` sections (SHT_SYMTAB or SHT_DYNSYM), the null symbol first."""
         out = []
         for s in self.sections:
-            if s.type != SHT_SYMTAB:
+            if s.type != table:
                 continue
             strtab = self.sections[s.link]
             for off in range(s.offset, s.offset + s.size, s.entsize or 24):
@@ -124,20 +130,17 @@ def dynamic_info(data: bytes) -> dict:
     """A shared library's DT_NEEDED, SONAME and defined and undefined dynamic symbols."""
     elf = Elf(data)
     out = {"needed": [], "soname": None, "undefined": [], "defined": []}
+    for sym in elf.symbols(SHT_DYNSYM)[1:]:  # a library has one SHT_DYNSYM; its entry 0 is the null symbol
+        out["undefined" if sym.shndx == 0 else "defined"].append(sym.name)
     for s in elf.sections:
-        if s.type == 11:  # SHT_DYNSYM
-            strtab = elf.sections[s.link]
-            for off in range(s.offset + s.entsize, s.offset + s.size, s.entsize):
-                name, _info, _other, shndx, _value, _size = struct.unpack_from("<IBBHQQ", data, off)
-                out["undefined" if shndx == 0 else "defined"].append(elf._str(strtab.offset, name))
-        elif s.type == 6:  # SHT_DYNAMIC
+        if s.type == SHT_DYNAMIC:
             strtab = elf.sections[s.link]
             for off in range(s.offset, s.offset + s.size, 16):
                 tag, val = struct.unpack_from("<qQ", data, off)
-                if tag == 1:
+                if tag == DT_NEEDED:
                     out["needed"].append(elf._str(strtab.offset, val))
-                elif tag == 14:
+                elif tag == DT_SONAME:
                     out["soname"] = elf._str(strtab.offset, val)
-                elif tag == 0:
+                elif tag == DT_NULL:
                     break
     return out
