@@ -105,7 +105,7 @@ def find(vllm_src: str | os.PathLike | None = None) -> MonoSource:
     """The vLLM tree at ``vllm_src``, else the installed vLLM, of any release."""
     if vllm_src is not None:
         root = Path(vllm_src).resolve()
-        if (root / "vllm").is_dir() is False and (root / MONO_REL).is_dir() is False:
+        if not (root / "vllm").is_dir():
             raise ToolchainError(f"--vllm-src {root}: no vllm/ package folder there", fix=FIX_VLLM)
     else:
         root = _installed_root()
