@@ -12,28 +12,18 @@ import dataclasses
 
 from ..facts.arches import ARCHES
 from ..facts.kinds import KINDS
-from ..facts.releases import deployed_arches, oldest_first
-
-
-def _plain(value):
-    """A dataclass field's value as JSON has it (tuples as lists)."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+from ..facts.releases import deployed_arches, oldest_first, releases_on
 
 
 def document() -> dict:
     """The ``--json`` document's fields: releases, newest, arches and kinds.
 
     Releases come newest last, each with its folder; arches are those some
-    release runs on, each with the releases that do."""
-    releases = [dict(_plain(dataclasses.asdict(r)), folder=r.folder) for r in oldest_first()]
-    arches = [dict(_plain(dataclasses.asdict(ARCHES[a])), releases=[r.version for r in oldest_first()
-                                                                     if a in r.arches])
-              for a in deployed_arches()]
-    kinds = [_plain(dataclasses.asdict(k)) for k in KINDS.values()]
+    release runs on, each with the releases that do. Tuples stay tuples:
+    JSON writes them as lists."""
+    releases = [dict(dataclasses.asdict(r), folder=r.folder) for r in oldest_first()]
+    arches = [dict(dataclasses.asdict(ARCHES[a]), releases=releases_on(a)) for a in deployed_arches()]
+    kinds = [dataclasses.asdict(k) for k in KINDS.values()]
     return {"releases": releases, "newest": releases[-1]["version"], "arches": arches, "kinds": kinds}
 
 
@@ -73,7 +63,7 @@ def lines() -> list[str]:
     out.append("arches:")
     for name in deployed_arches():
         a = ARCHES[name]
-        runs = ", ".join(r.version for r in oldest_first() if name in r.arches)
+        runs = ", ".join(releases_on(name))
         out.append(f"  {a.name:7} {a.products:16} gfx_target_version {a.gfx_target_version}  {a.cus} CUs, "
                    f"LDS {a.lds_bytes // 1024} KiB per CU  vLLM {runs}")
     out.append("launch kinds:")

@@ -150,9 +150,14 @@ def oldest_first() -> list[Release]:
     return [RELEASES[v] for v in sorted(RELEASES, key=version_order)]
 
 
+def releases_on(arch: str) -> list[str]:
+    """The releases whose mono path runs on ``arch``, oldest first."""
+    return [r.version for r in oldest_first() if arch in r.arches]
+
+
 def deployed_arches() -> list[str]:
     """Every arch some release's mono path runs on, in the arch table's order (what CI builds)."""
-    return [a for a in ARCHES if any(a in r.arches for r in RELEASES.values())]
+    return [a for a in ARCHES if releases_on(a)]
 
 
 # what the CLI takes when --release is left out (never a default below the CLI)
