@@ -239,22 +239,19 @@ class Room:
         return self.reader.has(f"{self.name}/{name}")
 
     def band_path(self, band: Band) -> Path:
-        """The band's path; it must resolve to its own file directly in the arch's lib/."""
+        """The band's path; it must resolve to its own file directly in the arch's lib/.
+
+        A band's fix relinks: link writes every band again and replaces a symlinked lib/ with a folder."""
         path = self.lib / band.file
         real = Path(os.path.realpath(path))
         inside = not self.lib.is_symlink() and real.parent == Path(os.path.realpath(self.arch_dir)) / LIB
         if not inside:
             raise ManifestError(f"{self.libs_path}: library {band.file} resolves to {real}, outside {self.lib}",
-                                fix=self.fix_band)
+                                fix=self.fix_relink)
         if real.name != band.file:
             raise ManifestError(f"{self.libs_path}: library {band.file} is a symlink to {real.name}, another file in "
-                                f"{self.lib}: a band must be its own plain file", fix=self.fix_band)
+                                f"{self.lib}: a band must be its own plain file", fix=self.fix_relink)
         return path
-
-    @property
-    def fix_band(self) -> str:
-        """Fix a band: link writes it again (and replaces a symlinked lib/ with a folder)."""
-        return self.fix_relink
 
     def read_band(self, band: Band) -> bytes:
         """The library inside ``band``, checked against both its digests.
@@ -266,19 +263,19 @@ class Room:
                 data = self.reader.read_bytes(rel)
             except FileNotFoundError:
                 raise IntegrityError(f"{self.reader.where(rel)} named by {self.name}/{LIBS_JSON} is not in the wheel",
-                                     fix=self.fix_band) from None
-            return band.unpack(data, Path(self.reader.where(rel)), self.fix_band)
+                                     fix=self.fix_relink) from None
+            return band.unpack(data, Path(self.reader.where(rel)), self.fix_relink)
         path = self.band_path(band)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
-            raise IntegrityError(f"{path} is missing", fix=self.fix_band) from None
+            raise IntegrityError(f"{path} is missing", fix=self.fix_relink) from None
         except OSError as e:  # ELOOP: a symlink where a band must be
             raise ManifestError(f"{path}: cannot open it as a plain file inside its lib/ folder ({e})",
-                                fix=self.fix_band) from None
+                                fix=self.fix_relink) from None
         with os.fdopen(fd, "rb") as f:
             data = f.read()
-        return band.unpack(data, path, self.fix_band)
+        return band.unpack(data, path, self.fix_relink)
 
     # the verdict
 
