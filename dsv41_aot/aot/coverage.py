@@ -14,8 +14,8 @@ from pathlib import Path
 from ..facts.coverage import CoverageInputError, Deployment, NotDeployed, compare, deployment, held, parse_draft
 from ..facts.releases import release_facts
 from ..listing import built_releases
-from ..manifest import MANIFEST, prebuilt_dir
-from ..room import Room, room_dir
+from ..manifest import MANIFEST, PREFIX, prebuilt_dir
+from ..room import Room
 
 
 # ------------------------------------------------------------------ what is there
@@ -24,17 +24,17 @@ from ..room import Room, room_dir
 def available_in_dir(root: Path, arch: str, release: str, *,
                      missing_ok: bool = False) -> tuple[set, set | None, str]:
     """(manifest keys, linked keys or None, what was checked) of one room."""
-    room = room_dir(Path(root) / arch, release)
-    if not (room / MANIFEST).is_file():
+    room = Room(root, arch, release)
+    if not room.manifest_path.is_file():
         if missing_ok:
-            return set(), set(), f"{room} (absent)"
-        held_releases = built_releases(Path(root) / arch)
+            return set(), set(), f"{room.dir} (absent)"
+        held_releases = built_releases(room.arch_dir)
         raise CoverageInputError(
-            f"no prebuilt kernels for {arch} of vLLM {release} at {room} (no manifest.json; {arch} holds "
+            f"no prebuilt kernels for {arch} of vLLM {release} at {room.dir} (no {MANIFEST}; {arch} holds "
             f"{', '.join('vLLM ' + v for v in held_releases) if held_releases else 'no release'})",
             fix=f"dsv41-aot build --arch {arch} --release {release} --out {root}, or pass --dir / --profile")
-    have, linked = held(Room(root, arch, release))
-    return have, linked, str(room)
+    have, linked = held(room)
+    return have, linked, str(room.dir)
 
 
 def check(dep: Deployment, m, *, root=None, profile: str | None = None, missing_ok: bool = False) -> dict:
@@ -76,7 +76,7 @@ def check_all(arch: str, tp: int, *, max_rows=None, draft_text: str | None = Non
     if profile is None:
         root = Path(root) if root is not None else prebuilt_dir()
         if release is None and not built_releases(root / arch):
-            raise CoverageInputError(f"no prebuilt kernels for {arch} at {root / arch} (no vllm-<release>/manifest.json)",
+            raise CoverageInputError(f"no prebuilt kernels for {arch} at {root / arch} (no {PREFIX}<release>/{MANIFEST})",
                                      fix=f"dsv41-aot build --arch {arch} --out {root}, or pass --dir / --profile")
     reports = [check(dep, m, root=root, profile=profile, missing_ok=release is None) for dep in deps]
     return reports, skipped
