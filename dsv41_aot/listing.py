@@ -13,8 +13,8 @@ from pathlib import Path
 
 from . import pending
 from .errors import AotError
-from .facts.releases import RELEASES, release_facts, version_order
-from .manifest import MANIFEST, OBJECTS, PREFIX, room_dir
+from .facts.releases import release_facts, version_order
+from .manifest import MANIFEST, OBJECTS, PREFIX
 from .room import ROOM_RE, Room
 
 
@@ -46,7 +46,7 @@ def rooms_in(root: Path, release: str | None = None) -> list[Room]:
 
 def built_releases(arch_dir: Path) -> list[str]:
     """The known releases an arch folder holds a manifest for, oldest first."""
-    return sorted((v for v in RELEASES if (room_dir(arch_dir, v) / MANIFEST).is_file()), key=version_order)
+    return [r.release for r in rooms_of(arch_dir) if r.known and r.manifest_path.is_file()]
 
 
 def built_arches(root: Path) -> list[Path]:
@@ -57,7 +57,7 @@ def built_arches(root: Path) -> list[Path]:
 
 def built_rooms(root: Path, release: str | None = None) -> list[Room]:
     """The known rooms that hold a manifest (of ``release`` when given), sorted."""
-    return [Room(d.parent, d.name, r) for d in built_arches(root) for r in built_releases(d) if release in (None, r)]
+    return [r for r in rooms_in(root, release) if r.manifest_path.is_file()]
 
 
 def built_rooms_or_error(root: Path, release: str | None = None) -> list[Room]:
