@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import IntegrityError, ManifestError
@@ -37,11 +37,6 @@ class Band:
     raw_sha256: str
     raw_bytes: int
     entries: dict = field(hash=False, compare=True)  # key -> object sha256
-
-    def as_dict(self) -> dict:
-        """The band as libs.json records it."""
-        return {"chunk": self.chunk, "file": self.file, "sha256": self.sha256, "bytes": self.bytes,
-                "raw_sha256": self.raw_sha256, "raw_bytes": self.raw_bytes, "entries": dict(self.entries)}
 
     def check_compressed(self, data: bytes, where: Path, fix: str) -> None:
         """Raise IntegrityError unless ``data`` has the sha256 libs.json recorded."""
@@ -90,7 +85,7 @@ class LinkRecord:
     def to_bytes(self) -> bytes:
         """libs.json as written: the same bands give the same bytes."""
         doc = {"schema": LIBS_SCHEMA, "arch": self.arch, "release": self.release, "hip": self.HIP_NOTE,
-               "libraries": [b.as_dict() for b in self.bands]}
+               "libraries": [asdict(b) for b in self.bands]}
         return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
     @classmethod
