@@ -24,6 +24,7 @@ from .errors import KeyFormatError
 from .facts import arches as _arches
 from .facts import kinds as _kinds
 from .facts import releases as _releases
+from .manifest import room_name
 
 KINDS = tuple(_kinds.KINDS)
 ARCHES = tuple(_arches.ARCHES)
@@ -119,7 +120,7 @@ class BuildKey:
     @property
     def room(self) -> str:
         """The key's room folder under a prebuilt directory, e.g. ``gfx950/vllm-0.33.0``."""
-        return f"{self.arch}/{_releases.release_facts(self.release).folder}"
+        return room_name(self.arch, self.release)
 
     def describe(self) -> str:
         """The key with its release, for messages: ``k2@gfx950:s=4,tp=4,r=1 (vLLM 0.33.0)``."""

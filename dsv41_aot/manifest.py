@@ -168,6 +168,11 @@ def folder_name(release: str) -> str:
     return PREFIX + release
 
 
+def room_name(arch: str, release: str) -> str:
+    """``<arch>/vllm-<release>``: a room's path inside a prebuilt directory, and its name in messages."""
+    return f"{arch}/{folder_name(release)}"
+
+
 def room_dir(arch_dir: Path, release: str) -> Path:
     """The folder of ``release``'s keys in an arch folder (known release or not)."""
     return Path(arch_dir) / folder_name(release)

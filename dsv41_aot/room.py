@@ -21,7 +21,7 @@ from . import pending
 from .elf import ElfError, dynamic_info
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
-from .manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, room_dir
+from .manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, room_dir, room_name
 from .manifest import folder_name  # noqa: F401 - tests and benches take a room folder's name from here
 from .linkrecord import Band, LinkRecord
 from .proof import VERIFIED, Proof
@@ -138,7 +138,7 @@ class Room:
     @property
     def name(self) -> str:
         """``<arch>/vllm-<release>``: how messages and reports name the room."""
-        return f"{self.arch}/{self.dir.name}"
+        return room_name(self.arch, self.release)
 
     @property
     def known(self) -> bool:
