@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import AotError
 from ..keys import BuildKey
+from ..manifest import LIBS_JSON
 from .arches import ARCHES
 from .kinds import KINDS
 from .releases import release_facts
@@ -228,7 +229,7 @@ def required(dep: Deployment) -> list[BuildKey]:
 def held(room) -> tuple[set, set | None]:
     """(keys in a ``room.Room``'s manifest, keys its libs.json links or None if unlinked)."""
     have = set(room.manifest().entries)
-    linked = set(room.links().band_of) if room.libs_path.is_file() else None
+    linked = set(room.links().band_of) if room.has(LIBS_JSON) else None
     return have, linked
 
 
