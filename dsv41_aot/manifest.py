@@ -217,13 +217,14 @@ class Manifest:
 
     # ---------------------------------------------------------------- io
     @classmethod
-    def parse(cls, raw: bytes, path, arch_dir: Path, arch: str, release: str, fix: str) -> "Manifest":
+    def parse(cls, raw: bytes, path, arch_dir: Path, arch: str, release: str, fix: str,
+              timings: dict) -> "Manifest":
         """Parse manifest.json's bytes: the one parser, for a folder's file or a wheel's member.
 
         ManifestError naming ``path`` for anything but a schema-2 manifest of
         ``arch`` and ``release`` whose entries are whole, name their own key,
-        an ABI that hashes to its id and an object inside objects/."""
-        arch_dir = Path(arch_dir)
+        an ABI that hashes to its id and an object inside objects/.
+        ``timings`` is the room's timings.json, which its Room reads."""
         doc = load_json(raw, path, fix)
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise ManifestError(f"{path}: not a schema-{SCHEMA} dsv41-aot manifest", fix=fix)
@@ -254,7 +255,6 @@ class Manifest:
         refused = doc.get("refused", {})
         if not isinstance(refused, dict):
             raise ManifestError(f"{path}: refused must be a mapping", fix=fix)
-        timings = read_timings(room_dir(arch_dir, release)) if arch_dir.is_dir() else {}
         m = cls(arch_dir, arch, {k: Entry.from_dict(e) for k, e in entries.items()}, abis, refused, timings,
                 release=release)
         if entries and doc.get("mono_sources") != m.mono_sources:

@@ -21,7 +21,8 @@ from . import pending
 from .elf import ElfError, dynamic_info
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
-from .manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, room_dir, room_name
+from .manifest import (LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, read_timings,
+                       room_dir, room_name)
 from .manifest import folder_name  # noqa: F401 - tests and benches take a room folder's name from here
 from .linkrecord import Band, LinkRecord
 from .proof import VERIFIED, Proof
@@ -206,7 +207,8 @@ class Room:
                     raise ManifestError(f"no manifest at {where}", fix=fix)
                 self._manifest = Manifest(self.arch_dir, self.arch, release=self.release)
             else:
-                self._manifest = Manifest.parse(data, where, self.arch_dir, self.arch, self.release, fix)
+                timings = read_timings(self.dir) if self.reader.folder else {}  # never in a wheel
+                self._manifest = Manifest.parse(data, where, self.arch_dir, self.arch, self.release, fix, timings)
         return self._manifest
 
     def links(self) -> LinkRecord:
