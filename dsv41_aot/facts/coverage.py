@@ -128,17 +128,13 @@ def layer_kinds(release: str) -> dict:
     }
 
 
-def _key(kind: str, release: str, **fields) -> BuildKey:
-    """A key of ``release`` from the fields its MonoBuild has (the others keep their defaults)."""
-    rel = release_facts(release)
-    return BuildKey(kind=kind, release=release, **{k: v for k, v in fields.items() if k == "arch" or rel.reads(k)})
-
-
 def _k1_k2(dep: Deployment, tokens: int, ratio: int, fold: bool, index: bool, routing: dict) -> list[BuildKey]:
-    """The K1 and K2 keys of runner.py ``DSV41MonoLayer.kernels()``."""
+    """The K1 and K2 keys of runner.py ``DSV41MonoLayer.kernels()``.
+
+    A field the release's MonoBuild lacks is pinned by BuildKey itself."""
     b = dict(arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=ratio, fold=fold, index=index, timeline=TIMELINE, **routing)
     k2 = b if release_facts(dep.release).deploy(dep.arch).k2_reads_index else dict(b, index=False)
-    return [_key("k1", dep.release, **b), _key("k2", dep.release, **k2)]
+    return [BuildKey(kind="k1", release=dep.release, **b), BuildKey(kind="k2", release=dep.release, **k2)]
 
 
 def _ffn(dep: Deployment, tokens: int, routing: dict) -> BuildKey:
@@ -146,7 +142,8 @@ def _ffn(dep: Deployment, tokens: int, routing: dict) -> BuildKey:
 
     0.32.0's takes no routing; ug_groups and swa_width stay MonoBuild's."""
     fields = {k: routing[k] for k in ("experts", "topk") if k in routing}
-    return _key("ffn", dep.release, arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=0, timeline=TIMELINE, **fields)
+    return BuildKey(kind="ffn", release=dep.release, arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=0,
+                    timeline=TIMELINE, **fields)
 
 
 @dataclass(frozen=True)
