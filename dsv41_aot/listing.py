@@ -51,8 +51,7 @@ def built_releases(arch_dir: Path) -> list[str]:
 
 def built_arches(root: Path) -> list[Path]:
     """The arch folders of a prebuilt directory holding a manifest of some known release."""
-    root = Path(root)
-    return sorted(p for p in root.iterdir() if p.is_dir() and built_releases(p)) if root.is_dir() else []
+    return sorted({r.arch_dir for r in built_rooms(root)})
 
 
 def built_rooms(root: Path, release: str | None = None) -> list[Room]:
