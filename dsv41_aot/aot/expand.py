@@ -58,6 +58,11 @@ def check_match(m, where: dict, line: int, what: str) -> dict:
     return where
 
 
+def _positive_int(v) -> bool:
+    """Whether ``v`` is an integer >= 1 (YAML's true and false are not integers here)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
 def _tokens(value, m, line: int, max_tokens: int) -> list[int]:
     """The tokens axis as a list: a list, one width, or a range like 1..48."""
     if isinstance(value, str):
@@ -86,7 +91,7 @@ def _values(m, what: str, values, allowed, line: int) -> list:
     if not isinstance(values, list) or not values:
         raise m.error(line, f"{what}: expected a non-empty list")
     for i, v in enumerate(values):
-        if allowed is None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+        if allowed is None and not _positive_int(v):
             raise m.error(line, f"{what}: {v!r} is not a positive integer")
         if allowed is not None and v not in allowed:
             raise m.error(line, f"{what}: unknown value {v!r} (known: {', '.join(map(str, allowed))})")
@@ -133,8 +138,8 @@ def _covered(m, version: str, sec: dict, own: set, line: int) -> dict:
                                                   [False, True], line_of(kinds, f))
     drafts = _mapping(m, sec, "drafts", None, "draft", version, line) if sec.get("drafts") is not None else {}
     for name, preset in drafts.items():
-        if not isinstance(preset, dict) or set(preset) != set(DRAFT_FIELDS) or any(
-                not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in preset.values()):
+        if not isinstance(preset, dict) or set(preset) != set(DRAFT_FIELDS) or not all(
+                _positive_int(v) for v in preset.values()):
             raise m.error(line_of(drafts, name), f"drafts.{name}: needs exactly {', '.join(DRAFT_FIELDS)}, "
                                                  f"positive integers (the draft runner's routing)")
     covered[("drafts", None)] = {name: tuple(p[f] for f in DRAFT_FIELDS) for name, p in drafts.items()}
