@@ -3,9 +3,8 @@
 Upstream paths are relative to ``vllm/models/deepseek_v41/`` in that
 release. A key holds the fields of its release's ``MonoBuild``
 (``amd/mono/layer.py``); a field that MonoBuild lacks is pinned to the value
-the launch behaves as (``defaults``), so one launch has one key. Adding a
-release is one :data:`RELEASES` entry plus its entry in ``build_matrix.yaml``
-(docs/building.md, "vLLM releases").
+the launch behaves as (``defaults``), so one launch has one key. How to
+add a release: docs/building.md, "vLLM releases".
 
 Standard library only (the runtime reads it too).
 """
