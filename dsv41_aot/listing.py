@@ -14,7 +14,7 @@ from pathlib import Path
 from . import pending
 from .errors import AotError
 from .facts.releases import release_facts, version_order
-from .manifest import MANIFEST, OBJECTS, PREFIX
+from .manifest import LIBS_JSON, MANIFEST, OBJECTS, PREFIX
 from .room import ROOM_RE, Room
 
 
@@ -84,9 +84,10 @@ def named_by_rooms(arch_dir: Path) -> tuple[set, set] | None:
     objs, bands = set(), set()
     for room in rooms_of(arch_dir):
         try:
-            if room.manifest_path.is_file():
-                objs |= {room.arch_dir / e.object for e in room.manifest().entries.values()}
-            if room.libs_path.is_file():
+            if room.has(MANIFEST):
+                man = room.manifest()
+                objs |= {man.object_path(key) for key in man.entries}
+            if room.has(LIBS_JSON):
                 bands |= {b.file for b in room.links().bands}
         except AotError:
             return None
