@@ -26,8 +26,6 @@ from .facts import kinds as _kinds
 from .facts import releases as _releases
 from .manifest import room_name
 
-KINDS = tuple(_kinds.KINDS)
-ARCHES = tuple(_arches.ARCHES)
 RATIOS = (0, 1, 2)  # models/deepseek_v41/attention.py refuses any other ratio
 
 # short name in the key string -> MonoBuild field

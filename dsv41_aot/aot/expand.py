@@ -12,9 +12,10 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..facts.coverage import NotDeployed, deployment, runner_calls
+from ..facts.arches import ARCHES
 from ..facts.kinds import KINDS
 from ..facts.releases import ALL_FIELDS, RELEASES
-from ..keys import ARCHES, RATIOS, BuildKey
+from ..keys import RATIOS, BuildKey
 from .yamllines import line_of
 
 AXES = ("arch", "tp", "tokens")
