@@ -140,10 +140,10 @@ def _k1_k2(dep: Deployment, tokens: int, ratio: int, fold: bool, index: bool, ro
 def _ffn(dep: Deployment, tokens: int, routing: dict) -> BuildKey:
     """The key of runner.py ``DSV41MonoLayer.ffn_kernel()``: ratio 0, the layer's experts and topk.
 
-    0.32.0's takes no routing; ug_groups and swa_width stay MonoBuild's."""
-    fields = {k: routing[k] for k in ("experts", "topk") if k in routing}
+    0.32.0's takes no routing; the fields the FFN launch does not read
+    (facts/kinds.py) are pinned by BuildKey."""
     return BuildKey(kind="ffn", release=dep.release, arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=0,
-                    timeline=TIMELINE, **fields)
+                    timeline=TIMELINE, **routing)
 
 
 @dataclass(frozen=True)
