@@ -132,15 +132,16 @@ def find_release(release: str, digest: str | None, trees=()) -> MonoSource:
     tree cache whose version is ``release`` (for a checkout without one:
     whose digest is ``digest``). A tree of that version with another digest
     is refused, naming both."""
-    candidates: list[tuple[str, Path]] = [(f"--vllm-src {t}", Path(t)) for t in trees]
+    # (how messages name it, its root, whether the command line named it: then it must hold the package)
+    candidates: list[tuple[str, Path, bool]] = [(f"--vllm-src {t}", Path(t), True) for t in trees]
     if (installed := _installed_root()) is not None:
-        candidates.append(("installed vLLM", installed))
-    candidates.append((f"tree cache {trees_dir() / release}", trees_dir() / release))
+        candidates.append(("installed vLLM", installed, False))
+    candidates.append((f"tree cache {trees_dir() / release}", trees_dir() / release, False))
     seen = []
-    for where, root in candidates:
+    for where, root, named in candidates:
         src = MonoSource(root=root.resolve())
         if not src.mono_dir.is_dir():
-            if where.startswith("--vllm-src"):
+            if named:
                 raise ToolchainError(f"{where}: no vLLM mono package at {src.mono_dir}", fix=fix_vllm(release))
             continue
         version = src.version
