@@ -128,24 +128,6 @@ def layer_kinds(release: str) -> dict:
     }
 
 
-def _k1_k2(dep: Deployment, tokens: int, ratio: int, fold: bool, index: bool, routing: dict) -> list[BuildKey]:
-    """The K1 and K2 keys of runner.py ``DSV41MonoLayer.kernels()``.
-
-    A field the release's MonoBuild lacks is pinned by BuildKey itself."""
-    b = dict(arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=ratio, fold=fold, index=index, timeline=TIMELINE, **routing)
-    k2 = b if release_facts(dep.release).deploy(dep.arch).k2_reads_index else dict(b, index=False)
-    return [BuildKey(kind="k1", release=dep.release, **b), BuildKey(kind="k2", release=dep.release, **k2)]
-
-
-def _ffn(dep: Deployment, tokens: int, routing: dict) -> BuildKey:
-    """The key of runner.py ``DSV41MonoLayer.ffn_kernel()``: ratio 0, the layer's experts and topk.
-
-    0.32.0's takes no routing; the fields the FFN launch does not read
-    (facts/kinds.py) are pinned by BuildKey."""
-    return BuildKey(kind="ffn", release=dep.release, arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=0,
-                    timeline=TIMELINE, **routing)
-
-
 @dataclass(frozen=True)
 class RunnerCall:
     """One call vLLM's runner (runner.py ``DSV41MonoLayer``) makes for a step, and its keys.
@@ -172,18 +154,27 @@ class RunnerCall:
 
 
 def _kernels(dep: Deployment, tokens: int, ratio: int, fold: bool, index: bool, routing: dict) -> RunnerCall:
-    """kernels(tokens, ratio[, fold, index]) (0.32.0's takes tokens and ratio)."""
+    """kernels(tokens, ratio[, fold, index]) (0.32.0's takes tokens and ratio) and its K1 and K2 keys.
+
+    A field the release's MonoBuild lacks is pinned by BuildKey itself."""
     rel = release_facts(dep.release)
     args = (tokens, ratio) + ((fold, index) if rel.reads("fold") and rel.reads("index") else ())
-    return RunnerCall("kernels", args, dict(tp=dep.tp, timeline=TIMELINE, **routing),
-                      tuple(_k1_k2(dep, tokens, ratio, fold, index, routing)), layer=(ratio, fold, index))
+    b = dict(arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=ratio, fold=fold, index=index, timeline=TIMELINE, **routing)
+    k2 = b if rel.deploy(dep.arch).k2_reads_index else dict(b, index=False)
+    keys = (BuildKey(kind="k1", release=dep.release, **b), BuildKey(kind="k2", release=dep.release, **k2))
+    return RunnerCall("kernels", args, dict(tp=dep.tp, timeline=TIMELINE, **routing), keys, layer=(ratio, fold, index))
 
 
 def _ffn_kernel(dep: Deployment, tokens: int, runner: dict, routing: dict) -> RunnerCall:
-    """ffn_kernel(tokens[, experts, topk]) on ``runner``'s runner, for a layer of ``routing``."""
+    """ffn_kernel(tokens[, experts, topk]) on ``runner``'s runner, for a layer of ``routing``, and its key.
+
+    The key has ratio 0 and the layer's routing (0.32.0's takes none); the
+    fields the FFN launch does not read (facts/kinds.py) are pinned by BuildKey."""
     rel = release_facts(dep.release)
     args = (tokens,) + ((routing["experts"], routing["topk"]) if rel.reads("experts") else ())
-    return RunnerCall("ffn_kernel", args, dict(tp=dep.tp, timeline=TIMELINE, **runner), (_ffn(dep, tokens, routing),))
+    key = BuildKey(kind="ffn", release=dep.release, arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=0,
+                   timeline=TIMELINE, **routing)
+    return RunnerCall("ffn_kernel", args, dict(tp=dep.tp, timeline=TIMELINE, **runner), (key,))
 
 
 def runner_calls(dep: Deployment) -> list[RunnerCall]:
