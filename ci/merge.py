@@ -39,8 +39,8 @@ if str(ROOT) not in sys.path:
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED, write_verified  # noqa: E402
 from dsv41_aot.aot.link import link_room  # noqa: E402
-from dsv41_aot.facts.releases import release_facts, version_order  # noqa: E402
-from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest  # noqa: E402
+from dsv41_aot.facts.releases import version_order  # noqa: E402
+from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest, room_name  # noqa: E402
 from dsv41_aot.room import Room  # noqa: E402
 from dsv41_aot.listing import built_rooms  # noqa: E402
 from dsv41_aot.proof import NO_EVIDENCE, PROVEN  # noqa: E402
@@ -136,7 +136,7 @@ def _proofs(room: str, rooms: list, entries: dict, require: bool) -> dict:
 
 def _merge_room(arch: str, release: str, adirs: list, held: dict, held_by: dict, require_verified: bool) -> tuple:
     """Merge one room from the shards' arch folders that hold it."""
-    room = f"{arch}/{release_facts(release).folder}"
+    room = room_name(arch, release)
     entries, abis, origin, sources, timings = {}, {}, {}, {}, {}
     for adir in adirs:
         man = Room(adir.parent, arch, release).manifest()

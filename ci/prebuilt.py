@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
 from dsv41_aot.facts.releases import RELEASES, deployed_arches, release_facts, version_order  # noqa: E402
-from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX  # noqa: E402
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, room_name  # noqa: E402
 from dsv41_aot.room import Room  # noqa: E402
 from dsv41_aot.listing import built_arches, built_releases, orphan_objects  # noqa: E402
 
@@ -47,7 +47,7 @@ class RoomContents:
 
     @property
     def name(self) -> str:
-        return f"{self.arch}/{release_facts(self.release).folder}"
+        return room_name(self.arch, self.release)
 
 
 @dataclass
