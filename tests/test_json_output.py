@@ -55,6 +55,18 @@ def test_build_list_and_bad_input():
 
 
 @pytest.mark.slow
+def test_a_reader_that_goes_away_is_no_internal_error():
+    """``dsv41-aot build --list --profile full | head -1``: the list stops
+    quietly, with the exit code of a command SIGPIPE ended, not a traceback."""
+    p = subprocess.Popen([sys.executable, "-m", "dsv41_aot.cli", "build", "--list", "--profile", "full"], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p.stdout.readline()
+    p.stdout.close()  # as head does after its line
+    err = p.stderr.read().decode()
+    assert p.wait() == 141 and first.startswith(b"0.3"), (first, err)
+    assert "Traceback" not in err and "internal error" not in err, err
+
+
 def test_build_with_a_failing_key_and_the_progress_bar(tmp_path):
     """The progress bar on (no --no-progress): the FAILED line goes to
     stderr, stdout stays one JSON document."""
