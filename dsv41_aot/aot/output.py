@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
+from ..errors import message_of
+
 
 def tally(keys: int, ok: int, failures: list, **fields) -> dict:
     """A --json document: the shared counts, then the command's fields."""
@@ -25,7 +27,7 @@ def _stopped_doc(command: str, message: str, fix: str | None, exit_code: int) ->
 
 def error_doc(command: str, err) -> dict:
     """The --json document of a command stopped by a dsv41_aot error."""
-    return _stopped_doc(command, getattr(err, "message", str(err)), getattr(err, "fix", None),
+    return _stopped_doc(command, message_of(err), getattr(err, "fix", None),
                        getattr(err, "exit_code", 1))
 
 
