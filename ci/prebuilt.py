@@ -71,7 +71,7 @@ def matrix_digests(matrix_path=None) -> dict:
     """Map each release to its mono sources digest in build_matrix.yaml."""
     from dsv41_aot.aot import matrix
 
-    return {v: e.mono_sources for v, e in matrix.load(matrix_path).releases.items()}
+    return matrix.load(matrix_path).digests()
 
 
 def _check_room(root: Path, arch: str, release: str, digests: dict, bands: dict) -> RoomContents:

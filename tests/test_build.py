@@ -35,7 +35,7 @@ K1S = [f"k1@gfx950:s={s},tp=2,r=0" for s in (1, 2, 3, 4)]
 # of vLLM 0.32.0's (K1 39, K2 48, FFN 30)
 ABI_SLOTS = {NEWEST: {"k1": 41, "k2": 55, "ffn": 31}, OLD: {"k1": 39, "k2": 48, "ffn": 30}}
 ALL_SMOKE = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # every release's smoke keys
-DIGESTS = {v: e.mono_sources for v, e in matrix.load().releases.items()}
+DIGESTS = matrix.load().digests()
 
 
 def golden() -> dict:

@@ -127,7 +127,7 @@ def build(
     if digests is None:
         from . import matrix
 
-        digests = {v: e.mono_sources for v, e in matrix.load().releases.items()}
+        digests = matrix.load().digests()
     for t in vllm_src:  # a tree that is no release's would be passed over silently for another
         given = source.MonoSource(root=Path(t).resolve())
         if given.mono_dir.is_dir() and given.version not in digests and given.digest not in digests.values():

@@ -183,8 +183,7 @@ def identity_digest(tools, matrix_path=None) -> str:
     keyed per key, so a stale one is only a miss."""
     from . import compat, matrix
 
-    releases = {v: e.mono_sources for v, e in sorted(matrix.load(matrix_path).releases.items())}
-    doc = {"releases": releases, "helpers": compat.install_aiter_shim(),
+    doc = {"releases": matrix.load(matrix_path).digests(), "helpers": compat.install_aiter_shim(),
            **BuildCache.parts(tools)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -51,6 +51,10 @@ class Matrix:
     def profile_names(self) -> list[str]:
         return list(self.profiles)
 
+    def digests(self) -> dict:
+        """Each release's mono sources digest, by version: what its rooms must be built from."""
+        return {v: e.mono_sources for v, e in self.releases.items()}
+
     def select(self, profile: str | None = None) -> list[BuildKey]:
         """The keys of ``profile`` (the matrix's default when None), sorted."""
         name = profile or self.default_profile

@@ -87,7 +87,7 @@ def cmd_build(args) -> int:
     from ..aot import builder, cache, matrix
 
     # each release's mono sources digest as the matrix the keys came from records it
-    digests = {v: e.mono_sources for v, e in matrix.load(args.matrix).releases.items()}
+    digests = matrix.load(args.matrix).digests()
     summary = builder.build(
         keys, Path(args.out), jobs=args.jobs, key_timeout=args.key_timeout, vllm_src=args.vllm_src or (),
         digests=digests, progress=not args.no_progress, link=not args.no_link,
