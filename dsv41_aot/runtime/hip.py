@@ -24,6 +24,7 @@ FIX_HIP = (
 )
 FIX_DEVICE = "check the ROCm install and that a GPU is visible (rocm-smi; HIP_VISIBLE_DEVICES)"
 HIP_SUCCESS = 0
+ERR_NOT_INITIALIZED, ERR_NOT_LOADED = -1, -2  # FlyDSL's AOT runtime's own codes (its export header)
 # ROCm 6.x and 7.x (hipRuntimeGetVersion: major * 10,000,000 + minor * 100,000 + patch): the AOT
 # runtime of every FlyDSL dsv41-aot supports targets ROCm 6+ (hipGetDevicePropertiesR0600's
 # layout, gfx950 code objects), which ROCm 5's HIP predates.
@@ -82,9 +83,9 @@ class Hip:
 
     def error_name(self, status: int) -> str:
         """hipGetErrorName of a HIP status, or FlyDSL's runtime codes."""
-        if status == -1:
+        if status == ERR_NOT_INITIALIZED:
             return "FLYDSL_AOT_ERR_NOT_INITIALIZED"
-        if status == -2:
+        if status == ERR_NOT_LOADED:
             return "FLYDSL_AOT_ERR_NOT_LOADED"
         try:
             name = self._name(status)

@@ -19,6 +19,7 @@ from . import hip as _hip
 from . import state
 from .abi import CODES, Abi
 from .bands import open_library
+from .hip import ERR_NOT_INITIALIZED, ERR_NOT_LOADED, FIX_DEVICE
 from .host import ENV_ARCH
 from .rooms import RoomIndex
 from ..errors import ArchMismatchError, CaptureError, ForkError, IntegrityError, LaunchError, ManifestError
@@ -331,9 +332,7 @@ class Launcher:
         return None
 
 
-ERR_NOT_INITIALIZED, ERR_NOT_LOADED = -1, -2  # FlyDSL's AOT runtime's own codes (its export header)
 EM_AMDGPU = (224).to_bytes(2, "little")
-FIX_DEVICE = _hip.FIX_DEVICE
 
 
 def _load_fix(status: int, arch: str, device: int) -> str:
