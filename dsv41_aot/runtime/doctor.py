@@ -143,7 +143,7 @@ def _hip(rep: Report, arch: str | None) -> None:
     except (HipUnavailableError, HipVersionError) as e:
         rep.fail("hip", e)
     else:
-        allowed = not (hip.ACCEPTED[0] <= (major, minor) < hip.ACCEPTED[1])
+        allowed = not hip.accepted((major, minor))
         how = f"accepted by {hip.ENV_ALLOW_VERSION}={major}.{minor}" if allowed else "accepted"
         rep.facts["hip"].update(version=f"{major}.{minor}", allowed_by_env=allowed)
         rep.add("hip", "ok", f"HIP {major}.{minor} ({h.path}): {how}")

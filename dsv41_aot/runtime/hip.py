@@ -168,7 +168,7 @@ class Hip:
         DSV41_AOT_ALLOW_HIP_VERSION may name one more major.minor to accept."""
         v = self.runtime_version()
         major, minor = v // 10_000_000, v // 100_000 % 100
-        if ACCEPTED[0] <= (major, minor) < ACCEPTED[1] or os.environ.get(ENV_ALLOW_VERSION) == f"{major}.{minor}":
+        if accepted((major, minor)) or os.environ.get(ENV_ALLOW_VERSION) == f"{major}.{minor}":
             return major, minor
         lo, hi = ACCEPTED
         raise HipVersionError(
@@ -177,6 +177,11 @@ class Hip:
             fix=f"install ROCm 6 or 7 and point to its libamdhip64 (ROCM_PATH or DSV41_AOT_HIP_LIB), or accept "
                 f"this one at your own risk: {ENV_ALLOW_VERSION}={major}.{minor}",
         )
+
+
+def accepted(version: tuple) -> bool:
+    """Whether a HIP (major, minor) is in ACCEPTED (DSV41_AOT_ALLOW_HIP_VERSION aside)."""
+    return ACCEPTED[0] <= version < ACCEPTED[1]
 
 
 def touched() -> bool:
