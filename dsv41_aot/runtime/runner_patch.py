@@ -100,7 +100,7 @@ def _running(module) -> tuple[str, str]:
             arch = loader.resolve_arch(None)  # DSV41_AOT_ARCH, else the device's
     arch_facts(arch)
     loader.running_vllm(Path(module.__file__).resolve().parent)
-    root = Path(_state.prebuilt) if _state.prebuilt else loader.prebuilt_dir()
+    root = loader.resolve_root(_state.prebuilt)  # the directory load_key reads
     release = loader.release_of(root, arch)
     release_facts(release).deploy(arch)  # UnknownArchError: the release's mono path does not run there
     check_arch_flag(module, release, arch)
