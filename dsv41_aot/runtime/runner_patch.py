@@ -136,13 +136,13 @@ def _launcher(what: str, derive):
     except (AotError, OSError) as e:
         if _state.mode != "fallback":
             raise
-        text = what if key is None else key.describe()
-        if isinstance(e, ReleaseMismatchError):  # no room for this vLLM at all: one line, not one per key
-            text = "the running vLLM release"
+        described = what if key is None else key.describe()
+        # no room for this vLLM at all: one warning, not one per key
+        text = "the running vLLM release" if isinstance(e, ReleaseMismatchError) else described
         state.current().count_served("jit")
         state.current().warn_once(("runner", text), f"dsv41-aot: {text} not served from the prebuilt kernels, "
                                   f"FlyDSL JIT-compiles it (fallback mode): {one_line(e)}")
-        report_jit_compile(what if key is None else key.describe())
+        report_jit_compile(described)
         return None
     state.current().count_served("aot")
     return launcher
