@@ -44,17 +44,15 @@ def load_key(key, *, release: str | None = None, prebuilt: str | os.PathLike | N
             if release is None and ARCH_RE.fullmatch(arch):
                 release = release_of(root, arch)
     else:
-        text = str(key)
-        release = key.release
+        text, arch, release = str(key), key.arch, key.release
     launcher = st.launchers.get((root, release, text))
     if launcher is not None:
         return launcher
-    return _new_launcher(key, text, root, release)
+    return _new_launcher(key, text, arch, root, release)
 
 
-def _new_launcher(key, text: str, root: Path, release: str | None) -> Launcher:
+def _new_launcher(key, text: str, arch: str, root: Path, release: str | None) -> Launcher:
     """Find a key in its room, check it and make its Launcher (the first time)."""
-    arch = text.partition("@")[2].partition(":")[0]
     # a canonical key of a room already indexed needs no parsing
     idx = state.current().indexes.get((root, arch, release))
     entry = idx.entries.get(text) if idx is not None else None
