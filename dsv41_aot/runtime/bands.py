@@ -53,7 +53,7 @@ def open_library(idx: RoomIndex, lib: Band) -> ctypes.CDLL:
                 if "undefined symbol: hip" in str(e):
                     raise HipUnavailableError(f"{path}: this host's libamdhip64 lacks a symbol ({e})",
                                               fix=_hip.FIX_HIP) from None
-                raise IntegrityError(f"cannot dlopen {path}: {e}", fix=idx.fix_reinstall) from None
+                raise IntegrityError(f"cannot dlopen {path}: {e}", fix=idx.room.fix_reinstall) from None
             # kept open: glibc knows a library by the path it was opened by, and
             # a closed descriptor's number (so its /proc/self/fd/N) is reused
             st.keep_band(key, fd, handle)

@@ -102,7 +102,7 @@ class Launcher:
                 fn = getattr(lib, self.entry)
             except AttributeError:
                 raise IntegrityError(f"{self.key}: {self.library} does not export {self.entry}",
-                                     fix=self._idx.fix_reinstall) from None
+                                     fix=self._idx.room.fix_reinstall) from None
             self._check_metadata(lib)
             abi = self._abi
             self._call = abi.proto(ctypes.cast(fn, ctypes.c_void_p).value)
@@ -115,7 +115,7 @@ class Launcher:
 
         ``<entry>__metadata`` is written by FlyDSL's export: a tampered
         manifest must not make the entry read past the argument array."""
-        fix = self._idx.fix_reinstall
+        fix = self._idx.room.fix_reinstall
         try:
             text = ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(lib, self.entry + "__metadata")))
         except ValueError:
@@ -308,7 +308,7 @@ class Launcher:
                 return self._error(
                     f"hipModuleGetFunction of {self.kernel_name} {where} failed: {name} (a fresh lookup in the same "
                     f"code object fails with {hip.error_name(found)} ({found})); nothing was launched", status,
-                    f"the band does not hold the kernel its manifest names: {self._idx.fix_reinstall}")
+                    f"the band does not hold the kernel its manifest names: {self._idx.room.fix_reinstall}")
             if found is None:
                 return self._error(
                     f"hipModuleGetFunction or hipModuleLaunchKernel of {self.kernel_name} {where} failed: {name} "

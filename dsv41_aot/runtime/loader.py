@@ -99,7 +99,7 @@ def _link_mismatch(idx: RoomIndex, key: str, entry: dict, lib, obj_sha: str | No
                 f"linked from object {obj_sha[:16]}... ({libs})")
     obj = idx.room.arch_dir / entry.object
     if not idx.room.objects.is_dir():
-        return ManifestError(f"{what}: the installed manifest and libraries disagree", fix=idx.fix_reinstall)
+        return ManifestError(f"{what}: the installed manifest and libraries disagree", fix=idx.room.fix_reinstall)
     try:
         actual = sha256_file(obj)
     except OSError:

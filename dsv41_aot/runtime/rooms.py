@@ -71,13 +71,9 @@ class RoomIndex:
             slots = self.manifest.abis[aid]
             if abi_id(slots) != aid:
                 raise ManifestError(f"{self.manifest.path}: ABI {aid} does not hash to its id ({abi_id(slots)}): "
-                                    f"its slots were altered", fix=self.fix_reinstall)
+                                    f"its slots were altered", fix=self.room.fix_reinstall)
             a = self.abis[aid] = Abi(slots, aid)
         return a
-
-    @property
-    def fix_reinstall(self) -> str:
-        return self.room.fix_reinstall
 
 
 def index_of(root: Path, arch: str, release: str | None = None) -> RoomIndex:
