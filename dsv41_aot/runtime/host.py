@@ -72,7 +72,7 @@ def installed_vllm() -> tuple:
             state.current().installed_digest = (None, None, "vllm", e)
         else:
             try:
-                state.current().installed_digest = (source.mono_digest(src.mono_dir), src, str(src.mono_dir), None)
+                state.current().installed_digest = (src.digest, src, str(src.mono_dir), None)
             except Exception as e:  # noqa: BLE001 - unreadable sources: no answer either
                 state.current().installed_digest = (None, src, str(src.mono_dir), e)
     digest, src, mono, error = state.current().installed_digest
