@@ -16,11 +16,11 @@ import os
 from pathlib import Path
 
 from . import state
-from .bands import ENV_CACHE, bind_all, cache_dir  # noqa: F401 (re-exported)
+from .bands import ENV_CACHE, bind_all  # noqa: F401 (ENV_CACHE re-exported)
 from .host import ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, check_source, resolve_arch, running_vllm  # noqa: F401
 from .launcher import Launcher
 from .rooms import RoomIndex, index_of, release_of, resolve_root
-from ..manifest import ENV_PREBUILT, sha256_file  # noqa: F401 (ENV_PREBUILT: the plugin reads it here)
+from ..manifest import sha256_file
 from ..listing import built_releases
 from ..errors import KeyNotPrebuiltError, ManifestError
 
