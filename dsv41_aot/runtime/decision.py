@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import AotError, ReleaseMismatchError
 from ..facts.arches import ARCHES
 from ..manifest import ENV_PREBUILT
-from .host import ENV_ALLOW_SOURCE, ENV_ARCH
+from .host import ENV_ALLOW_SOURCE, ENV_ARCH, mismatch_allowed
 
 ENV_DISABLE = "DSV41_AOT_DISABLE"
 ENV_MODE = "DSV41_AOT_MODE"
@@ -150,7 +150,7 @@ def _decide(env, kfd, device) -> Decision:
         src = source.find()
     except AotError as e:
         return no("vllm", f"vLLM's mono package not found ({e.message})", e.fix, mode=mode, root=root)
-    allowed = env.get(ENV_ALLOW_SOURCE) == "1"
+    allowed = mismatch_allowed(env)
     try:
         release = rooms.release_of(root, arch)  # by the installed vLLM's mono sources digest
     except ReleaseMismatchError as e:

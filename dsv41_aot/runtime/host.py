@@ -37,6 +37,11 @@ def resolve_arch(arch: str | None = None) -> str:
     return found
 
 
+def mismatch_allowed(env=None) -> bool:
+    """Whether ``env`` (default: os.environ) sets DSV41_AOT_ALLOW_SOURCE_MISMATCH=1."""
+    return (os.environ if env is None else env).get(ENV_ALLOW_SOURCE) == "1"
+
+
 def running_vllm(mono_dir: Path | None) -> None:
     """Name the vLLM mono package this process runs; None: the installed one.
 
@@ -78,7 +83,7 @@ def installed_vllm() -> tuple:
     digest, src, mono, error = state.current().installed_digest
     if error is not None:
         msg = f"cannot compute the installed vLLM's mono source digest ({mono}): {type(error).__name__}: {error}"
-        if os.environ.get(ENV_ALLOW_SOURCE) != "1":
+        if not mismatch_allowed():
             raise SourceMismatchError(msg, fix=f"repair the vLLM install (pip install --force-reinstall vllm), or "
                                                f"run without the check: {ENV_ALLOW_SOURCE}=1")
         state.current().warn_once(("digest", mono), f"{msg}; running unchecked ({ENV_ALLOW_SOURCE}=1)")
@@ -93,7 +98,7 @@ def check_source(key: str, entry) -> None:
         return
     msg = (f"{key}: installed vLLM {src.version} mono sources ({mono}) digest {digest} differ from the "
            f"{built} the prebuilt kernels were built from (vLLM {entry.source.get('vllm_version')})")
-    if os.environ.get(ENV_ALLOW_SOURCE) == "1":
+    if mismatch_allowed():
         state.current().warn_once((digest, built), f"{msg}; running them anyway ({ENV_ALLOW_SOURCE}=1)")
         return
     raise SourceMismatchError(

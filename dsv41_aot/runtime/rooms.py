@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import state
 from .abi import Abi
-from .host import ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, installed_vllm
+from .host import ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, installed_vllm, mismatch_allowed
 from ..manifest import ENV_PREBUILT, MANIFEST, abi_id, prebuilt_dir
 from ..room import PREFIX, Room
 from ..listing import built_releases, rooms_of
@@ -177,7 +177,7 @@ def release_of(root: Path, arch: str) -> str:
             msg = (f"running vLLM {src.version} mono sources ({mono}) digest {digest} matches no prebuilt "
                    f"release in {folder}: {have}")
             fallback = src.version if src.version in held else held[-1]
-            if os.environ.get(ENV_ALLOW_SOURCE) != "1":
+            if not mismatch_allowed():
                 own = (f"build this one's kernels (dsv41-aot build --release {src.version} ...)" if src.version in RELEASES
                        else f"upgrade dsv41-aot to one that knows vLLM {src.version} (pip install --upgrade dsv41-aot)")
                 raise ReleaseMismatchError(
