@@ -18,6 +18,7 @@ ENV_ARCH = "DSV41_AOT_ARCH"
 ENV_ALLOW_SOURCE = "DSV41_AOT_ALLOW_SOURCE_MISMATCH"
 
 ARCH_RE = re.compile(r"gfx[0-9a-f]+")
+FIX_ARCH_NAME = f"name it like gfx950: {ENV_ARCH}=gfx950 (or arch=...)"
 
 
 def resolve_arch(arch: str | None = None) -> str:
@@ -26,7 +27,7 @@ def resolve_arch(arch: str | None = None) -> str:
     if arch:
         if not ARCH_RE.fullmatch(arch):
             raise ManifestError(f"arch {arch!r} (argument or {ENV_ARCH}) is not a GPU arch name",
-                                fix=f"name it like gfx950: {ENV_ARCH}=gfx950 (or arch=...)")
+                                fix=FIX_ARCH_NAME)
         return arch
     found = state.current().device_arch()
     if found is None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import state
 from .abi import Abi
-from .host import ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, installed_vllm, mismatch_allowed
+from .host import ARCH_RE, ENV_ALLOW_SOURCE, FIX_ARCH_NAME, installed_vllm, mismatch_allowed
 from ..manifest import ENV_PREBUILT, MANIFEST, abi_id, prebuilt_dir
 from ..room import PREFIX, Room
 from ..listing import built_releases, rooms_of
@@ -80,7 +80,7 @@ def index_of(root: Path, arch: str, release: str | None = None) -> RoomIndex:
     """The index of vLLM ``release``'s room on ``arch`` (default: :func:`release_of`)."""
     if not isinstance(arch, str) or not ARCH_RE.fullmatch(arch):  # never a path: no "/", no ".."
         raise ManifestError(f"arch {arch!r} is not a GPU arch name (gfx...): refusing to look for it under {root}",
-                            fix=f"name it like gfx950: {ENV_ARCH}=gfx950 (or arch=...)")
+                            fix=FIX_ARCH_NAME)
     if release is None:
         release = release_of(root, arch)
     idx = state.current().indexes.get((root, arch, release))
