@@ -31,18 +31,17 @@ def open_library(idx: RoomIndex, lib: Band) -> ctypes.CDLL:
     The band's own lock lets two bands bind at once (xz, sha256 and the memfd
     write release the GIL). Lock order: whoever holds ``state.lock`` may take
     a band's lock, never the other way round (nothing here takes it)."""
-    key = idx.band_paths[lib.file]
+    path = idx.band_paths[lib.file]
     st = state.current()
-    handle = st.band(key)
+    handle = st.band(path)
     if handle is not None:
         return handle
-    with st.band_lock(key):
-        handle = st.band(key)
+    with st.band_lock(path):
+        handle = st.band(path)
         if handle is None:
             hip = _hip.load()
             if st.hip_version is None:
                 st.hip_version = hip.check_version()
-            path = idx.room.lib / lib.file
             raw = idx.room.read_band(lib)  # the room's checks: inside lib/, a plain file, sha256, raw sha256
             fd = _library_fd(raw, lib)
             del raw  # the memfd holds the library now: a deployment bound at once keeps one copy of each
@@ -56,7 +55,7 @@ def open_library(idx: RoomIndex, lib: Band) -> ctypes.CDLL:
                 raise IntegrityError(f"cannot dlopen {path}: {e}", fix=idx.room.fix_reinstall) from None
             # kept open: glibc knows a library by the path it was opened by, and
             # a closed descriptor's number (so its /proc/self/fd/N) is reused
-            st.keep_band(key, fd, handle)
+            st.keep_band(path, fd, handle)
     return handle
 
 
@@ -71,7 +70,7 @@ def bind_all(launchers, workers: int | None = None) -> None:
     for launcher in launchers:
         if launcher._lib is None:
             first.setdefault(launcher.library, launcher)
-    todo = [(l._idx, l._librec) for path, l in first.items() if state.current().band(path) is None]
+    todo = [l for path, l in first.items() if state.current().band(path) is None]
     if workers is None:
         try:
             workers = len(os.sched_getaffinity(0))
@@ -83,7 +82,7 @@ def bind_all(launchers, workers: int | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(workers, thread_name_prefix="dsv41-aot-bind") as pool:
-            futures = {idx.band_paths[lib.file]: pool.submit(open_library, idx, lib) for idx, lib in todo}
+            futures = {l.library: pool.submit(open_library, l._idx, l._librec) for l in todo}
         for path, fut in futures.items():
             if fut.exception() is not None:
                 errors[path] = fut.exception()
