@@ -27,7 +27,7 @@ from ..facts.kinds import KINDS
 from ..facts.releases import RELEASES, release_facts
 from ..keys import BuildKey
 from . import state
-from .decision import ENV_DISABLE, ENV_MODE, MODES, one_line
+from .decision import ENV_DISABLE, ENV_MODE, JIT, MODES, one_line
 
 RUNNER = "vllm.models.deepseek_v41.amd.mono.runner"
 
@@ -219,8 +219,8 @@ def _give_up(why: BaseException) -> None:
     """Undo a patch that failed during vLLM's import (vLLM keeps its JIT); log once."""
     try:
         uninstall()
-        log.warning("dsv41-aot vLLM plugin off: could not patch %s (%s); vLLM keeps FlyDSL JIT",
-                    RUNNER, one_line(why))
+        log.warning("dsv41-aot vLLM plugin off: could not patch %s (%s); %s",
+                    RUNNER, one_line(why), JIT)
     except Exception:  # noqa: BLE001 - never break vLLM's import
         pass
 
