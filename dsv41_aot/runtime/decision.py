@@ -80,7 +80,7 @@ def kfd_arches(nodes: Path = KFD_NODES) -> list[str]:
     return sorted(out)
 
 
-def _arch(env, kfd, device) -> tuple:
+def _arch(env, device) -> tuple:
     """(arch, source, problem, fix, warning): the arch to serve, or why none.
 
     DSV41_AOT_ARCH, else the KFD topology's one GPU arch, else the HIP
@@ -89,7 +89,7 @@ def _arch(env, kfd, device) -> tuple:
     if named:
         arch, where = named, ENV_ARCH
     else:
-        found = kfd()
+        found = kfd_arches()
         if len(found) > 1:
             return (None, None, f"GPUs of several archs ({', '.join(found)}): the plugin serves none of them",
                     f"name the one vLLM runs on: {ENV_ARCH}={found[0]}", True)
@@ -107,7 +107,7 @@ def _arch(env, kfd, device) -> tuple:
     return arch, where, None, None, False
 
 
-def decide(env=None, *, kfd=kfd_arches, device=None) -> Decision:
+def decide(env=None, *, device=None) -> Decision:
     """Decide whether this process serves the prebuilt kernels; never raises.
 
     ``env`` defaults to ``os.environ``. ``device``, when given, names the
@@ -115,15 +115,15 @@ def decide(env=None, *, kfd=kfd_arches, device=None) -> Decision:
     plugin never touches HIP."""
     env = os.environ if env is None else env
     try:
-        return _decide(env, kfd, device)
+        return _decide(env, device)
     except Exception as e:  # noqa: BLE001 - the plugin must never stop vLLM
         return Decision(False, one_line(e), "off", stopped_at="error", warning=True)
 
 
-def _decide(env, kfd, device) -> Decision:
+def _decide(env, device) -> Decision:
     from . import rooms
 
-    arch, where, arch_problem, arch_fix, arch_warning = _arch(env, kfd, device)
+    arch, where, arch_problem, arch_fix, arch_warning = _arch(env, device)
     seen = dict(arch=arch, arch_from=where, arch_problem=arch_problem, arch_fix=arch_fix)
 
     def no(stage: str, why: str, fix: str | None = None, warning: bool = True, mode="off", **more) -> Decision:
