@@ -119,15 +119,14 @@ class Hip:
         finally:
             self.lib.hipModuleUnload(module)
 
-    def arch(self, device: int | None = None) -> str | None:
-        """The device's gcnArchName without its features (``gfx942``), or None."""
+    def arch(self) -> str | None:
+        """The current device's gcnArchName without its features (``gfx942``), or None."""
         status, count = self.device_count()
         if status != HIP_SUCCESS or count < 1:
             return None
-        if device is None:
-            status, device = self.current_device()
-            if status != HIP_SUCCESS:
-                return None
+        status, device = self.current_device()
+        if status != HIP_SUCCESS:
+            return None
         props = ctypes.create_string_buffer(_PROPS_BYTES)
         fn = getattr(self.lib, "hipGetDevicePropertiesR0600", None) or self.lib.hipGetDeviceProperties
         if fn(props, ctypes.c_int(device)) != HIP_SUCCESS:
