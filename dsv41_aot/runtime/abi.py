@@ -21,7 +21,7 @@ CODES = {
 class Abi:
     """One ABI (slot list) compiled once, to pack integers straight into a buffer."""
 
-    def __init__(self, slots: list, aid: str = "?"):
+    def __init__(self, slots: list, aid: str):
         if not isinstance(slots, list) or not all(isinstance(s, dict) for s in slots):
             raise ManifestError(f"ABI {aid}: not a list of slots")
         if not slots or slots[-1].get("name") != "stream" or slots[-1].get("ctype") != "pointer":
