@@ -134,17 +134,17 @@ class Hip:
         m = _ARCH_RE.search(props.raw)
         return m.group(0).rstrip(b"\0").split(b":")[0].decode() if m else None
 
-    def stream_capturing(self, stream: int, what: str = "") -> bool:
+    def stream_capturing(self, stream: int, what: str) -> bool:
         """Whether ``stream`` (0: the null stream) is being captured into a graph.
 
         A failed hipStreamIsCapturing is no answer: it raises LaunchError
-        with its status, never reads as "not capturing"."""
+        naming ``what`` (the key asking) and its status, never reads as "not capturing"."""
         self.touched = True
         state = ctypes.c_int(0)
         status = self.lib.hipStreamIsCapturing(ctypes.c_void_p(stream or None), ctypes.byref(state))
         if status != HIP_SUCCESS:
             err = LaunchError(
-                f"{what + ': ' if what else ''}cannot tell whether stream {stream:#x} is being captured: hipStreamIsCapturing failed with "
+                f"{what}: cannot tell whether stream {stream:#x} is being captured: hipStreamIsCapturing failed with "
                 f"{self.error_name(status)} ({status}); nothing was loaded",
                 fix=FIX_DEVICE,
             )
