@@ -93,6 +93,10 @@ class Hip:
             name = None
         return name.decode() if name else f"HIP error {status}"
 
+    def status_text(self, status: int) -> str:
+        """A status as its name and number, as every message prints it: ``hipErrorOutOfMemory (2)``."""
+        return f"{self.error_name(status)} ({status})"
+
     def device_count(self) -> tuple[int, int]:
         """(status, number of visible devices)."""
         self.touched = True
@@ -145,7 +149,7 @@ class Hip:
         if status != HIP_SUCCESS:
             err = LaunchError(
                 f"{what}: cannot tell whether stream {stream:#x} is being captured: hipStreamIsCapturing failed with "
-                f"{self.error_name(status)} ({status}); nothing was loaded",
+                f"{self.status_text(status)}; nothing was loaded",
                 fix=FIX_DEVICE,
             )
             err.status = status
@@ -157,7 +161,7 @@ class Hip:
         v = ctypes.c_int(0)
         status = self.lib.hipRuntimeGetVersion(ctypes.byref(v))
         if status != HIP_SUCCESS:
-            raise HipUnavailableError(f"{self.path}: hipRuntimeGetVersion failed: {self.error_name(status)} ({status})",
+            raise HipUnavailableError(f"{self.path}: hipRuntimeGetVersion failed: {self.status_text(status)}",
                                       fix=FIX_HIP)
         return v.value
 

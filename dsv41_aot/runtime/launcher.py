@@ -235,14 +235,14 @@ class Launcher:
             init.restype = ctypes.c_int32
             status = init()
             if status:  # FlyDSL's own state (host memory), before any HIP call
-                raise self._error(f"{self.entry}__module_init failed: {hip.error_name(status)} ({status})", status,
+                raise self._error(f"{self.entry}__module_init failed: {hip.status_text(status)}", status,
                                   "check the host's free memory")
             load = getattr(self._lib, self.entry + "__module_load")
             load.restype = ctypes.c_int32
             status = load(ctypes.c_int32(-1))  # the current device: hipGetDevice, then hipModuleLoadData
             if status:
                 raise self._error(f"hipModuleLoadData of {self.kernel_name}'s code object on device {device} "
-                                  f"failed: {hip.error_name(status)} ({status}); nothing was launched", status,
+                                  f"failed: {hip.status_text(status)}; nothing was launched", status,
                                   _load_fix(status, self.arch, device))
             self._devices.add(device)
         return device
@@ -250,7 +250,7 @@ class Launcher:
     def _current_device(self, hip) -> int:
         status, device = hip.current_device()
         if status:
-            raise self._error(f"hipGetDevice failed: {hip.error_name(status)} ({status}); nothing was loaded",
+            raise self._error(f"hipGetDevice failed: {hip.status_text(status)}; nothing was loaded",
                               status, FIX_DEVICE)
         return device
 
@@ -296,7 +296,7 @@ class Launcher:
         (hipModuleGetFunction): a fresh lookup in the same code object tells
         which of the two failed."""
         hip = self._hip or _hip.load()
-        name = f"{hip.error_name(status)} ({status})"
+        name = hip.status_text(status)
         if status in (ERR_NOT_INITIALIZED, ERR_NOT_LOADED):
             return self._error(f"launch of {self.kernel_name} failed: {name}", status, FIX_DEVICE)
         hip_status, device = hip.current_device()
@@ -307,7 +307,7 @@ class Launcher:
             if found:
                 return self._error(
                     f"hipModuleGetFunction of {self.kernel_name} {where} failed: {name} (a fresh lookup in the same "
-                    f"code object fails with {hip.error_name(found)} ({found})); nothing was launched", status,
+                    f"code object fails with {hip.status_text(found)}); nothing was launched", status,
                     f"the band does not hold the kernel its manifest names: {self._idx.room.fix_reinstall}")
             if found is None:
                 return self._error(
