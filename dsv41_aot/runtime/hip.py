@@ -147,13 +147,12 @@ class Hip:
         state = ctypes.c_int(0)
         status = self.lib.hipStreamIsCapturing(ctypes.c_void_p(stream or None), ctypes.byref(state))
         if status != HIP_SUCCESS:
-            err = LaunchError(
+            raise launch_error(
                 f"{what}: cannot tell whether stream {stream:#x} is being captured: hipStreamIsCapturing failed with "
                 f"{self.status_text(status)}; nothing was loaded",
-                fix=FIX_DEVICE,
+                status,
+                FIX_DEVICE,
             )
-            err.status = status
-            raise err
         return state.value != 0  # hipStreamCaptureStatusNone == 0
 
     def runtime_version(self) -> int:
@@ -180,6 +179,13 @@ class Hip:
             fix=f"install ROCm 6 or 7 and point to its libamdhip64 (ROCM_PATH or DSV41_AOT_HIP_LIB), or accept "
                 f"this one at your own risk: {ENV_ALLOW_VERSION}={major}.{minor}",
         )
+
+
+def launch_error(message: str, status: int, fix: str) -> LaunchError:
+    """A LaunchError keeping the HIP (or FlyDSL) status of the call that failed as its ``status``."""
+    err = LaunchError(message, fix=fix)
+    err.status = status
+    return err
 
 
 def accepted(version: tuple) -> bool:

@@ -269,9 +269,7 @@ class Launcher:
         )
 
     def _error(self, what: str, status: int, fix: str) -> LaunchError:
-        err = LaunchError(f"{self.key}: {what}", fix=fix)
-        err.status = status
-        return err
+        return _hip.launch_error(f"{self.key}: {what}", status, fix)
 
     def _bad_args(self, args, stream) -> LaunchError:
         names = self._abi.names
