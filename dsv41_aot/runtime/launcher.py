@@ -322,15 +322,16 @@ class Launcher:
             return None
         want, size = self._image_sha, self._image_bytes
         raw = os.pread(fd, self._librec.raw_bytes, 0)
-        at = raw.find(b"\x7fELF\x02\x01\x01", 1)
+        at = raw.find(ELF64_HEADER, 1)  # past the band's own header
         while at >= 0:
             if raw[at + 18:at + 20] == EM_AMDGPU and hashlib.sha256(raw[at:at + size]).hexdigest() == want:
                 return raw[at:at + size]
-            at = raw.find(b"\x7fELF\x02\x01\x01", at + 1)
+            at = raw.find(ELF64_HEADER, at + 1)
         return None
 
 
-EM_AMDGPU = (224).to_bytes(2, "little")
+ELF64_HEADER = b"\x7fELF\x02\x01\x01"  # an ELF's first bytes: 64-bit, little-endian, version 1
+EM_AMDGPU = (224).to_bytes(2, "little")  # its e_machine (bytes 18-19) for a GPU code object
 
 
 def _load_fix(status: int, arch: str, device: int) -> str:
