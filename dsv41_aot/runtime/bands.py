@@ -18,7 +18,7 @@ from . import state
 from .rooms import RoomIndex
 from ..errors import HipUnavailableError, IntegrityError
 from ..linkrecord import Band
-from ..manifest import user_cache_dir
+from ..manifest import atomic_write, user_cache_dir
 
 ENV_CACHE = "DSV41_AOT_CACHE"  # where bands are unpacked when the kernel has no memfd
 
@@ -127,8 +127,6 @@ def _cached_fd(raw: bytes, lib: Band) -> int:
 
     The file is ``<cache>/<raw_sha256>.so``, (re)written atomically first
     when absent or wrong."""
-    from ..manifest import atomic_write
-
     path = cache_dir() / f"{lib.raw_sha256}.so"
     for attempt in (0, 1):
         try:
