@@ -14,6 +14,7 @@ docs/building.md ("In vLLM"); :mod:`.vllm_plugin` re-exports these names.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.abc
 import logging
@@ -194,12 +195,11 @@ def _patch(module) -> None:
         originals = {fn: getattr(module, fn) for fn in BUILDERS.values()}
 
         def wrap(kind: str, original):
+            @functools.wraps(original)  # vLLM's name, docstring and __wrapped__
             def build(b):
                 launcher = _launcher(f"{original.__name__}({b!r})", lambda: key_of(kind, b, module))
                 return launcher if launcher is not None else original(b)  # fallback: vLLM's JIT
 
-            build.__name__, build.__qualname__, build.__doc__ = original.__name__, original.__qualname__, original.__doc__
-            build.__wrapped__ = original
             build.__dsv41_aot__ = True
             return build
 
