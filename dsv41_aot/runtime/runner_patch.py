@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import importlib
 import importlib.abc
-import logging
 import os
 import sys
 from pathlib import Path
@@ -28,11 +27,10 @@ from ..facts.kinds import KINDS
 from ..facts.releases import RELEASES, release_facts
 from ..keys import BuildKey
 from . import state
+from .state import log
 from .decision import ENV_DISABLE, ENV_MODE, JIT, MODES, one_line
 
 RUNNER = "vllm.models.deepseek_v41.amd.mono.runner"
-
-log = logging.getLogger("dsv41_aot")
 
 
 class _Install:

@@ -12,6 +12,8 @@ import logging
 import os
 import threading
 
+log = logging.getLogger("dsv41_aot")  # the runtime's logger: warn_once's warnings and the plugin's lines
+
 
 class Prebuilt:
     """A process's loaded rooms, bands and caches, in one object."""
@@ -53,7 +55,7 @@ class Prebuilt:
             first = what not in self.warned
             self.warned.add(what)
         if first:
-            logging.getLogger("dsv41_aot").warning("%s", message)
+            log.warning("%s", message)
         return first
 
     def count_served(self, origin: str) -> None:
