@@ -162,13 +162,11 @@ def release_of(root: Path, arch: str) -> str:
             if digests[release] == digest:
                 # the room about to be indexed: index_of takes this parse over (once, if the file is unchanged)
                 state.current().read_rooms[(root, arch, release)] = (room, seen)
+                pick = release
                 break
-        match = [r for r in held if digests.get(r) == digest]
-        if match:
-            pick = match[-1]
-        elif src.version in broken:  # the running release's own room is corrupt: say so, not "no release"
-            raise broken[src.version]
-        else:
+        else:  # no room of the digest
+            if src.version in broken:  # the running release's own room is corrupt: say so, not "no release"
+                raise broken[src.version]
             have = ", ".join(f"vLLM {r} ({digests[r]})" for r in held if r in digests) or "none readable"
             msg = (f"running vLLM {src.version} mono sources ({mono}) digest {digest} matches no prebuilt "
                    f"release in {folder}: {have}")
