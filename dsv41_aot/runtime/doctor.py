@@ -168,8 +168,9 @@ def _plugin(rep: Report, d: decision.Decision) -> str | None:
         return None
     ep = eps[0]
     dist = getattr(ep, "dist", None)
-    rep.facts["plugin"] = {"entry_point": f"{ep.name} = {ep.value}",
-                           "distribution": f"{dist.name} {dist.version}" if dist else None}
+    named = f"{ep.name} = {ep.value}"
+    shipped = f"{dist.name} {dist.version}" if dist else None  # the distribution that installed it
+    rep.facts["plugin"] = {"entry_point": named, "distribution": shipped}
     allowed = os.environ.get("VLLM_PLUGINS")
     if allowed is not None and ep.name not in allowed.split(","):
         rep.fail("plugin", f"VLLM_PLUGINS={allowed} leaves out {ep.name}: vLLM does not call the plugin",
@@ -186,8 +187,7 @@ def _plugin(rep: Report, d: decision.Decision) -> str | None:
     rep.facts["plugin"]["mode"] = mode
     what = ("a launch not prebuilt stops vLLM with the loader's error" if mode == "strict"
             else "a launch not prebuilt is JIT-compiled by FlyDSL, one warning each")
-    rep.add("plugin", "ok", f"entry point {ep.name} = {ep.value}"
-                            f"{f' ({dist.name} {dist.version})' if dist else ''}; mode {mode}: {what}")
+    rep.add("plugin", "ok", f"entry point {named}{f' ({shipped})' if shipped else ''}; mode {mode}: {what}")
     return mode
 
 
