@@ -67,7 +67,7 @@ class Prebuilt:
         """Forget what the runner patch found, counted and warned about (its uninstall())."""
         with self.lock:
             self.runner_room = None
-            self.served = {"aot": 0, "jit": 0}
+            self.served = dict.fromkeys(self.served, 0)
             with self.warned_guard:
                 self.warned = {w for w in self.warned if not (isinstance(w, tuple) and w[:1] == ("runner",))}
 
