@@ -21,7 +21,7 @@ digest, as in a vLLM process):
   ABI checked; the libamdhip64 dlopen before it shown apart (a torch-ROCm
   process has it mapped already);
 - every band of the deployment bound (``dsv41_aot.bind`` of every Launcher
-  of the room, a fresh process: a thread a band, as many as the CPUs);
+  of the room, a fresh process: one thread per band, as many as the CPUs);
 - vLLM's own runner (0.33.0), patched strict by the plugin: every launcher it
   can ask for at TP4 handed out and bound, one at a time as vLLM asks (the
   runner module's import, torch and FlyDSL, not counted), with the CPU and
@@ -152,7 +152,7 @@ def runner(fields):
 runners, handed = {}, 0
 def ask(call):
     fields = call.pop() if isinstance(call[-1], dict) else {}
-    which = json.dumps(fields, sort_keys=True)  # one runner a set of fields, as vLLM has one a layer kind
+    which = json.dumps(fields, sort_keys=True)  # one runner per set of fields, as vLLM has one per layer kind
     r = runners.get(which)
     if r is None:
         r = runners[which] = runner(fields)
@@ -196,7 +196,7 @@ from dsv41_aot.errors import LaunchError
 root, arch = sys.argv[1:3]
 every = dsv41_aot.keys(arch, prebuilt=root)
 out = {}
-for k in {k.split("@")[0]: k for k in every}.values():  # the call path depends on the ABI: a key a kind
+for k in {k.split("@")[0]: k for k in every}.values():  # the call path depends on the ABI: one key per kind
     l = dsv41_aot.load_key(k, prebuilt=root)
     l.bind()
     l._ready = True  # no device: the C entry answers -1 (not initialized) without any HIP call
@@ -287,7 +287,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default=str(SHARED), help=f"a built and linked prebuilt directory (default {SHARED})")
     ap.add_argument("--arch", default="gfx950")
-    ap.add_argument("--runs", type=int, default=5, help="fresh processes a figure (default 5)")
+    ap.add_argument("--runs", type=int, default=5, help="fresh processes per figure (default 5)")
     ap.add_argument("--flydsl-keys", type=int, default=3, help="keys FlyDSL JITs for the anchor (0: skip)")
     ap.add_argument("--no-runner", action="store_true", help="skip vLLM's runner (it imports torch and FlyDSL)")
     args = ap.parse_args()
