@@ -54,7 +54,6 @@ def test_build_list_and_bad_input():
     assert doc["command"] == "build" and doc["exit_code"] == 2
 
 
-@pytest.mark.slow
 def test_a_reader_that_goes_away_is_no_internal_error():
     """``dsv41-aot build --list --profile full | head -1``: the list stops
     quietly, with the exit code of a command SIGPIPE ended, not a traceback."""
@@ -67,6 +66,7 @@ def test_a_reader_that_goes_away_is_no_internal_error():
     assert "Traceback" not in err and "internal error" not in err, err
 
 
+@pytest.mark.slow
 def test_build_with_a_failing_key_and_the_progress_bar(tmp_path):
     """The progress bar on (no --no-progress): the FAILED line goes to
     stderr, stdout stays one JSON document."""
