@@ -205,13 +205,8 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True) ->
             problems.append("no vllm extra: a kernels wheel must say which vLLM releases it serves")
         else:
             out["vllm_extra"] = spec
-            for release in out["vllm"]:
-                try:
-                    ok = admits(spec, release)
-                except AotError as e:
-                    problems.append(e.message)
-                    break
-                if not ok:
+            for release in out["vllm"]:  # spec is packaging's own text of a specifier: admits accepts it
+                if not admits(spec, release):
                     problems.append(f"the vllm extra (vllm{spec}) does not admit vLLM {release}, which the wheel serves")
                 if f"vLLM {release}" not in (meta.get_payload() or ""):
                     problems.append(f"the README (long description) does not name vLLM {release}")
