@@ -41,7 +41,6 @@ from dsv41_aot.aot.jit import VERIFIED, write_verified  # noqa: E402
 from dsv41_aot.aot.link import link_room  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
 from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest, room_name  # noqa: E402
-from dsv41_aot.room import Room  # noqa: E402
 from dsv41_aot.listing import built_rooms  # noqa: E402
 from dsv41_aot.proof import NO_EVIDENCE, PROVEN  # noqa: E402
 from ci.build_shard import PLANS, pairs  # noqa: E402
@@ -134,12 +133,12 @@ def _proofs(room: str, rooms: list, entries: dict, require: bool) -> dict:
     return proofs
 
 
-def _merge_room(arch: str, release: str, adirs: list, held: dict, held_by: dict, require_verified: bool) -> tuple:
-    """Merge one room from the shards' arch folders that hold it."""
+def _merge_room(arch: str, release: str, rooms: list, held: dict, held_by: dict, require_verified: bool) -> tuple:
+    """Merge one room from the shards' rooms of it."""
     room = room_name(arch, release)
     entries, abis, origin, sources, timings = {}, {}, {}, {}, {}
-    for adir in adirs:
-        man = Room(adir.parent, arch, release).manifest()
+    for r in rooms:
+        adir, man = r.arch_dir, r.manifest()
         held_by.setdefault(adir, []).extend((release, k) for k in sorted(man.entries))
         timings.update(man.timings)
         for key, e in sorted(man.entries.items()):
@@ -163,7 +162,7 @@ def _merge_room(arch: str, release: str, adirs: list, held: dict, held_by: dict,
         raise MergeError(f"room {room}: shards built from {len(sources)} source identities (e.g. {ex[0]} from "
                          f"{origin[ex[0]]}, {ex[1]} from {origin[ex[1]]})",
                          fix=f"rebuild every shard from one vLLM {release} / FlyDSL (ci/build_shard.py), then merge")
-    proofs = _proofs(room, [Room(a.parent, arch, release) for a in adirs], entries, require_verified)
+    proofs = _proofs(room, rooms, entries, require_verified)
     return entries, abis, origin, timings, proofs
 
 
@@ -174,10 +173,10 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, requir
     for s in shards:
         if not s.is_dir():
             raise ManifestError(f"shard {s} is not a directory", fix="pass the shard dirs ci/build_shard.py wrote")
-    by_room: dict = {}  # (arch, release) -> shard arch dirs holding that room
+    by_room: dict = {}  # (arch, release) -> the shards' rooms of it
     for s in shards:
         for r in built_rooms(s):
-            by_room.setdefault((r.arch, r.release), []).append(r.arch_dir)
+            by_room.setdefault((r.arch, r.release), []).append(r)
     if not by_room:
         raise ManifestError(f"no shard holds a built room (<arch>/vllm-<release>/{MANIFEST}) in "
                             f"{', '.join(map(str, shards))}",
