@@ -179,9 +179,8 @@ def cmd_checkwheel(args) -> int:
     must(check_wheel.main(["--prebuilt", args.prebuilt, str(wheels[0])]), "ci/check_wheel.py")
     must(twine_check(wheels), "twine check --strict")
     if args.require_proofs:
-        from dsv41_aot.cli import main as dsv41_aot
-
-        must(dsv41_aot(["verify", "--wheel", str(wheels[0])]), "dsv41-aot verify --wheel (every key proven)")
+        wheel = wheels[0].resolve()  # the CLI runs from the checkout's root
+        must(run(cli("verify", "--wheel", wheel), cwd=ROOT), "dsv41-aot verify --wheel (every key proven)")
     return 0
 
 
