@@ -177,8 +177,9 @@ def main(argv=None) -> int:
             print("building the smoke profile (both releases) ...", file=sys.stderr)
             sh([PY, "-m", "dsv41_aot.cli", "build", "--profile", "smoke", "--out", prebuilt, "--no-progress"], cwd=ROOT)
             sh([PY, "-m", "dsv41_aot.cli", "link", "--dir", prebuilt], cwd=ROOT)
-        found = [(r.arch, r.release) for r in built_rooms(prebuilt)]
-        bare = sorted({arch for arch, _ in found if not (prebuilt / arch / "objects").is_dir()})
+        rooms = built_rooms(prebuilt)
+        found = [(r.arch, r.release) for r in rooms]
+        bare = sorted({r.arch for r in rooms if not r.built_here})
         if bare:  # a shipped deployment holds bands only: nothing to relink into a band model
             print(f"bench/wheel.py: error: {prebuilt} holds no stored objects for {', '.join(bare)} "
                   f"(the band model relinks them)\n  fix: pass a build folder: dsv41-aot build --out DIR, "
