@@ -80,7 +80,7 @@ def _tokens(value, m, line: int, max_tokens: int) -> list[int]:
     else:
         out = list(value)
     for t in out:
-        if not isinstance(t, int) or isinstance(t, bool) or not 1 <= t <= max_tokens:
+        if not _positive_int(t) or t > max_tokens:
             raise m.error(line, f"axis tokens: {t!r} outside 1..{max_tokens} (vLLM's MAX_TOKENS)")
     if len(set(out)) != len(out):
         raise m.error(line, "axis tokens: duplicate value")
