@@ -76,7 +76,7 @@ def vgpr_alloc(res: dict, arch: str) -> int:
 
 def sgpr_alloc(res: dict, arch: str) -> int:
     """The SGPRs a wave is given: its count rounded up to the arch's granule."""
-    return _round_up(max(res["sgpr_count"], 1), arch_facts(arch).limits()["sgpr_granule"])
+    return _round_up(max(res["sgpr_count"], 1), arch_facts(arch).sgpr_granule)
 
 
 def residency_problems(res: dict, arch: str, release: str) -> list[str]:
