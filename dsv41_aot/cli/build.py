@@ -14,7 +14,8 @@ from . import add_dir
 
 
 # ---------------------------------------------------------------- build
-def _selected_keys(args) -> list:
+def _selected_keys(args) -> tuple:
+    """The keys the command line selects, and the loaded matrix they come from."""
     from ..aot import matrix, shards
     from ..keys import BuildKey, neighbours
 
@@ -58,7 +59,7 @@ def _selected_keys(args) -> list:
         # every CI cell must cut the same shards: seconds come from files all
         # cells share (--seconds), never from this cell's own output directory
         keys = shards.shard(keys, i, n, shards.recorded_seconds(args.seconds))
-    return keys
+    return keys, m
 
 
 def _rebuild_options(args) -> list[str]:
@@ -76,7 +77,7 @@ def _rebuild_options(args) -> list[str]:
 
 
 def cmd_build(args) -> int:
-    keys = _selected_keys(args)
+    keys, m = _selected_keys(args)
     if args.list:
         if args.json:
             print_json(tally(len(keys), len(keys), [], entries=[{"key": str(k), "release": k.release} for k in keys]))
@@ -84,10 +85,10 @@ def cmd_build(args) -> int:
             for k in keys:
                 print(f"{k.release:8} {k}")
         return 0
-    from ..aot import builder, cache, matrix
+    from ..aot import builder, cache
 
     # each release's mono sources digest as the matrix the keys came from records it
-    digests = matrix.load(args.matrix).digests()
+    digests = m.digests()
     summary = builder.build(
         keys, Path(args.out), jobs=args.jobs, key_timeout=args.key_timeout, vllm_src=args.vllm_src or (),
         digests=digests, progress=not args.no_progress, link=not args.no_link,
