@@ -108,7 +108,7 @@ class KeyProof:
 
     def verdict(self, entry) -> str:
         """PROVEN, NO_EVIDENCE or STALE against a manifest entry of its key."""
-        if self.changed(entry):
+        if self.change(entry) is not None:
             return STALE
         ev = self.evidence
         if ev is None or ev.digests & {entry.sha256, self.code_object_sha256}:
