@@ -57,8 +57,9 @@ def asked(arch_dir: Path) -> dict:
 
 def command(arch_dir: Path, root, release: str) -> str | None:
     """The command that finishes the arch's build of ``release``; None if none is unfinished."""
-    keys = asked(arch_dir).get(release)
-    return rebuild_cmd(root, release, keys, options(arch_dir)) if keys else None
+    doc = _load(arch_dir)
+    keys = doc["keys"].get(release) if doc else None
+    return rebuild_cmd(root, release, keys, doc["options"]) if keys else None
 
 
 def read(arch_dir: Path, release: str | None = None) -> list[str]:
