@@ -140,7 +140,6 @@ def _decide(env, device) -> Decision:
     root = rooms.resolve_root(env.get(ENV_PREBUILT) or None)  # None: DSV41_AOT_PREBUILT, else the package's
     from .. import source
     from ..listing import built_releases
-    from ..room import Room
 
     if not built_releases(root / arch):
         return no("prebuilt", f"no prebuilt kernels for {arch} at {root} (install the dsv41-aot wheel or set "
@@ -161,7 +160,7 @@ def _decide(env, device) -> Decision:
                         root=root, warning=True, **seen)
     except AotError as e:
         return no("room", f"{e.message}; {JIT}", e.fix, mode=mode, root=root)
-    man = Room(root, arch, release).manifest()
+    man = rooms.room_of(root, arch, release).manifest()  # the manifest release_of parsed
     return Decision(True, f"enabled ({mode}) for {arch}: {len(man.entries)} prebuilt keys of vLLM {release} in "
                           f"{man.room}, vLLM {src.version} mono sources {man.mono_sources}", mode,
                     root=root, release=release, **seen)

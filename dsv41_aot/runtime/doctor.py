@@ -195,7 +195,7 @@ def _room(rep: Report, root: Path, arch: str, src, digest: str | None) -> Room |
     """The room the loader picks for the installed vLLM (``rooms.release_of``)."""
     try:
         release = rooms.release_of(root, arch)
-        room = Room(root, arch, release)
+        room = rooms.room_of(root, arch, release)
         man = room.manifest()
     except AotError as e:
         rep.fail("room", e)

@@ -87,12 +87,21 @@ def index_of(root: Path, arch: str, release: str | None = None) -> RoomIndex:
                 held = built_releases(root / arch)
                 if release not in held:
                     _no_room(root, arch, release, held)
-                read = state.current().read_rooms.pop((root, arch, release), None)
-                # a room whose manifest release_of just read (the same file, unchanged): not parsed twice
-                room = read[0] if read and read[1] is not None and read[1] == _file_version(read[0].manifest_path) \
-                    else Room(root, arch, release)
+                room = room_of(root, arch, release)
+                state.current().read_rooms.pop((root, arch, release), None)  # the index holds it from here
                 idx = state.current().indexes[(root, arch, release)] = RoomIndex(room)
     return idx
+
+
+def room_of(root: Path, arch: str, release: str) -> Room:
+    """The Room of ``release`` on ``arch``, the one release_of read when it can be.
+
+    That Room is reused while its manifest file is unchanged, so the
+    manifest release_of parsed to pick the room is not parsed again."""
+    read = state.current().read_rooms.get((root, arch, release))
+    if read and read[1] is not None and read[1] == _file_version(read[0].manifest_path):
+        return read[0]
+    return Room(root, arch, release)
 
 
 def _file_version(path: Path) -> tuple | None:
