@@ -174,22 +174,22 @@ class Room:
 
     @property
     def prove_cmd(self) -> str:
-        """Prove the room's keys against vLLM's JIT again and rewrite verified.json."""
+        """The command that proves the room's keys against vLLM's JIT again and rewrites verified.json."""
         return f"dsv41-aot verify --against-jit --record --dir {self.root} --release {self.release}"
 
     @property
     def fix_proof(self) -> str:
-        """Prove again where it was built (objects/ present), else reinstall the wheel."""
+        """The fix for a proof problem: prove again where the room was built (objects/ present), else reinstall."""
         return self.prove_cmd if self.built_here else REINSTALL
 
     @property
     def fix_relink(self) -> str:
-        """Relink where it was built (objects/ present), else reinstall the wheel."""
+        """The fix for a band or link problem: relink where the room was built, else reinstall the wheel."""
         return self.link_cmd if self.built_here else REINSTALL
 
     @property
     def fix_reinstall(self) -> str:
-        """Rebuild where it was built (objects/ present), else reinstall the wheel."""
+        """The fix for records and libraries that disagree: rebuild and relink where built, else reinstall."""
         return f"{self.build_cmd} && {self.link_cmd}" if self.built_here else REINSTALL
 
     # records, parsed once
@@ -367,7 +367,7 @@ class Room:
         return out
 
     def _source_problems(self, man: Manifest) -> list[Problem]:
-        """A room must hold one source identity: no installed vLLM matches a mix."""
+        """The problem of a room whose entries mix source identities (no installed vLLM matches a mix), else []."""
         sources: dict = {}
         for key, e in sorted(man.entries.items()):
             sources.setdefault(json.dumps(e.source, sort_keys=True), []).append(key)

@@ -226,6 +226,6 @@ def register(sub) -> None:
                                           "to build that release's keys")
     p.add_argument("release", help="vLLM release, e.g. 0.32.0")
     p.add_argument("--dest", help="folder to unpack into (default: the tree cache, $DSV41_AOT_VLLM_TREES "
-                                  "or ~/.cache/dsv41-aot/vllm/<release>)")
+                                  "or vllm/<release> in $XDG_CACHE_HOME/dsv41-aot, default ~/.cache/dsv41-aot)")
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.set_defaults(func=cmd_fetch_vllm)

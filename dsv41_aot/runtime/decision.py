@@ -110,9 +110,9 @@ def _arch(env, device) -> tuple:
 def decide(env=None, *, device=None) -> Decision:
     """Decide whether this process serves the prebuilt kernels; never raises.
 
-    ``env`` defaults to ``os.environ``. ``device``, when given, names the
-    HIP device's arch when the KFD topology has none: doctor passes it, the
-    plugin never touches HIP."""
+    ``env`` defaults to ``os.environ``. ``device``, when given, is a function
+    returning the HIP device's arch, asked only when the KFD topology has
+    none: doctor passes it, the plugin never touches HIP."""
     env = os.environ if env is None else env
     try:
         return _decide(env, device)

@@ -199,7 +199,7 @@ def touched() -> bool:
 
 
 def load() -> Hip:
-    """libamdhip64, opened once per process with RTLD_GLOBAL (version: check_version)."""
+    """libamdhip64, opened once per process with RTLD_GLOBAL; Hip.check_version checks its version."""
     global _hip
     if _hip is not None:
         return _hip
