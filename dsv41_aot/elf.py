@@ -10,6 +10,7 @@ Shared core: standard library only.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ SHT_DYNSYM = 11
 DT_NULL = 0
 DT_NEEDED = 1
 DT_SONAME = 14
+EM_AMDGPU = 224  # e_machine of a GPU code object
 
 
 class ElfError(ValueError):
@@ -143,4 +145,25 @@ def dynamic_info(data: bytes) -> dict:
                     out["soname"] = elf._str(strtab.offset, val)
                 elif tag == DT_NULL:
                     break
+    return out
+
+
+def embedded_code_objects(data: bytes) -> dict[str, bytes]:
+    """The AMDGPU code objects embedded whole in a host library, by their sha256.
+
+    A band's library holds each key's GPU code object (its
+    ``__kernels_binary``) as a complete ELF in its read-only data; each one
+    ends with its section header table, where ld.lld writes it."""
+    head = ELF_MAGIC + b"\x02\x01\x01"  # 64-bit, little-endian, version 1
+    out = {}
+    at = data.find(head, 1)  # past the library's own header
+    while at >= 0:
+        if struct.unpack_from("<H", data, at + 18)[0] == EM_AMDGPU:
+            shoff, = struct.unpack_from("<Q", data, at + 40)
+            shentsize, shnum = struct.unpack_from("<HH", data, at + 58)
+            end = at + shoff + shnum * shentsize
+            if shoff and end <= len(data):
+                image = data[at:end]
+                out[hashlib.sha256(image).hexdigest()] = image
+        at = data.find(head, at + 1)
     return out

@@ -28,6 +28,8 @@ PROOF_VERSION = 4
 # the evidence digests a proof of each version may carry (version 4 keeps an older proof's as it was)
 _OLD_EVIDENCE = (("artifact_sha256", "cache_key_sha256"),)
 EVIDENCE_FIELDS = {2: _OLD_EVIDENCE, 3: _OLD_EVIDENCE, 4: (("artifact_sha256", "module_sha256"), *_OLD_EVIDENCE)}
+# the digests an evidence may carry, each a deterministic function of the JIT run's inputs
+EVIDENCE_DIGESTS = ("artifact_sha256", "module_sha256", "cache_key_sha256", "launch_sha256")
 HOST_FIELDS = ("mono_dir",)  # a JIT identity's build-host paths: never written into a proof
 # what a key's proof says of its current manifest entry (Proof.verdict)
 PROVEN = "proven"  # same code object and vLLM sources, and evidence only a JIT run produced
@@ -105,6 +107,25 @@ class KeyProof:
             return ("the vLLM source",
                     f"mono sources {source.get('mono_sources')}, proven against {self.jit['mono_sources']}")
         return None
+
+    def differences(self, other: "KeyProof") -> list[str]:
+        """The fields in which ``other``, a proof of the same key, differs from this one.
+
+        Each is named with both values; a field only one of them carries (an
+        older proof's) is not compared, nor the run's time."""
+        out = []
+        if other.code_object_sha256 != self.code_object_sha256:
+            out.append(f"code_object_sha256 ({self.code_object_sha256[:16]}, {other.code_object_sha256[:16]})")
+        for f in ("release", "vllm_version", "mono_sources", "flydsl_version"):
+            a, b = self.jit.get(f), other.jit.get(f)
+            if a is not None and b is not None and a != b:
+                out.append(f"jit.{f} ({a}, {b})")
+        mine, theirs = self.evidence, other.evidence
+        for f in EVIDENCE_DIGESTS if mine and theirs else ():
+            a, b = getattr(mine, f), getattr(theirs, f)
+            if a is not None and b is not None and a != b:
+                out.append(f"evidence.{f} ({a[:16]}, {b[:16]})")
+        return out
 
     def verdict(self, entry) -> str:
         """PROVEN, NO_EVIDENCE or STALE against a manifest entry of its key."""

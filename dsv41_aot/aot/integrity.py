@@ -2,7 +2,8 @@
 
 Each manifest entry is compared with the entry ``compiler.describe_object``
 derives from its stored object, and the object's ABI with its kernel's
-kernarg layout.
+kernarg layout. A shipped room has no stored objects: each key's GPU code
+object is taken from its band by the manifest's sha256.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import elf
-from ..errors import AotError, CompileError, IntegrityError, ResidencyError
+from ..errors import AotError, CompileError, IntegrityError, ManifestError, ResidencyError
 from ..keys import BuildKey
 from ..manifest import OBJECTS, Manifest
+from ..room import Room
 from .codeobject import code_object_resources
 from .compiler import describe_object
 
@@ -47,13 +49,59 @@ class KeyReport:
                 "problems": self.problems, "jit_seconds": self.jit_seconds, "jit_cached": self.jit_cached}
 
 
-def check_entry(man: Manifest, key: str) -> tuple[KeyReport, bytes | None]:
-    """Check one manifest entry: its report, and its GPU code object (None if unread)."""
+class ShippedCode:
+    """The GPU code objects of a shipped room (a wheel's, no objects/), read from its bands.
+
+    Each band is read (and checked against its digests, ``Room.read_band``)
+    once, when a key of it is first asked for."""
+
+    def __init__(self, room: Room):
+        self.room = room
+        self._bands: dict = {}  # band file -> {code object sha256: bytes}, or the IntegrityError reading it
+
+    def code(self, key: str, entry) -> bytes:
+        """``key``'s GPU code object from its band; IntegrityError or ManifestError naming the key otherwise."""
+        band = self.room.links().band_of.get(key)
+        if band is None:
+            raise ManifestError(f"{key} is in no band of {self.room.libs_path}", fix=self.room.fix_relink)
+        if band.file not in self._bands:
+            try:
+                self._bands[band.file] = elf.embedded_code_objects(self.room.read_band(band))
+            except (IntegrityError, ManifestError) as e:
+                self._bands[band.file] = e
+        found = self._bands[band.file]
+        if isinstance(found, AotError):
+            raise type(found)(f"its band cannot be read: {found.message}", fix=found.fix)
+        if entry.code_object_sha256 not in found:
+            raise IntegrityError(f"band {band.file} holds no GPU code object of sha256 "
+                                 f"{entry.code_object_sha256[:16]} (the manifest's for this key)",
+                                 fix=self.room.fix_relink)
+        return found[entry.code_object_sha256]
+
+
+def check_entry(man: Manifest, key: str, shipped: ShippedCode | None = None) -> tuple[KeyReport, bytes | None]:
+    """Check one manifest entry: its report, and its GPU code object (None if unread).
+
+    A room with stored objects checks each against its entry; a shipped
+    room (``shipped``) takes each key's code object from its band and
+    checks its kernargs against the manifest's ABI."""
     e = man.entries[key]
     rep = KeyReport(key, man.arch, man.release)
-    if not (man.dir / OBJECTS).is_dir():  # a shipped room (a wheel's): its bands are what is checked
-        rep.checks.append("shipped")
-        return rep, None
+    if not (man.dir / OBJECTS).is_dir():
+        rep.checks.append("band")
+        if shipped is None:
+            shipped = ShippedCode(Room(man.dir.parent, man.arch, man.release))
+        try:
+            code = shipped.code(key, e)
+        except (IntegrityError, ManifestError) as err:
+            rep.problems.append(err.message)
+            return rep, None
+        rep.checks.append("resources")
+        try:
+            rep.problems += kernarg_problems(man.abi(key), code_object_resources(code))
+        except (elf.ElfError, ValueError, KeyError) as err:
+            rep.problems.append(f"its code object's metadata does not read: {err}")
+        return rep, code
     rep.checks.append("sha256")
     try:
         man.check_object(key)

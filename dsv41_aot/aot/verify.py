@@ -20,10 +20,10 @@ from .. import pending
 from ..errors import AotError, ManifestError
 from ..keys import BuildKey
 from ..manifest import LIB, LIBS_JSON, Manifest
-from ..room import Room
+from ..room import REINSTALL, Room
 from ..listing import built_rooms_or_error, named_by_rooms, orphan_objects, rooms_in, rooms_of
-from ..proof import NO_EVIDENCE, STALE
-from .integrity import NOT_RESIDENT, KeyReport, check_entry
+from ..proof import NO_EVIDENCE, STALE, VERIFIED
+from .integrity import NOT_RESIDENT, KeyReport, ShippedCode, check_entry
 from . import hiprec
 from .jit import compare_jit, verified_record, write_verified
 from .link import is_band_file
@@ -31,6 +31,9 @@ from .output import progress_bar, tally
 
 
 # ---------------------------------------------------------------- JIT side
+
+# how a key's problem opens when the room's proof of it is not what this JIT run proves
+PROOF_DIFFERS = f"its proof in {VERIFIED} differs from this JIT run's"
 
 
 def choose_keys(man: Manifest, keys: list[str] | None, sample: int | None, seed: int) -> list[str]:
@@ -108,6 +111,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         cached = {k for k, _ in hits}
         todo = [k for k in todo if k not in cached]
         store.say(sys.stderr)
+    shipped = {room: _shipped_proofs(man) for room, man in mans.items()}  # each run's proof is compared with it
     proofs = {room: _proofs_to_record(man) for room, man in mans.items()} if record else {}
     hip = hiprec.build(cache=cache) if todo or hits else None
     launches: dict = {}  # key -> the prebuilt launch (hiprec.recorded_launch), or what went wrong
@@ -128,11 +132,21 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         elif "error" not in msg:
             rep.checks.append("launch")
             rep.problems += _compare_launches(launches.get(key), msg["evidence"].get("launch"), code)
+        mine = None
+        if rep.ok:  # this run's proof, compared with the one the room carries under the same FlyDSL
+            mine = verified_record(str(key), code, msg.get("identity"), msg["evidence"])
+            theirs = shipped[key.room].get((str(key), mine.flydsl))
+            if theirs is not None and (diffs := theirs.differences(mine)):
+                rep.checks.append("proof")
+                rep.problems.append(f"{PROOF_DIFFERS} (recorded, now): "
+                                    f"{', '.join(diffs)}")
+                mine = None
+            elif theirs is not None:
+                rep.checks.append("proof")
         if record:  # a key's proof under this run's FlyDSL; those under other FlyDSL releases are kept
             flydsl = (msg.get("identity") or {}).get("flydsl_version") or ""
-            if rep.ok:
-                proofs[key.room][str(key), flydsl] = verified_record(str(key), code, msg.get("identity"),
-                                                                     msg["evidence"])
+            if mine is not None:
+                proofs[key.room][str(key), flydsl] = mine
             else:
                 proofs[key.room].pop((str(key), flydsl), None)
         if bar is not None:
@@ -184,6 +198,14 @@ def _compare_launches(prebuilt, jit_launch, code: bytes) -> list[str]:
     if not isinstance(prebuilt, dict):
         return [f"prebuilt launch through the recording HIP failed: {prebuilt}"]
     return hiprec.compare_launch(prebuilt, jit_launch, hiprec.kernel_metadata(code))
+
+
+def _shipped_proofs(man: Manifest) -> dict:
+    """The proofs a room carries: (key, FlyDSL) -> KeyProof ({} when verified.json does not read)."""
+    try:
+        return {(p.key, p.flydsl): p for p in Room(man.dir.parent, man.arch, man.release).proof().all()}
+    except ManifestError:  # proof_counts reports it
+        return {}
 
 
 def _proofs_to_record(man: Manifest) -> dict:
@@ -298,8 +320,9 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                 served_bad |= {(man.release, k) for k in keys_}
         parsed = {k: BuildKey.parse(k, man.release) for k in sorted(man.entries)}
         names = [k for k, bk in parsed.items() if wanted is None or bk in wanted]
+        shipped = None if room.built_here else ShippedCode(room)  # its code objects come from its bands
         for k in names:
-            reports[parsed[k]], code = check_entry(man, k)
+            reports[parsed[k]], code = check_entry(man, k, shipped)
             codes[parsed[k]] = (man, code)
         if against_jit:
             picked = choose_keys(man, None if wanted is None else names, sample, seed)
@@ -307,6 +330,12 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
     if against_jit:
         _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, trees=vllm_src,
                      matrix_path=matrix_path, progress=progress, record=record, cache=cache)
+        if not any(chosen.values()):  # asked for a proof, and none was made: never a silent pass
+            why = ("no room holds a key that passed its integrity checks (see the failures)" if reports
+                   else "the rooms checked hold no key" if wanted is None else "no key asked for is in a room checked")
+            lib_failures.append({"key": None, "release": release, "file": str(root), "what": "jit", "serving": False,
+                                 "error": f"asked to check against vLLM's JIT, but no key was checked: {why}",
+                                 "fix": f"dsv41-aot verify --dir {root} (its failures name what to fix first)"})
     proofs = []
     for room, man in mans.items():  # after --record wrote them: proof_counts reads verified.json anew
         counts, bad, warning = proof_counts(root, man)
@@ -315,13 +344,14 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
         if warning:
             warnings[room.verified_path] = warning
     order = list(reports.values())
-    failures = [_key_failure(r, root) for r in order if not r.ok] + lib_failures
+    room_of = {(room.arch, room.release): room for room in mans}
+    failures = [_key_failure(r, room_of[r.arch, r.release]) for r in order if not r.ok] + lib_failures
     return tally(len(order), sum(r.ok and (r.release, r.key) not in served_bad for r in order), failures,
                  dir=str(root.resolve()),
                  jit_checked=sum(len(v) for v in chosen.values()),
                  jit_cached=sum(r.jit_cached for r in order), jobs=jobs,
                  wall_seconds=round(time.perf_counter() - t0, 3), warnings=list(warnings.values()),
-                 proofs=proofs, reports=[r.as_dict() for r in order])
+                 proofs=proofs, reports=[r.as_dict() for r in order], fixes=fixes(failures, root))
 
 
 def _unnamed_bands(root: Path, arch_dir: Path) -> list:
@@ -345,21 +375,38 @@ def _unnamed_bands(root: Path, arch_dir: Path) -> list:
     return out
 
 
-def _key_failure(rep: KeyReport, root: Path) -> dict:
+def _key_failure(rep: KeyReport, room: Room) -> dict:
     """The failure of one key's own checks, as a failures-list row.
 
     ``what`` is "object" when the stored object is missing or altered (the
-    bands still serve) and "entry" when the entry does not describe it."""
-    what = "object" if rep.checks == ["sha256"] else "entry"  # check_entry stops at a bad object
+    bands still serve), "proof" when only its proof disagrees with the JIT
+    run, and "entry" when the entry does not describe its code."""
+    what = ("object" if rep.checks == ["sha256"] else  # check_entry stops at a bad object
+            "proof" if all(p.startswith(PROOF_DIFFERS) for p in rep.problems) else "entry")
+    fix = _fix_for(rep, room, what)
     return {"key": rep.key, "release": rep.release, "file": None, "error": "; ".join(rep.problems),
-            "fix": _fix_for(rep, root), "what": what, "serving": what != "object"}
+            "fix": fix, "what": what, "serving": what == "entry", "rebuild": fix.startswith("dsv41-aot build ")}
 
 
-def _fix_for(rep: KeyReport, root: Path) -> str:
+def _fix_for(rep: KeyReport, room: Room, what: str) -> str:
     """The command that fixes one key's failed checks."""
     if all(p.startswith(NOT_RESIDENT) for p in rep.problems):
         return not_resident_fix(rep.describe())
-    return f"dsv41-aot build --release {rep.release} --key '{rep.key}' --out {root}"
+    if what == "proof":  # the code is vLLM's: the recorded proof is not this run's
+        return f"{room.prove_cmd} --key '{rep.key}'" if room.reader.folder else REINSTALL
+    if not room.built_here:
+        return room.fix_reinstall
+    return pending.rebuild_cmd(room.root, rep.release, [rep.key])  # fixes() gathers these, one build per release
+
+
+def fixes(failures: list, root: Path) -> list[str]:
+    """The commands that fix ``failures`` (rows of a report), each once: one build per release for the keys to rebuild."""
+    rebuild: dict = {}
+    for f in failures:
+        if f.get("rebuild"):
+            rebuild.setdefault(f["release"], []).append(f["key"])
+    built = [pending.rebuild_cmd(root, rel, ks) for rel, ks in rebuild.items()]
+    return list(dict.fromkeys(built + [f["fix"] for f in failures if not f.get("rebuild")]))
 
 
 def not_resident_fix(keys: str) -> str:

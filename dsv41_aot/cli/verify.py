@@ -6,8 +6,7 @@ import sys
 from pathlib import Path
 
 from ..aot.cache import cache_dir
-from ..aot.integrity import NOT_RESIDENT
-from ..aot.verify import not_resident_fix, shard_keys, verify
+from ..aot.verify import shard_keys, verify
 from ..errors import AotError
 from ..facts.releases import NEWEST
 from ..keys import BuildKey
@@ -124,18 +123,7 @@ def run(args) -> int:
         print(f"{report['keys']} keys checked ({report['jit_checked']} against vLLM's JIT, "
               f"{report['jit_cached']} of those from the build cache): "
               f"{report['keys'] - report['ok']} failed; {len(libs)} library problems")
-        resident = sorted(f"{r['key']} (vLLM {r['release']})" for r in report["reports"]
-                          if any(p.startswith(NOT_RESIDENT) for p in r["problems"]))
-        rebuild: dict = {}
-        for r in report["reports"]:
-            if any(not p.startswith(NOT_RESIDENT) for p in r["problems"]):
-                rebuild.setdefault(r["release"], []).append(r["key"])
-        for rel, ks in rebuild.items():
-            print(f"fix: rebuild them: dsv41-aot build --release {rel} --key {' '.join(repr(k) for k in ks)} "
-                  f"--out {args.dir}", file=sys.stderr)
-        if resident:
-            print(f"fix: {not_resident_fix(', '.join(resident))}", file=sys.stderr)
-        for fix in dict.fromkeys(f["fix"] for f in libs):
+        for fix in report["fixes"]:
             print(f"fix: {fix}", file=sys.stderr)
     return 1 if report["failed"] else 0
 

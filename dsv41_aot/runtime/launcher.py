@@ -8,7 +8,6 @@ integers and calls the C entry. See docs/loader.md ("Launcher call path").
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import os
 import struct
@@ -22,6 +21,7 @@ from .bands import open_library
 from .hip import ERR_NOT_INITIALIZED, ERR_NOT_LOADED, FIX_DEVICE
 from .host import ENV_ARCH
 from .rooms import RoomIndex
+from ..elf import embedded_code_objects
 from ..errors import ArchMismatchError, CaptureError, ForkError, IntegrityError, LaunchError, ManifestError
 from ..manifest import Entry
 
@@ -66,8 +66,7 @@ class Launcher:
     object on the device."""
 
     __slots__ = ("key", "kernel_name", "entry", "abi", "library", "arch", "_abi", "_idx", "_librec", "_lib",
-                 "_tls", "_call", "_pack", "_ready", "_hip", "_devices", "_launched", "_image_sha",
-                 "_image_bytes")
+                 "_tls", "_call", "_pack", "_ready", "_hip", "_devices", "_launched", "_image_sha")
 
     def __init__(self, key: str, entry: Entry, abi: Abi, idx: RoomIndex, lib):
         self.key = key
@@ -84,7 +83,7 @@ class Launcher:
         self._hip = None
         self._devices: set = set()  # devices this Launcher loaded its module on
         self._launched: set = set()  # devices a launch of it succeeded on (its kernel looked up there)
-        self._image_sha, self._image_bytes = entry.code_object_sha256, entry.code_object_bytes
+        self._image_sha = entry.code_object_sha256
 
     def bind(self) -> None:
         """Verify and open this key's band, resolve its entry, check its ABI.
@@ -320,18 +319,7 @@ class Launcher:
         fd = state.current().fds.get(self.library)
         if fd is None:
             return None
-        want, size = self._image_sha, self._image_bytes
-        raw = os.pread(fd, self._librec.raw_bytes, 0)
-        at = raw.find(ELF64_HEADER, 1)  # past the band's own header
-        while at >= 0:
-            if raw[at + 18:at + 20] == EM_AMDGPU and hashlib.sha256(raw[at:at + size]).hexdigest() == want:
-                return raw[at:at + size]
-            at = raw.find(ELF64_HEADER, at + 1)
-        return None
-
-
-ELF64_HEADER = b"\x7fELF\x02\x01\x01"  # an ELF's first bytes: 64-bit, little-endian, version 1
-EM_AMDGPU = (224).to_bytes(2, "little")  # its e_machine (bytes 18-19) for a GPU code object
+        return embedded_code_objects(os.pread(fd, self._librec.raw_bytes, 0)).get(self._image_sha)
 
 
 def _load_fix(status: int, arch: str, device: int) -> str:
