@@ -75,7 +75,8 @@ def checked_contents() -> list:
     root = Path(PREBUILT)
     root = root if root.is_absolute() else HERE / root
     sys.path.insert(0, str(HERE))
-    from ci.prebuilt import admits, check_dir, vllm_extra
+    from ci.prebuilt import check_dir, vllm_extra
+    from dsv41_aot.aot.wheel import admits
     from dsv41_aot.errors import AotError
 
     try:

@@ -190,17 +190,6 @@ def vllm_extra(pyproject: str) -> str:
     return str(specs[0])
 
 
-def admits(spec: str, version: str) -> bool:
-    """Whether the PEP 440 specifier ``spec`` admits ``version``."""
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-    try:
-        return SpecifierSet(spec).contains(version, prereleases=True)
-    except InvalidSpecifier:
-        raise ManifestError(f"vllm extra {spec!r} is not a PEP 440 version specifier",
-                            fix="write the vllm extra as e.g. vllm>=0.32.0,<0.34") from None
-
-
 def main(argv=None) -> int:
     """Check a prebuilt dir's arches (default: all): ``python ci/prebuilt.py DIR [ARCH ...]``."""
     import argparse

@@ -383,23 +383,24 @@ def test_the_vllm_extra_is_read_from_pyproject_and_matched_by_pep_440():
     with packaging: the range admits both releases the matrix builds, not the
     next minor or its pre-releases; a malformed extra is refused by name."""
     from ci import prebuilt
+    from dsv41_aot.aot.wheel import admits
 
     spec = prebuilt.vllm_extra((ROOT / "pyproject.toml").read_text())
-    assert [prebuilt.admits(spec, v) for v in ("0.31.9", "0.32.0", "0.33.1", "0.34", "0.34.0rc1")] == \
+    assert [admits(spec, v) for v in ("0.31.9", "0.32.0", "0.33.1", "0.34", "0.34.0rc1")] == \
         [False, True, True, False, False]
     with pytest.raises(ManifestError, match="no vllm extra"):
         prebuilt.vllm_extra('[project.optional-dependencies]\nvllm = ["vllm"]\n')
     with pytest.raises(ManifestError, match="cannot be read"):
         prebuilt.vllm_extra('[project.optional-dependencies]\nvllm = ["vllm>=>1"]\n')
     with pytest.raises(ManifestError, match="not a PEP 440 version specifier"):
-        prebuilt.admits(">=0.32,<x", "0.33.0")
+        admits(">=0.32,<x", "0.33.0")
 
 
 def test_check_wheel_reads_requires_dist_as_pep_508():
-    """ci/check_wheel.py parses each Requires-Dist with packaging: the
+    """The wheel's judge parses each Requires-Dist with packaging: the
     runtime needs nothing, FlyDSL and torch sit only in the build extra, and
     the vllm extra's range is the one the wheel must serve under."""
-    from ci.check_wheel import requirement_problems
+    from dsv41_aot.aot.wheel import requirement_problems
 
     ok = ['flydsl==0.4.2; extra == "build"', 'vllm==0.33.0 ; extra == "build"',
           'vllm[audio]<0.34,>=0.32.0; extra == "vllm"']

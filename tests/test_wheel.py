@@ -221,10 +221,10 @@ def test_installed_wheel_lists_and_binds_every_room_without_flydsl_torch_or_vllm
 
 def test_a_band_of_another_room_fails_both_wheel_checks(wheel, tmp_path):
     """N1 in a wheel: the 0.32.0 room's libs.json names the 0.33.0 s01-08
-    band, with its real sha256 and sizes. verify --wheel (wheel.report) and
+    band, with its real sha256 and sizes. verify --wheel (wheel.judge) and
     ci/check_wheel.py both refuse it: the band was not linked from the
     objects the 0.32.0 room names."""
-    from dsv41_aot.aot.wheel import report
+    from dsv41_aot.aot.wheel import judge
 
     pkg = "dsv41_aot/kernels_prebuilt/gfx950/"
     bad = tmp_path / wheel.name
@@ -236,7 +236,7 @@ def test_a_band_of_another_room_fails_both_wheel_checks(wheel, tmp_path):
         for info in z.infolist():
             forged = info.filename == f"{pkg}{folder_name('0.32.0')}/libs.json"
             out.writestr(info, json.dumps(docs["0.32.0"]) if forged else z.read(info))
-    for problems in (report(bad)["problems"], check_wheel.check(bad, auditwheel=False)["problems"]):
+    for problems in (judge(bad)["problems"], check_wheel.check(bad, auditwheel=False)["problems"]):
         assert any("was not linked from the objects libs.json names" in p for p in problems), problems
 
 
@@ -389,13 +389,16 @@ def test_wheel_build_refuses_a_bad_prebuilt_dir(smoke, tmp_path, how):
 # ---------------------------------------------------------------- wheels judged as pip judges them
 
 
-def _rewritten(wheel: Path, dest: Path, change=None, extra: dict | None = None) -> Path:
+def _rewritten(wheel: Path, dest: Path, change=None, extra: dict | None = None, drop=()) -> Path:
     """A copy of ``wheel`` under its own name in ``dest``: each member's bytes
-    through ``change(name, data)``, then the ``extra`` members added."""
+    through ``change(name, data)`` (RECORD left as it was), the members
+    ending in one of ``drop`` left out, then the ``extra`` members added."""
     dest.mkdir()
     out = dest / wheel.name
     with zipfile.ZipFile(wheel) as z, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as w:
         for info in z.infolist():
+            if info.filename.endswith(tuple(drop)) and drop:
+                continue
             data = z.read(info)
             w.writestr(info, change(info.filename, data) if change else data)
         for name, data in (extra or {}).items():
@@ -414,7 +417,7 @@ def test_a_key_linked_from_another_object_fails_both_wheel_checks(wheel, tmp_pat
     """A room's libs.json in the wheel links a key from another key's object
     (a well-formed sha256, the band's own sha256s intact): the key is linked,
     but not from its own object, and both checks say so."""
-    from dsv41_aot.aot.wheel import report
+    from dsv41_aot.aot.wheel import judge
 
     member = "dsv41_aot/kernels_prebuilt/gfx950/vllm-0.33.0/libs.json"
 
@@ -430,7 +433,7 @@ def test_a_key_linked_from_another_object_fails_both_wheel_checks(wheel, tmp_pat
     bad = _rewritten(wheel, tmp_path / "bad", relink)
     want = f"{relink.key} (vLLM 0.33.0): not linked from its object"
     assert any(want in p for p in check_wheel.check(bad, auditwheel=False)["problems"])
-    assert any(want in p for p in report(bad)["problems"])
+    assert any(want in p for p in judge(bad)["problems"])
 
 
 @pytest.mark.parametrize("name", ["../escaped", "dsv41_aot/kernels_prebuilt/gfx950/lib/../../../../../escaped",
@@ -456,3 +459,62 @@ def test_a_file_that_is_not_a_sound_zip_is_bad_input(wheel, tmp_path, how):
     bad.write_bytes({"empty": b"", "truncated": data[: len(data) // 2], "not a zip": b"not a wheel\n"}.get(how, data))
     for code, out in _offline(bad):
         assert code == 2 and str(bad) in out and "not a sound zip" in out and "Traceback" not in out, out
+
+
+# ---------------------------------------------------------------- one judge: every gate refuses the same wheels
+
+
+def _gates(wheel: Path, prebuilt: Path) -> dict:
+    """(exit code, output) of each wheel gate: the user's, the script's, and the pre-upload stage's."""
+    return {name: (r.returncode, r.stdout + r.stderr) for name, r in (
+        ("verify --wheel", run([PY, "-m", "dsv41_aot.cli", "verify", "--wheel", wheel])),
+        ("check_wheel.py --prebuilt", run([PY, "ci/check_wheel.py", "--no-auditwheel", "--prebuilt", prebuilt, wheel])),
+        ("release.py checkwheel", run([PY, "ci/release.py", "checkwheel", "--prebuilt", prebuilt, "--require-proofs",
+                                       wheel.parent])))}
+
+
+def test_a_room_of_an_unknown_release_skips_no_check(wheel, smoke, tmp_path):
+    """P2 of the fault report at 24a0152: a foreign room's manifest ({}) used
+    to make the script and the pre-upload stage skip every later check. Now
+    each gate refuses the wheel and names the foreign room, the stray band,
+    the stray file, and the members RECORD does not list."""
+    pkg = "dsv41_aot/kernels_prebuilt/gfx950/"
+    band = next(n for n in zipfile.ZipFile(wheel).namelist() if n.startswith(pkg + "lib/") and n.endswith(".so.xz"))
+    stray_band = pkg + "lib/libdsv41_gfx950_tp4_s09-16.0123456789abcdef.so.xz"
+
+    bad = _rewritten(wheel, tmp_path / "bad", extra={
+        pkg + "vllm-0.34.0/manifest.json": b"{}", stray_band: zipfile.ZipFile(wheel).read(band),
+        pkg + "lib/notes.txt": b"notes\n"})
+    for gate, (code, out) in _gates(bad, smoke).items():
+        assert code == 1, (gate, out)
+        assert "vllm-0.34.0" in out and "a release this dsv41-aot does not know" in out, (gate, out)
+        assert stray_band in out and "lib/notes.txt" in out, (gate, out)
+        assert "is not in" in out and "RECORD" in out, (gate, out)
+
+
+@pytest.mark.parametrize("how", ["no RECORD", "edited module", "added module", "stray file in lib", "raw library",
+                                 "timings"])
+def test_what_pip_or_record_would_show_is_refused_by_every_gate(wheel, smoke, tmp_path, how):
+    """P6 of the fault report at 24a0152: RECORD checked as pip checks it,
+    and stray files refused by verify --wheel as by the other gates."""
+    pkg = "dsv41_aot/kernels_prebuilt/gfx950/"
+    drop, change, extra, want = (), None, {}, None
+    if how == "no RECORD":
+        drop, want = (".dist-info/RECORD",), "pip refuses to install a wheel without one"
+    elif how == "edited module":
+        change = lambda n, d: d + b"\n# edited\n" if n == "dsv41_aot/runtime/bands.py" else d  # noqa: E731
+        want = "dsv41_aot/runtime/bands.py differs from its"
+    elif how == "added module":
+        extra, want = {"dsv41_aot/evil.py": b"print(1)\n"}, "dsv41_aot/evil.py is not in"
+    elif how == "stray file in lib":
+        extra, want = {pkg + "lib/extra.txt": b"x"}, pkg + "lib/extra.txt"
+    elif how == "raw library":
+        extra, want = {pkg + "lib/libx.so": b"\x7fELF"}, pkg + "lib/libx.so"
+    else:
+        extra, want = {pkg + "vllm-0.33.0/timings.json": b"{}"}, pkg + "vllm-0.33.0/timings.json"
+    bad = _rewritten(wheel, tmp_path / "bad", change, extra=extra, drop=drop)
+    if how == "no RECORD":
+        r = run([PY, "-m", "pip", "install", "--no-deps", "--no-index", "--target", tmp_path / "site", bad])
+        assert r.returncode != 0 and "RECORD" in r.stdout + r.stderr
+    for gate, (code, out) in _gates(bad, smoke).items():
+        assert code == 1 and want in out and "Traceback" not in out, (gate, out)

@@ -354,6 +354,63 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                  proofs=proofs, reports=[r.as_dict() for r in order], fixes=fixes(failures, root))
 
 
+def installed_kernels(root: Path) -> bool:
+    """Whether ``root`` is the kernels folder of a dsv41-aot installed from a wheel (pip's RECORD lists it)."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("dsv41-aot")
+    except metadata.PackageNotFoundError:
+        return False
+    files = [f for f in dist.files or () if str(f).startswith("dsv41_aot/kernels_prebuilt/")]
+    return bool(files) and Path(dist.locate_file("dsv41_aot/kernels_prebuilt")).resolve() == Path(root).resolve()
+
+
+def verify_shipped(*, wheel: Path | None = None, folder: Path | None = None, **kw) -> dict:
+    """``verify`` of a wheel's kernels, or of an installed package's, that writes nothing into them.
+
+    The kernels are copied into a scratch folder and verified there (with
+    ``--against-jit``, proven from their bands); the wheel is judged first
+    (``wheel.judge``) and its problems are failures too. ``recorded`` holds
+    each room's verified.json as ``--record`` made it, for the caller to
+    print: the wheel or the installed files stay as they are. Paths in the
+    report name the wheel (``WHEEL!/<arch>/...``) or the folder, never the
+    scratch copy."""
+    import json
+    import shutil
+    import tempfile
+
+    from .wheel import PKG, judge, open_wheel
+
+    verdict = judge(wheel) if wheel is not None else None
+    with tempfile.TemporaryDirectory(prefix="dsv41-verify-shipped-") as tmp:
+        root = Path(tmp) / "kernels"
+        if wheel is not None:
+            with open_wheel(wheel) as z:
+                for n in z.namelist():
+                    if n.startswith(PKG) and not n.endswith("/"):
+                        dest = root / n[len(PKG):]
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        dest.write_bytes(z.read(n))
+        else:
+            shutil.copytree(folder, root, ignore=shutil.ignore_patterns("__pycache__"))
+        report = verify(root, **kw)
+        recorded = {}
+        if kw.get("record"):
+            for room in rooms_in(root):
+                if room.verified_path.is_file():
+                    recorded[room.name] = json.loads(room.verified_path.read_text())
+        shown = f"{Path(wheel).resolve()}!" if wheel is not None else str(Path(folder).resolve())
+        report = json.loads(json.dumps(report).replace(str(root.resolve()), shown).replace(str(root), shown))
+    report["recorded"] = recorded
+    if verdict is not None:
+        report["failures"] += [{"key": None, "release": None, "file": str(wheel), "what": "wheel", "serving": True,
+                                "error": p, "fix": REINSTALL} for p in verdict["problems"]]
+        report["failed"] = len(report["failures"])
+        report["fixes"] = fixes(report["failures"], Path(shown))
+    return report
+
+
 def _unnamed_bands(root: Path, arch_dir: Path) -> list:
     """Failures for the files in an arch's lib/ that no room's libs.json names.
 
@@ -393,7 +450,7 @@ def _fix_for(rep: KeyReport, room: Room, what: str) -> str:
     if all(p.startswith(NOT_RESIDENT) for p in rep.problems):
         return not_resident_fix(rep.describe())
     if what == "proof":  # the code is vLLM's: the recorded proof is not this run's
-        return f"{room.prove_cmd} --key '{rep.key}'" if room.reader.folder else REINSTALL
+        return f"{room.prove_cmd} --key '{rep.key}'" if room.built_here else REINSTALL
     if not room.built_here:
         return room.fix_reinstall
     return pending.rebuild_cmd(room.root, rep.release, [rep.key])  # fixes() gathers these, one build per release

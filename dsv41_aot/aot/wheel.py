@@ -1,7 +1,8 @@
-"""Read a kernels wheel offline, through the room's own parsers.
+"""Read and judge a kernels wheel offline, through the room's own parsers.
 
-Used by ``dsv41-aot verify --wheel FILE`` and ``ci/check_wheel.py``; both
-open the file with :func:`open_wheel`. No auditwheel, FlyDSL, torch or vLLM.
+:func:`judge` is the one verdict on a wheel: ``dsv41-aot verify --wheel
+FILE``, ``ci/check_wheel.py`` and ``ci/release.py checkwheel`` all ask it.
+No FlyDSL, torch or vLLM (auditwheel is the gate's, handed in).
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from ..errors import AotError, IntegrityError
+from ..errors import AotError, IntegrityError, ManifestError
+from ..facts.releases import RELEASES, version_order
 from ..keys import BuildKey
 from ..proof import NO_EVIDENCE, PROVEN, VERIFIED, Proof
-from ..manifest import LIB
+from ..manifest import LIB, LIBS_JSON, MANIFEST, TIMINGS, room_name
 from ..room import Room, ZipReader
 from ..listing import rooms_in_members
 
 PKG = "dsv41_aot/kernels_prebuilt/"  # where a wheel carries its rooms
+PLAT = "manylinux_2_28_x86_64"  # a kernels wheel's platform tag (host libraries, no Python extension)
 FIX = "rebuild the wheel from a prebuilt dir that passes: python ci/prebuilt.py DIR"
 FIX_DOWNLOAD = "download the wheel again (pip download --no-deps dsv41-aot), or rebuild it"
 
@@ -90,76 +93,291 @@ def wheel_problems(z: zipfile.ZipFile) -> list[str]:
 
 
 def wheel_bands(z: zipfile.ZipFile) -> dict:
-    """A wheel's rooms and raw bands: {arch: ({release: Room}, {band file: bytes})}.
+    """A wheel's known rooms and raw bands: {arch: ({release: Room}, {band file: bytes})}.
 
-    The first band that cannot be read raises AotError; :func:`wheel_problems`
-    lists them all."""
+    A room whose records or bands cannot be read is left out (its problem is
+    :func:`wheel_problems`'); ``strict`` raises AotError at the first instead."""
+    return _bands(z, strict=True)
+
+
+def _bands(z: zipfile.ZipFile, strict: bool) -> dict:
     out: dict = {}
     for room in wheel_rooms(z):
-        rooms, raw = out.setdefault(room.arch, ({}, {}))
+        if not room.known:
+            continue
         try:
-            for band in room.links().bands:
-                if band.file not in raw:
-                    raw[band.file] = room.read_band(band)
+            raw = {band.file: room.read_band(band) for band in room.links().bands}
+            room.manifest()
         except AotError as e:
-            raise type(e)(e.message, fix=FIX) from None
+            if strict:
+                raise type(e)(e.message, fix=FIX) from None
+            continue
+        rooms, bands = out.setdefault(room.arch, ({}, {}))
         rooms[room.release] = room
+        bands.update(raw)
     return out
 
 
-def report(wheel: Path) -> dict:
-    """Report what a kernels wheel holds and whether it holds together.
+def record_problems(z: zipfile.ZipFile, info: str) -> list[str]:
+    """What pip's installer would find wrong with a wheel's RECORD.
 
-    Per (arch, vLLM release, TP): the keys, their kinds and token widths,
-    and how many are proven (``proof.Proof.verdict`` is PROVEN).
-    ``problems`` is what each room's verdict finds wrong (empty: the wheel
-    holds together); ``unproven`` lists the keys without a matching proof."""
-    out = {"wheel": Path(wheel).name, "bytes": Path(wheel).stat().st_size, "rooms": [], "bands": [],
-           "problems": [], "unproven": []}
-    problems = out["problems"]
+    RECORD must list every member but itself (and its signature files) once,
+    each with the sha256 (urlsafe base64, unpadded) and size of its bytes,
+    and no file the wheel lacks."""
+    import base64
+    import csv
+    import hashlib
+    import io
+
+    name = f"{info}/RECORD"
+    if name not in z.namelist():
+        return [f"no {name}: pip refuses to install a wheel without one"]
+    listed: dict = {}
+    for row in csv.reader(io.StringIO(z.read(name).decode(errors="replace"))):
+        if row:
+            listed[row[0]] = row[1:]
+    out = []
+    for member in z.namelist():
+        if member.endswith("/") or member in (name, f"{info}/RECORD.jws", f"{info}/RECORD.p7s"):
+            continue
+        row = listed.pop(member, None)
+        if row is None:
+            out.append(f"{member} is not in {name}: an added file")
+            continue
+        data = z.read(member)
+        digest = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        if len(row) < 2 or row[0] != digest or row[1] != str(len(data)):
+            out.append(f"{member} differs from its {name} line (hash or size): an edited file")
+    listed.pop(name, None)
+    out += [f"{n} is listed in {name} but not in the wheel" for n in sorted(listed)]
+    return out
+
+
+def shipped_files(z: zipfile.ZipFile) -> set:
+    """The members under the kernels folder a sound wheel may hold: its known rooms' records and their bands."""
+    allowed = set()
+    for room in wheel_rooms(z):
+        if not room.known:
+            continue
+        allowed |= {f"{PKG}{room.name}/{n}" for n in (MANIFEST, LIBS_JSON, VERIFIED)}
+        try:
+            allowed |= {f"{PKG}{room.arch}/{LIB}/{band.file}" for band in room.links().bands}
+        except AotError:
+            pass  # its own problem
+    return allowed
+
+
+def kernel_problems(z: zipfile.ZipFile) -> list[str]:
+    """What is wrong with the kernels a wheel carries: foreign rooms, stray files, each room's verdict."""
+    out = []
+    rooms = wheel_rooms(z)
+    if not rooms:
+        out.append(f"no room under {PKG}: a wheel without kernels")
+    for room in rooms:
+        if not room.known:
+            out.append(f"{PKG}{room.name} is a room of vLLM {room.release}, a release this dsv41-aot does not know "
+                       f"(it knows {', '.join(RELEASES)}): a wheel ships only rooms it can judge")
+    allowed = shipped_files(z)
+    stray = sorted(n for n in z.namelist() if n.startswith(PKG) and not n.endswith("/") and n not in allowed)
+    if stray:
+        out.append(f"{len(stray)} file(s) under {PKG} that no room names: {', '.join(stray[:5])}")
+    return out + wheel_problems(z)
+
+
+def room_summary(room: Room) -> dict | None:
+    """One room's keys per TP with their proofs, and the keys without a proof (None: unreadable records)."""
     try:
-        z = open_wheel(wheel)  # not a sound zip: AotError (exit 2)
+        man = room.manifest()
+        room.links()
+    except AotError:
+        return None  # its problem is listed
+    try:
+        proof = room.proof()
+    except AotError:
+        proof = Proof(room.arch, room.release, {})  # unreadable: listed, every key unproven
+    by_tp: dict = {}
+    unproven = []
+    for key, e in sorted(man.entries.items()):
+        k = BuildKey.parse(key, room.release)
+        state = proof.verdict(key, e)  # PROVEN, NO_EVIDENCE (no JIT-only evidence), STALE or None
+        proven = state == PROVEN
+        if not proven:
+            unproven.append(f"{key} (vLLM {room.release})"
+                            + (": its proof carries no JIT-only evidence" if state == NO_EVIDENCE
+                               else ": its proof names another code object" if state else ""))
+        t = by_tp.setdefault(k.tp, {"keys": 0, "proven": 0, "kinds": {}, "tokens": [k.tokens, k.tokens]})
+        t["keys"] += 1
+        t["proven"] += proven
+        t["kinds"][k.kind] = t["kinds"].get(k.kind, 0) + 1
+        t["tokens"] = [min(t["tokens"][0], k.tokens), max(t["tokens"][1], k.tokens)]
+    return {"arch": room.arch, "release": room.release, "mono_sources": man.mono_sources, "keys": len(man.entries),
+            "proven": sum(t["proven"] for t in by_tp.values()), "verified_json": room.has(VERIFIED),
+            "by_flydsl": proof.flydsl_counts(man.entries),
+            "tp": {str(tp): by_tp[tp] for tp in sorted(by_tp)}, "unproven": unproven}
+
+
+def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proofs: bool = True) -> dict:
+    """The one verdict on a kernels wheel: what it holds, and everything wrong with it.
+
+    ``verify --wheel``, ``ci/check_wheel.py`` and ``ci/release.py
+    checkwheel`` all ask it. ``problems`` lists what pip or RECORD would
+    show, the tags and requirements, foreign rooms and stray files, and
+    each room's own verdict; ``unproven`` the keys without a proof against
+    vLLM's JIT (a failure when ``require_proofs``). With ``prebuilt`` the
+    kernels must be that folder's, byte for byte; ``audit`` (raw libraries
+    ``{name: bytes}`` -> (external libraries, problems)) is the gate's
+    auditwheel step. A file that
+    is not a sound zip raises AotError (exit 2)."""
+    wheel = Path(wheel)
+    problems: list = []
+    out = {"wheel": wheel.name, "bytes": wheel.stat().st_size, "problems": problems, "unproven": [], "rooms": [],
+           "bands": [], "arches": [], "failed": True}
+    libraries: dict = {}
+    try:
+        z = open_wheel(wheel)  # a sound zip whose members all install inside the target folder
     except IntegrityError as e:
         problems.append(e.message)
         return out
     with z:
-        meta = email.parser.Parser().parsestr(z.read(f"{dist_info(z.namelist())}/METADATA").decode(errors="replace"))
-        out.update(name=meta["Name"], version=meta["Version"])
-        rooms = wheel_rooms(z)
-        if not rooms:
-            problems.append(f"no room under {PKG}: a wheel without kernels")
-        problems += wheel_problems(z)
-        for room in rooms:
-            try:
-                man, links = room.manifest(), room.links()
-            except AotError:
-                continue  # its problem is listed above
-            try:
-                proof = room.proof()
-            except AotError:
-                proof = Proof(room.arch, room.release, {})  # unreadable: listed above, every key unproven
-            release = room.release
-            for band in links.bands:
+        names = z.namelist()
+        info = dist_info(names)  # open_wheel: one, holding METADATA and WHEEL
+        problems += record_problems(z, info)
+        meta = email.parser.Parser().parsestr(z.read(f"{info}/METADATA").decode(errors="replace"))
+        tags = [v for k, v in email.parser.Parser().parsestr(z.read(f"{info}/WHEEL").decode(errors="replace")).items()
+                if k == "Tag"]
+        out.update(name=meta["Name"], version=meta["Version"], tags=tags)
+        problems += metadata_problems(meta, names)
+        arches = sorted({n[len(PKG):].split("/")[0] for n in names if n.startswith(PKG) and n.count("/") > 2})
+        out["arches"] = arches
+        if not arches:
+            if tags != ["py3-none-any"]:
+                problems.append(f"a wheel without kernels tagged {tags}, expected py3-none-any")
+            out["failed"] = bool(problems)
+            return out
+        if tags != [f"py3-none-{PLAT}"]:
+            problems.append(f"kernels wheel tagged {tags}, expected py3-none-{PLAT}")
+        if wheel.name != f"dsv41_aot-{meta['Version']}-py3-none-{PLAT}.whl":
+            problems.append(f"file name {wheel.name} is not dsv41_aot-{meta['Version']}-py3-none-{PLAT}.whl")
+        problems += kernel_problems(z)
+        contents = _bands(z, strict=False)
+        for room in wheel_rooms(z):
+            summary = room_summary(room) if room.known else None
+            if summary is None:
+                continue
+            out["unproven"] += summary.pop("unproven")
+            out["rooms"].append(summary)
+            for band in room.links().bands:
                 if room.reader.has(f"{room.arch}/{LIB}/{band.file}"):
                     out["bands"].append({"room": room.name, "file": f"{room.arch}/{LIB}/{band.file}",
                                          "bytes": band.bytes, "raw_bytes": band.raw_bytes, "keys": len(band.entries)})
-            by_tp: dict = {}
-            for key, e in sorted(man.entries.items()):
-                k = BuildKey.parse(key, release)
-                state = proof.verdict(key, e)  # PROVEN, NO_EVIDENCE (no JIT-only evidence), STALE or None
-                proven = state == PROVEN
-                if not proven:
-                    out["unproven"].append(f"{key} (vLLM {release})"
-                                           + (": its proof carries no JIT-only evidence" if state == NO_EVIDENCE
-                                              else ": its proof names another code object" if state else ""))
-                t = by_tp.setdefault(k.tp, {"keys": 0, "proven": 0, "kinds": {}, "tokens": [k.tokens, k.tokens]})
-                t["keys"] += 1
-                t["proven"] += proven
-                t["kinds"][k.kind] = t["kinds"].get(k.kind, 0) + 1
-                t["tokens"] = [min(t["tokens"][0], k.tokens), max(t["tokens"][1], k.tokens)]
-            out["rooms"].append({
-                "arch": room.arch, "release": release, "mono_sources": man.mono_sources, "keys": len(man.entries),
-                "proven": sum(t["proven"] for t in by_tp.values()), "verified_json": room.has(VERIFIED),
-                "tp": {str(tp): by_tp[tp] for tp in sorted(by_tp)},
-            })
+        out["keys"] = sum(r["keys"] for r in out["rooms"])
+        out["keys_by_room"] = {room_name(r["arch"], r["release"]): r["keys"] for r in out["rooms"]}
+        out["keys_by_arch"] = {a: sum(r["keys"] for r in out["rooms"] if r["arch"] == a) for a in arches}
+        served = sorted({r["release"] for r in out["rooms"]}, key=version_order)
+        out["vllm"] = served
+        problems += vllm_extra_problems(meta, served, out)
+        out["kernel_bytes"] = sum(z.getinfo(n).file_size for n in names if n.startswith(PKG))
+        out["kernel_compressed_bytes"] = sum(z.getinfo(n).compress_size for n in names if n.startswith(PKG))
+        libraries = {f"{arch}/{f[:-3]}": b for arch, (_, raw) in contents.items() for f, b in raw.items()}
+        out["raw_library_bytes"] = sum(len(b) for b in libraries.values())
+        if prebuilt is not None:
+            problems += prebuilt_problems(z, Path(prebuilt))
+    if audit is not None:
+        out["auditwheel_external"], found = audit(libraries)
+        problems += found
+    out["failed"] = bool(problems or (require_proofs and out["unproven"]))
     return out
+
+
+def metadata_problems(meta, names: list) -> list[str]:
+    """A wheel's METADATA judged: its requirements, licence files, version; no raw library, no timings."""
+    out, _ = requirement_problems(meta.get_all("Requires-Dist") or [], meta.get_all("Provides-Extra") or [])
+    info = dist_info(names)
+    for lic in ("LICENSE", "NOTICE"):
+        if not any(n.startswith(info) and n.rsplit("/", 1)[-1] == lic for n in names):
+            out.append(f"{lic} missing from {info}")
+    if "+" in meta["Version"]:
+        out.append(f"local version label in {meta['Version']}: an index refuses it")
+    raw_so = [n for n in names if n.endswith(".so") or ".so." in n.rsplit("/", 1)[-1] and not n.endswith(".xz")]
+    if raw_so:
+        out.append(f"raw shared libraries in the wheel: {', '.join(raw_so[:5])}")
+    measured = [n for n in names if n.startswith(PKG) and n.rsplit("/", 1)[-1] == TIMINGS]
+    if measured:
+        out.append(f"timings in the wheel (measured, never shipped): {', '.join(measured[:3])}")
+    return out
+
+
+def vllm_extra_problems(meta, served: list, out: dict) -> list[str]:
+    """The vllm extra and the README must admit and name every release the wheel serves."""
+    _, spec = requirement_problems(meta.get_all("Requires-Dist") or [], meta.get_all("Provides-Extra") or [])
+    if spec is None:
+        return ["no vllm extra: a kernels wheel must say which vLLM releases it serves"]
+    out["vllm_extra"] = spec
+    problems = []
+    for release in served:  # spec is packaging's own text of a specifier: admits accepts it
+        if not admits(spec, release):
+            problems.append(f"the vllm extra (vllm{spec}) does not admit vLLM {release}, which the wheel serves")
+        if f"vLLM {release}" not in (meta.get_payload() or ""):
+            problems.append(f"the README (long description) does not name vLLM {release}")
+    return problems
+
+
+def prebuilt_problems(z: zipfile.ZipFile, prebuilt: Path) -> list[str]:
+    """Where a wheel's kernels differ from the prebuilt dir it was built from: rooms, then file by file."""
+    from ..listing import built_arches, built_releases
+
+    names = z.namelist()
+    have = {d.name: built_releases(d) for d in built_arches(prebuilt)}
+    held = rooms_in_wheel(names)
+    out = []
+    if have != held:
+        out.append(f"the wheel holds rooms {held}, the prebuilt dir {prebuilt} {have}")
+    for n in names:
+        if n.startswith(PKG) and not n.endswith("/"):
+            src = prebuilt / n[len(PKG):]
+            if not src.is_file() or src.read_bytes() != z.read(n):
+                out.append(f"{n} differs from {src}")
+    return out
+
+
+HEAVY = ("flydsl", "torch", "vllm")  # what a serving process never imports, and a wheel never requires
+
+
+def requirement_problems(requires: list, provided: list) -> tuple[list, str | None]:
+    """Judge a wheel's ``Requires-Dist`` lines: (problems, the vllm extra's range or None).
+
+    ``provided`` is the wheel's ``Provides-Extra`` names. Every requirement
+    must sit in an extra, FlyDSL and torch only in ``build``, vLLM in
+    ``build`` or ``vllm``."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    problems, spec = [], None
+    extras = sorted(set(provided) | {"build", "vllm"})
+    for line in requires:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as e:
+            problems.append(f"Requires-Dist {line!r} is not a PEP 508 requirement ({e})")
+            continue
+        name = canonicalize_name(req.name)
+        marker = req.marker
+        inside = [x for x in extras if marker is not None and marker.evaluate({"extra": x})]
+        if marker is None or marker.evaluate({"extra": ""}) or not inside:
+            problems.append(f"runtime requirement {line!r}: the runtime needs only the standard library")
+        elif name in HEAVY and set(inside) - ({"build", "vllm"} if name == "vllm" else {"build"}):
+            problems.append(f"{line!r} outside the build extra")
+        elif name == "vllm" and "vllm" in inside:
+            spec = str(req.specifier)
+    return problems, spec
+
+
+def admits(spec: str, version: str) -> bool:
+    """Whether the PEP 440 specifier ``spec`` admits ``version``."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        return SpecifierSet(spec).contains(version, prereleases=True)
+    except InvalidSpecifier:
+        raise ManifestError(f"vllm extra {spec!r} is not a PEP 440 version specifier",
+                            fix="write the vllm extra as e.g. vllm>=0.32.0,<0.34") from None

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 from ..aot.cache import cache_dir
-from ..aot.verify import shard_keys, verify
+from ..aot.verify import installed_kernels, shard_keys, verify, verify_shipped
 from ..errors import AotError
 from ..facts.releases import NEWEST
 from ..keys import BuildKey
@@ -24,8 +25,9 @@ def register(sub) -> None:
                         "stand-in for the AMD GPU, built with cc)")
     p.add_argument("--wheel", metavar="FILE",
                    help="check a kernels wheel (e.g. from pip download) offline instead of a folder: what it holds per "
-                        "(arch, vLLM release, TP), its proofs against vLLM's JIT, every band; exit 1 unless every key "
-                        "is proven and every band sound")
+                        "(arch, vLLM release, TP), RECORD, its proofs, every band; exit 1 unless every key is proven "
+                        "and the wheel sound. With --against-jit its keys are proven from its bands (--record prints "
+                        "the proofs; nothing is written into the wheel)")
     pick = p.add_mutually_exclusive_group()
     pick.add_argument("--sample", type=int, metavar="N", help="with --against-jit: N keys per (arch, release), seeded")
     pick.add_argument("--key", action="extend", nargs="+", metavar="KEY", help="only these keys (--key A B, or --key A --key B)")
@@ -56,13 +58,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    if args.wheel:
-        from ..aot.wheel import report
+    if args.wheel and not args.against_jit:
+        from ..aot.wheel import judge
 
         if not Path(args.wheel).is_file():
             raise AotError(f"--wheel {args.wheel}: no such file", fix="pip download --no-deps dsv41-aot, then pass its file")
-        r = report(Path(args.wheel))
-        failed = bool(r["problems"] or r["unproven"])  # every key proven and every room sound, else exit 1
+        r = judge(Path(args.wheel))
         if args.json:
             from ..aot.output import print_json, tally
 
@@ -70,8 +71,8 @@ def run(args) -> int:
                              [{"key": None, "error": p} for p in r["problems"]]
                              + [{"key": k, "error": "no proof against vLLM's JIT"} for k in r["unproven"]], **r))
         else:
-            print_wheel_report(r, failed)
-        return 1 if failed else 0
+            print_wheel_report(r)
+        return 1 if r["failed"] else 0
     if args.sample is not None and args.sample < 1:
         raise AotError(f"--sample {args.sample}: must be at least 1", fix="pass --sample N with N >= 1")
     if args.sample is not None and not args.against_jit:
@@ -88,10 +89,18 @@ def run(args) -> int:
                           seconds=args.seconds, release=args.release)
     elif args.profile or args.arch or args.seconds:
         raise AotError("--profile, --arch and --seconds choose a shard's keys", fix="pass them with --shard i/N")
-    report = verify(Path(args.dir), against_jit=args.against_jit, keys=keys, sample=args.sample, seed=args.seed,
-                    vllm_src=args.vllm_src or (), progress=args.against_jit and not args.no_progress,
-                    jobs=args.jobs, key_timeout=args.key_timeout, record=args.record, release=args.release,
-                    matrix_path=args.matrix, cache=cache_dir(args.cache, args.no_cache) if args.against_jit else None)
+    options = dict(against_jit=args.against_jit, keys=keys, sample=args.sample, seed=args.seed,
+                   vllm_src=args.vllm_src or (), progress=args.against_jit and not args.no_progress,
+                   jobs=args.jobs, key_timeout=args.key_timeout, record=args.record, release=args.release,
+                   matrix_path=args.matrix, cache=cache_dir(args.cache, args.no_cache) if args.against_jit else None)
+    if args.wheel:  # with --against-jit: the wheel's kernels proven from a scratch copy, the wheel untouched
+        if not Path(args.wheel).is_file():
+            raise AotError(f"--wheel {args.wheel}: no such file", fix="pip download --no-deps dsv41-aot, then pass its file")
+        report = verify_shipped(wheel=Path(args.wheel), **options)
+    elif args.record and installed_kernels(Path(args.dir)):  # pip's files: --record prints, never rewrites them
+        report = verify_shipped(folder=Path(args.dir), **options)
+    else:
+        report = verify(Path(args.dir), **options)
     if args.json:
         from ..aot.output import print_json
 
@@ -125,15 +134,19 @@ def run(args) -> int:
               f"{report['keys'] - report['ok']} failed; {len(libs)} library problems")
         for fix in report["fixes"]:
             print(f"fix: {fix}", file=sys.stderr)
+        for room, doc in report.get("recorded", {}).items():
+            print(f"verified.json of {room} as this run recorded it (nothing was written where the kernels are "
+                  f"installed):")
+            print(json.dumps(doc, indent=1, sort_keys=True))
     return 1 if report["failed"] else 0
 
 
-def print_wheel_report(r: dict, failed: bool) -> None:
-    """Print a wheel's report (``aot.wheel.report``) and its verdict."""
+def print_wheel_report(r: dict) -> None:
+    """Print a wheel's verdict (``aot.wheel.judge``)."""
     print(f"{r['wheel']}: {r.get('name')} {r.get('version')}, {r['bytes'] / 1e6:.2f} MB")
     for room in r["rooms"]:
         print(f"  {room['arch']} vLLM {room['release']} (mono sources {room['mono_sources']}): {room['keys']} keys, "
-              f"{room['proven']} proven against vLLM's JIT"
+              f"{room['proven']} proven against vLLM's JIT{flydsl_text(room['by_flydsl'])}"
               f"{'' if room['verified_json'] else ' (no verified.json)'}")
         for tp, t in room["tp"].items():
             kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(t["kinds"].items()))
@@ -146,4 +159,4 @@ def print_wheel_report(r: dict, failed: bool) -> None:
         print(f"  problem: {p}")
     if r["unproven"]:
         print(f"  unproven: {len(r['unproven'])} key(s), e.g. {r['unproven'][0]}")
-    print(f"{r['wheel']}: {'FAILED' if failed else 'ok'}")
+    print(f"{r['wheel']}: {'FAILED' if r['failed'] else 'ok'}")
