@@ -29,6 +29,32 @@ SMOKE_KEYS = sorted(SMOKE_RELEASE_KEYS[NEWEST])
 OLD = min(SMOKE_RELEASE_KEYS)  # the older release the smoke profile holds (0.32.0)
 
 
+# the workplace's real full deployments: beside the checkout, or beside a worktree's parent
+SHARED = next((p / "shared" for p in REPO.parents[0:3] if (p / "shared").is_dir()), REPO.parent / "shared")
+DEPLOYMENTS = {  # name -> (arch, env variable naming its folder, default folder, keys of each release)
+    "gfx950-tp4": ("gfx950", "DSV41_AOT_FULL_DEPLOYMENT", SHARED / "prebuilt-gfx950-tp4", {"0.33.0": 912, "0.32.0": 240}),
+    "gfx942-tp4": ("gfx942", "DSV41_AOT_FULL_DEPLOYMENT_GFX942", SHARED / "prebuilt-gfx942-tp4", {"0.33.0": 630}),
+    "gfx950-tp2": ("gfx950", "DSV41_AOT_FULL_DEPLOYMENT_GFX950_TP2", SHARED / "prebuilt-gfx950-tp2",
+                   {"0.33.0": 912, "0.32.0": 240}),
+}
+
+
+def deployment(name: str) -> Path:
+    """The folder of the shared full deployment ``name``; skipped when absent, a failure under CI=true."""
+    import pytest
+
+    from dsv41_aot.room import Room
+
+    arch, var, default, shipped = DEPLOYMENTS[name]
+    d = Path(os.environ.get(var) or default)
+    if not all(Room(d, arch, r).libs_path.is_file() for r in shipped):
+        why = f"no full {name} deployment of vLLM {', '.join(shipped)} at {d} (the shared folder, or {var}=DIR)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{why} (CI=true: these tests must run, not skip)")
+        pytest.skip(why)
+    return d.resolve()
+
+
 def smoke_count(arch: str | None = None, release: str = NEWEST) -> int:
     return sum(1 for k in SMOKE_RELEASE_KEYS[release] if arch is None or f"@{arch}:" in k)
 

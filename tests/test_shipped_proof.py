@@ -1,0 +1,119 @@
+"""What an operator who does not trust the publisher can check of shipped kernels.
+
+A shipped room (a wheel's, or a deployment folder without ``objects/``) is
+proven against vLLM's JIT from its bands: each key's GPU code object is taken
+from its band by the manifest's sha256, built again by vLLM's runner and
+FlyDSL's JIT, and both launches go through the recording HIP (the suite's
+stand-in for the AMD GPU, MOCK-GPU). Run on a copy of the shared gfx942 TP4
+deployment and on the wheel built from it. ``--seed 9`` makes ``--sample 2``
+pick two K1 keys, the cheapest JIT builds; the wheel's run takes vLLM's
+answers from the session's build cache, where the folder's run stored them.
+
+Also: the shared gfx950 TP2 deployment (built, never proven) covers every
+launch vLLM's runners can ask for at TP 2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _smoke import REPO, cli, deployment
+
+from dsv41_aot.room import Room
+
+pytestmark = pytest.mark.slow
+
+ARCH, RELEASE = "gfx942", "0.33.0"
+SAMPLE = ("--sample", "2", "--seed", "9")
+PICKED = ["k1@gfx942:s=3,tp=4,r=0", "k1@gfx942:s=42,tp=4,r=0"]  # what SAMPLE picks from the 630 keys
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory) -> Path:
+    """A copy of the shared gfx942 TP4 deployment: bands and records, no objects/."""
+    d = Path(shutil.copytree(deployment("gfx942-tp4"), tmp_path_factory.mktemp("shipped") / "prebuilt"))
+    assert not (d / ARCH / "objects").exists()
+    return d
+
+
+@pytest.fixture(scope="module")
+def wheel(shipped, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheelhouse")
+    r = subprocess.run([sys.executable, "ci/release.py", "build-wheel", shipped, out], cwd=REPO, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (w,) = out.glob("*.whl")
+    return w
+
+
+def _verify(*args) -> tuple[int, dict]:
+    r = cli("verify", *args, "--json", "--no-progress", "--jobs", "2")
+    return r.returncode, json.loads(r.stdout)
+
+
+def _proved(doc: dict) -> list[str]:
+    """The keys a report JIT-checked, each with its code object from its band and its launch compared."""
+    return sorted(r["key"] for r in doc["reports"] if {"band", "jit", "launch"} <= set(r["checks"]) and r["ok"])
+
+
+def test_a_sample_of_a_shipped_folder_is_proven_from_its_bands(shipped):
+    code, doc = _verify("--dir", shipped, "--against-jit", *SAMPLE)
+    assert code == 0, doc["failures"]
+    assert doc["jit_checked"] == 2 and _proved(doc) == PICKED
+    # each fresh proof agreed with the one the folder carries (verified.json, made on another machine)
+    assert all("proof" in r["checks"] for r in doc["reports"] if r["key"] in PICKED)
+
+
+def test_a_sample_of_its_wheel_is_proven_and_recorded_without_touching_it(shipped, wheel):
+    before = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    code, doc = _verify("--wheel", wheel, "--against-jit", "--record", *SAMPLE)
+    assert code == 0, doc["failures"]
+    assert doc["jit_checked"] == 2 and _proved(doc) == PICKED
+    recorded = doc["recorded"][f"{ARCH}/vllm-{RELEASE}"]
+    assert recorded["version"] == 4 and set(PICKED) <= set(recorded["keys"])
+    for key in PICKED:  # this run's proofs: evidence of the JIT run and of both launches
+        assert set(recorded["keys"][key]["evidence"]) >= {"artifact_sha256", "module_sha256", "launch_sha256"}
+    assert hashlib.sha256(wheel.read_bytes()).hexdigest() == before
+    assert str(wheel.resolve()) + "!" in doc["dir"]  # the report names the wheel, not its scratch copy
+
+
+def test_an_edited_band_fails_naming_the_key_and_nothing_is_checked(shipped, tmp_path):
+    d = Path(shutil.copytree(shipped, tmp_path / "edited"))
+    room = Room(d, ARCH, RELEASE)
+    key = PICKED[0]
+    band = room.lib / room.links().band_of[key].file
+    data = bytearray(band.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    band.write_bytes(bytes(data))
+    code, doc = _verify("--dir", d, "--against-jit", "--key", key)
+    assert code == 1 and doc["jit_checked"] == 0
+    (own,) = [f for f in doc["failures"] if f["key"] == key]
+    assert "band" in own["error"] and own["fix"].startswith("pip install --force-reinstall")
+    assert any("asked to check against vLLM's JIT, but no key was checked" in f["error"] for f in doc["failures"])
+
+
+def test_a_shipped_proof_that_is_not_this_runs_is_named_field_by_field(shipped, tmp_path):
+    d = Path(shutil.copytree(shipped, tmp_path / "forged"))
+    path = Room(d, ARCH, RELEASE).verified_path
+    doc = json.loads(path.read_text())
+    key = PICKED[1]
+    doc["keys"][key]["evidence"]["artifact_sha256"] = "12" * 32
+    path.write_text(json.dumps(doc))
+    code, report = _verify("--dir", d, "--against-jit", "--key", key)
+    assert code == 1
+    (own,) = [f for f in report["failures"] if f["key"] == key]
+    assert own["what"] == "proof" and "evidence.artifact_sha256 (1212121212121212, " in own["error"]
+
+
+def test_gfx950_tp2_covers_every_launch_vllm_can_ask_for():
+    root = deployment("gfx950-tp2")
+    for release, want in (("0.33.0", 768), ("0.32.0", 240)):
+        r = cli("coverage", "--arch", "gfx950", "--tp", "2", "--dir", root, "--release", release, "--json")
+        doc = json.loads(r.stdout)
+        assert r.returncode == 0 and doc["failed"] == 0 and doc["keys"] == doc["ok"] == want, doc["failures"][:3]
