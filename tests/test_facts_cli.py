@@ -64,6 +64,17 @@ def test_json_is_the_tables_values(doc):
     assert doc["failed"] == 0 and doc["failures"] == []
 
 
+def test_json_names_the_flydsl_releases_and_the_one_the_build_pins(doc):
+    """The releases facts/flydsl.py supports (today 0.4.2 and 0.5.0), and the
+    pin of pyproject.toml's build extra, read from the installed metadata."""
+    from dsv41_aot.facts.flydsl import FLYDSL
+
+    assert [r["version"] for r in doc["flydsl"]["supported"]] == list(FLYDSL)
+    assert {"0.4.2", "0.5.0"} <= set(FLYDSL)
+    (pin,) = re.findall(r'"flydsl==([^"]+)"', (REPO / "pyproject.toml").read_text())
+    assert doc["flydsl"]["pinned"] == pin
+
+
 def test_a_release_and_an_arch_added_to_the_tables_appear_with_nothing_else_written(monkeypatch):
     old = RELEASES[min(RELEASES, key=version_order)]
     new_arch = dataclasses.replace(arches.ARCHES["gfx950"], name="gfx9ff", products="a test part")

@@ -243,8 +243,7 @@ def proof_counts(root: Path, man: Manifest) -> tuple[dict, list, str | None]:
         why = ", ".join(f"{what} changed ({n})" for what, n in sorted(proof.changes(man.entries).items()))
         notes.append(f"{counts[STALE]} proof(s) are stale: {why}")
     how = (f"prove them again: {room.prove_cmd}" if room.built_here else
-           f"the room ships without objects/: prove them again where it was built, dsv41-aot verify --against-jit "
-           f"--record --dir BUILT_DIR --release {man.release}")
+           f"the room ships without objects/: prove them from its bands, {room.prove_cmd}")
     warning = f"{room.verified_path}: {'; '.join(notes)}; {how}" if notes else None
     return dict(head, **counts), [], warning
 

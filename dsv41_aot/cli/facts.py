@@ -11,29 +11,34 @@ from __future__ import annotations
 import dataclasses
 
 from ..facts.arches import ARCHES
+from ..facts.flydsl import FLYDSL, pinned
 from ..facts.kinds import KINDS
 from ..facts.releases import deployed_arches, oldest_first, releases_on
 
 
 def document() -> dict:
-    """The ``--json`` document's fields: releases, newest, arches and kinds.
+    """The ``--json`` document's fields: releases, newest, arches, kinds and FlyDSL.
 
     Releases come newest last, each with its folder; arches are those some
-    release runs on, each with the releases that do. Tuples stay tuples:
-    JSON writes them as lists."""
+    release runs on, each with the releases that do; ``flydsl`` names the
+    releases dsv41-aot compiles and proves with, oldest first, and the one
+    the build pins. Tuples stay tuples: JSON writes them as lists."""
     releases = [dict(dataclasses.asdict(r), folder=r.folder) for r in oldest_first()]
     arches = [dict(dataclasses.asdict(ARCHES[a]), releases=releases_on(a)) for a in deployed_arches()]
     kinds = [dataclasses.asdict(k) for k in KINDS.values()]
-    return {"releases": releases, "newest": releases[-1]["version"], "arches": arches, "kinds": kinds}
+    flydsl = {"supported": [dataclasses.asdict(r) for r in FLYDSL.values()], "pinned": pinned()}
+    return {"releases": releases, "newest": releases[-1]["version"], "arches": arches, "kinds": kinds,
+            "flydsl": flydsl}
 
 
 # ---------------------------------------------------------------- CLI
 
 
 def register(sub) -> None:
-    p = sub.add_parser("facts", help="the facts tables: vLLM releases (newest last), GPU arches, launch kinds")
+    p = sub.add_parser("facts", help="the facts tables: vLLM releases (newest last), GPU arches, launch kinds, "
+                                     "FlyDSL releases")
     p.add_argument("--json", action="store_true",
-                   help='print one JSON document: {"releases" (newest last), "newest", "arches", "kinds"}')
+                   help='print one JSON document: {"releases" (newest last), "newest", "arches", "kinds", "flydsl"}')
     p.set_defaults(func=run)
 
 
@@ -72,6 +77,12 @@ def lines() -> list[str]:
         shape = "whole layer" if k.whole_layer else "one layer shape"
         fixed = "".join(f", {f}={v} fixed" for f, v in k.fixed.items())
         out.append(f"  {k.name:4} {k.builder:15} {shape:15} {asked:13} unread: {', '.join(k.unread) or '-'}{fixed}")
+    out.append("FlyDSL releases dsv41-aot compiles and proves with (oldest first):")
+    pin = pinned()
+    for r in FLYDSL.values():
+        out.append(f"  {r.version:8}{'  (the build pins it)' if r.version == pin else ''}")
+    if pin is None:
+        out.append("  (which one the build pins: in pyproject.toml; dsv41-aot is not installed here)")
     return out
 
 

@@ -47,6 +47,22 @@ FLYDSL = {
 }
 
 
+def pinned() -> str | None:
+    """The FlyDSL release the project builds and ships with, as its installed metadata says.
+
+    That is the one pin of ``pyproject.toml``'s ``build`` extra; None when
+    dsv41-aot runs from a tree without installed metadata."""
+    import re
+    from importlib import metadata
+
+    try:
+        requires = metadata.requires("dsv41-aot") or []
+    except metadata.PackageNotFoundError:
+        return None
+    pins = [m.group(1) for r in requires if (m := re.match(r"flydsl\s*==\s*([\w.]+)", r))]
+    return pins[0] if pins else None
+
+
 def supported() -> str:
     """The supported FlyDSL versions, oldest first, as a sentence fragment."""
     return " or ".join(FLYDSL)

@@ -234,6 +234,7 @@ def _flydsl(rep: Report, room: Room) -> None:
     """The host's FlyDSL, and how many of the room's keys are proven under it."""
     from importlib.metadata import PackageNotFoundError, version
 
+    from ..facts.flydsl import FLYDSL, fix_install, supported
     from ..proof import flydsl_text
 
     try:
@@ -251,14 +252,17 @@ def _flydsl(rep: Report, room: Room) -> None:
                 getattr(e, "fix", None))
         return
     n = by.get(have, 0)
-    rep.facts["flydsl"] = {"version": have, "proven": n, "keys": len(entries), "by_flydsl": by}
+    rep.facts["flydsl"] = {"version": have, "proven": n, "keys": len(entries), "by_flydsl": by,
+                           "proven_under": sorted(v for v in by if v)}
     text = (f"FlyDSL {have}: {n} of {len(entries)} keys of the room proven equal to its JIT's code objects"
             f"{flydsl_text(by) or '; the room carries no proof'}")
     if entries and n == len(entries):
         rep.add("flydsl", "ok", text)
-    else:
+    elif have not in FLYDSL:  # nothing proves under it: say so, and how to get one that does
+        rep.add("flydsl", "warn", f"{text}; dsv41-aot proves only under FlyDSL {supported()}", fix_install())
+    else:  # a wheel's room is proven where it is installed, from its bands (--record then prints the proofs)
         how = room.prove_cmd if room.built_here else (
-            f"dsv41-aot verify --against-jit --record --dir BUILT_DIR --release {room.release}, where it was built")
+            f"dsv41-aot verify --against-jit --sample 20 --dir {room.root} --release {room.release}")
         rep.add("flydsl", "warn", text, f"prove them under FlyDSL {have}: {how}")
 
 
