@@ -68,11 +68,13 @@ def release_trees(releases, mans: dict, trees=(), matrix_path=None) -> dict:
     """Map each release to the vLLM tree its keys are JIT-built from.
 
     ``source.find_release`` picks the tree; it must have the matrix's mono
-    sources digest for the release (the manifest's when the matrix lacks it)."""
+    sources digest for the release (the manifest's when the matrix lacks it,
+    or when there is no matrix: an installed wheel ships none)."""
     from .. import source
     from . import matrix
 
-    entries = matrix.load(matrix_path).releases
+    shipped = matrix_path is None and not matrix.DEFAULT_MATRIX.is_file()
+    entries = {} if shipped else matrix.load(matrix_path).releases
     out = {}
     for release in sorted(set(releases)):
         digest = entries[release].mono_sources if release in entries else mans[release].mono_sources
