@@ -100,6 +100,18 @@ class Entry:
 REQUIRED = tuple(f.name for f in fields(Entry) if f.default is MISSING and f.default_factory is MISSING)
 
 
+# source identity parts whose effect on what is served the GPU code object judges
+TOOLCHAIN = ("flydsl_version", "linker")
+
+
+def served(ident: dict) -> dict:
+    """The source identity without its toolchain parts: what the entries of one room share.
+
+    Entries that differ only in FlyDSL or linker serve the same vLLM sources
+    (docs/building.md, "Moving to another FlyDSL")."""
+    return {k: v for k, v in (ident or {}).items() if k not in TOOLCHAIN}
+
+
 def prebuilt_dir() -> Path:
     """The default prebuilt directory, absolute, for every command and the loader.
 

@@ -22,7 +22,7 @@ from .elf import ElfError, dynamic_info
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
 from .manifest import (LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, read_timings,
-                       room_dir, room_name)
+                       room_dir, room_name, served)
 from .manifest import folder_name  # noqa: F401 - tests and benches take a room folder's name from here
 from .linkrecord import Band, LinkRecord
 from .proof import VERIFIED, Proof
@@ -367,10 +367,13 @@ class Room:
         return out
 
     def _source_problems(self, man: Manifest) -> list[Problem]:
-        """The problem of a room whose entries mix source identities (no installed vLLM matches a mix), else []."""
+        """The problem of a room whose entries mix source identities (no installed vLLM matches a mix), else [].
+
+        Entries that differ only in FlyDSL or linker (``manifest.served``) are of one source: each kept its
+        object because its GPU code object is unchanged."""
         sources: dict = {}
         for key, e in sorted(man.entries.items()):
-            sources.setdefault(json.dumps(e.source, sort_keys=True), []).append(key)
+            sources.setdefault(json.dumps(served(e.source), sort_keys=True), []).append(key)
         if len(sources) < 2:
             return []
         fewest = min(sources.values(), key=len)

@@ -309,6 +309,13 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     code, _, err = run_cli(*args, "--matrix", mx, check=False)
     assert code == 2 and edited in err and src.digest in err and "two sources" in err
     assert Room(out, "gfx950", NEWEST).manifest().entries[CHEAP[0]] == built
+    # ... and so it stays when the old keys carry proofs under this FlyDSL (P1
+    # of the fault report at 24a0152): a proof lets a toolchain move through,
+    # never another vLLM source
+    _prove_by_hand(Room(out, "gfx950", NEWEST))
+    code, _, err = run_cli(*args, "--matrix", mx, check=False)
+    assert code == 2 and "two sources" in err, err
+    assert Room(out, "gfx950", NEWEST).manifest().entries[CHEAP[0]] == built
     # its printed fix carries this build's --matrix and --vllm-src (N9d): run
     # word for word, it rebuilds the room from the edited tree, not the installed vLLM
     (fix,) = [line.split("fix:", 1)[1].split(": ", 1)[1] for line in err.splitlines() if "fix:" in line]
@@ -322,6 +329,21 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     assert e.source["mono_sources"] == edited
     assert e.source["vllm_version"] == "unknown"
     assert json.loads(run_cli(*args, "--matrix", mx)[1])["compiled"] == 0
+
+
+def _prove_by_hand(room) -> None:
+    """Give every key of ``room`` a PROVEN proof under its own FlyDSL, written without a JIT run.
+
+    For tests of what a build does with proven keys; the proofs' digests are made up."""
+    from dsv41_aot.proof import Evidence, KeyProof, Proof
+
+    man = room.manifest()
+    proofs = [KeyProof(k, e.code_object_sha256, {f: e.source[f] for f in ("vllm_version", "mono_sources",
+                                                                       "flydsl_version")} | {"release": room.release},
+                       Evidence("a1" * 32, "b2" * 32, "2026-12-02T00:00:00Z"))
+              for k, e in man.entries.items()]
+    room.verified_path.write_bytes(Proof.of(room.arch, room.release, proofs, man.entries).to_bytes())
+    assert Room(room.root, room.arch, room.release).proof().counts(man.entries)["proven"] == len(man.entries)
 
 
 def _project_copy(tmp_path, edit=None):

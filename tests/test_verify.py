@@ -248,6 +248,20 @@ def test_mixed_source_identities_fail(copy):
     assert f["fix"] == f"dsv41-aot build --release 0.33.0 --out {copy} --key {key}"
 
 
+def test_entries_that_differ_only_in_toolchain_are_one_source(copy):
+    """P3 of the fault report at 24a0152: a room holding keys built under two
+    FlyDSL releases (each kept its object, its GPU code object unchanged) is
+    what docs/building.md allows and the loader serves; verify agrees."""
+    man = Room(copy, "gfx942", "0.33.0").manifest()
+    key = sorted(man.entries)[0]
+    man.entries[key] = man.entries[key].replace(source=dict(man.entries[key].source, flydsl_version="0.5.0",
+                                                            linker="another lld"))
+    man.write()
+    proc = cli("verify", "--dir", copy, "--json")
+    assert not [f for f in json.loads(proc.stdout)["failures"] if "source identities" in f["error"]]
+    assert proc.returncode == 0, proc.stdout
+
+
 # ---------------------------------------------------------------- rooms (no build)
 
 

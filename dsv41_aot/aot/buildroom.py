@@ -75,14 +75,15 @@ def check_one_source(states: dict, keys: list, options=()) -> None:
     """Refuse a build that would leave a room holding keys of two source identities.
 
     Exit 2, before anything is written. Every key built from another identity
-    must be in the build too, unless proven under this FlyDSL. The fix
+    must be in the build too, unless it moved toolchain only and is proven
+    under this FlyDSL. The fix
     carries the build's own ``options`` (``--matrix``, ``--vllm-src``)."""
     asked: dict = {}
     for k in keys:
         asked.setdefault(k.room, set()).add(str(k))
     for room, st in states.items():
         stale = sorted(k for k, e in st.manifest.entries.items() if e.source != st.ident and k not in asked[room]
-                       and not toolmove.proven_under(st.room, e, st.ident["flydsl_version"]))
+                       and not _toolchain_moved_and_proven(st, e))
         if not stale:
             continue
         was = st.manifest.entries[stale[0]].source
@@ -104,6 +105,16 @@ def check_one_source(states: dict, keys: list, options=()) -> None:
             f"{st.ident['mono_sources']} (vLLM {st.ident['vllm_version']}); {', '.join(differ)} differ. Building "
             f"only some keys would leave the room of two sources, which no installed vLLM matches",
             fix="rebuild the whole room: " + rebuild)
+
+
+def _toolchain_moved_and_proven(st: RoomState, e) -> bool:
+    """Whether ``e`` differs from the build's identity only in FlyDSL or linker, and is proven under this FlyDSL.
+
+    Only such a key may stay beside the build's keys: any other difference
+    (vLLM's sources, the helpers) makes a room no installed vLLM matches,
+    whatever its proofs say."""
+    return (toolmove.served(e.source) == toolmove.served(st.ident)
+            and toolmove.proven_under(st.room, e, st.ident["flydsl_version"]))
 
 
 def count_proofs(st: RoomState, log) -> dict | None:

@@ -8,16 +8,9 @@ docs/building.md, "Moving to another FlyDSL".
 from __future__ import annotations
 
 from ..errors import IntegrityError, ManifestError
+from ..manifest import TOOLCHAIN, served  # noqa: F401 - the build side asks toolmove
 from ..proof import PROVEN
 from .recover import recovered
-
-# source identity parts whose effect on what is served the GPU code object judges
-TOOLCHAIN = ("flydsl_version", "linker")
-
-
-def served(ident: dict) -> dict:
-    """The source identity without its toolchain parts: what same-source entries share."""
-    return {k: v for k, v in (ident or {}).items() if k not in TOOLCHAIN}
 
 
 def moved(m, key, ident: dict) -> bool:

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,9 @@ def build(folder: Path | None = None, *, cache: Path | None = None) -> Path:
     """The recording HIP's path, compiled with ``cc`` once per source, script and flags.
 
     It is ``folder/<digest>/libamdhip64.so.7``, written atomically: a
-    concurrent build renames the same bytes into place."""
+    concurrent build renames the same bytes into place. A build cache
+    (``cache``) it cannot write is a warning: the user's cache is used
+    instead, as a build cache that cannot be used never fails a command."""
     digest = hashlib.sha256(SOURCE.read_bytes() + b"\0" + VERSION_SCRIPT.read_bytes() + b"\0"
                             + " ".join(CC_FLAGS).encode()).hexdigest()[:16]
     out = Path(folder or default_folder(cache)) / digest / SONAME
@@ -56,8 +59,16 @@ def build(folder: Path | None = None, *, cache: Path | None = None) -> Path:
     if cc is None:
         raise AotError("no C compiler (cc) to build the recording HIP, the stand-in for the AMD GPU that "
                        "verify --against-jit launches through", fix="install one (apt-get install gcc), then run again")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{SONAME}.", dir=out.parent)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{SONAME}.", dir=out.parent)
+    except OSError as e:
+        if folder is not None or cache is None:
+            raise AotError(f"cannot write the recording HIP into {out.parent} ({e.strerror or e})",
+                           fix=f"make {out.parent.parent} writable, or set XDG_CACHE_HOME to a writable folder") from None
+        print(f"warning: build cache {cache} cannot hold the recording HIP ({e.strerror or e}): it is built in "
+              f"{default_folder()} instead", file=sys.stderr)
+        return build(default_folder())
     os.close(fd)
     try:
         proc = subprocess.run([cc, *CC_FLAGS, "-o", tmp, f"-Wl,-soname,{SONAME}",
