@@ -148,9 +148,34 @@ def test_the_plugin_mode_and_what_stops_vllm_calling_it(full):
     r = doctor(full, env={"VLLM_PLUGINS": "someone_else"})
     assert r.returncode == 1 and "fix: VLLM_PLUGINS=someone_else,dsv41_aot" in r.stdout
     r = doctor(full, env={"DSV41_AOT_MODE": "lenient"})
-    assert r.returncode == 1 and "fix: DSV41_AOT_MODE=strict" in r.stdout
+    assert r.returncode == 2 and "DSV41_AOT_MODE='lenient' is not one of strict, fallback: served as strict" in r.stdout
+    assert lines(r, "ok", "plugin") and "mode strict" in r.stdout  # a typo never turns the plugin off
     r = doctor(full)  # no deployment: the room and its bands decide
     assert r.returncode == 0 and "add --tp N" in r.stdout
+
+
+@pytest.mark.parametrize("var,value,read", [
+    ("DSV41_AOT_MODE", "STRICT", "mode strict"), ("DSV41_AOT_MODE", " Fallback ", "mode fallback"),
+    ("DSV41_AOT_DISABLE", "false", "mode strict"), ("DSV41_AOT_DISABLE", " 0", "mode strict"),
+    ("DSV41_AOT_DISABLE", "no", "mode strict"), ("DSV41_AOT_DISABLE", "TRUE", "disabled by"),
+    ("DSV41_AOT_ARCH", "GFX950", "gfx950 (MI355X"), ("DSV41_AOT_ARCH", " gfx950:sramecc+:xnack-", "gfx950 (MI355X"),
+])
+def test_the_plugins_variables_read_one_way_everywhere(full, var, value, read):
+    """P9 of the fault report at 24a0152: case and spaces do not matter, a
+    boolean reads as a boolean, and an arch as ROCm spells it is normalized."""
+    r = doctor(full, env={var: value})
+    assert read in r.stdout and "BAD" not in r.stdout, r.stdout
+    assert r.returncode == (1 if read == "disabled by" else 0), r.stdout
+
+
+@pytest.mark.parametrize("var,value", [("DSV41_AOT_MODE", "weird"), ("DSV41_AOT_DISABLE", "maybe"),
+                                       ("DSV41_AOT_ALLOW_SOURCE_MISMATCH", "perhaps"), ("DSV41_AOT_ARCH", "gfx999"),
+                                       ("DSV41_AOT_ARCH", "../x")])
+def test_a_variable_the_plugin_cannot_read_is_bad_input(full, var, value):
+    r = doctor(full, "--json", env={var: value})
+    doc = json.loads(r.stdout)
+    assert r.returncode == 2 and doc["exit_code"] == 2
+    assert any(f"{var}={value!r}" in f["error"] for f in doc["failures"]), doc["failures"]
 
 
 def test_an_arch_the_runner_does_not_compile_for_or_none_at_all(full):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..facts.coverage import CoverageInputError, parse_draft
 
-MARK = {"ok": "ok   ", "fail": "FAIL ", "warn": "warn ", "info": "--   "}
+MARK = {"ok": "ok   ", "fail": "FAIL ", "warn": "warn ", "info": "--   ", "bad": "BAD  "}
 
 
 def register(sub) -> None:
@@ -35,13 +35,15 @@ def run(args) -> int:
     print(f"dsv41-aot doctor: prebuilt kernels at {rep.facts['prebuilt']}")
     for c in rep.checks:
         print(f"{MARK[c.status]} {c.name:9} {c.text}")
-        if c.fix and c.status in ("fail", "warn"):
+        if c.fix and c.status in ("fail", "warn", "bad"):
             print(f"{'':15} fix: {c.fix}")
     cov = rep.coverage
     if rep.exit_code == 0:
         what = f"all {len(cov['required'])} launches of the deployment" if cov else "every key of its room"
         tail = "" if cov else " (add --tp N to count the launches of your deployment)"
         print(f"verdict: this host gets prebuilt kernels for {what}{tail}")
+    elif rep.exit_code == 2:
+        print("verdict: the plugin's variables are bad input (each BAD line says how it was read); fix them first")
     else:
         failed = sum(c.status == "fail" for c in rep.checks)
         print(f"verdict: {failed} check(s) failed: this host will not get prebuilt kernels for every launch (vLLM "
@@ -54,7 +56,7 @@ def _print_json(rep) -> None:
 
     cov = rep.coverage
     failures = [{"key": None, "check": c.name, "error": c.text, "fix": c.fix} for c in rep.checks
-                if c.status == "fail" and not (c.name == "coverage" and cov)]
+                if c.status in ("fail", "bad") and not (c.name == "coverage" and cov)]
     if cov:
         fix = next(c.fix for c in rep.checks if c.name == "coverage")
         for keys, why in ((cov["missing"], "not prebuilt"), (cov["unlinked"], "not linked"),

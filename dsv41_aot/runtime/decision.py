@@ -9,6 +9,7 @@ forks is not left with a HIP runtime) and the room of the installed vLLM.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 from ..errors import AotError, ReleaseMismatchError
 from ..facts.arches import ARCHES
 from ..manifest import ENV_PREBUILT
-from .host import ENV_ALLOW_SOURCE, ENV_ARCH, mismatch_allowed
+from .host import ENV_ALLOW_SOURCE, ENV_ARCH, arch_name, env_flag, mismatch_allowed
 
 ENV_DISABLE = "DSV41_AOT_DISABLE"
 ENV_MODE = "DSV41_AOT_MODE"
@@ -31,9 +32,9 @@ class Decision:
     """What this process serves and why.
 
     ``mode`` is what the variables ask for: "strict", "fallback", or "off"
-    (disabled, or an unknown mode). ``serve`` says whether there is
+    (disabled). ``serve`` says whether there is
     something to serve in that mode. ``stopped_at`` names the step that said
-    no ("disabled", "mode", "arch", "prebuilt", "vllm", "room", "error"),
+    no ("disabled", "arch", "prebuilt", "vllm", "room", "error"),
     None when serving. ``arch_problem`` is why the arch cannot be served,
     told even when an earlier step said no."""
 
@@ -49,6 +50,7 @@ class Decision:
     stopped_at: str | None = None
     fix: str | None = None
     warning: bool = False  # the host has something the kernels cannot serve, not simply "off"
+    bad_env: tuple = ()  # what is wrong with the plugin's variables (``bad_variables``): bad input
 
     @property
     def level(self) -> int:
@@ -85,7 +87,7 @@ def _arch(env, device) -> tuple:
 
     DSV41_AOT_ARCH, else the KFD topology's one GPU arch, else the HIP
     device's (``device``). ``warning`` tells a problem from simply no GPU."""
-    named = env.get(ENV_ARCH)
+    named = arch_name(env.get(ENV_ARCH, ""))
     if named:
         arch, where = named, ENV_ARCH
     else:
@@ -115,9 +117,29 @@ def decide(env=None, *, device=None) -> Decision:
     none: doctor passes it, the plugin never touches HIP."""
     env = os.environ if env is None else env
     try:
-        return _decide(env, device)
+        bad = bad_variables(env)
+        d = _decide(env, device)
     except Exception as e:  # noqa: BLE001 - the plugin must never stop vLLM
         return Decision(False, one_line(e), "off", stopped_at="error", warning=True)
+    if not bad:
+        return d
+    return dataclasses.replace(d, why=f"{d.why}; {'; '.join(bad)}", warning=True, bad_env=tuple(bad))
+
+
+def bad_variables(env) -> list[str]:
+    """What is wrong with the plugin's variables as set: each read the way that keeps every check.
+
+    A boolean that is not yes or no reads as unset (``host.env_flag``); a
+    mode that is neither strict nor fallback serves strict, so a typo never
+    turns the plugin off behind the operator's back."""
+    bad = [p for p in (env_flag(env, ENV_DISABLE)[1], env_flag(env, ENV_ALLOW_SOURCE)[1]) if p]
+    raw = env.get(ENV_MODE, "")
+    if raw.strip().lower() not in ("", *MODES):
+        bad.append(f"{ENV_MODE}={raw!r} is not one of {', '.join(MODES)}: served as strict")
+    named = env.get(ENV_ARCH, "")
+    if named and arch_name(named) not in ARCHES:
+        bad.append(f"{ENV_ARCH}={named!r} is not an arch dsv41-aot builds ({', '.join(ARCHES)})")
+    return bad
 
 
 def _decide(env, device) -> Decision:
@@ -129,12 +151,11 @@ def _decide(env, device) -> Decision:
     def no(stage: str, why: str, fix: str | None = None, warning: bool = True, mode="off", **more) -> Decision:
         return Decision(False, why, mode, stopped_at=stage, fix=fix, warning=warning, **{**seen, **more})
 
-    disable = env.get(ENV_DISABLE, "")
-    if disable not in ("", "0"):
-        return no("disabled", f"disabled by {ENV_DISABLE}={disable}", f"unset {ENV_DISABLE}", warning=False)
-    mode = env.get(ENV_MODE) or "strict"
-    if mode not in MODES:
-        return no("mode", f"{ENV_MODE}={mode!r} is not one of {', '.join(MODES)}", f"{ENV_MODE}=strict (or fallback)")
+    if env_flag(env, ENV_DISABLE)[0]:
+        return no("disabled", f"disabled by {ENV_DISABLE}={env.get(ENV_DISABLE)}", f"unset {ENV_DISABLE}",
+                  warning=False)
+    mode = env.get(ENV_MODE, "").strip().lower()
+    mode = mode if mode in MODES else "strict"  # bad_variables names a bad one
     if arch_problem:
         return no("arch", f"{arch_problem}; {JIT}", arch_fix, warning=arch_warning, mode=mode)
     root = rooms.resolve_root(env.get(ENV_PREBUILT) or None)  # None: DSV41_AOT_PREBUILT, else the package's

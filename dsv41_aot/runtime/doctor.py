@@ -54,6 +54,9 @@ class Report:
 
     @property
     def exit_code(self) -> int:
+        """2 when a variable is bad input, 1 when a check failed, else 0."""
+        if any(c.status == "bad" for c in self.checks):
+            return 2
         return 1 if any(c.status == "fail" for c in self.checks) else 0
 
 
@@ -72,6 +75,8 @@ def diagnose(tp: int | None = None, max_rows: int | None = None, draft: tuple | 
     rep = Report()
     src, digest = _vllm(rep)
     d = decision.decide(device=_device_arch)
+    for bad in d.bad_env:  # a variable set to what the plugin cannot read: bad input (exit 2)
+        rep.add("env", "bad", bad, "set it to one of the values named, or unset it")
     arch = _arch(rep, d)
     _hip(rep, arch)
     mode = _plugin(rep, d)
@@ -113,7 +118,7 @@ def _arch(rep: Report, d: decision.Decision) -> str | None:
         rep.fail("arch", d.arch_problem if d.arch is None else f"{d.arch_problem}: {decision.JIT}", d.arch_fix)
         return None
     arch, where = d.arch, d.arch_from
-    runner = os.environ.get("ARCH", "").lower().split(":")[0]  # vLLM's variable: what its runner compiles for
+    runner = host.arch_name(os.environ.get("ARCH", ""))  # vLLM's variable: what its runner compiles for
     if runner and runner != arch:
         rep.fail("arch", f"vLLM's runner compiles for ARCH={runner}, the plugin serves {arch} (from {where}): "
                          f"the plugin refuses that runner",
@@ -179,9 +184,6 @@ def _plugin(rep: Report, d: decision.Decision) -> str | None:
     if d.stopped_at == "disabled":
         rep.facts["plugin"]["mode"] = "disabled"
         rep.fail("plugin", f"{d.why}: vLLM JIT-compiles every launch", fix=d.fix)
-        return None
-    if d.stopped_at == "mode":
-        rep.fail("plugin", f"{d.why}: the plugin stays off", fix=d.fix)
         return None
     mode = d.mode
     rep.facts["plugin"]["mode"] = mode

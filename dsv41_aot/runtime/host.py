@@ -21,10 +21,35 @@ ARCH_RE = re.compile(r"gfx[0-9a-f]+")
 FIX_ARCH_NAME = f"name it like gfx950: {ENV_ARCH}=gfx950 (or arch=...)"
 
 
+# how the plugin's boolean variables read (case and surrounding spaces do not matter)
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def env_flag(env, name: str) -> tuple[bool, str | None]:
+    """One boolean variable of the plugin: (its value, the problem with it, if any).
+
+    The one parser of DSV41_AOT_DISABLE and DSV41_AOT_ALLOW_SOURCE_MISMATCH:
+    1/true/yes/on and 0/false/no/off (or unset). Any other value reads as
+    False, the reading that keeps every check, and is named as a problem."""
+    raw = (os.environ if env is None else env).get(name, "")
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True, None
+    if word in FALSE_WORDS:
+        return False, None
+    return False, f"{name}={raw!r} is not a yes or no (1/true/yes/on, 0/false/no/off): read as unset"
+
+
+def arch_name(text: str) -> str:
+    """An arch as a user or ROCm spells it, normalized: "GFX950:sramecc+:xnack-" -> "gfx950"."""
+    return text.strip().lower().split(":")[0]
+
+
 def resolve_arch(arch: str | None = None) -> str:
     """``arch``, else DSV41_AOT_ARCH, else the current HIP device's."""
     arch = arch or os.environ.get(ENV_ARCH)
     if arch:
+        arch = arch_name(arch)
         if not ARCH_RE.fullmatch(arch):
             raise ManifestError(f"arch {arch!r} (argument or {ENV_ARCH}) is not a GPU arch name",
                                 fix=FIX_ARCH_NAME)
@@ -39,8 +64,8 @@ def resolve_arch(arch: str | None = None) -> str:
 
 
 def mismatch_allowed(env=None) -> bool:
-    """Whether ``env`` (default: os.environ) sets DSV41_AOT_ALLOW_SOURCE_MISMATCH=1."""
-    return (os.environ if env is None else env).get(ENV_ALLOW_SOURCE) == "1"
+    """Whether ``env`` (default: os.environ) allows a source mismatch (DSV41_AOT_ALLOW_SOURCE_MISMATCH=1, ``env_flag``)."""
+    return env_flag(env, ENV_ALLOW_SOURCE)[0]
 
 
 def running_vllm(mono_dir: Path | None) -> None:
