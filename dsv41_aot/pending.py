@@ -74,13 +74,63 @@ def read(arch_dir: Path, release: str | None = None) -> list[str]:
     return [rebuild_cmd(root, r, ks, doc["options"]) for r, ks in doc["keys"].items() if release in (None, r)]
 
 
+# the options a build records, each with whether it takes a value (cli/build.py _rebuild_options)
+OPTIONS = {"--matrix": True, "--vllm-src": True, "--cache": True, "--any-key": False, "--no-cache": False}
+
+
+def problem(arch_dir: Path) -> str | None:
+    """Why the arch's record of an unfinished build cannot be used (None: absent, or sound).
+
+    A record is used only as written by a build of this dsv41-aot: known
+    releases, keys that parse as their release's keys of this arch, and the
+    options a build records, whose files and folders exist. Anything else is
+    named, never echoed into a printed command."""
+    return _read(arch_dir)[1]
+
+
 def _load(arch_dir: Path) -> dict | None:
+    return _read(arch_dir)[0]
+
+
+def _read(arch_dir: Path) -> tuple[dict | None, str | None]:
+    from .errors import AotError
+    from .facts.releases import RELEASES
+    from .keys import BuildKey
+
+    path = Path(arch_dir) / PENDING
     try:
-        doc = json.loads((Path(arch_dir) / PENDING).read_text())
-    except (OSError, ValueError):
-        return None
-    ok = (isinstance(doc, dict) and doc.get("version") == VERSION and isinstance(doc.get("options"), list)
-          and all(isinstance(o, str) for o in doc["options"]) and isinstance(doc.get("keys"), dict)
-          and all(isinstance(r, str) and isinstance(ks, list) and all(isinstance(k, str) for k in ks)
-                  for r, ks in doc["keys"].items()))
-    return doc if ok else None
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as e:
+        return None, f"{path} is not a readable record of a stopped build ({e})"
+    if not isinstance(doc, dict) or doc.get("version") != VERSION:
+        return None, f"{path} is not a version-{VERSION} record of a stopped build"
+    keys, opts = doc.get("keys"), doc.get("options")
+    if not isinstance(keys, dict) or not keys or not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
+        return None, f"{path}: keys must map a release to its keys, options be a list of words"
+    for release, ks in keys.items():
+        if release not in RELEASES:
+            return None, f"{path}: vLLM {release!r} is not a release this dsv41-aot knows"
+        if not isinstance(ks, list) or not ks:
+            return None, f"{path}: the keys of vLLM {release} must be a list of at least one key"
+        for k in ks:
+            try:
+                parsed = BuildKey.parse(k, release) if isinstance(k, str) else None
+            except AotError:
+                parsed = None
+            if parsed is None or str(parsed) != k or parsed.arch != Path(arch_dir).name:
+                return None, f"{path}: {k!r} is not a key of vLLM {release} on {Path(arch_dir).name}"
+    i = 0
+    while i < len(opts):
+        word = opts[i]
+        if word not in OPTIONS:
+            return None, f"{path}: {word!r} is not an option a build records ({', '.join(OPTIONS)})"
+        if OPTIONS[word]:
+            value = opts[i + 1] if i + 1 < len(opts) else None
+            exists = value is not None and (Path(value).is_file() if word == "--matrix" else Path(value).is_dir())
+            if not exists and word != "--cache":
+                return None, f"{path}: {word} {value!r} names nothing on this host"
+            i += 1
+        i += 1
+    return doc, None

@@ -274,10 +274,51 @@ def test_a_mixed_room_left_by_a_stopped_build_carries_its_options(copy):
     key = sorted(man.entries)[0]
     man.entries[key] = man.entries[key].replace(source=dict(man.entries[key].source, mono_sources="0" * 16))
     man.write()
-    opts = ["--matrix", "/m/build_matrix.yaml", "--vllm-src", "/t/vllm-0.33.0"]
+    matrix_file, tree = copy.parent / "m" / "build_matrix.yaml", copy.parent / "t" / "vllm-0.33.0"
+    tree.mkdir(parents=True)
+    matrix_file.parent.mkdir()
+    matrix_file.write_text((REPO / "build_matrix.yaml").read_text())
+    opts = ["--matrix", str(matrix_file), "--vllm-src", str(tree)]
     pending.write(copy / "gfx942", {"0.33.0": sorted(man.entries)}, opts)
     (f,) = json.loads(cli("verify", "--dir", copy, "--json").stdout)["failures"]
     assert f["fix"] == f"dsv41-aot build --release 0.33.0 --out {copy} --key {key} " + " ".join(opts)
+
+
+@pytest.mark.parametrize("how", ["truncated", "version 2", "a bad key", "an unknown release", "no keys",
+                                 "an option a build never records", "a matrix that is not there", "a shell word"])
+def test_a_record_of_a_stopped_build_that_cannot_be_used_is_named_never_echoed(copy, how):
+    """P10 of the fault report at 24a0152: the record is checked when read; a
+    bad one is a warning whose fix removes it, and no printed fix carries it."""
+    import json as _json
+
+    from dsv41_aot import pending
+
+    arch_dir = copy / "gfx942"
+    built = sorted(Room(copy, "gfx942", "0.33.0").manifest().entries)
+    doc = {"version": 1, "options": [], "keys": {"0.33.0": built + ["k1@gfx942:s=9,tp=4,r=0"]}}
+    if how == "version 2":
+        doc["version"] = 2
+    elif how == "a bad key":
+        doc["keys"]["0.33.0"].append("k9@gfx942:nonsense")
+    elif how == "an unknown release":
+        doc["keys"] = {"0.99.0": built}
+    elif how == "no keys":
+        doc["keys"] = {"0.33.0": []}
+    elif how == "an option a build never records":
+        doc["options"] = ["--out", str(copy.parent / "elsewhere")]
+    elif how == "a matrix that is not there":
+        doc["options"] = ["--matrix", str(copy.parent / "missing.yaml")]
+    elif how == "a shell word":
+        doc["options"] = ["--no-cache; touch /tmp/dsv41-pwned"]
+    text = _json.dumps(doc)
+    (arch_dir / pending.PENDING).write_text(text[: len(text) // 2] if how == "truncated" else text)
+    proc = cli("verify", "--dir", copy, "--json")
+    report = json.loads(proc.stdout)
+    (w,) = [w for w in report["warnings"] if pending.PENDING in w]
+    assert w.endswith(f"remove it: rm '{arch_dir / pending.PENDING}'"), w
+    assert not any("9,tp=4" in f for f in report["fixes"]) and "stopped (or is running)" not in " ".join(
+        report["warnings"])
+    assert pending.asked(arch_dir) == {} and pending.options(arch_dir) == []
 
 
 def test_keys_a_stopped_build_did_not_build_are_a_warning_naming_it(copy):
