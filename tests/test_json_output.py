@@ -54,6 +54,29 @@ def test_build_list_and_bad_input():
     assert doc["command"] == "build" and doc["exit_code"] == 2
 
 
+@pytest.mark.parametrize("args,says", [
+    (("build", "--any-key", "--list"), "without --key it would be ignored"),
+    (("build", "--key", "k1@gfx950:s=4,tp=4,r=1", "--shard", "0/2", "--list"), "--key and --shard both choose"),
+    (("build", "--out", "", "--key", "k1@gfx950:s=4,tp=4,r=1"), "an empty folder name"),
+    (("fetch-vllm", "0.32.0", "--dest", "{file}"), "not a folder to unpack into"),
+])
+def test_command_lines_that_would_be_ignored_or_misread_are_bad_input(tmp_path, args, says):
+    """P12 of the fault report at 24a0152: each used to exit 0 or 70."""
+    (tmp_path / "a-file").write_text("x")
+    doc = run_json(*(a.replace("{file}", str(tmp_path / "a-file")) for a in args), code=2)
+    assert says in doc["error"] and doc["fix"], doc
+    assert not (REPO / "gfx950").exists()  # --out '' built nothing into the current folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["under a file", "a folder"])
+def test_a_plot_that_cannot_be_written_is_bad_input(smoke, tmp_path, where):
+    (tmp_path / "a-file").write_text("x")
+    target = {"under a file": tmp_path / "a-file" / "x.png", "a folder": tmp_path}[where]
+    doc = run_json("inspect", "--dir", smoke, "--plot", target, code=2)
+    assert f"--plot {target}: cannot write the picture there" in doc["error"]
+
+
 def test_a_reader_that_goes_away_is_no_internal_error():
     """``dsv41-aot build --list --profile full | head -1``: the list stops
     quietly, with the exit code of a command SIGPIPE ended, not a traceback."""

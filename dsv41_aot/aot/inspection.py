@@ -14,6 +14,7 @@ from ..facts.arches import arch_facts
 from ..facts.kinds import KINDS, kind_facts
 from ..facts.releases import release_facts
 from ..keys import BuildKey
+from ..errors import OutputDirError
 from ..manifest import atomic_write
 from ..listing import built_rooms_or_error
 from .codeobject import code_object_resources
@@ -203,4 +204,8 @@ def plot(rows: list[dict], path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    atomic_write(Path(path), buf.getvalue())
+    try:
+        atomic_write(Path(path), buf.getvalue())
+    except OSError as e:  # a folder, a path under a file, a read-only folder: bad input, named
+        raise OutputDirError(f"--plot {path}: cannot write the picture there ({e.strerror or e})",
+                             fix="pass --plot FILE.png in a folder you can write") from None

@@ -19,6 +19,11 @@ def _selected_keys(args) -> tuple:
     from ..aot import matrix, shards
     from ..keys import BuildKey, neighbours
 
+    if args.any_key and not args.key:
+        raise AotError("--any-key lets --key name a key the matrix does not build; without --key it would be ignored",
+                       fix="pass --key KEY --any-key, or drop --any-key")
+    if args.key and args.shard:
+        raise AotError("--key and --shard both choose the keys to build", fix="pass one of them")
     if args.seconds and not args.shard:
         raise AotError("--seconds only balances the shards of --shard (its files' compile seconds cut them)",
                        fix="pass it with --shard i/N, or drop --seconds")
@@ -87,6 +92,8 @@ def cmd_build(args) -> int:
         return 0
     from ..aot import builder, cache
 
+    if not args.out.strip():  # Path("") is the current folder: never a silent target
+        raise AotError("--out '': an empty folder name", fix="pass --out DIR (e.g. --out kernels_prebuilt)")
     # each release's mono sources digest as the matrix the keys came from records it
     digests = m.digests()
     summary = builder.build(
@@ -178,6 +185,8 @@ def cmd_fetch_vllm(args) -> int:
     from ..facts.releases import release_facts
 
     release_facts(args.release)
+    if args.dest is not None and (not args.dest or Path(args.dest).exists() and not Path(args.dest).is_dir()):
+        raise AotError(f"--dest {args.dest!r}: not a folder to unpack into", fix="pass --dest DIR (a folder, or a new path)")
     src = source.fetch(args.release, Path(args.dest) if args.dest else None,
                        log=lambda m: print(m, file=sys.stderr))
     if args.json:
