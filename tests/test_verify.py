@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -246,6 +247,23 @@ def test_mixed_source_identities_fail(copy):
     assert "2 source identities" in f["error"] and f["release"] == "0.33.0"
     # the fix rebuilds the keys that differ, from this release's tree
     assert f["fix"] == f"dsv41-aot build --release 0.33.0 --out {copy} --key {key}"
+
+
+def test_record_under_an_unsupported_flydsl_writes_nothing(copy, tmp_path):
+    """P13a of the fault report at 24a0152: refused (exit 2) before a corrupt
+    verified.json is set aside or an empty record written."""
+    fake = tmp_path / "site" / "flydsl-9.9.9.dist-info"
+    fake.mkdir(parents=True)
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: flydsl\nVersion: 9.9.9\n")
+    verified = Room(copy, "gfx942", "0.33.0").verified_path
+    verified.write_text("{ not json")
+    before = sorted(p.name for p in verified.parent.iterdir())
+    proc = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "verify", "--dir", str(copy), "--against-jit",
+                           "--record", "--key", sorted(Room(copy, "gfx942", "0.33.0").manifest().entries)[0],
+                           "--release", "0.33.0", "--no-progress"], capture_output=True, text=True, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")))
+    assert proc.returncode == 2 and "FlyDSL 9.9.9 is installed" in proc.stderr, proc.stderr
+    assert verified.read_text() == "{ not json" and sorted(p.name for p in verified.parent.iterdir()) == before
 
 
 def test_entries_that_differ_only_in_toolchain_are_one_source(copy):

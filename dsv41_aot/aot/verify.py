@@ -94,16 +94,17 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
 
     from . import jit
 
+    from . import toolchain
+
     todo = [k for ks in chosen.values() for k in ks]
     mans = {room: codes[ks[0]][0] for room, ks in chosen.items() if ks}
+    tools = toolchain.find() if todo else None  # an unsupported FlyDSL or no linker: exit 2 before anything is written
     sources = release_trees({k.release for k in todo}, {m.release: m for m in mans.values()}, trees, matrix_path)
     store, idents, hits = None, {}, []
     if cache is not None and todo:
-        from . import toolchain
         from .buildroom import identity
         from .cache import BuildCache
 
-        tools = toolchain.find()
         store = BuildCache(cache, tools)
         idents = {release: identity(src, tools) for release, src in sources.items()}
         for k in todo:
