@@ -32,7 +32,7 @@ from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
 from dsv41_aot.facts.releases import RELEASES, deployed_arches, release_facts, version_order  # noqa: E402
 from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, room_name  # noqa: E402
 from dsv41_aot.room import Room  # noqa: E402
-from dsv41_aot.listing import built_arches, built_releases, orphan_objects  # noqa: E402
+from dsv41_aot.listing import built_arches, built_releases, orphan_objects, unnamed_in_lib  # noqa: E402
 
 
 @dataclass
@@ -146,13 +146,11 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
     if orphans:
         raise IntegrityError(f"{adir / OBJECTS}: {len(orphans)} object(s) no room's manifest names, e.g. "
                              f"{orphans[0].name} (a partial copy or an interrupted build)", fix=f"rebuild to clean it: {fix}")
-    lib_dir = adir / LIB
-    stray = sorted(p.name for p in lib_dir.iterdir() if p.name not in bands and not p.name.startswith(".")) \
-        if lib_dir.is_dir() else []
+    stray = unnamed_in_lib(root, adir)
     if stray:
-        raise IntegrityError(f"{lib_dir}: {', '.join(stray[:5])} named by no room's {LIBS_JSON} "
-                             f"({', '.join(r.name for r in out.rooms)})",
-                             fix=f"dsv41-aot link --dir {root} --arch {arch}")
+        raise IntegrityError(f"{adir / LIB}: {', '.join(p.name for p, _ in stray[:5])} named by no room's "
+                             f"{LIBS_JSON} ({', '.join(r.name for r in out.rooms)})",
+                             fix=" && ".join(dict.fromkeys(fix for _, fix in stray)))
     out.files += [f"{LIB}/{name}" for name in sorted(bands)]
     out.files += sorted(set().union(*(r.objects for r in out.rooms)))
     return out

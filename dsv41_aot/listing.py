@@ -14,7 +14,7 @@ from pathlib import Path
 from . import pending
 from .errors import AotError
 from .facts.releases import release_facts, version_order
-from .manifest import LIBS_JSON, MANIFEST, OBJECTS, PREFIX
+from .manifest import BAND_SUFFIX, LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX
 from .room import ROOM_RE, Room
 
 
@@ -92,6 +92,36 @@ def named_by_rooms(arch_dir: Path) -> tuple[set, set] | None:
         except AotError:
             return None
     return objs, bands
+
+
+def is_band_file(name: str) -> bool:
+    """Whether a file name in an arch's lib/ is a band (or a schema-1 raw library)."""
+    return name.startswith("libdsv41_") and name.endswith((".so", BAND_SUFFIX))
+
+
+def unnamed_in_lib(root: Path, arch_dir: Path) -> list[tuple[Path, str]]:
+    """The files in an arch's lib/ that no room's libs.json names, each with the command that removes it.
+
+    The one judge of a lib/ folder's strays, which verify and the wheel gate
+    refuse: a band is removed by ``link`` (it keeps only the bands a room
+    names), anything else by hand (``rm``, ``rm -r`` for a folder). None is
+    listed while a room's records cannot be read or a room is not linked:
+    that room's own problem says so."""
+    named = named_by_rooms(arch_dir)
+    lib = Path(arch_dir) / LIB
+    unlinked = any(r.has(MANIFEST) and not r.has(LIBS_JSON) for r in rooms_of(arch_dir))
+    if named is None or unlinked or not lib.is_dir():
+        return []
+    out = []
+    for p in sorted(lib.iterdir()):
+        if p.name in named[1] or p.name.startswith("."):
+            continue
+        if is_band_file(p.name) and not p.is_dir():
+            fix = f"dsv41-aot link --dir {root} --arch {Path(arch_dir).name}"
+        else:
+            fix = f"rm -r '{p}'" if p.is_dir() and not p.is_symlink() else f"rm '{p}'"
+        out.append((p, fix))
+    return out
 
 
 def orphan_objects(arch_dir: Path) -> list[Path]:

@@ -28,7 +28,7 @@ from ..keys import BuildKey
 from ..manifest import BAND_SUFFIX, LIB, MANIFEST, PREFIX, Manifest, sha256_file
 from ..linkrecord import Band, LinkRecord, soname
 from ..room import Room
-from ..listing import built_rooms, named_by_rooms
+from ..listing import built_rooms, is_band_file, named_by_rooms
 
 XZ_PRESET = 6  # measured: preset 9, extreme and an x86 BCJ filter gain under 1% on these libraries
 BAND = 8  # step widths per chunk
@@ -119,11 +119,6 @@ def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=No
     removed = _remove_unnamed_bands(arch_dir)  # after libs.json: this room's new bands are named
     return {"arch": man.arch, "release": release, "keys": len(man.entries), "libraries": len(libraries),
             "linked": linked, "up_to_date": kept, "removed": removed, "seconds": round(time.perf_counter() - t0, 3)}
-
-
-def is_band_file(name: str) -> bool:
-    """Whether a file name in an arch's lib/ is a band (or a schema-1 raw library)."""
-    return name.startswith("libdsv41_") and name.endswith((".so", BAND_SUFFIX))
 
 
 def _remove_unnamed_bands(arch_dir: Path) -> list[str]:

@@ -21,12 +21,11 @@ from ..errors import AotError, ManifestError
 from ..keys import BuildKey
 from ..manifest import LIB, LIBS_JSON, Manifest
 from ..room import REINSTALL, Room
-from ..listing import built_rooms_or_error, named_by_rooms, orphan_objects, rooms_in, rooms_of
+from ..listing import built_rooms_or_error, named_by_rooms, orphan_objects, rooms_in, rooms_of, unnamed_in_lib
 from ..proof import NO_EVIDENCE, STALE, VERIFIED
 from .integrity import NOT_RESIDENT, KeyReport, ShippedCode, check_entry
 from . import hiprec
 from .jit import compare_jit, verified_record, write_verified
-from .link import is_band_file
 from .output import progress_bar, tally
 
 
@@ -417,24 +416,10 @@ def verify_shipped(*, wheel: Path | None = None, folder: Path | None = None, **k
 
 
 def _unnamed_bands(root: Path, arch_dir: Path) -> list:
-    """Failures for the files in an arch's lib/ that no room's libs.json names.
-
-    The wheel gate refuses such files and link removes the bands among them.
-    While some room's records are missing or unreadable, nothing is reported."""
-    named = named_by_rooms(arch_dir)
-    lib = arch_dir / LIB
-    unlinked = any(r.manifest_path.is_file() and not r.libs_path.is_file() for r in rooms_of(arch_dir))
-    if named is None or unlinked or not lib.is_dir():  # a room whose bands are unknown: its own failure says so
-        return []
-    out = []
-    for p in sorted(lib.iterdir()):
-        if p.name in named[1] or p.name.startswith("."):
-            continue
-        band = is_band_file(p.name)
-        out.append({"key": None, "release": None, "file": str(p), "what": "band", "serving": False,
-                    "error": f"{p} is named by no room's {LIBS_JSON} (a wheel would refuse to ship it)",
-                    "fix": f"dsv41-aot link --dir {root} --arch {arch_dir.name}" if band else f"rm '{p}'"})
-    return out
+    """Failures for the files in an arch's lib/ that no room's libs.json names (``listing.unnamed_in_lib``)."""
+    return [{"key": None, "release": None, "file": str(p), "what": "band", "serving": False,
+             "error": f"{p} is named by no room's {LIBS_JSON} (a wheel would refuse to ship it)", "fix": fix}
+            for p, fix in unnamed_in_lib(root, arch_dir)]
 
 
 def _key_failure(rep: KeyReport, room: Room) -> dict:
