@@ -271,13 +271,29 @@ class Room:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
-            raise IntegrityError(f"{path} is missing", fix=self.fix_relink) from None
+            raise self._missing_band(band, path) from None
         except OSError as e:  # ELOOP: a symlink where a band must be
             raise ManifestError(f"{path}: cannot open it as a plain file inside its lib/ folder ({e})",
                                 fix=self.fix_relink) from None
         with os.fdopen(fd, "rb") as f:
             data = f.read()
         return band.unpack(data, path, self.fix_relink)
+
+    def _missing_band(self, band: Band, path: Path) -> IntegrityError:
+        """The error for a band this room's record names and lib/ no longer holds.
+
+        When libs.json on disk no longer names it, the room was relinked
+        after this object read it (a build or reinstall beside a running
+        process): only a new process reads the new record."""
+        try:
+            now = {b.file for b in Room(self.root, self.arch, self.release, self.reader).links().bands}
+        except AotError:
+            now = None
+        if self._links is not None and now is not None and band.file not in now:
+            return IntegrityError(f"{path} is gone: {self.libs_path} was relinked after this process read it (it "
+                                  f"now names other bands); a process reads its rooms once",
+                                  fix="restart the process (vLLM): its next start serves the new bands")
+        return IntegrityError(f"{path} is missing", fix=self.fix_relink)
 
     # the verdict
 

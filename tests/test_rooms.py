@@ -140,3 +140,33 @@ def test_a_foreign_room_whose_records_cannot_be_read_is_said(smoke_dir, tmp_path
     (arch / "vllm-0.34.0" / "libs.json").write_text("{")
     code, out, err = run_cli("verify", "--dir", d, check=False)
     assert "some room's records cannot be read" in err and str(arch) in err, err
+
+
+def test_a_room_relinked_under_a_running_process_says_restart(tmp_path):
+    """P5 of the fault report at 24a0152: a band this process's record names
+    is gone because the room was relinked since it read it. The fix used to
+    be link (which found everything up to date); it is now a restart."""
+    import dataclasses
+    import os
+
+    from _smoke import deployment
+
+    from dsv41_aot.errors import IntegrityError
+    from dsv41_aot.linkrecord import LinkRecord
+
+    root = Path(shutil.copytree(deployment("gfx942-tp4"), tmp_path / "prebuilt"))
+    running = Room(root, "gfx942", "0.33.0")
+    old = running.links().bands[0]  # what the running process read
+    # another process relinks the room: the band gets a new name, libs.json names it
+    new = dataclasses.replace(old, file=old.file.replace(old.file.split(".")[1], "0123456789abcdef"))
+    os.replace(running.lib / old.file, running.lib / new.file)
+    Room(root, "gfx942", "0.33.0").write_links(LinkRecord.of("gfx942", "0.33.0", [new, *running.links().bands[1:]]))
+    with pytest.raises(IntegrityError) as e:
+        running.read_band(old)
+    assert "was relinked after this process read it" in e.value.message and e.value.fix.startswith("restart")
+    assert Room(root, "gfx942", "0.33.0").read_band(new)  # a new process serves the new band
+    # a band that is simply missing is still the room's own problem (a wheel's room: reinstalled)
+    (running.lib / new.file).unlink()
+    with pytest.raises(IntegrityError) as e:
+        Room(root, "gfx942", "0.33.0").read_band(new)
+    assert e.value.message.endswith("is missing") and e.value.fix.startswith("pip install --force-reinstall")
