@@ -154,6 +154,7 @@ def test_the_plugin_mode_and_what_stops_vllm_calling_it(full):
     assert r.returncode == 0 and "add --tp N" in r.stdout
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("var,value,read", [
     ("DSV41_AOT_MODE", "STRICT", "mode strict"), ("DSV41_AOT_MODE", " Fallback ", "mode fallback"),
     ("DSV41_AOT_DISABLE", "false", "mode strict"), ("DSV41_AOT_DISABLE", " 0", "mode strict"),
@@ -168,6 +169,7 @@ def test_the_plugins_variables_read_one_way_everywhere(full, var, value, read):
     assert r.returncode == (1 if read == "disabled by" else 0), r.stdout
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("var,value", [("DSV41_AOT_MODE", "weird"), ("DSV41_AOT_DISABLE", "maybe"),
                                        ("DSV41_AOT_ALLOW_SOURCE_MISMATCH", "perhaps"), ("DSV41_AOT_ARCH", "gfx999"),
                                        ("DSV41_AOT_ARCH", "../x")])

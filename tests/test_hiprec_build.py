@@ -14,6 +14,7 @@ from dsv41_aot.aot import hiprec
 from dsv41_aot.errors import AotError
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("how", ["a regular file", "a read-only folder"])
 def test_a_build_cache_that_cannot_hold_it_is_a_warning(tmp_path, monkeypatch, capsys, how):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -54,6 +54,7 @@ def test_build_list_and_bad_input():
     assert doc["command"] == "build" and doc["exit_code"] == 2
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("args,says", [
     (("build", "--any-key", "--list"), "without --key it would be ignored"),
     (("build", "--key", "k1@gfx950:s=4,tp=4,r=1", "--shard", "0/2", "--list"), "--key and --shard both choose"),

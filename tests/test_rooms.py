@@ -142,6 +142,7 @@ def test_a_foreign_room_whose_records_cannot_be_read_is_said(smoke_dir, tmp_path
     assert "some room's records cannot be read" in err and str(arch) in err, err
 
 
+@pytest.mark.faults
 def test_a_room_relinked_under_a_running_process_says_restart(tmp_path):
     """P5 of the fault report at 24a0152: a band this process's record names
     is gone because the room was relinked since it read it. The fix used to

@@ -62,6 +62,7 @@ def _proved(doc: dict) -> list[str]:
     return sorted(r["key"] for r in doc["reports"] if {"band", "jit", "launch"} <= set(r["checks"]) and r["ok"])
 
 
+@pytest.mark.faults
 def test_a_sample_of_a_shipped_folder_is_proven_from_its_bands(shipped):
     code, doc = _verify("--dir", shipped, "--against-jit", *SAMPLE)
     assert code == 0, doc["failures"]
@@ -83,6 +84,7 @@ def test_a_sample_of_its_wheel_is_proven_and_recorded_without_touching_it(shippe
     assert str(wheel.resolve()) + "!" in doc["dir"]  # the report names the wheel, not its scratch copy
 
 
+@pytest.mark.faults
 def test_an_edited_band_fails_naming_the_key_and_nothing_is_checked(shipped, tmp_path):
     d = Path(shutil.copytree(shipped, tmp_path / "edited"))
     room = Room(d, ARCH, RELEASE)
@@ -98,6 +100,7 @@ def test_an_edited_band_fails_naming_the_key_and_nothing_is_checked(shipped, tmp
     assert any("asked to check against vLLM's JIT, but no key was checked" in f["error"] for f in doc["failures"])
 
 
+@pytest.mark.faults
 def test_a_shipped_proof_that_is_not_this_runs_is_named_field_by_field(shipped, tmp_path):
     d = Path(shutil.copytree(shipped, tmp_path / "forged"))
     path = Room(d, ARCH, RELEASE).verified_path

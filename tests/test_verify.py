@@ -249,6 +249,7 @@ def test_mixed_source_identities_fail(copy):
     assert f["fix"] == f"dsv41-aot build --release 0.33.0 --out {copy} --key {key}"
 
 
+@pytest.mark.faults
 def test_record_under_an_unsupported_flydsl_writes_nothing(copy, tmp_path):
     """P13a of the fault report at 24a0152: refused (exit 2) before a corrupt
     verified.json is set aside or an empty record written."""
@@ -266,6 +267,7 @@ def test_record_under_an_unsupported_flydsl_writes_nothing(copy, tmp_path):
     assert verified.read_text() == "{ not json" and sorted(p.name for p in verified.parent.iterdir()) == before
 
 
+@pytest.mark.faults
 def test_entries_that_differ_only_in_toolchain_are_one_source(copy):
     """P3 of the fault report at 24a0152: a room holding keys built under two
     FlyDSL releases (each kept its object, its GPU code object unchanged) is
@@ -302,6 +304,7 @@ def test_a_mixed_room_left_by_a_stopped_build_carries_its_options(copy):
     assert f["fix"] == f"dsv41-aot build --release 0.33.0 --out {copy} --key {key} " + " ".join(opts)
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("how", ["truncated", "version 2", "a bad key", "an unknown release", "no keys",
                                  "an option a build never records", "a matrix that is not there", "a shell word"])
 def test_a_record_of_a_stopped_build_that_cannot_be_used_is_named_never_echoed(copy, how):

@@ -473,6 +473,7 @@ def _gates(wheel: Path, prebuilt: Path) -> dict:
                                        wheel.parent])))}
 
 
+@pytest.mark.faults
 def test_a_room_of_an_unknown_release_skips_no_check(wheel, smoke, tmp_path):
     """P2 of the fault report at 24a0152: a foreign room's manifest ({}) used
     to make the script and the pre-upload stage skip every later check. Now
@@ -492,6 +493,7 @@ def test_a_room_of_an_unknown_release_skips_no_check(wheel, smoke, tmp_path):
         assert "is not in" in out and "RECORD" in out, (gate, out)
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("how", ["no RECORD", "edited module", "added module", "stray file in lib", "raw library",
                                  "timings"])
 def test_what_pip_or_record_would_show_is_refused_by_every_gate(wheel, smoke, tmp_path, how):
