@@ -366,7 +366,7 @@ def test_flipped_object_is_refused_by_verify_and_link_and_rebuilt_by_build(smoke
     link = cli("link", "--dir", d)
     assert link.returncode == 1 and key in link.stderr and "does not match its manifest sha256" in link.stderr
     fix = fix_of(v.stderr)
-    assert fix[:4] == ["build", "--release", NEWEST, "--key"]
+    assert fix[:6] == ["build", "--release", NEWEST, "--out", str(d), "--key"] and fix[6] == key
     r = cli(*fix)
     assert r.returncode == 0, r.stderr
     assert man.object_path(key).read_bytes() == before

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from _smoke import REPO, cli, deployment
 
-from dsv41_aot.room import Room
+from dsv41_aot.room import Room, room_name
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def test_a_sample_of_its_wheel_is_proven_and_recorded_without_touching_it(shippe
     code, doc = _verify("--wheel", wheel, "--against-jit", "--record", *SAMPLE)
     assert code == 0, doc["failures"]
     assert doc["jit_checked"] == 2 and _proved(doc) == PICKED
-    recorded = doc["recorded"][f"{ARCH}/vllm-{RELEASE}"]
+    recorded = doc["recorded"][room_name(ARCH, RELEASE)]
     assert recorded["version"] == 4 and set(PICKED) <= set(recorded["keys"])
     for key in PICKED:  # this run's proofs: evidence of the JIT run and of both launches
         assert set(recorded["keys"][key]["evidence"]) >= {"artifact_sha256", "module_sha256", "launch_sha256"}

@@ -402,8 +402,8 @@ def verify_shipped(*, wheel: Path | None = None, folder: Path | None = None, **k
         recorded = {}
         if kw.get("record"):
             for room in rooms_in(root):
-                if room.verified_path.is_file():
-                    recorded[room.name] = json.loads(room.verified_path.read_text())
+                if room.has(VERIFIED):
+                    recorded[room.name] = json.loads(room.proof().to_bytes())
         shown = f"{Path(wheel).resolve()}!" if wheel is not None else str(Path(folder).resolve())
         report = json.loads(json.dumps(report).replace(str(root.resolve()), shown).replace(str(root), shown))
     report["recorded"] = recorded

@@ -67,9 +67,10 @@ def run(args) -> int:
         if args.json:
             from ..aot.output import print_json, tally
 
+            fields = {k: v for k, v in r.items() if k not in ("keys", "failed")}  # tally's own counts
             print_json(tally(sum(room["keys"] for room in r["rooms"]), sum(room["proven"] for room in r["rooms"]),
                              [{"key": None, "error": p} for p in r["problems"]]
-                             + [{"key": k, "error": "no proof against vLLM's JIT"} for k in r["unproven"]], **r))
+                             + [{"key": k, "error": "no proof against vLLM's JIT"} for k in r["unproven"]], **fields))
         else:
             print_wheel_report(r)
         return 1 if r["failed"] else 0
