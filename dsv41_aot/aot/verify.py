@@ -91,9 +91,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
     is stored (a cache that cannot be used is a warning, never a failure)."""
     import tempfile
 
-    from . import jit
-
-    from . import toolchain
+    from . import jit, toolchain
 
     todo = [k for ks in chosen.values() for k in ks]
     mans = {room: codes[ks[0]][0] for room, ks in chosen.items() if ks}
@@ -140,8 +138,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
             theirs = shipped[key.room].get((str(key), mine.flydsl))
             if theirs is not None and (diffs := theirs.differences(mine)):
                 rep.checks.append("proof")
-                rep.problems.append(f"{PROOF_DIFFERS} (recorded, now): "
-                                    f"{', '.join(diffs)}")
+                rep.problems.append(f"{PROOF_DIFFERS} (recorded, now): {', '.join(diffs)}")
                 mine = None
             elif theirs is not None:
                 rep.checks.append("proof")
@@ -356,63 +353,6 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                  jit_cached=sum(r.jit_cached for r in order), jobs=jobs,
                  wall_seconds=round(time.perf_counter() - t0, 3), warnings=list(warnings.values()),
                  proofs=proofs, reports=[r.as_dict() for r in order], fixes=fixes(failures, root))
-
-
-def installed_kernels(root: Path) -> bool:
-    """Whether ``root`` is the kernels folder of a dsv41-aot installed from a wheel (pip's RECORD lists it)."""
-    from importlib import metadata
-
-    try:
-        dist = metadata.distribution("dsv41-aot")
-    except metadata.PackageNotFoundError:
-        return False
-    files = [f for f in dist.files or () if str(f).startswith("dsv41_aot/kernels_prebuilt/")]
-    return bool(files) and Path(dist.locate_file("dsv41_aot/kernels_prebuilt")).resolve() == Path(root).resolve()
-
-
-def verify_shipped(*, wheel: Path | None = None, folder: Path | None = None, **kw) -> dict:
-    """``verify`` of a wheel's kernels, or of an installed package's, that writes nothing into them.
-
-    The kernels are copied into a scratch folder and verified there (with
-    ``--against-jit``, proven from their bands); the wheel is judged first
-    (``wheel.judge``) and its problems are failures too. ``recorded`` holds
-    each room's verified.json as ``--record`` made it, for the caller to
-    print: the wheel or the installed files stay as they are. Paths in the
-    report name the wheel (``WHEEL!/<arch>/...``) or the folder, never the
-    scratch copy."""
-    import json
-    import shutil
-    import tempfile
-
-    from .wheel import PKG, judge, open_wheel
-
-    verdict = judge(wheel) if wheel is not None else None
-    with tempfile.TemporaryDirectory(prefix="dsv41-verify-shipped-") as tmp:
-        root = Path(tmp) / "kernels"
-        if wheel is not None:
-            with open_wheel(wheel) as z:
-                for n in z.namelist():
-                    if n.startswith(PKG) and not n.endswith("/"):
-                        dest = root / n[len(PKG):]
-                        dest.parent.mkdir(parents=True, exist_ok=True)
-                        dest.write_bytes(z.read(n))
-        else:
-            shutil.copytree(folder, root, ignore=shutil.ignore_patterns("__pycache__"))
-        report = verify(root, **kw)
-        recorded = {}
-        if kw.get("record"):
-            for room in rooms_in(root):
-                if room.has(VERIFIED):
-                    recorded[room.name] = json.loads(room.proof().to_bytes())
-        shown = f"{Path(wheel).resolve()}!" if wheel is not None else str(Path(folder).resolve())
-        report = json.loads(json.dumps(report).replace(str(root.resolve()), shown).replace(str(root), shown))
-    report["recorded"] = recorded
-    if verdict is not None:
-        report["failures"] += [{"key": None, "release": None, "file": str(wheel), "what": "wheel", "serving": True,
-                                "error": p, "fix": REINSTALL} for p in verdict["problems"]]
-        report["failed"] = len(report["failures"])
-        report["fixes"] = fixes(report["failures"], Path(shown))
-    return report
 
 
 def _unnamed_bands(root: Path, arch_dir: Path) -> list:

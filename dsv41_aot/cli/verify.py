@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from ..aot.cache import cache_dir
-from ..aot.verify import installed_kernels, shard_keys, verify, verify_shipped
+from ..aot.shipped import installed_kernels, verify_shipped
+from ..aot.verify import shard_keys, verify
 from ..errors import AotError
 from ..facts.releases import NEWEST
 from ..keys import BuildKey

@@ -1,0 +1,73 @@
+"""Proving shipped kernels without writing into them: a wheel's, or an installed package's.
+
+``dsv41-aot verify --wheel FILE --against-jit`` and ``verify --against-jit
+--record`` of the installed kernels run ``aot.verify.verify`` on a scratch
+copy, so pip's files and the wheel stay as they are; ``--record`` then
+prints the proofs it made.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..listing import rooms_in
+from ..proof import VERIFIED
+from ..room import REINSTALL
+from .verify import fixes, verify
+
+
+def installed_kernels(root: Path) -> bool:
+    """Whether ``root`` is the kernels folder of a dsv41-aot installed from a wheel (pip's RECORD lists it)."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("dsv41-aot")
+    except metadata.PackageNotFoundError:
+        return False
+    files = [f for f in dist.files or () if str(f).startswith("dsv41_aot/kernels_prebuilt/")]
+    return bool(files) and Path(dist.locate_file("dsv41_aot/kernels_prebuilt")).resolve() == Path(root).resolve()
+
+
+def verify_shipped(*, wheel: Path | None = None, folder: Path | None = None, **kw) -> dict:
+    """``verify`` of a wheel's kernels, or of an installed package's, that writes nothing into them.
+
+    The kernels are copied into a scratch folder and verified there (with
+    ``--against-jit``, proven from their bands); the wheel is judged first
+    (``wheel.judge``) and its problems are failures too. ``recorded`` holds
+    each room's verified.json as ``--record`` made it, for the caller to
+    print: the wheel or the installed files stay as they are. Paths in the
+    report name the wheel (``WHEEL!/<arch>/...``) or the folder, never the
+    scratch copy."""
+    import json
+    import shutil
+    import tempfile
+
+    from .wheel import PKG, judge, open_wheel
+
+    verdict = judge(wheel) if wheel is not None else None
+    with tempfile.TemporaryDirectory(prefix="dsv41-verify-shipped-") as tmp:
+        root = Path(tmp) / "kernels"
+        if wheel is not None:
+            with open_wheel(wheel) as z:
+                for n in z.namelist():
+                    if n.startswith(PKG) and not n.endswith("/"):
+                        dest = root / n[len(PKG):]
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        dest.write_bytes(z.read(n))
+        else:
+            shutil.copytree(folder, root, ignore=shutil.ignore_patterns("__pycache__"))
+        report = verify(root, **kw)
+        recorded = {}
+        if kw.get("record"):
+            for room in rooms_in(root):
+                if room.has(VERIFIED):
+                    recorded[room.name] = json.loads(room.proof().to_bytes())
+        shown = f"{Path(wheel).resolve()}!" if wheel is not None else str(Path(folder).resolve())
+        report = json.loads(json.dumps(report).replace(str(root.resolve()), shown).replace(str(root), shown))
+    report["recorded"] = recorded
+    if verdict is not None:
+        report["failures"] += [{"key": None, "release": None, "file": str(wheel), "what": "wheel", "serving": True,
+                                "error": p, "fix": REINSTALL} for p in verdict["problems"]]
+        report["failed"] = len(report["failures"])
+        report["fixes"] = fixes(report["failures"], Path(shown))
+    return report
