@@ -267,19 +267,53 @@ def test_record_under_an_unsupported_flydsl_writes_nothing(copy, tmp_path):
     assert verified.read_text() == "{ not json" and sorted(p.name for p in verified.parent.iterdir()) == before
 
 
+def _rebuilt_under_another_flydsl(copy: Path, key: str) -> str:
+    """Make ``key``'s object what a build under the other supported FlyDSL writes, and relink.
+
+    Under FlyDSL 0.4.2 and 0.5.0 the export differs only in the version its
+    metadata names (the GPU code object is the same); returns that version."""
+    from dsv41_aot.manifest import sha256_file
+
+    man = Room(copy, "gfx942", "0.33.0").manifest()
+    e = man.entries[key]
+    have = e.source["flydsl_version"]
+    other = "0.5.0" if have != "0.5.0" else "0.4.2"
+    data = man.object_path(key).read_bytes()
+    at = data.index(have.encode(), data.index(b"flydsl_version"))
+    data = data[:at] + other.encode() + data[at + len(have):]
+    new = copy / "gfx942" / "objects" / f"{hashlib.sha256(data).hexdigest()}.o"
+    new.write_bytes(data)
+    man.entries[key] = e.replace(object=f"objects/{new.name}", sha256=sha256_file(new), bytes=len(data),
+                                 source=dict(e.source, flydsl_version=other))
+    man.write()
+    assert cli("link", "--dir", copy, "--arch", "gfx942").returncode == 0
+    return other
+
+
 @pytest.mark.faults
 def test_entries_that_differ_only_in_toolchain_are_one_source(copy):
     """P3 of the fault report at 24a0152: a room holding keys built under two
     FlyDSL releases (each kept its object, its GPU code object unchanged) is
     what docs/building.md allows and the loader serves; verify agrees."""
-    man = Room(copy, "gfx942", "0.33.0").manifest()
-    key = sorted(man.entries)[0]
-    man.entries[key] = man.entries[key].replace(source=dict(man.entries[key].source, flydsl_version="0.5.0",
-                                                            linker="another lld"))
-    man.write()
+    key = sorted(Room(copy, "gfx942", "0.33.0").manifest().entries)[0]
+    _rebuilt_under_another_flydsl(copy, key)
     proc = cli("verify", "--dir", copy, "--json")
     assert not [f for f in json.loads(proc.stdout)["failures"] if "source identities" in f["error"]]
     assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.faults
+def test_an_entry_naming_another_flydsl_than_its_export_fails(copy):
+    """P11d of the fault report at 24a0152: an entry (or a build cache's
+    record) may not pass one FlyDSL's object off as another's."""
+    man = Room(copy, "gfx942", "0.33.0").manifest()
+    key = sorted(man.entries)[0]
+    have = man.entries[key].source["flydsl_version"]
+    man.entries[key] = man.entries[key].replace(source=dict(man.entries[key].source, flydsl_version="0.0.1"))
+    man.write()
+    proc = cli("verify", "--dir", copy, "--json")
+    (f,) = [f for f in json.loads(proc.stdout)["failures"] if f["key"] == key]
+    assert proc.returncode == 1 and f"built by FlyDSL {have}, its identity says 0.0.1" in f["error"]
 
 
 # ---------------------------------------------------------------- rooms (no build)

@@ -132,8 +132,9 @@ def describe_object(key: BuildKey, data: bytes, identity: dict) -> tuple[Entry, 
     """Check ``key``'s stripped export object ``data``; return (manifest entry, ABI).
 
     It must be exported for the key's arch, hold the key's GPU kernel and be
-    resident one CTA per CU; a spill is recorded, not refused (vLLM's JIT
-    launches the same code object). A fresh compile and a manifest recovered
+    resident one CTA per CU, and made by the FlyDSL ``identity`` names (so a
+    build cache's record of another FlyDSL's blob is a miss); a spill is
+    recorded, not refused (vLLM's JIT launches the same code object). A fresh compile and a manifest recovered
     from objects/ both pass through here."""
     from .codeobject import code_object_resources, manifest_figures
     from .residency import residency_problems
@@ -142,6 +143,9 @@ def describe_object(key: BuildKey, data: bytes, identity: dict) -> tuple[Entry, 
     meta = json.loads(meta_bytes)
     if meta.get("arch") != key.arch:
         raise CompileError(f"{key}: FlyDSL compiled for {meta.get('arch')!r}")
+    if meta.get("flydsl_version") != identity.get("flydsl_version"):  # an export says which FlyDSL made it
+        raise CompileError(f"{key}: built by FlyDSL {meta.get('flydsl_version')}, its identity says "
+                           f"{identity.get('flydsl_version')}")
     names = {s.name for s in elf.Elf(code).symbols()}
     if key.kernel_symbol not in names:
         raise CompileError(f"{key}: code object lacks kernel {key.kernel_symbol} (has {sorted(n for n in names if n.startswith('_ZN'))})")
