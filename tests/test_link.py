@@ -164,6 +164,31 @@ def test_a_flipped_byte_in_an_object_is_refused_and_nothing_is_written(smoke, tm
     assert {lib["file"] for lib in _libs(d, "gfx950")} == {p.name for p in libdir(d, "gfx950").iterdir()}
 
 
+@pytest.mark.faults
+@pytest.mark.parametrize("field", ["resources", "entry"])
+def test_link_refuses_a_key_verify_refuses_and_its_fix_fixes_it(smoke, tmp_path, field):
+    """P11b of the fault report at 24a0152: an entry edited so that it no
+    longer describes its object used to be linked as up to date (resources)
+    or refused as bad input with no fix (entry)."""
+    import shlex
+
+    d = copy_of(smoke, tmp_path / "p")
+    man = Room(d, "gfx950", NEWEST).manifest()
+    key = sorted(k for k in man.entries if k.startswith("k1@"))[0]
+    e = man.entries[key]
+    man.entries[key] = e.replace(**({"resources": dict(e.resources, lds_bytes=e.resources["lds_bytes"] + 64)}
+                                    if field == "resources" else {"entry": e.entry + "_edited"}))
+    man.write()
+    r = cli("link", "--dir", d, "--arch", "gfx950", "--release", NEWEST)
+    assert r.returncode == 1 and key in r.stderr and "verify refuses" in r.stderr, r.stderr
+    (fix,) = [ln.split("fix: ", 1)[1] for ln in r.stderr.splitlines() if "fix: " in ln]
+    argv = shlex.split(fix)
+    assert argv[:2] == ["dsv41-aot", "build"] and key in argv, fix
+    assert cli(*argv[1:]).returncode == 0
+    assert cli("link", "--dir", d, "--arch", "gfx950", "--release", NEWEST).returncode == 0
+    assert cli("verify", "--dir", d).returncode == 0
+
+
 def test_link_of_a_folder_without_a_build_is_bad_input(tmp_path):
     r = cli("link", "--dir", tmp_path / "nothing")
     assert r.returncode == 2 and "dsv41-aot build" in r.stderr

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from ..elf import dynamic_info
-from ..errors import AotError, ManifestError, ToolchainError
+from ..errors import AotError, IntegrityError, ManifestError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import BAND_SUFFIX, LIB, MANIFEST, PREFIX, Manifest, sha256_file
 from ..linkrecord import Band, LinkRecord, soname
@@ -75,8 +75,30 @@ def _check_library(data: bytes, path: str, entries: list[str]) -> None:
         raise AotError(f"{path}: undefined symbols no ROCm host provides: {', '.join(stray[:10])}")
     defined = set(info["defined"])
     lost = [e for e in entries if e not in defined or f"{e}__module_load" not in defined]
-    if lost:
-        raise AotError(f"{path}: entries not exported: {', '.join(lost[:5])}")
+    if lost:  # refuse_unsound_entries checked each entry against its object: a linker's fault, not input
+        raise IntegrityError(f"{path}: entries not exported: {', '.join(lost[:5])}",
+                             fix=f"check the linker ({FIX_LD}), then link again")
+
+
+def refuse_unsound_entries(room: Room, man: Manifest) -> None:
+    """Refuse to link a room holding a key verify refuses (``integrity.check_entry``), naming each.
+
+    A corrupt object, or an entry that does not describe its object, is
+    never linked in (or kept linked): its fix rebuilds those keys."""
+    from ..pending import rebuild_cmd
+    from .integrity import check_entry
+
+    for key in man.entries:  # a missing or corrupt object: its own error and fix
+        man.check_object(key)
+    bad = {}
+    for key in sorted(man.entries):
+        rep = check_entry(man, key)[0]
+        if not rep.ok:
+            bad[key] = "; ".join(rep.problems)
+    if bad:
+        first = next(iter(bad))
+        raise IntegrityError(f"{room.name}: {len(bad)} key(s) that verify refuses are not linked: {first}: {bad[first]}",
+                             fix=rebuild_cmd(room.root, room.release, sorted(bad)))
 
 
 def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=None) -> dict:
@@ -88,8 +110,7 @@ def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=No
     arch_dir = Path(arch_dir).resolve()  # the linker runs in arch_dir: its output path must not be relative
     room = Room(arch_dir.parent, arch_dir.name, release)
     man = room.manifest()
-    for key in man.entries:  # refuse a corrupt object before linking it in
-        man.check_object(key)
+    refuse_unsound_entries(room, man)
     chunks: dict[str, list[str]] = {}
     for key in sorted(man.entries):
         chunks.setdefault(chunk_name(BuildKey.parse(key, release)), []).append(key)
