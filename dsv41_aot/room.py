@@ -31,6 +31,16 @@ REINSTALL = "pip install --force-reinstall --no-deps dsv41-aot"  # a wheel's roo
 ROOM_RE = re.compile(re.escape(PREFIX) + r"(\d+\.\d+\.\d+)")
 
 
+def _installed_digest() -> str | None:
+    """The installed vLLM's mono sources digest (None: no vLLM with the mono package)."""
+    from . import source
+
+    try:
+        return source.find().digest
+    except AotError:
+        return None
+
+
 # ---------------------------------------------------------------- problems
 
 
@@ -392,7 +402,17 @@ class Room:
             sources.setdefault(json.dumps(served(e.source), sort_keys=True), []).append(key)
         if len(sources) < 2:
             return []
-        fewest = min(sources.values(), key=len)
-        return [Problem("sources", f"{man.path} mixes {len(sources)} source identities ({len(fewest)} key(s) "
-                                   f"differ from the rest, e.g. {fewest[0]})", str(man.path),
-                        pending.rebuild_cmd(self.root, self.release, fewest, pending.options(self.arch_dir)))]
+        options = pending.options(self.arch_dir)  # a stopped build's own --matrix / --vllm-src: its source wins
+        installed = None if options else _installed_digest()
+        keep = next((ks for ks in sources.values() if installed
+                     and man.entries[ks[0]].source.get("mono_sources") == installed), None)
+        rebuild = sorted(k for ks in sources.values() if ks is not keep for k in ks) if keep else \
+            min(sources.values(), key=len)
+        how = "" if options else (
+            f"; the fix rebuilds them from the installed vLLM (mono sources {installed}); to keep theirs instead, "
+            f"build the other keys with --vllm-src and --matrix naming their tree" if keep else
+            "; no source is the installed vLLM's: the fix rebuilds the fewest from it; pass --vllm-src and "
+            "--matrix to build from another tree")
+        return [Problem("sources", f"{man.path} mixes {len(sources)} source identities ({len(rebuild)} key(s) "
+                                   f"differ from the rest, e.g. {rebuild[0]}){how}", str(man.path),
+                        pending.rebuild_cmd(self.root, self.release, rebuild, options))]

@@ -245,6 +245,8 @@ def test_mixed_source_identities_fail(copy):
     (f,) = json.loads(proc.stdout)["failures"]
     assert f["file"] == str(copy / "gfx942" / "vllm-0.33.0" / "manifest.json") and key in f["error"]
     assert "2 source identities" in f["error"] and f["release"] == "0.33.0"
+    # P11a of the fault report at 24a0152: the fix says which source it keeps, never silently
+    assert "the fix rebuilds them from the installed vLLM" in f["error"] and "--vllm-src" in f["error"]
     # the fix rebuilds the keys that differ, from this release's tree
     assert f["fix"] == f"dsv41-aot build --release 0.33.0 --out {copy} --key {key}"
 
