@@ -264,10 +264,15 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
         return argv, env
 
     def accept(room: str, ready: dict) -> str | None:
-        ident = states[room].ident
-        if ready.get("identity") != ident:
-            return f"compile worker's source identity {ready.get('identity')} differs from {ident}"
-        return None
+        ident, got = states[room].ident, ready.get("identity") or {}
+        differ = sorted(f for f in set(got) | set(ident) if got.get(f) != ident.get(f))
+        if not differ:
+            return None
+        why = ", ".join(f"{f} {got.get(f)} (the worker's), {ident.get(f)} (this build's)" for f in differ)
+        hint = ("; the FlyDSL module Python imports is not the one pip's metadata names: reinstall FlyDSL "
+                "(pip install --force-reinstall flydsl==" + str(ident.get("flydsl_version")) + ")"
+                if "flydsl_version" in differ else "")
+        return f"the compile worker's source identity differs: {why}{hint}"
 
     def fail(key: BuildKey, error: str, deterministic: bool = False) -> None:
         """Count a failed key and print it.
