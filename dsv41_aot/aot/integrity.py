@@ -23,6 +23,8 @@ ENTRY_FIELDS = ("kind", "arch", "fields", "symbol", "entry", "object", "sha256",
                 "code_object_bytes", "resources")
 # how a key's problem opens when its kernel cannot launch as a persistent kernel (fixed in the matrix, not rebuilt)
 NOT_RESIDENT = "cannot be resident"
+# how a key's problem opens when its manifest entry does not describe its own object (link refuses it too)
+ENTRY_DIFFERS = "manifest entry differs from its object's"
 
 
 @dataclass
@@ -130,7 +132,7 @@ def check_entry(man: Manifest, key: str, shipped: ShippedCode | None = None) -> 
         return rep, None
     changed = [f for f in ENTRY_FIELDS if getattr(described, f) != getattr(e, f)]
     if changed:
-        rep.problems.append(f"manifest entry differs from its object's: {', '.join(changed)}")
+        rep.problems.append(f"{ENTRY_DIFFERS}: {', '.join(changed)}")
     if abi != man.abi(key):
         rep.problems.append("export metadata's ABI slots differ from the manifest's ABI")
     rep.checks.append("resources")

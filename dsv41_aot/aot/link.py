@@ -81,23 +81,27 @@ def _check_library(data: bytes, path: str, entries: list[str]) -> None:
 
 
 def refuse_unsound_entries(room: Room, man: Manifest) -> None:
-    """Refuse to link a room holding a key verify refuses (``integrity.check_entry``), naming each.
+    """Refuse to link a key whose object is corrupt or whose entry does not describe it, naming each.
 
-    A corrupt object, or an entry that does not describe its object, is
-    never linked in (or kept linked): its fix rebuilds those keys."""
+    Those are ``integrity.check_entry``'s verdicts on what link itself
+    reads (the object, and the entry that names its symbol and resources):
+    such a key is never linked in or kept linked, and its fix rebuilds it.
+    Verify's other refusals (an ABI the kernel's kernargs disagree with,
+    an object of another key) stay verify's: the link is not wrong there."""
     from ..pending import rebuild_cmd
-    from .integrity import check_entry
+    from .integrity import ENTRY_DIFFERS, check_entry
 
     for key in man.entries:  # a missing or corrupt object: its own error and fix
         man.check_object(key)
     bad = {}
     for key in sorted(man.entries):
-        rep = check_entry(man, key)[0]
-        if not rep.ok:
-            bad[key] = "; ".join(rep.problems)
+        wrong = [p for p in check_entry(man, key)[0].problems if p.startswith(ENTRY_DIFFERS)]
+        if wrong:
+            bad[key] = "; ".join(wrong)
     if bad:
         first = next(iter(bad))
-        raise IntegrityError(f"{room.name}: {len(bad)} key(s) that verify refuses are not linked: {first}: {bad[first]}",
+        raise IntegrityError(f"{room.name}: {len(bad)} key(s) whose entry verify refuses are not linked: {first}: "
+                             f"{bad[first]}",
                              fix=rebuild_cmd(room.root, room.release, sorted(bad)))
 
 
