@@ -19,7 +19,7 @@ from pathlib import Path
 from .. import pending
 from ..errors import AotError, ManifestError
 from ..keys import BuildKey
-from ..manifest import LIB, LIBS_JSON, Manifest
+from ..manifest import LIBS_JSON, Manifest
 from ..room import REINSTALL, Room
 from ..listing import built_rooms_or_error, named_by_rooms, orphan_objects, rooms_in, rooms_of, unnamed_in_lib
 from ..proof import NO_EVIDENCE, STALE, VERIFIED
