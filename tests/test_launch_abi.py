@@ -161,8 +161,7 @@ def test_every_value_arrives_in_every_slot(stubbed, fresh, monkeypatch, release,
     monkeypatch.setenv(fresh.ENV_ALLOW_SOURCE, "1")  # the installed vLLM is one release; both are launched here
     # MOCK-GPU: device 0, of the key's arch, not capturing; the stub's own
     # __module_init / __module_load (no device work) are called for real
-    monkeypatch.setattr(state.current(), "arch_found", bk.arch)
-    monkeypatch.setattr(state.current(), "arch_read", True)
+    monkeypatch.setattr(state.current(), "archs", {0: bk.arch})
     monkeypatch.setattr(hip.Hip, "current_device", lambda self: (0, 0))
     monkeypatch.setattr(hip.Hip, "stream_capturing", lambda self, stream, what="": False)
 

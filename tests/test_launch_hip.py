@@ -137,6 +137,46 @@ def test_a_launcher_used_on_another_device_loads_its_module_there_first(smoke, r
     assert [c["device"] for c in calls if c.name == "hipModuleLoadData"] == ["0", "1", "1", "0"]
 
 
+_DEVICE_ARCH = """
+from dsv41_aot.errors import ArchMismatchError
+l = launcher()
+launch(l)                                   # device 0 reports gfx950: loaded
+os.environ["RECORDING_HIP_ARCH"] = "gfx942:sramecc+:xnack-"   # what device 1 reports
+set_device(1)
+try:
+    launch(l)
+    print(json.dumps(None))
+except ArchMismatchError as e:
+    print(json.dumps([type(e).__name__, str(e), sorted(l._devices)]))
+"""
+
+
+def test_each_device_s_arch_is_read_for_its_first_load(smoke, recording_hip, tmp_path):
+    """A second device of another arch refuses the load (P13d of the fault
+    report at 24a0152: the arch was read once per process)."""
+    out, calls = run(_DEVICE_ARCH, smoke, recording_hip, tmp_path, devices=2)
+    assert out[0] == "ArchMismatchError" and "the current device is gfx942 (device 1)" in out[1], out
+    assert out[2] == [0]
+    assert [c["device"] for c in calls if c.name == "hipModuleLoadData"] == ["0"]
+
+
+def test_a_device_whose_arch_cannot_be_read_loads_nothing(smoke, recording_hip, tmp_path):
+    """A failing hipGetDeviceProperties is no answer: the load is refused
+    naming the call, never taken for a device of the key's arch (P13d)."""
+    code = """
+try:
+    launch(launcher())
+    print(json.dumps(None))
+except LaunchError as e:
+    print(json.dumps([str(e), e.fix, e.status]))
+"""
+    out, calls = run(code, smoke, recording_hip, tmp_path, fail="hipGetDevicePropertiesR0600=100")
+    assert out is not None, "launched on a device whose arch it could not read"
+    assert "cannot tell the arch of device 0" in out[0] and "hipGetDeviceProperties failed" in out[0], out
+    assert out[0].startswith(K1) and out[2] == 100 and "rocm-smi" in out[1]
+    assert not [c for c in calls if c.name.startswith("hipModule")]
+
+
 # ---------------------------------------------------------------- errors
 
 

@@ -124,19 +124,28 @@ class Hip:
             self.lib.hipModuleUnload(module)
 
     def arch(self) -> str | None:
-        """The current device's gcnArchName without its features (``gfx942``), or None."""
+        """The current device's arch (``device_arch``), or None without one or when it cannot be read."""
         status, count = self.device_count()
         if status != HIP_SUCCESS or count < 1:
             return None
         status, device = self.current_device()
         if status != HIP_SUCCESS:
             return None
+        status, arch = self.device_arch(device)
+        return arch if status == HIP_SUCCESS else None
+
+    def device_arch(self, device: int) -> tuple[int, str | None]:
+        """(hipGetDeviceProperties' status, ``device``'s gcnArchName without its features: ``gfx942``).
+
+        The arch is None when the call succeeded but named no gfx arch."""
+        self.touched = True
         props = ctypes.create_string_buffer(_PROPS_BYTES)
         fn = getattr(self.lib, "hipGetDevicePropertiesR0600", None) or self.lib.hipGetDeviceProperties
-        if fn(props, ctypes.c_int(device)) != HIP_SUCCESS:
-            return None
+        status = fn(props, ctypes.c_int(device))
+        if status != HIP_SUCCESS:
+            return status, None
         m = _ARCH_RE.search(props.raw)
-        return m.group(0).rstrip(b"\0").split(b":")[0].decode() if m else None
+        return HIP_SUCCESS, (m.group(0).rstrip(b"\0").split(b":")[0].decode() if m else None)
 
     def stream_capturing(self, stream: int, what: str) -> bool:
         """Whether ``stream`` (0: the null stream) is being captured into a graph.

@@ -218,10 +218,15 @@ class Launcher:
             if device in self._devices:
                 return device
             self.bind()
-            arch = state.current().device_arch()
-            if arch is not None and arch != self.arch:
+            status, arch = state.current().arch_of(device)
+            if status or arch is None:  # an arch HIP cannot tell is no answer: never read as a match
+                why = f"hipGetDeviceProperties failed: {hip.status_text(status)}" if status else \
+                    "its properties name no gfx arch"
+                raise self._error(f"cannot tell the arch of device {device} ({why}); nothing was loaded",
+                                  status, FIX_DEVICE)
+            if arch != self.arch:
                 raise ArchMismatchError(
-                    f"{self.key}: built for {self.arch}, but the current device is {arch}",
+                    f"{self.key}: built for {self.arch}, but the current device is {arch} (device {device})",
                     fix=f"install the {arch} kernels (or unset {ENV_ARCH})",
                 )
             if _capturing(stream, self.key):

@@ -33,8 +33,7 @@ class Prebuilt:
         self.band_locks_guard = threading.Lock()  # only around band_locks.setdefault
         self.fds: dict = {}  # band path -> the descriptor it was dlopened through (kept open: see bands.open_library)
         self.launchers: dict = {}  # (prebuilt dir, release, key) -> Launcher
-        self.arch_found: str | None = None  # the device's arch, once read (device_arch)
-        self.arch_read = False
+        self.archs: dict = {}  # HIP device number -> its arch, read once per device (arch_of)
         self.hip_version: tuple | None = None  # (major, minor), checked once
         self.installed_digest: tuple | None = None  # (digest or None, source.MonoSource, mono dir, error or None)
         self.abi_checked: dict = {}  # export metadata (entry name removed) -> ABI id it was checked against
@@ -72,13 +71,32 @@ class Prebuilt:
                 self.warned = {w for w in self.warned if not (isinstance(w, tuple) and w[:1] == ("runner",))}
 
     def device_arch(self) -> str | None:
-        """The current HIP device's arch (None without a device), read once."""
-        if not self.arch_read:
-            from . import hip
+        """The current HIP device's arch; None without a device or when it cannot be read."""
+        from . import hip
 
-            self.arch_found = hip.load().arch()
-            self.arch_read = True
-        return self.arch_found
+        h = hip.load()
+        status, count = h.device_count()
+        if status or count < 1:
+            return None
+        status, device = h.current_device()
+        if status:
+            return None
+        status, arch = self.arch_of(device)
+        return None if status else arch
+
+    def arch_of(self, device: int) -> tuple[int, str | None]:
+        """(status, arch) of HIP device ``device`` (``hip.Hip.device_arch``), read once per device.
+
+        A failed read is not kept: the next call asks HIP again."""
+        from . import hip
+
+        with self.lock:
+            if device not in self.archs:
+                status, arch = hip.load().device_arch(device)
+                if status:
+                    return status, None
+                self.archs[device] = arch
+            return 0, self.archs[device]
 
     def band(self, path: str):
         """The bound band (ctypes.CDLL) at ``path``, None when not bound yet."""
@@ -100,7 +118,7 @@ class Prebuilt:
         self.lock = threading.RLock()
         self.warned_guard = threading.Lock()
         self.band_locks, self.band_locks_guard = {}, threading.Lock()
-        self.arch_found, self.arch_read = None, False
+        self.archs = {}
         if self.forked_after_hip is None and hip.touched():
             self.forked_after_hip = os.getppid()
         for launcher in self.launchers.values():
