@@ -55,16 +55,26 @@ class Summary:
     recovered: list = field(default_factory=list)  # corrupt manifests set aside: recover.recover's reports
     # per room with a verified.json: its keys counted by proof state, or its "error"
     proofs: list = field(default_factory=list)
-    # keys built before under another FlyDSL (aot/toolmove.py): "kept" when
-    # this toolchain compiles the same GPU code object (counted up to date),
-    # "changed" when it differs (counted compiled or cached)
+    # keys built before under another FlyDSL (aot/toolmove.py), each {"key", "release"}: "kept" when
+    # this toolchain compiles the same GPU code object (its stored object, entry and bands stay), "changed"
+    # when it differs (rebuilt). A key kept is counted as what this run did to tell: compiled, taken from
+    # the cache, or up to date when its proof under this FlyDSL told
     kept: list = field(default_factory=list)
     changed: list = field(default_factory=list)
 
-    def keep(self, key: BuildKey) -> None:
-        """Count ``key`` up to date because its GPU code object is unchanged."""
-        self.up_to_date += 1
-        self.kept.append(str(key))
+    def keep(self, key: BuildKey, told_by: str) -> None:
+        """Count ``key`` kept (its GPU code object is unchanged); ``told_by`` is "compiled", "cached" or "proof"."""
+        if told_by == "compiled":
+            self.compiled += 1
+        elif told_by == "cached":
+            self.cached += 1
+        else:
+            self.up_to_date += 1
+        self.kept.append({"key": str(key), "release": key.release})
+
+    def rebuilt(self, key: BuildKey) -> None:
+        """Name ``key`` among those whose GPU code object under this toolchain differs (counted by its caller)."""
+        self.changed.append({"key": str(key), "release": key.release})
 
     def as_dict(self) -> dict:
         """The --json document, in aot/output.py's shared counts."""
@@ -189,16 +199,16 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         elif toolmove.moved(st.manifest, key, st.ident):
             old = st.manifest.entries[str(key)]
             if toolmove.proven_under(st.room, old, st.ident["flydsl_version"]):
-                summary.keep(key)  # its proof under this FlyDSL compiled it already: the same code object
+                summary.keep(key, "proof")  # its proof under this FlyDSL compiled it already: the same code object
                 continue
             st.moved[str(key)] = old
             hit = cache_hit(store, st, key)
             if hit is not None and toolmove.same_code(old, hit[0]):
-                summary.keep(key)
+                summary.keep(key, "cached")
             elif hit is not None:
                 take_from_cache(st, key, hit)
                 summary.cached += 1
-                summary.changed.append(str(key))
+                summary.rebuilt(key)
             else:
                 st.pending.append(key)
         elif known is not None and known.get("source") == st.ident:
@@ -306,10 +316,10 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
                 store.put_object(key, st.ident, data, new["export_bytes"], msg["seconds"])
         if str(key) in st.moved and toolmove.same_code(st.moved[str(key)], new):
             # the same GPU code object under this toolchain: keep the stored object (the new one is an orphan)
-            summary.keep(key)
+            summary.keep(key, "compiled")
         else:
             if str(key) in st.moved:
-                summary.changed.append(str(key))
+                summary.rebuilt(key)
             st.manifest.put(new, msg["abi"], seconds=msg["seconds"])
             st.manifest.refused.pop(str(key), None)
             st.dirty = True

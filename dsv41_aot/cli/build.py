@@ -113,7 +113,7 @@ def cmd_build(args) -> int:
             print(f"  {len(summary.kept)} key(s) built before under another FlyDSL compile to the same GPU code object "
                   f"under this one: their objects and bands are kept")
         for k in summary.changed:
-            print(f"  rebuilt {k}: its GPU code object under this FlyDSL differs from the one built before")
+            print(f"  rebuilt {k['key']} (vLLM {k['release']}): its GPU code object under this FlyDSL differs from the one built before")
         for p in summary.proofs:
             if "error" not in p:
                 print(f"  proofs {p['arch']} vLLM {p['release']}: {p['proven']} of {p['keys']} keys carry a proof "
