@@ -131,3 +131,14 @@ def test_a_cache_that_is_a_file_is_bad_input(tmp_path):
     (tmp_path / "file").write_text("not a folder\n")
     code, out, err = run_cli("cache", "--cache", tmp_path / "file", check=False)
     assert code == 2 and f"build cache {tmp_path / 'file'}: not a folder" in err and "Traceback" not in err
+
+
+@pytest.mark.faults
+def test_a_cache_that_does_not_exist_is_bad_input_but_has_an_identity(tmp_path):
+    """A folder no build made is not "0 compiled objects" (N9 of the fault
+    report at 24a0152, a typo read as an empty cache); --identity, what a CI
+    cache key names before the first build, still answers."""
+    code, out, err = run_cli("cache", "--cache", tmp_path / "nothing", check=False)
+    assert code == 2 and "no such folder" in err and "compiled objects" not in out, (out, err)
+    code, out, _ = run_cli("cache", "--cache", tmp_path / "nothing", "--identity")
+    assert code == 0 and len(out.strip()) == 16 and not (tmp_path / "nothing").exists()

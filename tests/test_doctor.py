@@ -258,9 +258,14 @@ def test_a_prebuilt_variable_naming_a_file_is_bad_input(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.faults
 def test_a_tp_the_hosts_arch_does_not_run_is_bad_input(full):
     r = doctor(full, "--tp", 2, env={"DSV41_AOT_ARCH": "gfx942"})
     assert r.returncode == 2 and "gfx942 takes tensor parallel size 4" in r.stderr
+    # the fix names the host's arch's TP, not another arch's (N9 of the fault report at 24a0152), and works
+    fix = r.stderr.split("fix: ", 1)[1]
+    assert fix.startswith("pass --tp 4 ") and "gfx950" not in fix.split("(")[0], fix
+    assert doctor(full, "--tp", 4, env={"DSV41_AOT_ARCH": "gfx942"}).returncode in (0, 1)  # a verdict, not bad input
 
 
 def test_json_is_one_document(full):

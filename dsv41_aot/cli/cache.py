@@ -39,6 +39,9 @@ def run(args) -> int:
     if args.identity:
         print(digest)
         return 0
+    if folder is not None and not folder.exists():  # a typo reads as an empty cache otherwise
+        raise AotError(f"build cache {folder}: no such folder (no build has used it)",
+                       fix="pass --cache DIR naming the folder a build's --cache wrote")
     counts, size = contents(folder)
     if args.json:
         print_json(tally(0, 0, [], cache=str(folder) if folder else None, identity=digest,

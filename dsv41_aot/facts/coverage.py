@@ -64,7 +64,7 @@ def deployment(arch: str, tp: int, max_rows: int | None = None, draft: tuple | N
     not run the arch or TP."""
     rel = release_facts(release)
     runs = "; ".join(f"{a}: TP {' or '.join(map(str, d.tp_sizes))}" for a, d in rel.arches.items())
-    fix = f"dsv41-aot coverage --release {release} --arch {next(iter(rel.arches))} --tp 4  ({runs})"
+    fix = f"name an arch and TP vLLM {release} runs ({runs})"  # coverage's --arch, doctor's device or DSV41_AOT_ARCH
     if arch not in ARCHES:
         raise CoverageInputError(f"unknown arch {arch!r}: dsv41-aot knows {', '.join(ARCHES)}", fix=fix)
     if arch not in rel.arches:
@@ -75,12 +75,12 @@ def deployment(arch: str, tp: int, max_rows: int | None = None, draft: tuple | N
         raise NotDeployed(
             f"vLLM {release}'s mono path refuses {arch} at TP {tp} (amd/mono_decode.py MonoDecodeLayer._create: "
             f"{arch} takes tensor parallel size {' or '.join(map(str, dep.tp_sizes))})",
-            fix=fix,
+            fix=f"pass --tp {' or --tp '.join(map(str, dep.tp_sizes))} (vLLM {release} runs {runs})",
         )
     if max_rows is None:
         max_rows = dep.max_rows
     if max_rows < 1:
-        raise CoverageInputError(f"--max-rows {max_rows}: a step has at least one row", fix="pass --max-rows 1..48")
+        raise CoverageInputError(f"--max-rows {max_rows}: a step has at least one row", fix=f"pass --max-rows 1..{dep.max_rows}")
     if draft is not None:
         if len(draft) != 3 or any(not isinstance(v, int) or v < 1 for v in draft):
             raise CoverageInputError(f"--draft {draft}: expected three positive integers experts,topk,swa_width",
