@@ -78,6 +78,9 @@ def test_a_cache_that_cannot_be_written_is_a_warning_and_nothing_is_lost(referen
     s, err = build(tmp_path / "out", "--cache", cache)
     assert (s["compiled"], s["cached"], s["failed"]) == (2, 0, 0)
     assert f"warning: build cache {cache} cannot be written" in err, err
+    # and in --json's warnings, as printed (N9 of the fault report at 24a0152: build --json had none)
+    assert [w for w in s["warnings"] if f"build cache {cache} cannot be written" in w] and \
+        all(f"warning: {w}" in err for w in s["warnings"]), s["warnings"]
     assert tree(tmp_path / "out") == tree(reference)
     assert not records(cache) if how == "blobs is a file" else not cache.exists()
 

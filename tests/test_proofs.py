@@ -286,6 +286,8 @@ def test_record_replaces_an_unreadable_proof_and_verify_counts_per_room(copy):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert path.with_name("verified.json.corrupt").read_text() == "[]" and "set aside" in proc.stderr
     report = json.loads(proc.stdout)
+    # --json's warnings say it too (N9 of the fault report at 24a0152: they were empty)
+    assert [w for w in report["warnings"] if "set aside as" in w and "verified.json.corrupt" in w], report["warnings"]
     counts = {(p["arch"], p["release"]): p for p in report["proofs"]}[("gfx950", NEWEST)]
     man = Room(copy, "gfx950", NEWEST).manifest()
     assert counts == {"arch": "gfx950", "release": NEWEST, "keys": len(man.entries), PROVEN: 1, NO_EVIDENCE: 0,

@@ -61,6 +61,7 @@ class Summary:
     # the cache, or up to date when its proof under this FlyDSL told
     kept: list = field(default_factory=list)
     changed: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)  # what was printed as "warning: ..." (the build cache's)
 
     def keep(self, key: BuildKey, told_by: str) -> None:
         """Count ``key`` kept (its GPU code object is unchanged); ``told_by`` is "compiled", "cached" or "proof"."""
@@ -92,6 +93,7 @@ class Summary:
             proofs=self.proofs,
             toolchain_kept=self.kept,
             toolchain_changed=self.changed,
+            warnings=self.warnings,
         )
 
 
@@ -220,7 +222,7 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         else:
             st.pending.append(key)
     if store is not None:
-        store.say(log)
+        summary.warnings += store.say(log)
     todo = sum(len(s.pending) for s in states.values())
 
     bar = progress_bar(todo, "dsv41-aot build", "sym") if progress and todo else None
@@ -229,7 +231,7 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
             _run(states, tools, jobs, key_timeout, summary, bar, store)
     finally:
         if store is not None:
-            store.say(log)  # a cache write that failed: said, never fatal
+            summary.warnings += store.say(log)  # a cache write that failed: said, never fatal
         _flush(states)
         # only once every room's manifest is on disk: an object is an orphan
         # when no room of its arch names it (a room's manifest not yet

@@ -74,11 +74,12 @@ class BuildCache:
             self._cannot_write(e)
         self.common = self.parts(tools)
 
-    def say(self, log) -> None:
-        """Print the warnings collected so far (``warning: ...``) and forget them."""
-        for why in self.warnings:
+    def say(self, log=None) -> list[str]:
+        """The warnings collected so far, forgotten here; each printed to ``log`` (``warning: ...``) when given."""
+        said, self.warnings = self.warnings, []
+        for why in said if log is not None else ():
             print(f"warning: {why}", file=log)
-        self.warnings.clear()
+        return said
 
     def _cannot_write(self, e: OSError) -> None:
         if self.writable:

@@ -82,8 +82,8 @@ def release_trees(releases, mans: dict, trees=(), matrix_path=None) -> dict:
 
 
 def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_timeout: float,
-                 trees, matrix_path, progress: bool, record: bool, cache: Path | None = None) -> None:
-    """JIT-build ``chosen`` (room -> BuildKeys) and add what differs to each report.
+                 trees, matrix_path, progress: bool, record: bool, cache: Path | None = None) -> list[str]:
+    """JIT-build ``chosen`` (room -> BuildKeys) and add what differs to each report; return its warnings.
 
     With ``record``, each key that passed gets its proof in its room's
     verified.json. With ``cache``, a key whose JIT code object is cached under
@@ -97,7 +97,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
     mans = {room: codes[ks[0]][0] for room, ks in chosen.items() if ks}
     tools = toolchain.find() if todo else None  # an unsupported FlyDSL or no linker: exit 2 before anything is written
     sources = release_trees({k.release for k in todo}, {m.release: m for m in mans.values()}, trees, matrix_path)
-    store, idents, hits = None, {}, []
+    store, idents, hits, warned = None, {}, [], []
     if cache is not None and todo:
         from .buildroom import identity
         from .cache import BuildCache
@@ -110,9 +110,9 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
                 hits.append((k, hit))
         cached = {k for k, _ in hits}
         todo = [k for k in todo if k not in cached]
-        store.say(sys.stderr)
+        warned += store.say()
     shipped = {room: _shipped_proofs(man) for room, man in mans.items()}  # each run's proof is compared with it
-    proofs = {room: _proofs_to_record(man) for room, man in mans.items()} if record else {}
+    proofs = {room: _proofs_to_record(man, warned) for room, man in mans.items()} if record else {}
     hip = hiprec.build(cache=cache) if todo or hits else None
     launches: dict = {}  # key -> the prebuilt launch (hiprec.recorded_launch), or what went wrong
     bar = progress_bar(len(todo) + len(hits), "verify --against-jit", "key") if progress and (todo or hits) else None
@@ -173,9 +173,10 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         if bar is not None:
             bar.close()
         if store is not None:
-            store.say(sys.stderr)
+            warned += store.say()
         for room, recs in proofs.items():
             write_verified(mans[room], list(recs.values()))
+    return warned
 
 
 def _prebuilt_launches(codes: dict, keys: list, sources: dict, hip: Path, folder: Path) -> dict:
@@ -207,19 +208,19 @@ def _shipped_proofs(man: Manifest) -> dict:
         return {}
 
 
-def _proofs_to_record(man: Manifest) -> dict:
+def _proofs_to_record(man: Manifest, warned: list) -> dict:
     """The proofs ``--record`` starts from: (key, FlyDSL) -> KeyProof.
 
-    An unreadable verified.json is set aside and the room's proofs start empty."""
+    An unreadable verified.json is set aside (a warning added to ``warned``)
+    and the room's proofs start empty."""
     from .recover import set_aside
 
     room = Room(man.dir.parent, man.arch, man.release)
     try:
         return {(p.key, p.flydsl): p for p in room.proof().all()}
     except ManifestError as e:
-        aside = set_aside(room.verified_path)
-        print(f"warning: {e.message}; set aside as {aside}: the keys proven now are recorded anew",
-              file=sys.stderr)
+        warned.append(f"{e.message}; set aside as {set_aside(room.verified_path)}: the keys proven now are "
+                      f"recorded anew")
         return {}
 
 
@@ -329,8 +330,9 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             picked = choose_keys(man, None if wanted is None else names, sample, seed)
             chosen[room.name] = [parsed[k] for k in picked if codes[parsed[k]][1] is not None]
     if against_jit:
-        _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, trees=vllm_src,
-                     matrix_path=matrix_path, progress=progress, record=record, cache=cache)
+        said = _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, trees=vllm_src,
+                            matrix_path=matrix_path, progress=progress, record=record, cache=cache)
+        warnings.update((("against-jit", i), w) for i, w in enumerate(said))
         if not any(chosen.values()):  # asked for a proof, and none was made: never a silent pass
             why = ("no room holds a key that passed its integrity checks (see the failures)" if reports
                    else "the rooms checked hold no key" if wanted is None else "no key asked for is in a room checked")
