@@ -227,6 +227,13 @@ class Manifest:
         digests = {e.source.get("mono_sources") for e in self.entries.values()}
         return next(iter(digests)) if len(digests) == 1 else None
 
+    def mono_sources_text(self) -> str:
+        """The mono sources digest as a message names it; an empty or mixed room says so."""
+        digests = sorted({str(e.source.get("mono_sources")) for e in self.entries.values()})
+        if len(digests) == 1:
+            return digests[0]
+        return "no keys" if not digests else f"mixed: keys built from {' and '.join(digests)}"
+
     # ---------------------------------------------------------------- io
     @classmethod
     def parse(cls, raw: bytes, path, arch_dir: Path, arch: str, release: str, fix: str,

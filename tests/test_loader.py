@@ -177,8 +177,8 @@ def test_stream_handles(smoke, fresh):
 
     from dsv41_aot.runtime.launcher import _stream_handle
 
-    assert _stream_handle(None) == 0 and _stream_handle(TorchLikeStream()) == 1234
-    assert _stream_handle(ctypes.c_void_p(77)) == 77 and _stream_handle(5) == 5
+    assert _stream_handle(None, K1) == 0 and _stream_handle(TorchLikeStream(), K1) == 1234
+    assert _stream_handle(ctypes.c_void_p(77), K1) == 77 and _stream_handle(5, K1) == 5
 
 
 # ---------------------------------------------------------------- refusals
@@ -513,3 +513,32 @@ def test_concurrent_first_loads_give_one_launcher(smoke, fresh):
     for t in threads:
         t.join()
     assert not errors and len({id(x) for x in got}) == 1 and len(state.current().libraries) == 1
+
+
+@pytest.mark.faults
+def test_a_mixed_source_room_is_named_so_when_no_room_matches(smoke, fresh, tmp_path):
+    """A room whose keys were built from two vLLM trees matches no digest;
+    the refusal says it is mixed (P13g of the fault report at 24a0152: it
+    read "vLLM 0.33.0 (None)")."""
+    d = copy_of(smoke, tmp_path / "mixed")
+    path = room(d, "gfx950") / "manifest.json"
+    doc = json.loads(path.read_text())
+    first = sorted(doc["entries"])[0]
+    real = doc["entries"][first]["source"]["mono_sources"]
+    doc["entries"][first]["source"]["mono_sources"] = "0123456789abcdef"
+    doc["mono_sources"] = None  # what a build writes for a room of two sources
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ReleaseMismatchError, match="matches no prebuilt release") as e:
+        dsv41_aot.load_key(K1, prebuilt=d)
+    assert f"vLLM 0.33.0 (mixed: keys built from {' and '.join(sorted([real, '0123456789abcdef']))})" in str(e.value)
+    assert "(None)" not in str(e.value)
+
+
+@pytest.mark.faults
+def test_an_arch_folder_named_as_the_prebuilt_directory_points_at_its_parent(smoke, fresh):
+    """P13g of the fault report at 24a0152: it said "no prebuilt kernels ...
+    at .../gfx950/gfx950"; the fix names the parent, and the parent serves."""
+    with pytest.raises(ManifestError, match="is an arch folder") as e:
+        dsv41_aot.load_key(K1, prebuilt=smoke / "gfx950")
+    parent = e.value.fix.rsplit("DSV41_AOT_PREBUILT=", 1)[1]
+    assert parent == str(smoke.resolve()) and dsv41_aot.load_key(K1, prebuilt=parent).key == K1

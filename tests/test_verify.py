@@ -608,3 +608,19 @@ def test_what_the_wheel_gate_refuses_fails_verify_and_counts_per_key(copy):
     doc = json.loads(cli("verify", "--dir", copy, "--json").stdout)
     (own,) = [f for f in doc["failures"] if f["key"] == sorted(man.entries)[0] and f["file"] is None]
     assert (own["what"], own["serving"]) == ("object", False)
+
+
+@pytest.mark.faults
+def test_an_orphan_object_warning_carries_the_fix_that_removes_it(copy):
+    """A stored object no room names is a warning whose fix, run word for
+    word, removes it (P13g of the fault report at 24a0152: it had none)."""
+    orphan = copy / "gfx950" / "objects" / ("0" * 64 + ".o")
+    orphan.write_bytes(b"left by an interrupted build")
+    proc = cli("verify", "--dir", copy, "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (warning,) = [w for w in json.loads(proc.stdout)["warnings"] if orphan.name in w]
+    fix = warning.rsplit(": ", 1)[1]
+    assert fix == f"rm {orphan}", warning
+    subprocess.run(fix.split(), check=True)
+    proc = cli("verify", "--dir", copy, "--json")
+    assert proc.returncode == 0 and not [w for w in json.loads(proc.stdout)["warnings"] if orphan.name in w]

@@ -289,7 +289,8 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                                f"{' '.join(repr(str(k)) for k in unknown[:5] if k.release == first)}")
     for arch_dir in sorted({room.arch_dir for room in found}):
         for orphan in orphan_objects(arch_dir):  # an arch's objects are its rooms' (once per arch)
-            warnings[orphan] = f"{arch_dir.name}: stored object {orphan.name} is named by no room (left by an older or interrupted build)"
+            warnings[orphan] = (f"{arch_dir.name}: stored object {orphan.name} is named by no room (left by an older "
+                                f"or interrupted build; the next build into the folder removes it): rm {orphan}")
         lib_failures += _unnamed_bands(root, arch_dir)
         if named_by_rooms(arch_dir) is None:  # said, never silent
             warnings[arch_dir] = (f"{arch_dir}: some room's records cannot be read, so what it names is unknown: "

@@ -119,7 +119,8 @@ def run(args) -> int:
                 print(f"         {prob}")
         libs = [f for f in report["failures"] if f["file"] is not None]
         for f in libs:
-            print(f"FAILED {f['file']} (vLLM {f['release']}): {f['error']}")
+            of = f" (vLLM {f['release']})" if f["release"] else ""  # an arch's file (a band, lib/) is no release's
+            print(f"FAILED {f['file']}{of}: {f['error']}")
         for p in report["proofs"]:
             if "error" in p:
                 print(f"proofs {p['arch']} vLLM {p['release']}: verified.json unreadable")

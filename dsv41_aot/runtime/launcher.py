@@ -37,8 +37,8 @@ def _capturing(stream: int, key: str) -> bool:
     return _hip.load().stream_capturing(stream, what=key)
 
 
-def _stream_handle(stream) -> int:
-    """A HIP stream as an integer, from an int, None, a torch stream or a pointer."""
+def _stream_handle(stream, key: str) -> int:
+    """A HIP stream as an integer, from an int, None, a torch stream or a pointer (``key``: who asks)."""
     if stream is None:
         return 0
     handle = getattr(stream, "cuda_stream", None)
@@ -49,7 +49,8 @@ def _stream_handle(stream) -> int:
     try:
         return handle.__index__()
     except AttributeError:
-        raise LaunchError(f"stream={stream!r} is not a HIP stream (int handle, torch stream or None)") from None
+        raise LaunchError(f"{key}: stream={stream!r} is not a HIP stream; nothing was launched",
+                          fix="pass stream= a HIP stream handle (int), a torch.cuda.Stream or None") from None
 
 
 # ------------------------------------------------------------------ Launcher
@@ -159,7 +160,7 @@ class Launcher:
         if not self._ready:
             return self._first_call(args, stream)
         if stream.__class__ is not int:
-            stream = _stream_handle(stream)
+            stream = _stream_handle(stream, self.key)
         try:
             buf, argv = self._tls.args
         except AttributeError:
@@ -177,7 +178,7 @@ class Launcher:
 
         ``_ready`` is set before that launch and cleared again if it fails,
         so only a success makes later calls skip this step."""
-        stream = _stream_handle(stream)
+        stream = _stream_handle(stream, self.key)
         device = self.load_module(stream)
         self._ready = True
         try:
@@ -213,7 +214,7 @@ class Launcher:
         device = self._current_device(hip)
         if device in self._devices:
             return device
-        stream = _stream_handle(stream)
+        stream = _stream_handle(stream, self.key)
         with state.current().lock:
             if device in self._devices:
                 return device

@@ -119,6 +119,10 @@ def _no_room(root: Path, arch: str, release: str, held: list) -> None:
     if root.exists() and not root.is_dir():
         raise ManifestError(f"prebuilt directory {root} is a file, not a folder",
                             fix=f"point {ENV_PREBUILT} (or prebuilt=) at a prebuilt directory, or unset it")
+    if not held and any(root.glob(f"{PREFIX}*/{MANIFEST}")):  # an arch folder named for the directory above it
+        raise ManifestError(f"{root} is an arch folder (it holds {PREFIX}<release>/{MANIFEST}), not a prebuilt "
+                            f"directory", fix=f"point {ENV_PREBUILT} (or prebuilt=) at its parent: "
+                                              f"{ENV_PREBUILT}={root.parent}")
     build = f"dsv41-aot build --arch {arch} --release {release} --out {root} && dsv41-aot link --dir {root}"
     if held:
         raise ReleaseMismatchError(
@@ -159,16 +163,16 @@ def release_of(root: Path, arch: str) -> str:
     if digest is None:
         pick = held[-1]
     else:
-        digests, broken = {}, {}
+        mans, broken = {}, {}
         for release in reversed(held):  # newest first: the newest room of the digest is the pick
             room = Room(root, arch, release)
             seen = _file_version(room.manifest_path)
             try:
-                digests[release] = room.manifest().mono_sources
+                mans[release] = room.manifest()
             except ManifestError as e:
                 broken[release] = e  # a corrupt room is reported when it is the one asked for
                 continue
-            if digests[release] == digest:
+            if mans[release].mono_sources == digest:
                 # the room about to be indexed: index_of takes this parse over (once, if the file is unchanged)
                 state.current().read_rooms[(root, arch, release)] = (room, seen)
                 pick = release
@@ -176,7 +180,7 @@ def release_of(root: Path, arch: str) -> str:
         else:  # no room of the digest
             if src.version in broken:  # the running release's own room is corrupt: say so, not "no release"
                 raise broken[src.version]
-            have = ", ".join(f"vLLM {r} ({digests[r]})" for r in held if r in digests) or "none readable"
+            have = ", ".join(f"vLLM {r} ({mans[r].mono_sources_text()})" for r in held if r in mans) or "none readable"
             msg = (f"running vLLM {src.version} mono sources ({mono}) digest {digest} matches no prebuilt "
                    f"release in {folder}: {have}")
             fallback = src.version if src.version in held else held[-1]
