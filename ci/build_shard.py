@@ -9,7 +9,7 @@ inputs: the profile's (release, key) pairs for the arch, across releases,
 and the compile seconds of earlier builds (``--seconds``; the rest are
 estimated), balanced longest first by ``dsv41_aot.aot.shards.shard``.
 
-The cell runs ``dsv41-aot build`` once per release, then ``dsv41-aot verify
+The cell builds once per release, then runs ``dsv41-aot verify
 --against-jit --record --shard i/N`` (the same partition), which writes each
 room's verified.json. Only then does it write its plan,
 ``<out>/shard-<arch>-<i>of<N>.json``, from which ci/merge.py proves that the
@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from dsv41_aot import commands  # noqa: E402
 from dsv41_aot.aot import matrix, shards  # noqa: E402
 from dsv41_aot.errors import AotError  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
@@ -59,7 +60,7 @@ def plan(arch: str, index: int, count: int, profile: str | None = None, matrix_p
     keys = [k for k in m.select(profile) if k.arch == arch]
     if not keys:
         raise AotError(f"profile {profile or m.default_profile!r} has no key for {arch}",
-                       fix=f"dsv41-aot build --list --profile {profile or m.default_profile}")
+                       fix=commands.listing(profile or m.default_profile, matrix=matrix_path))
     mine = shards.shard(keys, index, count, seconds)
     cost = sum(float((seconds or {}).get(str(k), shards.estimate_seconds(k))) for k in mine)
     return {

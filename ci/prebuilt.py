@@ -19,6 +19,7 @@ cibuildwheel's repair step imports this module without them.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from dsv41_aot import commands  # noqa: E402
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
 from dsv41_aot.facts.releases import RELEASES, deployed_arches, release_facts, version_order  # noqa: E402
@@ -62,9 +64,9 @@ class ArchContents:
 
 def fix_for(root: Path, arch, release: str | None = None) -> str:
     """The commands that build and link ``arch`` (one name or several) into ``root``."""
-    arches = "".join(f" --arch {a}" for a in ([arch] if isinstance(arch, str) else arch))
-    rel = f" --release {release}" if release else ""
-    return f"dsv41-aot build{arches}{rel} --out {root} && dsv41-aot link --dir {root}{arches}"
+    arches = [arch] if isinstance(arch, str) else list(arch)
+    words = [w for a in arches for w in ("--arch", a)]
+    return f"{commands.build(root, release=release, options=words)} && {commands.relink(root)} {shlex.join(words)}"
 
 
 def matrix_digests(matrix_path=None) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import pending
+from . import commands, pending
 from .errors import AotError
 from .facts.releases import release_facts, version_order
 from .manifest import BAND_SUFFIX, LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX
@@ -73,7 +73,7 @@ def built_rooms_or_error(root: Path, release: str | None = None) -> list[Room]:
             raise AotError(f"{root} holds no {what} (no <arch>/{PREFIX}<release>/{MANIFEST}): a build of it was "
                            f"stopped before it wrote one", fix=" && ".join(unfinished))
         raise AotError(f"{root} holds no {what} (no <arch>/{PREFIX}<release>/{MANIFEST})",
-                       fix=f"dsv41-aot build --out {root}" + (f" --release {release}" if release else ""))
+                       fix=commands.build(root, release=release))
     return found
 
 

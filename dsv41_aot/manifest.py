@@ -32,6 +32,7 @@ import re
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from . import commands
 from .errors import IntegrityError, ManifestError
 
 SCHEMA = 2  # 2: one manifest per (arch, release) room; 1 was one per arch
@@ -324,7 +325,7 @@ class Manifest:
         """Raise IntegrityError unless the key's stored object has the manifest's sha256 and size."""
         e = self.entries[key]
         path = self.object_path(key)
-        fix = f"dsv41-aot build --release {self.release} --key '{key}' --out {self.dir.parent}"
+        fix = commands.build(self.dir.parent, release=self.release, keys=[key])
         try:
             size = path.stat().st_size
         except FileNotFoundError:

@@ -1,7 +1,5 @@
-"""The record of an unfinished build, and the command that builds keys again.
+"""The record of an unfinished build: the keys and options its fix builds again.
 
-``rebuild_cmd`` is the one place a printed fix names ``dsv41-aot build`` with
-a build's own options, so the fix builds from the same matrix and vLLM tree.
 A build records its keys and options in ``<arch>/.build-pending.json``
 before it compiles and removes it when done; a record left once the build's
 lock is free names a killed build (see docs/building.md).
@@ -12,21 +10,13 @@ Shared core: standard library only.
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
+from . import commands
 from .manifest import atomic_write
 
 PENDING = ".build-pending.json"
 VERSION = 1
-
-
-def rebuild_cmd(root, release: str, keys, options=()) -> str:
-    """The ``dsv41-aot build`` command that builds ``keys`` of ``release`` into ``root``.
-
-    ``options`` are the original build's own argv words."""
-    words = ["dsv41-aot", "build", "--release", release, "--out", str(root), "--key", *sorted(keys), *options]
-    return shlex.join(words)
 
 
 def write(arch_dir: Path, keys_by_release: dict, options=()) -> None:
@@ -59,7 +49,7 @@ def command(arch_dir: Path, root, release: str) -> str | None:
     """The command that finishes the arch's build of ``release``; None if none is unfinished."""
     doc = _load(arch_dir)
     keys = doc["keys"].get(release) if doc else None
-    return rebuild_cmd(root, release, keys, doc["options"]) if keys else None
+    return commands.build(root, release=release, keys=keys, options=doc["options"]) if keys else None
 
 
 def read(arch_dir: Path, release: str | None = None) -> list[str]:
@@ -71,7 +61,7 @@ def read(arch_dir: Path, release: str | None = None) -> list[str]:
     if not doc:
         return []
     root = Path(arch_dir).resolve().parent
-    return [rebuild_cmd(root, r, ks, doc["options"]) for r, ks in doc["keys"].items() if release in (None, r)]
+    return [commands.build(root, release=r, keys=ks, options=doc["options"]) for r, ks in doc["keys"].items() if release in (None, r)]
 
 
 # the options a build records, each with whether it takes a value (cli/build.py _rebuild_options)

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import pending
+from . import commands, pending
 from .elf import ElfError, dynamic_info
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
@@ -175,12 +175,12 @@ class Room:
 
     @property
     def link_cmd(self) -> str:
-        return f"dsv41-aot link --dir {self.root} --arch {self.arch} --release {self.release}"
+        return commands.relink(self.root, arch=self.arch, release=self.release)
 
     @property
     def build_cmd(self) -> str:  # an unfinished build's own keys and options, when the arch records one
         return (pending.command(self.arch_dir, self.root, self.release)
-                or f"dsv41-aot build --arch {self.arch} --release {self.release} --out {self.root}")
+                or commands.build(self.root, arch=self.arch, release=self.release))
 
     @property
     def prove_cmd(self) -> str:
@@ -415,4 +415,4 @@ class Room:
             "--matrix to build from another tree")
         return [Problem("sources", f"{man.path} mixes {len(sources)} source identities ({len(rebuild)} key(s) "
                                    f"differ from the rest, e.g. {rebuild[0]}){how}", str(man.path),
-                        pending.rebuild_cmd(self.root, self.release, rebuild, options))]
+                        commands.build(self.root, release=self.release, keys=rebuild, options=options))]

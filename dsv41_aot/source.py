@@ -110,7 +110,7 @@ def find(vllm_src: str | os.PathLike | None = None) -> MonoSource:
     else:
         root = _installed_root()
         if root is None:
-            raise ToolchainError("vLLM is not installed: it is the kernel source dsv41-aot builds from", fix=FIX_VLLM)
+            raise ToolchainError("vLLM is not installed: it is the kernel source dsv41-aot compiles", fix=FIX_VLLM)
     src = MonoSource(root=root)
     if not src.mono_dir.is_dir():
         raise ToolchainError(f"vLLM at {root} ({src.version}) has no mono package at {MONO_REL}", fix=FIX_VLLM)

@@ -18,7 +18,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "dsv41_aot"
 HEAVY = ("flydsl", "torch", "vllm", "yaml", "tqdm", "matplotlib", "msgpack", "elftools", "numpy")
 SHARED = ("dsv41_aot", "dsv41_aot.errors", "dsv41_aot.keys", "dsv41_aot.manifest", "dsv41_aot.room", "dsv41_aot.listing",
-          "dsv41_aot.pending", "dsv41_aot.linkrecord", "dsv41_aot.proof", "dsv41_aot.source", "dsv41_aot.elf",
+          "dsv41_aot.pending", "dsv41_aot.commands", "dsv41_aot.linkrecord", "dsv41_aot.proof", "dsv41_aot.source", "dsv41_aot.elf",
           "dsv41_aot.facts", "dsv41_aot.facts.arches", "dsv41_aot.facts.kinds", "dsv41_aot.facts.releases",
           "dsv41_aot.facts.coverage", "dsv41_aot.facts.flydsl")
 

@@ -288,7 +288,8 @@ def test_rooms_are_read_per_release(tmp_path):
     assert only(doc, "0.32.0")["against"].endswith("gfx950/vllm-0.32.0")
     text = cli("coverage", "--arch", "gfx950", "--tp", 4, "--max-rows", 2, "--dir", tmp_path)
     assert f"MISSING  0.32.0 {need32[1]}" in text.stdout and f"ok       0.33.0 {need32[1]}" in text.stdout
-    assert f"dsv41-aot build --release 0.32.0 --key '{need32[1]}'" in text.stdout
+    (fix,) = [line for line in text.stdout.splitlines() if "fix:" in line]
+    assert "fix: dsv41-aot build --release 0.32.0 --out " in fix and need32[1] in fix.split(" --key ")[1], fix
     # a release without a room misses all its keys; asked for by name, it is bad input
     (room_dir(tmp_path / "gfx950", "0.32.0") / "manifest.json").unlink()
     doc = json.loads(cli("coverage", "--arch", "gfx950", "--tp", 4, "--max-rows", 2, "--dir", tmp_path, "--json").stdout)
@@ -321,7 +322,7 @@ def test_a_key_removed_on_purpose_is_caught(smoke_dir, tmp_path):
     assert only(rep, "0.33.0")["missing"] == only(full, "0.33.0")["missing"]
     text = cli(*args[:-1], "--dir", d)
     assert text.returncode == 1 and "MISSING  0.32.0 k2@gfx950:s=4,tp=4,r=1" in text.stdout
-    assert "dsv41-aot build --release 0.32.0 --key" in text.stdout
+    assert "dsv41-aot build --release 0.32.0 --out " in text.stdout and " --key " in text.stdout
 
 
 @pytest.mark.slow

@@ -85,7 +85,7 @@ def test_another_tp_is_not_prebuilt_exit_1_with_the_count_and_the_fix(full):
     assert [f["key"] for f in doc["failures"]] == need
     fix = doc["failures"][0]["fix"]
     # a wheel's room (no objects/): build elsewhere and point the loader there; strict says how to JIT meanwhile
-    assert "dsv41-aot build --release 0.33.0 --profile full --arch gfx950 --out DIR" in fix
+    assert "dsv41-aot build --release 0.33.0 --arch gfx950 --profile full --out DIR" in fix
     assert "DSV41_AOT_PREBUILT=DIR" in fix and "DSV41_AOT_MODE=fallback" in fix
     assert cli("coverage", "--arch", "gfx950", "--tp", 2, "--release", "0.33.0", "--dir", full).returncode == 1
 
@@ -103,7 +103,7 @@ def test_the_smoke_build_exit_1_names_what_will_jit(smoke_dir, tmp_path):
     assert f"{TP4 - len(cov['missing'])} of {TP4} launches prebuilt" in line
     assert f"{len(cov['missing'])} not prebuilt" in line and cov["missing"][0] in line
     # a room built here (objects/): the fix builds into the same directory
-    assert f"fix: dsv41-aot build --release 0.33.0 --profile full --arch gfx950 --out {d}" in text.stdout
+    assert f"fix: dsv41-aot build --release 0.33.0 --arch gfx950 --profile full --out {d}" in text.stdout
     assert text.returncode == 1
 
 

@@ -293,7 +293,7 @@ def test_two_builders_on_one_out_both_end_built_and_linked(tmp_path):
         time.sleep(0.05)
     b = popen_build(out, [second], stderr=log_b)
     assert a.wait(600) == 0 and b.wait(600) == 0, (tmp_path / "a.err").read_text() + (tmp_path / "b.err").read_text()
-    assert f"waiting for another dsv41-aot build or link of {out / 'gfx950'} (pid {a.pid})" in (tmp_path / "b.err").read_text()
+    assert f"waiting for another build or link of {out / 'gfx950'} (pid {a.pid})" in (tmp_path / "b.err").read_text()
     man = Room(out, "gfx950", NEWEST).manifest()
     assert sorted(man.entries) == sorted([first, second])
     linked = {k for lib in json.loads((room(out, "gfx950") / LIBS_JSON).read_text())["libraries"] for k in lib["entries"]}
@@ -443,7 +443,7 @@ def test_random_manifest_flips_are_refused(smoke, tmp_path):
         try:
             report = verify_mod.verify(d)
         except ManifestError as e:
-            assert str(path) in str(e) and "dsv41-aot build --arch gfx950" in str(e)
+            assert str(path) in str(e) and "--arch gfx950 --out" in str(e) and "dsv41-aot build --release " in str(e)
             record("refused")
             continue
         if report["failed"]:
@@ -482,7 +482,7 @@ def test_corrupt_manifest_link_refuses_and_its_fix_recovers(smoke, tmp_path, dam
     link = cli("link", "--dir", d)
     assert link.returncode == 1 and str(path) in link.stderr
     fix = fix_of(link.stderr)
-    assert fix[:5] == ["build", "--arch", "gfx950", "--release", NEWEST]
+    assert fix[:5] == ["build", "--release", NEWEST, "--arch", "gfx950"]
     r = cli(*fix, "--json", "--no-progress")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
@@ -529,7 +529,7 @@ def test_an_abi_with_a_slot_removed_is_refused_at_read(smoke, tmp_path):
     with pytest.raises(ManifestError, match=f"ABI {aid} is not the slot list its id names"):
         Room(d, "gfx950", NEWEST).manifest()
     v = cli("verify", "--dir", d)
-    assert v.returncode == 1 and f"ABI {aid}" in v.stdout and "dsv41-aot build --arch gfx950" in v.stderr
+    assert v.returncode == 1 and f"ABI {aid}" in v.stdout and "--arch gfx950 --out" in v.stderr and "dsv41-aot build --release " in v.stderr
     record("refused")
 
 
@@ -553,7 +553,7 @@ def test_a_corrupt_old_release_manifest_recovers_only_that_releases_objects(smok
     link = cli("link", "--dir", d, "--arch", "gfx950", "--release", OLD)
     assert link.returncode == 1 and str(path) in link.stderr
     fix = fix_of(link.stderr)
-    assert fix[:5] == ["build", "--arch", "gfx950", "--release", OLD]
+    assert fix[:5] == ["build", "--release", OLD, "--arch", "gfx950"]
     r = cli(*fix, "--json", "--no-progress")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)

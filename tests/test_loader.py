@@ -192,7 +192,7 @@ def test_key_not_prebuilt_lists_the_closest_and_the_build_command(smoke, fresh):
     msg = str(e.value)
     assert "k1@gfx950:s=4,tp=4,r=1" in msg.split("closest:")[1]
     assert "is not prebuilt for vLLM 0.33.0" in msg
-    assert "dsv41-aot build --release 0.33.0 --key 'k1@gfx950:s=5,tp=4,r=1'" in msg
+    assert "dsv41-aot build --release 0.33.0 --out " in msg and " --key k1@gfx950:s=5,tp=4,r=1 && " in msg
     assert isinstance(e.value, KeyError) and isinstance(e.value, LoadError) and e.value.exit_code == 1
 
 
@@ -349,7 +349,7 @@ def test_an_altered_manifest_entry_names_it_and_its_fix_rebuilds(smoke, fresh, t
     path.write_text(json.dumps(doc))
     with pytest.raises(ManifestError, match="no longer describes its object") as e:
         dsv41_aot.load_key(K1, prebuilt=d)
-    assert "records object sha256 0000" in str(e.value) and "dsv41-aot build --release 0.33.0 --key" in e.value.fix
+    assert "records object sha256 0000" in str(e.value) and "dsv41-aot build --release 0.33.0 --out " in e.value.fix
     for cmd in _fix_command(e.value):  # what the old "relink" fix did: refused, so the fix is the build
         r = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *cmd, "--no-progress"] if cmd[0] == "build"
                            else [sys.executable, "-m", "dsv41_aot.cli", *cmd], capture_output=True, text=True,
@@ -457,7 +457,7 @@ def test_a_room_the_prebuilt_dir_does_not_hold(smoke, fresh, tmp_path):
     shutil.rmtree(room(d, "gfx950", OLD))
     with pytest.raises(ReleaseMismatchError, match=f"holds prebuilt kernels for vLLM 0.33.0, not vLLM {OLD}") as e:
         dsv41_aot.load_key(K1, release=OLD, prebuilt=d)
-    assert f"dsv41-aot build --arch gfx950 --release {OLD}" in e.value.fix
+    assert f"dsv41-aot build --release {OLD} --arch gfx950" in e.value.fix
 
 
 def test_an_allowed_source_mismatch_is_served_by_the_running_releases_room_not_the_newest(

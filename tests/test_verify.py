@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from _smoke import REPO, SMOKE_RELEASE_KEYS
 
-from dsv41_aot import linkrecord
+from dsv41_aot import commands, linkrecord
 from dsv41_aot.aot import jit, matrix, verify
 from dsv41_aot.elf import exported_parts
 from dsv41_aot.errors import ToolchainError
@@ -389,7 +389,7 @@ def test_keys_a_stopped_build_did_not_build_are_a_warning_naming_it(copy):
     proc = cli("verify", "--dir", copy, "--json")
     assert proc.returncode == 0, proc.stdout
     (w,) = [w for w in json.loads(proc.stdout)["warnings"] if pending.PENDING in w or "stopped" in w]
-    assert "1 of the" in w and w.endswith(pending.rebuild_cmd(copy.resolve(), "0.33.0", built + [extra], ["--no-cache"]))
+    assert "1 of the" in w and w.endswith(commands.build(copy.resolve(), release="0.33.0", keys=built + [extra], options=["--no-cache"]))
     pending.write(copy / "gfx942", {"0.33.0": built}, ["--no-cache"])  # every key it asked for is built: silent
     assert not [w for w in json.loads(cli("verify", "--dir", copy, "--json").stdout)["warnings"] if "stopped" in w]
 
@@ -408,8 +408,8 @@ def test_a_build_stopped_before_its_manifest_is_finished_by_the_fix(tmp_path, ro
         (tmp_path / "gfx950" / "objects").mkdir()
     proc = cli("verify", "--dir", tmp_path)
     assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
-    want = pending.rebuild_cmd(tmp_path.resolve() if not room_folder else tmp_path, "0.33.0", [key],
-                               ["--any-key", "--no-cache"])
+    want = commands.build(tmp_path.resolve() if not room_folder else tmp_path, release="0.33.0", keys=[key],
+                          options=["--any-key", "--no-cache"])
     assert f"fix: {want}" in proc.stderr, proc.stderr
 
 

@@ -82,7 +82,7 @@ def test_gfx950_runner_gets_the_prebuilt_launchers_vllm_would_compile(smoke):
     assert out["memo_keys"] == ["(4, 'ffn', 384, 6)", "(4, 1, True, False)"]
     # strict: a key that is not prebuilt raises, naming it and the build command
     assert missing["error"] == "KeyNotPrebuiltError"
-    assert "k1@gfx950:s=5,tp=4,r=1" in missing["message"] and "dsv41-aot build --release 0.33.0 --key" in missing["message"]
+    assert "k1@gfx950:s=5,tp=4,r=1" in missing["message"] and "dsv41-aot build --release 0.33.0 --out " in missing["message"]
     assert out["installed"]["served_jit"] == 0
     assert out["uninstalled"]
 
@@ -172,7 +172,8 @@ def test_gfx942_strict_refuses_the_missing_k1(smoke):
     out = probe("gfx942", smoke, "strict", "hook", [["kernels", 4, 1, True, True]])
     (res,) = out["results"]
     assert res["error"] == "KeyNotPrebuiltError" and "k1@gfx942:s=4,tp=4,r=1,i=1" in res["message"]
-    assert "dsv41-aot build --release 0.33.0 --key 'k1@gfx942:s=4,tp=4,r=1,i=1'" in res["message"]
+    assert "dsv41-aot build --release 0.33.0 --out " in res["message"] and " --key k1@gfx942:s=4,tp=4,r=1,i=1 && " in \
+        res["message"]
 
 
 def check_served(got: dict, key: str, vllm_name: str, prebuilt: Path) -> None:
@@ -266,7 +267,7 @@ def test_strict_refuses_the_unbuilt_fold_off_k1_instead_of_serving_the_fold_on_o
     vllm_refused, vllm_plain = out["vllm"]
     assert refused.get("error") == "KeyNotPrebuiltError", refused
     assert f"{f0} is not prebuilt for vLLM {NEWEST}" in refused["message"]
-    assert f"dsv41-aot build --release {NEWEST} --key '{f0}'" in refused["message"]
+    assert f"dsv41-aot build --release {NEWEST} --out " in refused["message"] and f" --key {f0} && " in refused["message"]
     assert vllm_refused["k1"] == BuildKey.parse(f0, NEWEST).kernel_symbol and "_f0_" in vllm_refused["k1"]
     # the f=1 K1 the refused call must not get, served to the call that builds it
     check_served(plain["k1"], PLAIN["k1"], vllm_plain["k1"], smoke)

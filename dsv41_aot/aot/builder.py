@@ -225,7 +225,7 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         summary.warnings += store.say(log)
     todo = sum(len(s.pending) for s in states.values())
 
-    bar = progress_bar(todo, "dsv41-aot build", "sym") if progress and todo else None
+    bar = progress_bar(todo, "build", "sym") if progress and todo else None
     try:
         if todo:
             _run(states, tools, jobs, key_timeout, summary, bar, store)

@@ -14,7 +14,7 @@ from . import toolchain, toolmove
 from ..errors import AotError, ManifestError, message_of
 from ..keys import BuildKey
 from ..manifest import Manifest
-from ..pending import rebuild_cmd
+from .. import commands
 from ..proof import STALE
 from ..room import Room
 
@@ -60,7 +60,7 @@ class RoomState:
 
             self.manifest, report = recover(self.room, ident)
             recovered.append(report)
-            print(f"dsv41-aot build: {e.message}\n  set aside as {report['set_aside']}; "
+            print(f"warning: {e.message}\n  set aside as {report['set_aside']}; "
                   f"{report['recovered']} entries recovered from {self.room.objects}"
                   + (f", {len(report['skipped'])} objects not (their keys compile again)" if report["skipped"] else "")
                   + ("; no object holds FlyDSL's unstripped export size (export_bytes): the recovered keys are taken "
@@ -87,7 +87,7 @@ def check_one_source(states: dict, keys: list, options=()) -> None:
         if not stale:
             continue
         was = st.manifest.entries[stale[0]].source
-        rebuild = rebuild_cmd(st.room.root, st.room.release, asked[room] | set(stale), options)
+        rebuild = commands.build(st.room.root, release=st.room.release, keys=asked[room] | set(stale), options=options)
         if all(toolmove.served(st.manifest.entries[k].source) == toolmove.served(st.ident) for k in stale):
             raise AotError(
                 f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.room.release} on {st.room.arch} were built with "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import commands
 from ..facts.coverage import CoverageInputError, Deployment, NotDeployed, compare, deployment, held, parse_draft
 from ..facts.releases import release_facts
 from ..listing import built_releases
@@ -32,7 +33,7 @@ def available_in_dir(root: Path, arch: str, release: str, *,
         raise CoverageInputError(
             f"no prebuilt kernels for {arch} of vLLM {release} at {room.dir} (no {MANIFEST}; {arch} holds "
             f"{', '.join('vLLM ' + v for v in held_releases) if held_releases else 'no release'})",
-            fix=f"dsv41-aot build --arch {arch} --release {release} --out {root}, or pass --dir / --profile")
+            fix=f"{commands.build(root, arch=arch, release=release)}, or pass --dir / --profile")
     have, linked = held(room)
     return have, linked, str(room.dir)
 
@@ -77,6 +78,6 @@ def check_all(arch: str, tp: int, *, max_rows=None, draft_text: str | None = Non
         root = Path(root) if root is not None else prebuilt_dir()
         if release is None and not built_releases(root / arch):
             raise CoverageInputError(f"no prebuilt kernels for {arch} at {root / arch} (no {PREFIX}<release>/{MANIFEST})",
-                                     fix=f"dsv41-aot build --arch {arch} --out {root}, or pass --dir / --profile")
+                                     fix=f"{commands.build(root, arch=arch)}, or pass --dir / --profile")
     reports = [check(dep, m, root=root, profile=profile, missing_ok=release is None) for dep in deps]
     return reports, skipped

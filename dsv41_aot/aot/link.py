@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import commands
 from ..elf import dynamic_info
 from ..errors import AotError, IntegrityError, ManifestError, ToolchainError
 from ..keys import BuildKey
@@ -88,7 +89,6 @@ def refuse_unsound_entries(room: Room, man: Manifest) -> None:
     such a key is never linked in or kept linked, and its fix rebuilds it.
     Verify's other refusals (an ABI the kernel's kernargs disagree with,
     an object of another key) stay verify's: the link is not wrong there."""
-    from ..pending import rebuild_cmd
     from .integrity import ENTRY_DIFFERS, check_entry
 
     for key in man.entries:  # a missing or corrupt object: its own error and fix
@@ -102,7 +102,7 @@ def refuse_unsound_entries(room: Room, man: Manifest) -> None:
         first = next(iter(bad))
         raise IntegrityError(f"{room.name}: {len(bad)} key(s) whose entry verify refuses are not linked: {first}: "
                              f"{bad[first]}",
-                             fix=rebuild_cmd(room.root, room.release, sorted(bad)))
+                             fix=commands.build(room.root, release=room.release, keys=bad))
 
 
 def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=None) -> dict:
@@ -175,7 +175,7 @@ def _link_chunk(room: Room, chunk: str, keys: list[str], man: Manifest, members:
         if r.returncode:
             raise AotError(
                 f"linking {chunk} ({len(keys)} keys) failed: {(r.stderr or r.stdout).strip()[:2000]}",
-                fix=f"rebuild the objects: dsv41-aot build --arch {room.arch} --release {room.release} --out {room.root}",
+                fix=f"rebuild the objects: {commands.build(room.root, arch=room.arch, release=room.release)}",
             )
         raw = out.read_bytes()
         _check_library(raw, chunk, [man.entries[k].entry for k in keys])
@@ -213,7 +213,7 @@ def link_dir(root: Path, arches=None, *, release: str | None = None, log=None) -
     if not found:
         raise AotError(f"no built room (<arch>/{PREFIX}<release>/{MANIFEST}) under {root}"
                        + (f" for vLLM {release}" if release else ""),
-                       fix=f"build first: dsv41-aot build --profile smoke --out {root}")
+                       fix=f"build first: {commands.build(root, release=release, profile='smoke')}")
     out = []
     for r in found:
         with arch_lock(r.arch_dir, "link"):

@@ -41,7 +41,7 @@ def arch_lock(arch_dir: Path, what: str = "build", log=None):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            print(f"dsv41-aot {what}: waiting for another dsv41-aot build or link of {arch_dir} (pid {holder}) "
+            print(f"dsv41-aot {what}: waiting for another build or link of {arch_dir} (pid {holder}) "
                   f"to finish", file=log or sys.stderr, flush=True)
             fcntl.flock(fd, fcntl.LOCK_EX)
         os.ftruncate(fd, 0)

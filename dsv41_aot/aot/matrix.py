@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import commands
 from ..errors import KeyFormatError, MatrixError
 from ..facts.coverage import NotDeployed, deployment, required
 from ..facts.releases import RELEASES, version_order
@@ -41,7 +42,7 @@ class Matrix:
     def error(self, line: int, msg: str) -> MatrixError:
         return MatrixError(
             f"{self.path}:{line}: {msg}",
-            fix=f"edit {self.path} and check it with: dsv41-aot build --matrix {self.path} --list",
+            fix=f"edit {self.path} and check it with: {commands.listing(matrix=self.path)}",
         )
 
     def all_keys(self) -> list[BuildKey]:
@@ -61,7 +62,7 @@ class Matrix:
         if name not in self.profiles:
             raise MatrixError(
                 f"{self.path}: no profile {name!r} (profiles: {', '.join(self.profiles)})",
-                fix=f"dsv41-aot build --matrix {self.path} --profile {next(iter(self.profiles), 'full')}",
+                fix=f"name one of them: {commands.listing(next(iter(self.profiles), 'full'), matrix=self.path)}",
             )
         spec = self.profiles[name]
         universe = self.all_keys()

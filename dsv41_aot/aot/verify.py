@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import pending
+from .. import commands, pending
 from ..errors import AotError, ManifestError
 from ..keys import BuildKey
 from ..manifest import LIBS_JSON, Manifest
@@ -48,7 +48,7 @@ def choose_keys(man: Manifest, keys: list[str] | None, sample: int | None, seed:
 def shard_keys(shard: str, *, profile: str | None = None, matrix_path: str | None = None,
                arches: list[str] | None = None, seconds: list | None = None,
                release: str | None = None) -> list[BuildKey]:
-    """The keys that ``dsv41-aot build --shard i/N`` builds for this shard.
+    """The keys that ``build --shard i/N`` builds for this shard.
 
     The selection (every release's keys, or ``release``'s) and the partition
     are the build's, so ci/build_shard.py and verify agree."""
@@ -285,8 +285,8 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             shown = [k.describe() for k in unknown[:5]]
             first = unknown[0].release
             raise AotError(f"{root} does not hold {len(unknown)} of the keys asked for: {', '.join(shown)}",
-                           fix=f"build them: dsv41-aot build --out {root} --release {first} --key "
-                               f"{' '.join(repr(str(k)) for k in unknown[:5] if k.release == first)}")
+                           fix="build them: " + commands.build(root, release=first,
+                                                               keys=[k for k in unknown if k.release == first]))
     for arch_dir in sorted({room.arch_dir for room in found}):
         for orphan in orphan_objects(arch_dir):  # an arch's objects are its rooms' (once per arch)
             warnings[orphan] = (f"{arch_dir.name}: stored object {orphan.name} is named by no room (left by an older "
@@ -308,7 +308,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                 warnings[arch_dir / f"{pending.PENDING}#{rel}"] = (
                     f"{arch_dir}: a build was stopped (or is running) before it built {len(missing)} of the "
                     f"{len(ks)} vLLM {rel} key(s) it was asked for; finish it: "
-                    + pending.rebuild_cmd(root.resolve(), rel, ks, pending.options(arch_dir)))
+                    + commands.build(root.resolve(), release=rel, keys=ks, options=pending.options(arch_dir)))
         for foreign in rooms_of(arch_dir):
             if not foreign.known:
                 warnings[foreign.dir] = (f"{foreign.dir}: {foreign.dir.name} is a release this dsv41-aot does not "
@@ -373,20 +373,20 @@ def _key_failure(rep: KeyReport, room: Room) -> dict:
     run, and "entry" when the entry does not describe its code."""
     what = ("object" if rep.checks == ["sha256"] else  # check_entry stops at a bad object
             "proof" if all(p.startswith(PROOF_DIFFERS) for p in rep.problems) else "entry")
-    fix = _fix_for(rep, room, what)
+    fix, rebuild = _fix_for(rep, room, what)
     return {"key": rep.key, "release": rep.release, "file": None, "error": "; ".join(rep.problems),
-            "fix": fix, "what": what, "serving": what == "entry", "rebuild": fix.startswith("dsv41-aot build ")}
+            "fix": fix, "what": what, "serving": what == "entry", "rebuild": rebuild}
 
 
-def _fix_for(rep: KeyReport, room: Room, what: str) -> str:
-    """The command that fixes one key's failed checks."""
+def _fix_for(rep: KeyReport, room: Room, what: str) -> tuple[str, bool]:
+    """The command that fixes one key's failed checks, and whether it is the key's rebuild."""
     if all(p.startswith(NOT_RESIDENT) for p in rep.problems):
-        return not_resident_fix(rep.describe())
+        return not_resident_fix(rep.describe()), False
     if what == "proof":  # the code is vLLM's: the recorded proof is not this run's
-        return f"{room.prove_cmd} --key '{rep.key}'" if room.built_here else REINSTALL
+        return (f"{room.prove_cmd} --key '{rep.key}'" if room.built_here else REINSTALL), False
     if not room.built_here:
-        return room.fix_reinstall
-    return pending.rebuild_cmd(room.root, rep.release, [rep.key])  # fixes() gathers these, one build per release
+        return room.fix_reinstall, False
+    return commands.build(room.root, release=rep.release, keys=[rep.key]), True  # fixes() gathers them by release
 
 
 def fixes(failures: list, root: Path) -> list[str]:
@@ -395,7 +395,7 @@ def fixes(failures: list, root: Path) -> list[str]:
     for f in failures:
         if f.get("rebuild"):
             rebuild.setdefault(f["release"], []).append(f["key"])
-    built = [pending.rebuild_cmd(root, rel, ks) for rel, ks in rebuild.items()]
+    built = [commands.build(root, release=rel, keys=ks) for rel, ks in rebuild.items()]
     return list(dict.fromkeys(built + [f["fix"] for f in failures if not f.get("rebuild")]))
 
 

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"dsv41-aot {args.command}: interrupted (rerun to resume)", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader went away (dsv41-aot build --list | head): say nothing more
+    except BrokenPipeError:  # the reader went away (build --list | head): say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit, when Python flushes stdout
         return 128 + signal.SIGPIPE  # what a shell reports for a command SIGPIPE ended
     except Exception as e:  # noqa: BLE001 - a bug: still one JSON document, and its own exit code

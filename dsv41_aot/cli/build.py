@@ -1,4 +1,4 @@
-"""``dsv41-aot build``, ``list`` and ``fetch-vllm``: arguments and output.
+"""The build, list and fetch-vllm commands: arguments and output.
 
 The work is ``aot.builder``'s, ``room``'s and ``source``'s."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .. import commands
 from ..aot.output import print_json, tally
 from ..errors import AotError
 from ..proof import flydsl_text
@@ -41,7 +42,7 @@ def _selected_keys(args) -> tuple:
                 raise AotError(
                     f"{k.describe()} is not a key {m.path} builds ({m.why_not(k)}); nearest it builds: "
                     f"{', '.join(near) or 'none'}",
-                    fix=f"pick a key from: dsv41-aot build --list --profile full --release {k.release}  "
+                    fix=f"pick a key from: {commands.listing('full', release=k.release)}  "
                         f"(or pass --any-key to build it anyway)",
                 )
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import commands
 from ..aot.coverage import check_all
 from ..facts.arches import ARCHES
 from ..facts.coverage import counts_text
@@ -56,9 +57,9 @@ def run(args) -> int:
         shown = " ".join(repr(k) for k in rep["missing"][:3]) + (" ..." if len(rep["missing"]) > 3 else "")
         if rep["missing"] and args.profile:
             print(f"  fix: make profile {args.profile!r} select vLLM {rel}'s {shown} (edit the matrix; check with "
-                  f"dsv41-aot build --list --profile {args.profile} --release {rel})")
+                  f"{commands.listing(args.profile, release=rel, matrix=args.matrix)})")
         elif rep["missing"]:
-            print(f"  fix: dsv41-aot build --release {rel} --key {shown} --out {out} && dsv41-aot link --dir {out}")
+            print(f"  fix: {commands.build(out, release=rel, keys=rep['missing'], link=True)}")
         elif rep["unlinked"]:
-            print(f"  fix: dsv41-aot link --dir {out}")
+            print(f"  fix: {commands.relink(out)}")
     return 1 if bad else 0

@@ -1,4 +1,4 @@
-"""The GPU architectures dsv41-aot builds for: the limits that decide CTA residency.
+"""The GPU architectures dsv41-aot compiles for: the limits that decide CTA residency.
 
 They do not depend on the vLLM release (:mod:`releases` says what each
 release runs where). Figures: LLVM's AMDGPUUsage and the CDNA3 / CDNA4 ISA

@@ -1,4 +1,4 @@
-"""The vLLM releases dsv41-aot builds for, and what each one's mono path does.
+"""The vLLM releases dsv41-aot compiles for, and what each one's mono path does.
 
 Upstream paths are relative to ``vllm/models/deepseek_v41/`` in that
 release. A key holds the fields of its release's ``MonoBuild``

@@ -104,7 +104,7 @@ def _arch(env, device) -> tuple:
             return (None, None, f"no ROCm device ({where}) and {ENV_ARCH} is not set",
                     f"run on the serving host, or name its arch: {ENV_ARCH}=gfx950", False)
     if arch not in ARCHES:
-        return (arch, where, f"{arch} (from {where}) is not an arch dsv41-aot builds ({', '.join(ARCHES)})",
+        return (arch, where, f"{arch} (from {where}) is not an arch dsv41-aot compiles for ({', '.join(ARCHES)})",
                 f"run on {' or '.join(a.products for a in ARCHES.values())}, or correct {ENV_ARCH}", True)
     return arch, where, None, None, False
 
@@ -138,7 +138,7 @@ def bad_variables(env) -> list[str]:
         bad.append(f"{ENV_MODE}={raw!r} is not one of {', '.join(MODES)}: served as strict")
     named = env.get(ENV_ARCH, "")
     if named and arch_name(named) not in ARCHES:
-        bad.append(f"{ENV_ARCH}={named!r} is not an arch dsv41-aot builds ({', '.join(ARCHES)})")
+        bad.append(f"{ENV_ARCH}={named!r} is not an arch dsv41-aot compiles for ({', '.join(ARCHES)})")
     return bad
 
 

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import commands
 from ..errors import AotError, HipUnavailableError, HipVersionError
 from ..facts.arches import ARCHES
 from ..facts.coverage import CoverageInputError, compare, counts_text, deployment, held
@@ -331,12 +332,11 @@ def _fix_coverage(report: dict, room: Room | None, dep, root: Path, mode) -> str
     """The command that makes the room serve every launch."""
     missing = report["missing"]
     if room is not None and room.built_here:
-        what = ("--key " + " ".join(f"'{k}'" for k in missing) if len(missing) <= 3
-                else f"--profile full --arch {dep.arch}")
-        fix = (f"dsv41-aot build --release {dep.release} {what} --out {root}" if missing
+        which = dict(keys=missing) if len(missing) <= 3 else dict(profile="full", arch=dep.arch)
+        fix = (commands.build(root, release=dep.release, **which) if missing
                else room.fix_relink if report["unlinked"] else "see the bands lines")
     elif missing or room is None:
-        fix = (f"dsv41-aot build --release {dep.release} --profile full --arch {dep.arch} --out DIR, then serve "
+        fix = (f"{commands.build('DIR', release=dep.release, profile='full', arch=dep.arch)}, then serve "
                f"with {ENV_PREBUILT}=DIR (or install a dsv41-aot wheel built for TP {dep.tp})")
     else:
         fix = room.fix_relink

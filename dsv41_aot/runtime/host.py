@@ -129,6 +129,6 @@ def check_source(key: str, entry) -> None:
         return
     raise SourceMismatchError(
         msg,
-        fix=(f"install vllm=={entry.source.get('vllm_version')}, or rebuild against this vLLM "
-             f"(dsv41-aot build ...), or accept the difference with {ENV_ALLOW_SOURCE}=1"),
+        fix=(f"install vllm=={entry.source.get('vllm_version')}, or rebuild the prebuilt kernels against this "
+             f"vLLM, or accept the difference with {ENV_ALLOW_SOURCE}=1"),
     )

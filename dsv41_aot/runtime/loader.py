@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from . import state
+from .. import commands
 from .bands import ENV_CACHE, bind_all  # noqa: F401 (ENV_CACHE re-exported)
 from .host import ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, check_source, resolve_arch, running_vllm  # noqa: F401
 from .launcher import Launcher
@@ -72,7 +73,7 @@ def _new_launcher(key, text: str, arch: str, root: Path, release: str | None) ->
         raise KeyNotPrebuiltError(
             f"{text} is not prebuilt for vLLM {release} in {idx.manifest.room} ({len(idx.entries)} keys); "
             f"closest: {', '.join(close) or 'none'}",
-            fix=f"dsv41-aot build --release {release} --key '{text}' --out {root} && dsv41-aot link --dir {root}",
+            fix=commands.build(root, release=release, keys=[text], link=True),
         )
     check_source(text, entry)
     lib, obj_sha = idx.lib_of.get(text, (None, None))
@@ -109,7 +110,7 @@ def _link_mismatch(idx: RoomIndex, key: str, entry: dict, lib, obj_sha: str | No
     stored = "is missing" if actual is None else f"has sha256 {actual[:16]}..., not the manifest's"
     return ManifestError(
         f"{what}; the stored object {obj.name} {stored}: the manifest entry no longer describes its object",
-        fix=f"rebuild it: dsv41-aot build --release {idx.release} --key '{key}' --out {idx.room.root} && {idx.room.link_cmd}",
+        fix=f"rebuild it: {commands.build(idx.room.root, release=idx.release, keys=[key])} && {idx.room.link_cmd}",
     )
 
 

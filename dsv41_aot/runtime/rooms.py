@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from . import state
+from .. import commands
 from .abi import Abi
 from .host import ARCH_RE, ENV_ALLOW_SOURCE, FIX_ARCH_NAME, installed_vllm, mismatch_allowed
 from ..manifest import ENV_PREBUILT, MANIFEST, prebuilt_dir
@@ -123,7 +124,7 @@ def _no_room(root: Path, arch: str, release: str, held: list) -> None:
         raise ManifestError(f"{root} is an arch folder (it holds {PREFIX}<release>/{MANIFEST}), not a prebuilt "
                             f"directory", fix=f"point {ENV_PREBUILT} (or prebuilt=) at its parent: "
                                               f"{ENV_PREBUILT}={root.parent}")
-    build = f"dsv41-aot build --arch {arch} --release {release} --out {root} && dsv41-aot link --dir {root}"
+    build = commands.build(root, arch=arch, release=release, link=True)
     if held:
         raise ReleaseMismatchError(
             f"{folder} holds prebuilt kernels for vLLM {', '.join(held)}, not vLLM {release}",
@@ -139,7 +140,7 @@ def _no_room(root: Path, arch: str, release: str, held: list) -> None:
     if others:
         raise ArchMismatchError(
             f"{root} holds prebuilt kernels for {', '.join(others)}, not {arch}",
-            fix=f"install the {arch} wheel, or build: dsv41-aot build --arch {arch} --out {root}",
+            fix=f"install the {arch} wheel, or build: {commands.build(root, arch=arch, link=True)}",
         )
     raise ManifestError(f"no prebuilt kernels for {arch} at {folder} (no vllm-<release>/manifest.json)",
                         fix=f"build them: {build}")
@@ -185,7 +186,8 @@ def release_of(root: Path, arch: str) -> str:
                    f"release in {folder}: {have}")
             fallback = src.version if src.version in held else held[-1]
             if not mismatch_allowed():
-                own = (f"build this one's kernels (dsv41-aot build --release {src.version} ...)" if src.version in RELEASES
+                own = (f"build this one's kernels ({commands.build(root, arch=arch, release=src.version, link=True)})"
+                       if src.version in RELEASES
                        else f"upgrade dsv41-aot to one that knows vLLM {src.version} (pip install --upgrade dsv41-aot)")
                 raise ReleaseMismatchError(
                     msg, fix=f"install one of those vLLM releases, or {own}, or run vLLM {fallback}'s kernels "

@@ -1,0 +1,49 @@
+"""The dsv41-aot commands printed fixes name, each written in this one place.
+
+A fix that says "build these keys", "list what a profile builds" or "relink
+this room" is made here, so it is quoted for a shell and carries the failing
+command's own options (``options``: its argv words, e.g. ``--matrix M
+--vllm-src T``) and runs word for word.
+
+Shared core: standard library only.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+TOOL = "dsv41-aot"
+
+
+def build(out=None, *, release: str | None = None, arch: str | None = None, keys=(), profile: str | None = None,
+          options=(), link: bool = False) -> str:
+    """The build command of ``keys`` (or ``profile``) of ``release`` on ``arch`` into ``out``.
+
+    With ``link``, the link of ``out`` follows it (a build links by default;
+    the loader's fixes say so anyway, as the build may be run with --no-link)."""
+    words = [TOOL, "build"]
+    for flag, value in (("--release", release), ("--arch", arch), ("--profile", profile), ("--out", out)):
+        if value is not None:
+            words += [flag, str(value)]
+    if keys:
+        words += ["--key", *sorted(map(str, keys))]
+    cmd = shlex.join([*words, *options])
+    return f"{cmd} && {relink(out)}" if link else cmd
+
+
+def listing(profile: str | None = None, *, release: str | None = None, matrix=None) -> str:
+    """The command that lists the keys ``profile`` (default: the matrix's own) of ``matrix`` selects."""
+    words = [TOOL, "build", "--list"]
+    for flag, value in (("--profile", profile), ("--release", release), ("--matrix", matrix)):
+        if value is not None:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def relink(out, *, arch: str | None = None, release: str | None = None) -> str:
+    """The command that links the prebuilt directory ``out`` (its ``arch`` / ``release`` only, when given)."""
+    words = [TOOL, "link", "--dir", str(out)]
+    for flag, value in (("--arch", arch), ("--release", release)):
+        if value is not None:
+            words += [flag, value]
+    return shlex.join(words)
