@@ -179,11 +179,11 @@ print(json.dumps(dict(import_s=t1 - t0, first_s=t3 - t2, all_s=t4 - t2, launcher
 
 def runner_calls(arch: str) -> list:
     """Every call vLLM 0.33.0's runners can make at TP4 with the DSpark draft
-    (build_matrix.yaml's dspark draft), as JSON: facts/coverage.py's
+    (build_matrix.yaml's dspark draft), as JSON: deployment.py's
     runner_calls, the rules ``dsv41-aot coverage`` counts keys by. The first
     is the first launch a decode step asks for (K1/K2 of s=1, ratio 0)."""
     from dsv41_aot.aot import matrix
-    from dsv41_aot.facts import coverage
+    from dsv41_aot import deployment as coverage
 
     draft = coverage.parse_draft("dspark", matrix.load().drafts)
     return [c.as_json() for c in coverage.runner_calls(coverage.deployment(arch, 4, draft=draft, release="0.33.0"))]

@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:
 from dsv41_aot import commands  # noqa: E402
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
-from dsv41_aot.facts.releases import RELEASES, deployed_arches, release_facts, version_order  # noqa: E402
-from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, room_name  # noqa: E402
+from dsv41_aot.facts.releases import RELEASES, deployed_arches, version_order  # noqa: E402
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, folder_name, room_name  # noqa: E402
 from dsv41_aot.room import Room  # noqa: E402
 from dsv41_aot.listing import built_arches, built_releases, orphan_objects, unnamed_in_lib  # noqa: E402
 
@@ -128,7 +128,7 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
         where = f"it holds {', '.join(have)}" if have else "it holds no built arch"
         raise ManifestError(f"no prebuilt kernels for {arch} in {root} (no {adir}/vllm-<release>/{MANIFEST}; {where})",
                             fix=fix)
-    known = {release_facts(v).folder for v in RELEASES}
+    known = {folder_name(v) for v in RELEASES}
     unknown = sorted(p.name for p in adir.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name not in known)
     if unknown:
         raise ManifestError(f"{adir / unknown[0]}: not the room of a vLLM release dsv41-aot knows "
@@ -139,7 +139,7 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
     out = ArchContents(arch=arch, dir=adir)
     for release in releases:
         out.rooms.append(_check_room(root, arch, release, digests, bands))
-        folder = release_facts(release).folder
+        folder = folder_name(release)
         out.files += [f"{folder}/{MANIFEST}", f"{folder}/{LIBS_JSON}"]
         if (adir / folder / VERIFIED).is_file():
             out.files.append(f"{folder}/{VERIFIED}")  # the proof against vLLM's JIT; the loader ignores it

@@ -20,7 +20,7 @@ HEAVY = ("flydsl", "torch", "vllm", "yaml", "tqdm", "matplotlib", "msgpack", "el
 SHARED = ("dsv41_aot", "dsv41_aot.errors", "dsv41_aot.keys", "dsv41_aot.manifest", "dsv41_aot.room", "dsv41_aot.listing",
           "dsv41_aot.pending", "dsv41_aot.commands", "dsv41_aot.linkrecord", "dsv41_aot.proof", "dsv41_aot.source", "dsv41_aot.elf",
           "dsv41_aot.facts", "dsv41_aot.facts.arches", "dsv41_aot.facts.kinds", "dsv41_aot.facts.releases",
-          "dsv41_aot.facts.coverage", "dsv41_aot.facts.flydsl")
+          "dsv41_aot.deployment", "dsv41_aot.facts.flydsl")
 
 
 def module_name(path: Path) -> str:
@@ -140,6 +140,24 @@ def test_no_import_cycles():
         if v not in index:
             visit(v)
     assert cycles == []
+
+
+# the layers, lowest first: a module may import its own layer's and lower ones only
+# (the facts know nothing of keys, rooms or manifests; the core nothing of
+# either half; the halves nothing of the CLI, checked above)
+LAYERS = (("dsv41_aot.errors",), ("dsv41_aot.facts",))
+
+
+def _layer(mod: str) -> int:
+    """The layer of ``mod``: its index in LAYERS, else one above them all."""
+    return next((i for i, names in enumerate(LAYERS) if mod in names or mod.startswith(tuple(n + "." for n in names))),
+                len(LAYERS))
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in MODULES if _layer(m) < len(LAYERS)))
+def test_no_import_from_a_lower_layer_to_a_higher_one(mod):
+    up = sorted(i for i in GRAPH[mod] if _layer(i) > _layer(mod))
+    assert up == [], f"{mod} imports {up}, of a higher layer"
 
 
 def test_the_checker_sees_a_crossing(tmp_path, monkeypatch):

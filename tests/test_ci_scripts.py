@@ -21,7 +21,7 @@ from ci import build_shard, merge  # noqa: E402
 from dsv41_aot.aot import matrix  # noqa: E402
 from dsv41_aot.aot.shards import estimate_seconds, recorded_seconds  # noqa: E402
 from dsv41_aot.errors import IntegrityError, ManifestError  # noqa: E402
-from dsv41_aot.facts.releases import release_facts  # noqa: E402
+from dsv41_aot.manifest import folder_name  # noqa: E402
 
 from _smoke import copy_of  # noqa: E402
 
@@ -32,7 +32,7 @@ ROOMS = sorted({(k.arch, k.release) for k in matrix.load().select("smoke")})
 
 
 def room(root: Path, arch: str, release: str) -> Path:
-    return root / arch / release_facts(release).folder
+    return root / arch / folder_name(release)
 
 
 def run(*cmd, **kw):

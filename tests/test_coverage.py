@@ -14,7 +14,7 @@ import pytest
 from _smoke import cli, copy_of
 
 from dsv41_aot.aot import matrix
-from dsv41_aot.facts import coverage
+from dsv41_aot import deployment as coverage
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import LIBS_JSON, Manifest

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from _smoke import cli, copy_of
 
-from dsv41_aot.facts.coverage import deployment, required
+from dsv41_aot.deployment import deployment, required
 from dsv41_aot.room import REINSTALL, Room
 
 SHARED_FULL = Path("/work/shared/prebuilt-gfx950-tp4")

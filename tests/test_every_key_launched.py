@@ -25,7 +25,6 @@ Nothing is timed.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -24,6 +24,7 @@ from dsv41_aot.errors import AotError
 from dsv41_aot.facts import arches, kinds
 from dsv41_aot.facts.releases import NEWEST, RELEASES, version_order
 from dsv41_aot.keys import BuildKey
+from dsv41_aot.manifest import folder_name
 from dsv41_aot.runtime import runner_patch, state
 
 
@@ -45,7 +46,7 @@ def test_json_is_the_tables_values(doc):
     assert doc["releases"][-1]["version"] == NEWEST  # newest last
     for r in doc["releases"]:
         rel = RELEASES[r["version"]]
-        assert r["folder"] == rel.folder and r["mono_fields"] == list(rel.mono_fields)
+        assert r["folder"] == folder_name(rel.version) and r["mono_fields"] == list(rel.mono_fields)
         assert r["defaults"] == rel.defaults and r["whole_ratios"] == list(rel.whole_ratios)
         assert r["max_tokens"] == rel.max_tokens
         assert (r["cta_threads"], r["grid_ctas"], r["arch_flag"]) == (rel.cta_threads, rel.grid_ctas, rel.arch_flag)

@@ -252,10 +252,10 @@ print(json.dumps(dict(patched=bool(getattr(mod.build_mono_k1, "__dsv41_aot__", F
 
 def runner_calls(release: str) -> list:
     """Every call vLLM ``release``'s runners can make at gfx950 TP4 with the
-    DSpark draft build_matrix.yaml names: facts/coverage.py's
+    DSpark draft build_matrix.yaml names: deployment.py's
     runner_calls, what ``dsv41-aot coverage`` and ``doctor`` count keys by."""
     from dsv41_aot.aot import matrix
-    from dsv41_aot.facts import coverage
+    from dsv41_aot import deployment as coverage
 
     draft = coverage.parse_draft("dspark", matrix.load().drafts)
     return coverage.runner_calls(coverage.deployment(ARCH, 4, draft=draft, release=release))
@@ -268,7 +268,7 @@ def test_vllms_own_runner_is_served_every_key_of_its_room_bound(deployment, rele
     tree from fetch-vllm), patched strict by the plugin, asks for every launch
     it can at TP4: each is a bound prebuilt Launcher of its own room, none
     missing, and together they are every key of the room, and every key
-    coverage's rules say those calls build (facts/coverage.py: the rules
+    coverage's rules say those calls build (deployment.py: the rules
     ``dsv41-aot coverage`` and ``doctor`` judge a deployment by agree with
     vLLM's own runner). Each is launched once as vLLM calls it (a torch-like
     stream) through the recording HIP, the stand-in for the AMD GPU: HIP is

@@ -26,7 +26,6 @@ from dsv41_aot.errors import UnknownArchError
 from dsv41_aot.facts.arches import arch_facts
 from dsv41_aot.facts.releases import NEWEST, RELEASES, release_facts, version_order
 from dsv41_aot.keys import BuildKey
-from dsv41_aot.manifest import Manifest
 from dsv41_aot.listing import built_rooms
 
 ALL = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # smoke keys of every release

@@ -1,6 +1,6 @@
 """``dsv41-aot coverage``: a deployment's keys checked against a build.
 
-Which keys a deployment needs is :mod:`dsv41_aot.facts.coverage`'s; this
+Which keys a deployment needs is :mod:`dsv41_aot.deployment`'s; this
 module checks them against a prebuilt directory or a matrix profile.
 
     dsv41-aot coverage --arch gfx950 --tp 4 --draft dspark          # every release
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import commands
-from ..facts.coverage import CoverageInputError, Deployment, NotDeployed, compare, deployment, held, parse_draft
+from ..deployment import CoverageInputError, Deployment, NotDeployed, compare, deployment, held, parse_draft
 from ..facts.releases import release_facts
 from ..listing import built_releases
 from ..manifest import MANIFEST, PREFIX, prebuilt_dir

@@ -1,6 +1,6 @@
 """One release's entry in the build matrix, expanded to its keys.
 
-The keys are those of the calls ``facts.coverage.runner_calls`` lists that
+The keys are those of the calls ``deployment.runner_calls`` lists that
 the entry covers. A value the release's own entry gives that adds no key is
 an error, so a typo does not pass unnoticed. ``m`` is the
 :class:`.matrix.Matrix` being loaded; its ``error`` names the file and line.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from ..facts.coverage import NotDeployed, deployment, runner_calls
+from ..deployment import NotDeployed, deployment, runner_calls
 from ..facts.arches import ARCHES
 from ..facts.kinds import KINDS
 from ..facts.releases import ALL_FIELDS, RELEASES

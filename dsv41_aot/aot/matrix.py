@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import commands
 from ..errors import KeyFormatError, MatrixError
-from ..facts.coverage import NotDeployed, deployment, required
+from ..deployment import NotDeployed, deployment, required
 from ..facts.releases import RELEASES, version_order
 from ..keys import BuildKey
 from .expand import ReleaseEntry, check_match, expand_release, matches

@@ -32,9 +32,9 @@ def recorded_seconds(paths) -> dict:
 
     from ..facts.releases import RELEASES
     from ..listing import rooms_of
-    from ..manifest import TIMINGS, read_timings
+    from ..manifest import TIMINGS, folder_name, read_timings
 
-    folders = {r.folder: v for v, r in RELEASES.items()}
+    folders = {folder_name(v): v for v in RELEASES}
     files: list = []
     for p in paths or ():
         p = Path(p)

@@ -12,7 +12,6 @@ and failure carries its key's release.
 from __future__ import annotations
 
 import random
-import sys
 import time
 from pathlib import Path
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import commands
 from ..aot.coverage import check_all
 from ..facts.arches import ARCHES
-from ..facts.coverage import counts_text
+from ..deployment import counts_text
 from ..facts.releases import RELEASES
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..facts.coverage import CoverageInputError, parse_draft
+from ..deployment import CoverageInputError, parse_draft
 
 MARK = {"ok": "ok   ", "fail": "FAIL ", "warn": "warn ", "info": "--   ", "bad": "BAD  "}
 

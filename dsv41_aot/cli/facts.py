@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..facts.arches import ARCHES
+from ..manifest import folder_name
 from ..facts.flydsl import FLYDSL, pinned
 from ..facts.kinds import KINDS
 from ..facts.releases import deployed_arches, oldest_first, releases_on
@@ -23,7 +24,7 @@ def document() -> dict:
     release runs on, each with the releases that do; ``flydsl`` names the
     releases dsv41-aot compiles and proves with, oldest first, and the one
     the build pins. Tuples stay tuples: JSON writes them as lists."""
-    releases = [dict(dataclasses.asdict(r), folder=r.folder) for r in oldest_first()]
+    releases = [dict(dataclasses.asdict(r), folder=folder_name(r.version)) for r in oldest_first()]
     arches = [dict(dataclasses.asdict(ARCHES[a]), releases=releases_on(a)) for a in deployed_arches()]
     kinds = [dataclasses.asdict(k) for k in KINDS.values()]
     flydsl = {"supported": [dataclasses.asdict(r) for r in FLYDSL.values()], "pinned": pinned()}
@@ -57,7 +58,7 @@ def lines() -> list[str]:
     ordered = oldest_first()
     for rel in ordered:
         newest = "  (newest)" if rel is ordered[-1] else ""
-        out.append(f"  {rel.version:8} {rel.folder}{newest}")
+        out.append(f"  {rel.version:8} {folder_name(rel.version)}{newest}")
         out.append(f"    MonoBuild({', '.join(rel.mono_fields)})")
         out.append(f"    defaults {', '.join(f'{k}={v}' for k, v in rel.defaults.items())}")
         out.append(f"    whole-layer ratios {', '.join(map(str, rel.whole_ratios))}; steps of 1..{rel.max_tokens} "

@@ -2,11 +2,13 @@
 
 Each is one table. Adding an arch is one :data:`arches.ARCHES` entry plus its
 axis value in ``build_matrix.yaml``; a kind, one :data:`kinds.KINDS` entry
-plus its runner call in :mod:`coverage`; a release, one
+plus its runner call in :mod:`dsv41_aot.deployment`; a release, one
 :data:`releases.RELEASES` entry plus its entry in ``build_matrix.yaml``.
 A name not in these tables is an error wherever it appears, never a default.
 
-Standard library only (the runtime reads them too).
+Standard library only (the runtime reads them too), and the lowest layer of
+the package: nothing here imports keys, rooms or manifests
+(tests/test_architecture.py checks it).
 """
 
 from .arches import ARCHES, Arch, arch_facts

@@ -57,5 +57,5 @@ def kind_facts(name: str) -> Kind:
     except KeyError:
         raise KeyFormatError(
             f"unknown launch kind {name!r} (one of {', '.join(KINDS)})",
-            fix="pick one of those, or add the kind to dsv41_aot/facts/kinds.py and its runner call to facts/coverage.py",
+            fix="pick one of those, or add the kind to dsv41_aot/facts/kinds.py and its runner call to dsv41_aot/deployment.py",
         ) from None

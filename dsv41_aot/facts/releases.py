@@ -80,13 +80,6 @@ class Release:
                 fix=f"pick one of those arches for vLLM {self.version}, or another vLLM release",
             ) from None
 
-    @property
-    def folder(self) -> str:
-        """The release's folder in an arch folder of a prebuilt directory."""
-        from ..manifest import folder_name
-
-        return folder_name(self.version)
-
 
 # vLLM 0.33.0's MonoBuild defaults (amd/mono/layer.py): EXPERTS, TOPK = 384, 6
 # (stages/moe_shape.py), ug_groups=2, swa_width=WINDOW = 128 (attention/plan.py)

@@ -3,7 +3,7 @@
 Each check asks the runtime's own judge and never loads a kernel:
 ``host.installed_vllm``, ``decision.decide``, ``rooms.release_of``,
 ``hip.Hip.check_version``, ``room.Room.problems`` and, for a deployment,
-``facts.coverage`` (the rules ``dsv41-aot coverage`` uses).
+``deployment`` (the rules ``dsv41-aot coverage`` uses).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import commands
 from ..errors import AotError, HipUnavailableError, HipVersionError
 from ..facts.arches import ARCHES
-from ..facts.coverage import CoverageInputError, compare, counts_text, deployment, held
+from ..deployment import CoverageInputError, compare, counts_text, deployment, held
 from ..facts.releases import NEWEST, RELEASES
 from ..manifest import ENV_PREBUILT
 from ..room import Room

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv41_aot.facts import coverage
+from dsv41_aot import deployment as coverage
 from dsv41_aot.facts.releases import release_facts
 from dsv41_aot.runtime import loader
 from dsv41_aot import vllm as plugin

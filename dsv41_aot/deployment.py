@@ -1,6 +1,6 @@
 """The launches vLLM can ask for on one deployment: each rule written once.
 
-The rules follow each release's runner, reading :mod:`releases`' facts
+The rules follow each release's runner, reading :mod:`facts.releases`' facts
 (paths relative to ``vllm/models/deepseek_v41/``). The matrix's expansion
 (``aot/expand.py``), ``dsv41-aot coverage`` and ``doctor`` all call
 :func:`runner_calls` or :func:`required`, so a rule changed here changes all three.
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import AotError
-from ..keys import BuildKey
-from ..manifest import LIBS_JSON
-from .arches import ARCHES
-from .kinds import KINDS
-from .releases import release_facts
+from .errors import AotError
+from .facts.arches import ARCHES
+from .facts.kinds import KINDS
+from .facts.releases import release_facts
+from .keys import BuildKey
+from .manifest import LIBS_JSON
 
 # amd/mono_decode.py _mono_runner: every runner is built with timeline=False
 TIMELINE = False
