@@ -4,6 +4,7 @@ built smoke directory instead (it is copied, never changed)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -67,24 +68,35 @@ def room(root: Path, arch: str, release: str = NEWEST) -> Path:
 def libdir(root: Path, arch: str) -> Path:
     """An arch's band folder (shared by its releases): <root>/<arch>/lib."""
     return Path(root) / arch / LIB
-BIN = Path(sys.executable).parent / "dsv41-aot"
 
 
-def cli(*args, **kw) -> subprocess.CompletedProcess:
-    cmd = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "dsv41_aot.cli"]
-    return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, **kw)
+def libs_json(root: Path, arch: str = "gfx950", release: str = NEWEST) -> tuple[Path, dict]:
+    """A room's libs.json: its path and its document, to read or to damage and write back."""
+    path = room(root, arch, release) / "libs.json"
+    return path, json.loads(path.read_text())
 
 
-def run_cli(*args, check=True, env=None, timeout=1800, cwd=REPO):
-    """``dsv41-aot ARGS`` in a subprocess: (exit code, stdout, stderr). The
-    dsv41_aot package imported is the one in ``cwd`` (the repository's by
-    default)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "dsv41_aot.cli", *map(str, args)],
-        capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout,
-    )
+def band_of(doc: dict, key: str) -> dict:
+    """The band of a libs.json document whose entries hold ``key``."""
+    return next(lib for lib in doc["libraries"] if key in lib["entries"])
+
+
+def cli(*args, check: bool = False, cwd=REPO, timeout: float = 1800, **kw) -> subprocess.CompletedProcess:
+    """``dsv41-aot ARGS`` in a subprocess, the suite's one CLI runner: its CompletedProcess (text).
+
+    The dsv41_aot package imported is the one in ``cwd`` (the repository's by
+    default); ``kw`` goes to subprocess.run (``env``, ``input``). With
+    ``check``, an exit other than 0 fails, naming the command and its output."""
+    proc = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"dsv41-aot {' '.join(map(str, args))} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_cli(*args, check: bool = True, **kw) -> tuple[int, str, str]:
+    """``cli(ARGS)``, checked by default, as (exit code, stdout, stderr)."""
+    proc = cli(*args, check=check, **kw)
     return proc.returncode, proc.stdout, proc.stderr
 
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _smoke import OLD, REPO, copy_of, libdir, room
+from _smoke import OLD, REPO, cli, copy_of, libdir, room
 
 from dsv41_aot.aot import verify as verify_mod
 from dsv41_aot.room import Room, folder_name
@@ -50,11 +50,6 @@ def fault_counts(summary_lines):
     line = (f"faults (tests/test_faults_build.py): {TALLY['tried']} tried, {TALLY['survived']} survived, "
             f"{TALLY['refused']} refused with the right error")
     summary_lines.append(line)
-
-
-def cli(*args, env=None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, env=env, **kw)
 
 
 def popen_build(out: Path, keys, *, env=None, stderr=None) -> subprocess.Popen:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import OLD, REPO, copy_of, libdir, room
+from _smoke import OLD, REPO, band_of, copy_of, libdir, libs_json, room
 import dsv41_aot
 from dsv41_aot.errors import (
     HipVersionError,
@@ -59,13 +59,8 @@ def prebuilt(smoke, tmp_path):
     return copy_of(smoke, tmp_path / "p")
 
 
-def _libs(d: Path, arch: str = "gfx950", release: str = "0.33.0") -> tuple[Path, dict]:
-    path = room(d, arch, release) / "libs.json"
-    return path, json.loads(path.read_text())
-
-
 def _own(doc: dict, key: str = K1) -> dict:
-    return next(lib for lib in doc["libraries"] if key in lib["entries"])
+    return band_of(doc, key)
 
 
 def _memfds() -> set:
@@ -88,7 +83,7 @@ def _bind_refused(d: Path, error, match: str, key: str = K1):
 
 @pytest.mark.parametrize("where", ["header", "middle", "last"])
 def test_byte_flip_in_a_band(prebuilt, fresh, where):
-    _, doc = _libs(prebuilt)
+    _, doc = libs_json(prebuilt)
     band = libdir(prebuilt, "gfx950") / _own(doc)["file"]
     data = bytearray(band.read_bytes())
     data[{"header": 3, "middle": len(data) // 2, "last": len(data) - 1}[where]] ^= 0x10
@@ -97,7 +92,7 @@ def test_byte_flip_in_a_band(prebuilt, fresh, where):
 
 
 def test_byte_flip_in_a_band_with_a_forged_sha256(prebuilt, fresh):
-    path, doc = _libs(prebuilt)
+    path, doc = libs_json(prebuilt)
     lib = _own(doc)
     band = libdir(prebuilt, "gfx950") / lib["file"]
     data = bytearray(band.read_bytes())
@@ -109,7 +104,7 @@ def test_byte_flip_in_a_band_with_a_forged_sha256(prebuilt, fresh):
 
 
 def test_altered_library_recompressed_with_a_forged_band_sha256(prebuilt, fresh):
-    path, doc = _libs(prebuilt)
+    path, doc = libs_json(prebuilt)
     lib = _own(doc)
     band = libdir(prebuilt, "gfx950") / lib["file"]
     raw = bytearray(lzma.decompress(band.read_bytes()))
@@ -129,7 +124,7 @@ def _flip_text(path: Path, old: str, new: str) -> None:
 
 @pytest.mark.parametrize("what", ["syntax", "band sha256", "raw sha256", "entry object sha256", "schema"])
 def test_byte_flip_in_libs_json(prebuilt, fresh, what):
-    path, doc = _libs(prebuilt)
+    path, doc = libs_json(prebuilt)
     lib = _own(doc)
     flip = lambda s: s[:10] + ("0" if s[10] != "0" else "1") + s[11:]  # noqa: E731 - one hex digit
     if what == "syntax":
@@ -158,7 +153,7 @@ def test_byte_flip_in_libs_json(prebuilt, fresh, what):
 @pytest.mark.parametrize("name", ["../../../../../../../../etc/hostname",
                                   "libdsv41_x.so.xz/../../../../../../../../../etc/hostname"])
 def test_traversal_in_libs_json_file(prebuilt, fresh, name):
-    path, doc = _libs(prebuilt)
+    path, doc = libs_json(prebuilt)
     target = Path("/etc/hostname")
     data = target.read_bytes()
     lib = _own(doc)
@@ -171,7 +166,7 @@ def test_traversal_in_libs_json_file(prebuilt, fresh, name):
 
 
 def test_band_symlinked_outside_its_lib_folder(prebuilt, fresh, tmp_path):
-    _, doc = _libs(prebuilt)
+    _, doc = libs_json(prebuilt)
     band = libdir(prebuilt, "gfx950") / _own(doc)["file"]
     outside = tmp_path / "elsewhere.so.xz"
     shutil.move(band, outside)  # the same bytes, valid sha256: only where it lives is wrong
@@ -185,7 +180,7 @@ def test_band_symlinked_outside_its_lib_folder(prebuilt, fresh, tmp_path):
 def test_band_symlinked_to_another_band_inside_lib(prebuilt, fresh):
     """K1's band replaced by a symlink to another band of the same lib/:
     refused, and said as what it is (not "outside lib/")."""
-    _, doc = _libs(prebuilt)
+    _, doc = libs_json(prebuilt)
     lib_dir = libdir(prebuilt, "gfx950")
     own = _own(doc)["file"]
     other = next(p.name for p in lib_dir.iterdir() if p.name != own)
@@ -226,7 +221,7 @@ def test_a_band_whose_metadata_names_another_arch_is_refused(prebuilt, fresh):
     says gfx942 (packed again, libs.json forged to its sha256s: every record
     agrees): the bind compares the metadata's arch with the key's and
     refuses it."""
-    path, doc = _libs(prebuilt)
+    path, doc = libs_json(prebuilt)
     lib = _own(doc)
     band = libdir(prebuilt, "gfx950") / lib["file"]
     raw = lzma.decompress(band.read_bytes())
@@ -254,8 +249,8 @@ def test_a_record_forged_to_name_another_releases_band(prebuilt, fresh):
     match them, so the bind refuses it before anything of it is called."""
     from dsv41_aot import source
 
-    path, doc = _libs(prebuilt, release=OLD)
-    _, new = _libs(prebuilt)
+    path, doc = libs_json(prebuilt, release=OLD)
+    _, new = libs_json(prebuilt)
     mine, theirs = _own(doc), _own(new)
     assert mine["chunk"] == theirs["chunk"] and mine["file"] != theirs["file"]
     for f in ("file", "sha256", "bytes", "raw_sha256", "raw_bytes"):
@@ -359,7 +354,7 @@ def test_a_band_swapped_after_it_was_verified_is_not_what_is_loaded(prebuilt, fr
     planted = lzma.compress(so.read_bytes(), format=lzma.FORMAT_XZ)
     marker = tmp_path / "marker"
     monkeypatch.setenv("DSV41_FAULT_MARKER", str(marker))
-    _, doc = _libs(prebuilt)
+    _, doc = libs_json(prebuilt)
     band = libdir(prebuilt, "gfx950") / _own(doc)["file"]
     real_unpack = Band.unpack
     swapped = []
@@ -386,7 +381,7 @@ def test_a_band_swapped_for_a_symlink_after_its_path_check_is_not_followed(prebu
     the symlink (O_NOFOLLOW), though every sha256 would hold."""
     import errno
 
-    _, doc = _libs(prebuilt)
+    _, doc = libs_json(prebuilt)
     lib = _own(doc)
     band = libdir(prebuilt, "gfx950") / lib["file"]
     elsewhere = tmp_path / "planted" / lib["file"]
@@ -417,7 +412,7 @@ def test_without_memfd_the_per_user_cache_is_verified_through_its_descriptor(pre
         raise OSError(38, "Function not implemented")
 
     monkeypatch.setattr(os, "memfd_create", no_memfd)
-    _, doc = _libs(prebuilt)
+    _, doc = libs_json(prebuilt)
     lib = _own(doc)
     cached = cache / f"{lib['raw_sha256']}.so"
     cache.mkdir()

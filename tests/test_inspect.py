@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _smoke import SMOKE_RELEASE_KEYS
+from _smoke import SMOKE_RELEASE_KEYS, cli
 
 from dsv41_aot.aot import codeobject, inspection
 from dsv41_aot.aot.codeobject import manifest_figures
@@ -251,8 +251,7 @@ def test_inspect_command_json_summary_and_plot(smoke, tmp_path):
                  key=lambda r: r["usage"]["lds"][0])
     assert k2["resources"]["lds"]["key"] == widest["key"] == "k2@gfx950:s=44,tp=4,r=1,i=1"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
-    table = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "inspect", "--dir", str(smoke)],
-                           capture_output=True, text=True)
+    table = cli("inspect", "--dir", smoke)
     assert table.returncode == 0
     assert "0.32.0  k2@gfx950:s=4,tp=4,r=1" in table.stdout and "0.33.0  k2@gfx950:s=4,tp=4,r=1" in table.stdout
     assert f"{ALL} symbols, 0 cannot be resident" in table.stdout
@@ -261,15 +260,12 @@ def test_inspect_command_json_summary_and_plot(smoke, tmp_path):
     assert len(tail) == 1 + 9 * 5 and tail[-1].strip() == "spills (0): none"
     assert any(line.strip().startswith("gfx950 0.33.0 k2") and " LDS " in line and widest["key"] in line for line in tail)
     # --release keeps one release's rooms
-    only = json.loads(subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "inspect", "--dir", str(smoke), "--release",
-                                      "0.32.0", "--json"], capture_output=True, text=True).stdout)
+    only = json.loads(cli("inspect", "--dir", smoke, "--release", "0.32.0", "--json").stdout)
     assert {(r["arch"], r["release"]) for r in only["rows"]} == {("gfx950", "0.32.0")} and len(only["rows"]) == 3
 
 
 def test_inspect_command_refuses_an_empty_dir(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "inspect", "--dir", str(tmp_path)],
-                          capture_output=True, text=True)
+    proc = cli("inspect", "--dir", tmp_path)
     assert proc.returncode == 2 and "holds no prebuilt architecture" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "inspect", "--dir", str(tmp_path), "--release", "0.32.0"],
-                          capture_output=True, text=True)
+    proc = cli("inspect", "--dir", tmp_path, "--release", "0.32.0")
     assert proc.returncode == 2 and "holds no vLLM 0.32.0 kernels" in proc.stderr

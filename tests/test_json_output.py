@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import REPO, SMOKE_RELEASE_KEYS, copy_of, libdir
+from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, copy_of, libdir
 from dsv41_aot.manifest import BAND_SUFFIX
 
 ALL = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # the smoke keys of every release (every room)
@@ -26,8 +26,7 @@ def smoke(smoke_dir) -> Path:
 def run_json(*args, code: int) -> dict:
     """Run ``dsv41-aot ARGS --json``: its exit code must be ``code`` and its
     whole stdout one JSON object in the shared vocabulary."""
-    proc = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *map(str, args), "--json"], cwd=REPO,
-                          capture_output=True, text=True)
+    proc = cli(*args, "--json")
     assert proc.returncode == code, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)  # the whole of stdout: one document, nothing before or after it
     assert isinstance(doc, dict)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import OLD, REPO, SMOKE_RELEASE_KEYS, cli, copy_of, libdir, room
+from _smoke import OLD, REPO, SMOKE_RELEASE_KEYS, cli, copy_of, libdir, libs_json, room
 from dsv41_aot import linkrecord
 from dsv41_aot.aot import link
 from dsv41_aot.errors import IntegrityError
@@ -35,12 +35,8 @@ def smoke(smoke_dir):
     return smoke_dir
 
 
-def _doc(root: Path, arch: str, release: str = NEWEST) -> dict:
-    return json.loads((room(root, arch, release) / "libs.json").read_text())
-
-
 def _libs(root: Path, arch: str, release: str = NEWEST) -> list[dict]:
-    return _doc(root, arch, release)["libraries"]
+    return libs_json(root, arch, release)[1]["libraries"]
 
 
 def _rooms(root: Path) -> list[tuple[str, str]]:
@@ -53,7 +49,7 @@ def test_every_key_is_linked_into_a_library_with_the_recorded_sha(smoke):
     named: dict = {}
     for arch, release in _rooms(smoke):
         man = Room(smoke, arch, release).manifest()
-        doc = _doc(smoke, arch, release)
+        doc = libs_json(smoke, arch, release)[1]
         assert (doc["arch"], doc["release"]) == (arch, release)
         libs = doc["libraries"]
         held = {k: sha for lib in libs for k, sha in lib["entries"].items()}

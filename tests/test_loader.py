@@ -18,7 +18,7 @@ import textwrap
 import threading
 
 import pytest
-from _smoke import OLD, REPO, copy_of, libdir, room, smoke_count
+from _smoke import OLD, REPO, cli, copy_of, libdir, room, smoke_count
 
 import dsv41_aot
 from dsv41_aot.errors import (
@@ -335,7 +335,7 @@ def test_an_object_rebuilt_after_the_link_names_it_and_relink_fixes_it(smoke, fr
         dsv41_aot.load_key(K1, prebuilt=d)
     assert "linked from object 1111" in str(e.value)
     (cmd,) = _fix_command(e.value)
-    r = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *cmd], capture_output=True, text=True, cwd=REPO)
+    r = cli(*cmd)
     assert r.returncode == 0, r.stderr
     state.current().indexes.clear()
     dsv41_aot.load_key(K1, prebuilt=d).bind()
@@ -351,9 +351,7 @@ def test_an_altered_manifest_entry_names_it_and_its_fix_rebuilds(smoke, fresh, t
         dsv41_aot.load_key(K1, prebuilt=d)
     assert "records object sha256 0000" in str(e.value) and "dsv41-aot build --release 0.33.0 --out " in e.value.fix
     for cmd in _fix_command(e.value):  # what the old "relink" fix did: refused, so the fix is the build
-        r = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *cmd, "--no-progress"] if cmd[0] == "build"
-                           else [sys.executable, "-m", "dsv41_aot.cli", *cmd], capture_output=True, text=True,
-                           cwd=REPO, timeout=600)
+        r = cli(*cmd, *(["--no-progress"] if cmd[0] == "build" else []), timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
     state.current().indexes.clear()
     dsv41_aot.load_key(K1, prebuilt=d).bind()

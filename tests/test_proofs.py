@@ -24,7 +24,7 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, copy_of, room
+from _smoke import REPO, cli, copy_of, room
 
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
@@ -39,13 +39,6 @@ from ci import merge  # noqa: E402
 
 SHARED = Path("/work/shared/prebuilt-gfx950-tp4")
 K = "k1@gfx950:s=4,tp=4,r=1"  # the cheapest smoke key to JIT-build
-
-
-def cli(*argv, **kw):
-    import subprocess
-
-    return subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *map(str, argv)], cwd=REPO, capture_output=True,
-                          text=True, **kw)
 
 
 def forged(man: Manifest, key: str, *, version: int = 2, evidence: dict | None | str = "jit") -> dict:

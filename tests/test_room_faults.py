@@ -22,57 +22,50 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import OLD, REPO, copy_of, libdir, room, run_cli
+from _smoke import OLD, REPO, band_of, copy_of, libdir, libs_json, room, run_cli
 
 K1, K2W = "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=44,tp=4,r=1,i=1"  # two bands of gfx950's 0.33.0 room
 NEWEST = "0.33.0"
 
 
-def _libs(d: Path, release: str = NEWEST) -> tuple[Path, dict]:
-    path = room(d, "gfx950", release) / "libs.json"
-    return path, json.loads(path.read_text())
-
-
-def _band_of(doc: dict, key: str) -> dict:
-    return next(lib for lib in doc["libraries"] if key in lib["entries"])
 
 
 # ---------------------------------------------------------------- faults
 
 
 def flip_band(d, tmp):
-    _, doc = _libs(d)
-    band = libdir(d, "gfx950") / _band_of(doc, K1)["file"]
+    _, doc = libs_json(d)
+    band = libdir(d, "gfx950") / band_of(doc, K1)["file"]
     data = bytearray(band.read_bytes())
     data[len(data) // 2] ^= 0x40
     band.write_bytes(bytes(data))
 
 
 def delete_band(d, tmp):
-    _, doc = _libs(d)
-    (libdir(d, "gfx950") / _band_of(doc, K1)["file"]).unlink()
+    _, doc = libs_json(d)
+    (libdir(d, "gfx950") / band_of(doc, K1)["file"]).unlink()
 
 
 def delete_libs_json(d, tmp):
-    _libs(d)[0].unlink()
+    libs_json(d)[0].unlink()
 
 
 def truncate_libs_json(d, tmp):
-    path, _ = _libs(d)
+    path, _ = libs_json(d)
     path.write_text(path.read_text()[:200])
 
 
 def forge_raw_sha256(d, tmp):
     """libs.json's raw_sha256 changed: the band's own bytes are fine."""
-    path, doc = _libs(d)
-    _band_of(doc, K1)["raw_sha256"] = "ab" * 32
+    path, doc = libs_json(d)
+    band_of(doc, K1)["raw_sha256"] = "ab" * 32
     path.write_text(json.dumps(doc))
 
 
 def band_symlinked_outside(d, tmp):
     """The band replaced by a symlink to identical bytes outside lib/."""
-    _, doc = _libs(d)
-    band = libdir(d, "gfx950") / _band_of(doc, K1)["file"]
+    _, doc = libs_json(d)
+    band = libdir(d, "gfx950") / band_of(doc, K1)["file"]
     outside = tmp / "elsewhere" / band.name
     outside.parent.mkdir()
     shutil.move(band, outside)
@@ -81,10 +74,10 @@ def band_symlinked_outside(d, tmp):
 
 def band_symlinked_inside(d, tmp):
     """The band replaced by a symlink to another band of the same lib/."""
-    _, doc = _libs(d)
-    band = libdir(d, "gfx950") / _band_of(doc, K1)["file"]
+    _, doc = libs_json(d)
+    band = libdir(d, "gfx950") / band_of(doc, K1)["file"]
     band.unlink()
-    band.symlink_to(_band_of(doc, K2W)["file"])
+    band.symlink_to(band_of(doc, K2W)["file"])
 
 
 def lib_folder_symlinked(d, tmp):
@@ -96,20 +89,20 @@ def lib_folder_symlinked(d, tmp):
 
 def key_under_wrong_band(d, tmp):
     """libs.json lists K1 under the s41-48 band (which does not export it)."""
-    path, doc = _libs(d)
-    own, other = _band_of(doc, K1), _band_of(doc, K2W)
+    path, doc = libs_json(d)
+    own, other = band_of(doc, K1), band_of(doc, K2W)
     other["entries"][K1] = own["entries"].pop(K1)
     path.write_text(json.dumps(doc))
 
 
 def linked_from_another_object(d, tmp):
-    path, doc = _libs(d)
-    _band_of(doc, K1)["entries"][K1] = "0" * 64
+    path, doc = libs_json(d)
+    band_of(doc, K1)["entries"][K1] = "0" * 64
     path.write_text(json.dumps(doc))
 
 
 def other_releases_libs_json(d, tmp):
-    shutil.copyfile(_libs(d, OLD)[0], _libs(d)[0])
+    shutil.copyfile(libs_json(d, release=OLD)[0], libs_json(d)[0])
 
 
 def flip_manifest_abi(d, tmp):
@@ -141,9 +134,9 @@ def other_releases_band(d, tmp):
     chunk, with that band's real sha256 and sizes; its keys and the objects
     they were linked from stay 0.32.0's. Both releases' bands export the
     same entry names."""
-    path, doc = _libs(d, OLD)
-    theirs = _band_of(_libs(d)[1], K1)
-    _band_of(doc, K1).update({f: theirs[f] for f in BAND_FIELDS})
+    path, doc = libs_json(d, release=OLD)
+    theirs = band_of(libs_json(d)[1], K1)
+    band_of(doc, K1).update({f: theirs[f] for f in BAND_FIELDS})
     path.write_text(json.dumps(doc))
 
 
@@ -155,14 +148,14 @@ def band_of_objects_with_equal_abis(d, tmp):
     what the band was linked from tells them apart."""
     from test_launch_abi import put_stub
 
-    _, doc = _libs(d)
-    real = dict(_band_of(doc, K1))
+    _, doc = libs_json(d)
+    real = dict(band_of(doc, K1))
     data = (libdir(d, "gfx950") / real["file"]).read_bytes()
     put_stub(d, NEWEST, K1, False, tmp)
     run_cli("link", "--dir", d, "--arch", "gfx950", "--release", NEWEST)
     (libdir(d, "gfx950") / real["file"]).write_bytes(data)  # link removed it: no room named it any more
-    path, doc = _libs(d)
-    mine = _band_of(doc, K1)
+    path, doc = libs_json(d)
+    mine = band_of(doc, K1)
     assert mine["entries"][K1] != real["entries"][K1] and mine["file"] != real["file"]
     mine.update({f: real[f] for f in BAND_FIELDS})
     path.write_text(json.dumps(doc))

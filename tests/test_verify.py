@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, SMOKE_RELEASE_KEYS
+from _smoke import REPO, SMOKE_RELEASE_KEYS, cli
 
 from dsv41_aot import commands, linkrecord
 from dsv41_aot.aot import jit, matrix, verify
@@ -37,10 +37,6 @@ SMOKE = matrix.load().select("smoke")  # BuildKeys: each with its release
 @pytest.fixture(scope="module")
 def smoke(smoke_jit) -> Path:
     return smoke_jit
-
-
-def cli(*argv) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dsv41_aot.cli", *map(str, argv)], capture_output=True, text=True)
 
 
 @pytest.fixture
