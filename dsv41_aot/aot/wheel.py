@@ -246,7 +246,8 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
         tags = [v for k, v in email.parser.Parser().parsestr(z.read(f"{info}/WHEEL").decode(errors="replace")).items()
                 if k == "Tag"]
         out.update(name=meta["Name"], version=meta["Version"], tags=tags)
-        problems += metadata_problems(meta, names)
+        reqs, extra = requirement_problems(meta.get_all("Requires-Dist") or [], meta.get_all("Provides-Extra") or [])
+        problems += reqs + metadata_problems(meta, names)
         arches = sorted({n[len(PKG):].split("/")[0] for n in names if n.startswith(PKG) and n.count("/") > 2})
         out["arches"] = arches
         if not arches:
@@ -275,7 +276,7 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
         out["keys_by_arch"] = {a: sum(r["keys"] for r in out["rooms"] if r["arch"] == a) for a in arches}
         served = sorted({r["release"] for r in out["rooms"]}, key=version_order)
         out["vllm"] = served
-        problems += vllm_extra_problems(meta, served, out)
+        problems += vllm_extra_problems(meta, extra, served, out)
         out["kernel_bytes"] = sum(z.getinfo(n).file_size for n in names if n.startswith(PKG))
         out["kernel_compressed_bytes"] = sum(z.getinfo(n).compress_size for n in names if n.startswith(PKG))
         libraries = {f"{arch}/{f[:-3]}": b for arch, (_, raw) in contents.items() for f, b in raw.items()}
@@ -290,8 +291,8 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
 
 
 def metadata_problems(meta, names: list) -> list[str]:
-    """A wheel's METADATA judged: its requirements, licence files, version; no raw library, no timings."""
-    out, _ = requirement_problems(meta.get_all("Requires-Dist") or [], meta.get_all("Provides-Extra") or [])
+    """A wheel's METADATA judged beside its requirements: licence files, version; no raw library, no timings."""
+    out = []
     info = dist_info(names)
     for lic in ("LICENSE", "NOTICE"):
         if not any(n.startswith(info) and n.rsplit("/", 1)[-1] == lic for n in names):
@@ -307,9 +308,8 @@ def metadata_problems(meta, names: list) -> list[str]:
     return out
 
 
-def vllm_extra_problems(meta, served: list, out: dict) -> list[str]:
-    """The vllm extra and the README must admit and name every release the wheel serves."""
-    _, spec = requirement_problems(meta.get_all("Requires-Dist") or [], meta.get_all("Provides-Extra") or [])
+def vllm_extra_problems(meta, spec: str | None, served: list, out: dict) -> list[str]:
+    """The vllm extra (``spec``, requirement_problems') and the README must admit and name every release served."""
     if spec is None:
         return ["no vllm extra: a kernels wheel must say which vLLM releases it serves"]
     out["vllm_extra"] = spec
