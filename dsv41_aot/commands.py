@@ -19,8 +19,8 @@ def build(out=None, *, release: str | None = None, arch: str | None = None, keys
           options=(), link: bool = False) -> str:
     """The build command of ``keys`` (or ``profile``) of ``release`` on ``arch`` into ``out``.
 
-    With ``link``, the link of ``out`` follows it (a build links by default;
-    the loader's fixes say so anyway, as the build may be run with --no-link)."""
+    With ``link``, the link of ``out`` follows it (a build links by itself
+    unless given --no-link; the loader's fixes name the link all the same)."""
     words = [TOOL, "build"]
     for flag, value in (("--release", release), ("--arch", arch), ("--profile", profile), ("--out", out)):
         if value is not None:
