@@ -128,11 +128,13 @@ def exported_parts(obj: bytes, entry: str) -> tuple[bytes, bytes]:
     return meta, code
 
 
-def dynamic_info(data: bytes) -> dict:
-    """A shared library's DT_NEEDED, SONAME and defined and undefined dynamic symbols."""
+def dynamic_info(data: bytes, *, symbols: bool = True) -> dict:
+    """A shared library's DT_NEEDED, SONAME and defined and undefined dynamic symbols.
+
+    Without ``symbols`` the symbol table is not read (both lists stay empty)."""
     elf = Elf(data)
     out = {"needed": [], "soname": None, "undefined": [], "defined": []}
-    for sym in elf.symbols(SHT_DYNSYM)[1:]:  # a library has one SHT_DYNSYM; its entry 0 is the null symbol
+    for sym in elf.symbols(SHT_DYNSYM)[1:] if symbols else ():  # one SHT_DYNSYM; its entry 0 is the null symbol
         out["undefined" if sym.shndx == 0 else "defined"].append(sym.name)
     for s in elf.sections:
         if s.type == SHT_DYNAMIC:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .elf import ElfError, dynamic_info
 from .errors import IntegrityError, ManifestError
 from .manifest import BAND_RE, LIBS_JSON, LIBS_SCHEMA, SHA256_RE, load_json
 
@@ -59,7 +61,11 @@ class Band:
             raise IntegrityError(f"{where} decompresses to a library whose sha256 is not the raw_sha256 in "
                                  f"{LIBS_JSON} (altered band or link record)", fix=fix)
         name = soname(self.chunk, self.entries)
-        if name.encode() + b"\0" not in raw:
+        try:
+            linked_as = dynamic_info(raw, symbols=False)["soname"]
+        except (ElfError, IndexError, struct.error):
+            linked_as = None  # not a shared library at all
+        if linked_as != name:
             raise IntegrityError(f"{where} was not linked from the objects {LIBS_JSON} names for its keys (its "
                                  f"library is not {name}): another room's or an older link's band", fix=fix)
         return raw

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -355,11 +356,12 @@ class Room:
         Entries are checked only when ``man`` is given."""
         try:
             raw = self.read_band(band)
-            needed = dynamic_info(raw)["needed"]
+            info = dynamic_info(raw)
+            needed, exported = info["needed"], set(info["defined"])
         except (ManifestError, IntegrityError) as e:
             return [Problem("band", e.message, str(self.lib / band.file), e.fix, band=band.file)]
-        except (ElfError, IndexError):
-            needed = []  # not an ELF this reader knows: dlopen judges it
+        except (ElfError, IndexError, struct.error):
+            needed, exported = [], None  # not an ELF this reader knows: dlopen judges it
         out = []
         if needed:
             out.append(Problem("band", f"{self.lib / band.file} records DT_NEEDED {needed}: it would tie users to "
@@ -367,7 +369,7 @@ class Room:
                                band=band.file))
         for key in sorted(band.entries):
             e = man.entries.get(key) if man else None
-            if e and e.entry and (e.entry.encode() + b"\0") not in raw:
+            if e and e.entry and exported is not None and e.entry not in exported:
                 out.append(Problem("band", f"{key} (vLLM {self.release}): {self.libs_path} lists it under {band.file}, "
                                            f"which does not export {e.entry}", str(self.libs_path), self.fix_relink,
                                    key=key, band=band.file))
