@@ -412,9 +412,10 @@ def test_a_build_stopped_before_its_manifest_is_finished_by_the_fix(tmp_path, ro
 def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = b"band") -> Manifest:
     """A room whose manifest names ``keys`` (objects/ there, its objects
     absent) and, with ``band``, a libs.json linking them all from one xz band
-    in the arch's lib/ (a stand-in library: ``band``, the SONAME link gives
-    a library of those objects and each key's entry name: what the room
-    checks a band carries)."""
+    in the arch's lib/: a stand-in shared library built by the C compiler
+    with the SONAME link gives a library of those objects and an empty
+    function of each key's entry name (what the room reads from a band),
+    holding ``band`` as a string so that two bands differ."""
     import lzma
 
     man = Manifest(root / arch, arch, release=release)
@@ -430,8 +431,16 @@ def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = 
         (root / arch / LIB).mkdir(parents=True, exist_ok=True)
         name = f"libdsv41_{arch}_{release.replace('.', '_')}.so.xz"
         members = {k: man.entries[k].sha256 for k in keys}
-        so_name = linkrecord.soname(name.split(".")[0], members).encode()
-        raw = b"\0".join([band, so_name] + [man.entries[k].entry.encode() for k in keys]) + b"\0"
+        so_name = linkrecord.soname(name.split(".")[0], members)
+        src = root / f".{name}.c"
+        src.write_text(f"const char dsv41_band_note[] = {json.dumps(band.decode())};\n"
+                       + "".join(f"void {man.entries[k].entry}(void) {{}}\n" for k in keys))
+        lib = src.with_suffix(".so")
+        subprocess.run(["cc", "-shared", "-fPIC", "-nostdlib", f"-Wl,-soname,{so_name}", "-o", str(lib), str(src)],
+                       check=True, capture_output=True)
+        raw = lib.read_bytes()
+        src.unlink()
+        lib.unlink()
         (root / arch / LIB / name).write_bytes(lzma.compress(raw, format=lzma.FORMAT_XZ))
         doc = {"schema": 2, "arch": arch, "release": release, "libraries": [
             {"chunk": name.split(".")[0], "file": name, "sha256": sha256_file(root / arch / LIB / name),
