@@ -1,8 +1,8 @@
 """The launches vLLM can ask for on one deployment: each rule written once.
 
 The rules follow each release's runner, reading :mod:`facts.releases`' facts
-(paths relative to ``vllm/models/deepseek_v41/``). The matrix's expansion
-(``aot/expand.py``), ``dsv41-aot coverage`` and ``doctor`` all call
+(paths relative to ``vllm/models/deepseek_v41/``). The build matrix
+(``aot/matrix.py``), ``dsv41-aot coverage`` and ``doctor`` all call
 :func:`runner_calls` or :func:`required`, so a rule changed here changes all three.
 
 Shared core: standard library only.

@@ -93,14 +93,15 @@ def test_bad_draft_is_bad_input():
 
 
 def test_required_layer_kinds_come_from_vllms_rules_not_the_matrix(tmp_path):
-    # a matrix that covers only folding layers (no first layer, no Engram
+    # a profile that keeps only folding layers (no first layer, no Engram
     # write) misses the K1 keys of every layer kind vLLM runs with fold false
     text = matrix.DEFAULT_MATRIX.read_text()
-    narrow = text.replace("      fold: [false, true]\n", "      fold: [true]\n", 1)
+    old = "  gfx942-tp4: {where: {arch: gfx942, tp: 4}}\n"
+    narrow = text.replace(old, "  gfx942-tp4: {where: {arch: gfx942, tp: 4, fold: true}}\n", 1)
     assert narrow != text
     path = tmp_path / "m.yaml"
     path.write_text(narrow)
-    r = cli("coverage", "--arch", "gfx942", "--tp", 4, "--profile", "full", "--matrix", path, "--json")
+    r = cli("coverage", "--arch", "gfx942", "--tp", 4, "--profile", "gfx942-tp4", "--matrix", path, "--json")
     rep = only(json.loads(r.stdout), "0.33.0")
     # ratio 0, and ratio 1 and 2 with index 0 or 1, at 42 widths; K2 reads no fold, so none of its keys
     assert r.returncode == 1 and len(rep["missing"]) == 5 * 42
@@ -132,38 +133,42 @@ print(json.dumps(out))
 """
 
 
-def _with_rows(rows: int, prebuilt) -> dict:
-    """gfx942 TP4 with the DSpark draft, gfx942's row cap ``rows`` (0: the
+def _with_rows(arch: str, rows: int, prebuilt) -> dict:
+    """``arch`` at TP 4 with the DSpark draft, its row cap ``rows`` (0: the
     real one): {command: the keys it names}, and coverage's missing keys."""
+    profile = f"{arch}-tp4"
     commands = {
-        "build": ["build", "--list", "--profile", "gfx942-tp4", "--release", NEWEST, "--json"],
-        "coverage": ["coverage", "--arch", "gfx942", "--tp", "4", "--draft", "dspark", "--release", NEWEST,
-                     "--profile", "gfx942-tp4", "--json"],
+        "build": ["build", "--list", "--profile", profile, "--release", NEWEST, "--json"],
+        "coverage": ["coverage", "--arch", arch, "--tp", "4", "--draft", "dspark", "--release", NEWEST,
+                     "--profile", profile, "--json"],
         "doctor": ["doctor", "--tp", "4", "--draft", ",".join(map(str, DRAFT)), "--json"],
     }
     env = {k: v for k, v in os.environ.items() if k not in ("DSV41_AOT_DISABLE", "DSV41_AOT_MODE", "ARCH")}
-    env.update(DSV41_AOT_ARCH="gfx942", DSV41_AOT_PREBUILT=str(prebuilt))  # an empty prebuilt dir: nothing held
-    r = subprocess.run([sys.executable, "-c", _RULE_FLIP, NEWEST, "gfx942", str(rows), json.dumps(commands)],
+    env.update(DSV41_AOT_ARCH=arch, DSV41_AOT_PREBUILT=str(prebuilt))  # an empty prebuilt dir: nothing held
+    r = subprocess.run([sys.executable, "-c", _RULE_FLIP, NEWEST, arch, str(rows), json.dumps(commands)],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.splitlines()[-1])
     (build_code, build), (cov_code, cov), (_, doc) = got["build"], got["coverage"], got["doctor"]
     assert build_code == 0 and cov_code == 0, got  # the profile covers every key the rules require
-    assert doc["coverage"]["release"] == NEWEST and doc["coverage"]["arch"] == "gfx942"
+    assert doc["coverage"]["release"] == NEWEST and doc["coverage"]["arch"] == arch
     return {"build": {e["key"] for e in build["entries"]}, "coverage": set(only(cov, NEWEST)["required"]),
             "doctor": set(doc["coverage"]["required"]), "missing": only(cov, NEWEST)["missing"]}
 
 
-def test_one_rule_changes_build_list_coverage_and_doctor_together(tmp_path):
-    # gfx942's row cap (facts/releases.py, amd/mono_decode.py MAX_ROWS_GFX942)
-    # is the one place each command learns it from: 42 -> 40 moves all three,
-    # and 42 -> 44 too (nothing else caps gfx942 at 42)
-    got = {rows: _with_rows(0 if rows == 42 else rows, tmp_path) for rows in (42, 40, 44)}
+@pytest.mark.parametrize("arch,real,flips", [("gfx950", 48, (47,)), ("gfx942", 42, (40, 44))])
+def test_one_rule_changes_build_list_coverage_and_doctor_together(tmp_path, arch, real, flips):
+    # an arch's row cap (facts/releases.py Deploy.max_rows, amd/mono_decode.py
+    # MAX_ROWS and MAX_ROWS_GFX942) is the one place each command learns it
+    # from: gfx950's 48 -> 47 and gfx942's 42 -> 40 move all three, and
+    # gfx942's 42 -> 44 too (the matrix names no width)
+    got = {rows: _with_rows(arch, 0 if rows == real else rows, tmp_path) for rows in (real, *flips)}
     for rows, seen in got.items():
         assert seen["build"] == seen["coverage"] == seen["doctor"] and seen["missing"] == []
         assert max(BuildKey.parse(k, NEWEST).tokens for k in seen["build"]) == rows
-    assert got[40]["build"] == {k for k in got[42]["build"] if BuildKey.parse(k, NEWEST).tokens <= 40}
-    assert got[42]["build"] == {k for k in got[44]["build"] if BuildKey.parse(k, NEWEST).tokens <= 42}
+    for rows in flips:
+        low, high = sorted((rows, real))
+        assert got[low]["build"] == {k for k in got[high]["build"] if BuildKey.parse(k, NEWEST).tokens <= low}
 
 
 # ---------------------------------------------------------------- the matrix profiles

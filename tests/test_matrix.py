@@ -1,7 +1,6 @@
-"""build_matrix.yaml: what a build covers, expanded by each vLLM release's
-own rules (0.33.0, 0.32.0; dsv41_aot/facts/), ``like`` inheritance between
-release entries, profiles across releases, shards, and errors that point at
-the offending line."""
+"""build_matrix.yaml: the releases and drafts a build covers, expanded by
+each vLLM release's own rules (0.33.0, 0.32.0; dsv41_aot/facts/), profiles
+across releases, shards, and errors that point at the offending line."""
 
 from __future__ import annotations
 
@@ -121,20 +120,16 @@ def _line_of(path: Path, needle: str) -> int:
 @pytest.mark.parametrize(
     "old, new, needle, words",
     [
-        ("      tokens: 1..48", "      tokens: 1..48\n      width: [1]", "width: [1]", "unknown axis 'width'"),
-        ("  arch: [gfx950, gfx942]", "  arch: [gfx950, gfx1100]", "gfx1100", "unknown value 'gfx1100'"),
-        ("  tokens: 1..48", "  tokens: 1..49", "tokens: 1..49", "49 outside 1..48"),
-        ("  tokens: 1..48", "  tokens: [0, 4]", "tokens: [0, 4]", "0 outside 1..48"),
-        ("  tp: [2, 4]", "  tp: [2, 4, 4]", "tp: [2, 4, 4]", "duplicate value 4"),
+        # a release gives its digest only: vLLM's rules give the widths, TP sizes and layer kinds
+        ('"0.33.0": {mono_sources: 6d37d13d1b3c9e47}', '"0.33.0": {mono_sources: 6d37d13d1b3c9e47, tokens: 1..48}',
+         '"0.33.0": {mono', "unknown entry 'tokens' (a release gives its mono_sources only"),
+        ("version: 4", "version: 3", "version: 3", "matrix version 3: this dsv41-aot reads version 4"),
+        ('  "0.33.0": {mono', '  "0.31.0": {mono', '"0.31.0": {mono', "release '0.31.0': dsv41-aot knows vLLM"),
         ("        - k2@gfx950:s=4,tp=4,r=1\n", "        - k2@gfx950:s=4,tp=4,r=1\n        - k2@gfx950:s=4,tp=4,r=1\n", None, "duplicate key k2@gfx950:s=4,tp=4,r=1 (vLLM 0.33.0)"),
         ("  gfx942-tp4: {where: {arch: gfx942, tp: 4}}", "  gfx942-tp4: {where: {arch: gfx942, tp: 2}}", "gfx942-tp4:", "selects no keys"),
         # gfx942 steps take at most 42 rows (facts/releases.py): the profile key names that rule
         ("      - k1@gfx942:s=4,tp=4,r=1", "      - k1@gfx942:s=44,tp=4,r=1", "k1@gfx942:s=44",
          "vLLM's runner never asks for it on vLLM 0.33.0 gfx942 TP4, steps of 1..42 rows"),
-        ("      ratio: [0, 1, 2]", "      ratio: [0, 1, 3]", "ratio: [0, 1, 3]", "unknown value 3"),
-        ("      index: [false, true]\n", "", "ratio: [0, 1, 2]", "layer_kinds: missing 'index'"),
-        # a value no deployment of the release asks a key for: no release runs TP 8
-        ("  tp: [2, 4]", "  tp: [2, 4, 8]", "tp: [2, 4, 8]", "axes.tp: 8 adds no key"),
         ("dspark: {experts: 128, topk: 3, swa_width: 192}", "dspark: {experts: 128, topk: 3, ug_groups: 1, swa_width: 192}",
          "dspark:", "drafts.dspark: needs exactly experts, topk, swa_width"),
         ("  gfx942-tp4: {where: {arch: gfx942, tp: 4}}", "  gfx942-tp4: {where: {arch: gfx942, tpp: 4}}", "gfx942-tp4:",
@@ -158,16 +153,16 @@ def test_bad_matrix_errors_name_the_line(tmp_path, old, new, needle, words):
 
 
 def test_not_yaml_names_the_line(tmp_path):
-    p = _write(tmp_path, "  tp: [2, 4]", "  tp: [2, 4")
+    p = _write(tmp_path, "swa_width: 192}", "swa_width: 192")
     with pytest.raises(MatrixError, match=r"build_matrix.yaml:\d+: not valid YAML"):
         matrix.load(p)
 
 
 def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path):
-    p = _write(tmp_path, "  tokens: 1..48", "  tokens: 1..49")
+    p = _write(tmp_path, "6d37d13d1b3c9e47}", "6d37d13d1b3c9e47, tokens: 1..49}")
     out = tmp_path / "out"
     code, _, err = run_cli("build", "--matrix", p, "--out", out, check=False)
-    assert code == 2 and "outside 1..48" in err
+    assert code == 2 and "unknown entry 'tokens'" in err
     assert not out.exists()
     code, _, err = run_cli("build", "--key", "k9@gfx950:s=1,tp=2,r=0", "--out", out, check=False)
     assert code == 2 and "unknown launch kind" in err and not out.exists()
@@ -220,78 +215,27 @@ def test_full_is_each_releases_keys(m):
     # its MonoBuild has no fold, index or routing: those are pinned, the string omits them
     assert all((k.fold, k.index, k.experts, k.topk) == (True, False, 384, 6) for k in old)
     assert all(str(k).count(",") == 2 for k in old)
-    # its entry gives its digest alone: the rest is 0.33.0's, its runner's rules keep its keys
-    assert m.releases[OLD].mono_sources == "0aa9262967c37d51" and m.releases[OLD].drafts == {"dspark": (128, 3, 192)}
+    # its entry gives its digest alone: its runner's rules keep its keys
+    assert m.releases[OLD] == "0aa9262967c37d51" and m.drafts == {"dspark": (128, 3, 192)}
     # the per-release profiles split full
     assert set(m.select(folder_name(NEWEST))) == set(by_release[NEWEST])
     assert set(m.select(folder_name(OLD))) == set(old)
 
 
-def _trimmed(tmp_path: Path, edit) -> Path:
-    """build_matrix.yaml as data, changed by ``edit(doc)``, written back
-    (profiles reduced to ``full``: the smoke keys need the real axes)."""
-    import yaml
-
-    doc = yaml.safe_load(MATRIX.read_text())
-    doc["profiles"] = {"full": {}}
-    doc["default_profile"] = "full"
-    edit(doc)
-    p = tmp_path / "build_matrix.yaml"
-    p.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return p
-
-
-def test_like_takes_the_sections_a_release_does_not_give(tmp_path):
-    small = {"arch": ["gfx950"], "tp": [4], "tokens": "1..3"}
-
-    def newest_small(doc):
-        doc["releases"][NEWEST]["axes"] = small
-
-    def old_own(doc):
-        newest_small(doc)
-        doc["releases"][OLD]["axes"] = {"arch": ["gfx950"], "tp": [2, 4], "tokens": "1..48"}
-
-    # giving its own axes, 0.32.0 keeps them ...
-    own = [k for k in matrix.load(_trimmed(tmp_path, old_own)).select("full") if k.release == OLD]
-    assert {k.tokens for k in own} == set(range(1, 49)) and {k.tp for k in own} == {2, 4}
-    # ... without them, it takes 0.33.0's (like: "0.33.0"), and only those
-    (tmp_path / "b").mkdir()
-    old = [k for k in matrix.load(_trimmed(tmp_path / "b", newest_small)).select("full") if k.release == OLD]
-    assert {k.tokens for k in old} == {1, 2, 3} and {k.tp for k in old} == {4}
-    assert len(old) == 3 * 5  # its own runner's rules still: 2 ratios x (k1, k2) + ffn
-    # a section neither gives is refused, naming the release
-    (tmp_path / "c").mkdir()
-
-    def no_like(doc):
-        del doc["releases"][OLD]["like"]
-
-    with pytest.raises(MatrixError, match=rf"release {OLD}: missing 'axes'"):
-        matrix.load(_trimmed(tmp_path / "c", no_like))
-
-
-_OLD_DIGEST = "    mono_sources: 0aa9262967c37d51\n"
+_OLD_DIGEST = '  "0.32.0": {mono_sources: 0aa9262967c37d51}'
 
 
 @pytest.mark.parametrize(
     "old, new, needle, words",
     [
-        # a field vLLM 0.32.0's MonoBuild lacks, where its own entry names fields
-        (_OLD_DIGEST, _OLD_DIGEST + "    layer_kinds: {ratio: [1, 2], fold: [true]}\n", "layer_kinds: {ratio: [1, 2],",
-         "vLLM 0.32.0's MonoBuild has no fold field"),
+        # a field vLLM 0.32.0's MonoBuild lacks
         ('      "0.32.0":\n        - k1@gfx950:s=4,tp=4,r=1\n', '      "0.32.0":\n        - k1@gfx950:s=4,tp=4,r=1,f=0\n',
          "r=1,f=0", "vLLM 0.32.0's MonoBuild has no fold field"),
-        # values of its own entry its runner asks no key for: gfx942 (CDNA_VERSIONS = (4,)),
-        # a whole layer at ratio 0, a draft (a draft layer leaves its mono path)
-        (_OLD_DIGEST, _OLD_DIGEST + "    axes: {arch: [gfx950, gfx942], tp: [2, 4], tokens: 1..48}\n",
-         "axes: {arch: [gfx950, gfx942]", "axes.arch: 'gfx942' adds no key: vLLM 0.32.0's runner"),
-        (_OLD_DIGEST, _OLD_DIGEST + "    layer_kinds: {ratio: [0, 1, 2]}\n", "layer_kinds: {ratio: [0, 1, 2]}",
-         "layer_kinds.ratio: 0 adds no key"),
-        (_OLD_DIGEST, _OLD_DIGEST + "    drafts: {dspark: {experts: 128, topk: 3, swa_width: 192}}\n",
-         "drafts: {dspark:", "drafts.dspark adds no key"),
+        # a draft only vLLM 0.32.0 would run: its draft layers leave the mono path
+        ('  "0.33.0": {mono_sources: 6d37d13d1b3c9e47}\n', "", "  dspark: {", "drafts.dspark adds no key"),
         # its mono sources digest: 16 hex digits, given
-        ("    mono_sources: 0aa9262967c37d51\n", "    mono_sources: 0aa9262967c37d5\n", '  "0.32.0":', "mono_sources must be"),
-        ("    mono_sources: 0aa9262967c37d51\n", "", '  "0.32.0":', "mono_sources must be"),
-        ('    like: "0.33.0"\n', '    like: "0.31.0"\n', 'like: "0.31.0"', "like '0.31.0' is not another release"),
+        (_OLD_DIGEST, '  "0.32.0": {mono_sources: 0aa9262967c37d5}', '  "0.32.0":', "mono_sources must be"),
+        (_OLD_DIGEST, '  "0.32.0": {}', '  "0.32.0":', "mono_sources must be"),
         # keys: a mapping of release -> keys; each read in its release
         ('      "0.32.0":\n        - k1', '      "0.31.0":\n        - k1', '"0.31.0":', "vLLM '0.31.0' is not a release"),
         ('      "0.32.0":\n        - k1@gfx950:s=4,tp=4,r=1\n', '      "0.32.0":\n        - k1@gfx950:s=4,tp=4,r=0\n',

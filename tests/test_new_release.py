@@ -1,6 +1,6 @@
 """Adding a vLLM release is data: a copy of this project gains a release
 0.33.1 (0.33.0's kernel tree with one comment added, so a mono sources digest
-of its own) by one facts entry and one matrix entry (``like: "0.33.0"``), and
+of its own) by one facts entry and one matrix entry (its mono sources digest), and
 with no code edit: ``build --list`` lists its keys, ``coverage`` checks its
 deployments, the wheel gate ships a room of it, and the loader serves that
 room to a running 0.33.1 (picked by its digest)."""
@@ -40,11 +40,11 @@ def project(tmp_path_factory):
     facts.write_text(text.replace(anchor, f'\nRELEASES["{NEW}"] = replace(RELEASES["{LIKE}"], version="{NEW}")\n'
                                           + anchor, 1).replace("from dataclasses import dataclass, field",
                                                                "from dataclasses import dataclass, field, replace"))
-    # the matrix entry: like 0.33.0, with its own digest
+    # the matrix entry: its digest
     matrix = (REPO / "build_matrix.yaml").read_text()
     assert "\nreleases:\n" in matrix
     (root / "build_matrix.yaml").write_text(matrix.replace(
-        "\nreleases:\n", f'\nreleases:\n  "{NEW}":\n    like: "{LIKE}"\n    mono_sources: {digest}\n', 1))
+        "\nreleases:\n", f'\nreleases:\n  "{NEW}": {{mono_sources: {digest}}}\n', 1))
     return root, mono, digest
 
 

@@ -72,10 +72,10 @@ def release_trees(releases, mans: dict, trees=(), matrix_path=None) -> dict:
     from . import matrix
 
     shipped = matrix_path is None and not matrix.DEFAULT_MATRIX.is_file()
-    entries = {} if shipped else matrix.load(matrix_path).releases
+    digests = {} if shipped else matrix.load(matrix_path).digests()
     out = {}
     for release in sorted(set(releases)):
-        digest = entries[release].mono_sources if release in entries else mans[release].mono_sources
+        digest = digests.get(release) or mans[release].mono_sources
         out[release] = source.find_release(release, digest, tuple(trees or ()))
     return out
 
