@@ -5,12 +5,12 @@ bands some libs.json names, the stored objects) and refuses, naming the
 folder, room or key and the fix command:
 
 - a missing or empty arch folder, or a room with no entries;
-- a room of a release the build matrix does not build, or a ``vllm-*``
-  folder that is no known release's room;
+- a room of a release the build matrix does not build;
 - a room its own verdict (``Room.problems``) finds unsound;
 - a room whose mono sources digest is not its release's in
   build_matrix.yaml (no installed vLLM of that release could match it);
-- objects or bands that no room names.
+- whatever the arch folder's verdict (``listing.folder_problems``) finds:
+  a room of a release dsv41-aot does not know, objects or bands no room names.
 
 Used by setup.py (every kernels wheel build), ci/wheels.sh and the CI
 workflow. PyYAML, tomllib and packaging are imported where they are used:
@@ -29,12 +29,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dsv41_aot import commands  # noqa: E402
-from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
+from dsv41_aot.errors import AotError, ManifestError  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
-from dsv41_aot.facts.releases import RELEASES, deployed_arches, version_order  # noqa: E402
-from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, folder_name, room_name  # noqa: E402
+from dsv41_aot.facts.releases import deployed_arches, version_order  # noqa: E402
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, folder_name, room_name  # noqa: E402
 from dsv41_aot.room import Room  # noqa: E402
-from dsv41_aot.listing import built_arches, built_releases, orphan_objects, unnamed_in_lib  # noqa: E402
+from dsv41_aot.listing import built_arches, built_releases, folder_problems  # noqa: E402
 
 
 @dataclass
@@ -128,13 +128,6 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
         where = f"it holds {', '.join(have)}" if have else "it holds no built arch"
         raise ManifestError(f"no prebuilt kernels for {arch} in {root} (no {adir}/vllm-<release>/{MANIFEST}; {where})",
                             fix=fix)
-    known = {folder_name(v) for v in RELEASES}
-    unknown = sorted(p.name for p in adir.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name not in known)
-    if unknown:
-        raise ManifestError(f"{adir / unknown[0]}: not the room of a vLLM release dsv41-aot knows "
-                            f"({', '.join(sorted(RELEASES, key=version_order))})",
-                            fix="remove it, or add the release (dsv41_aot/facts/releases.py and build_matrix.yaml)")
-
     bands: dict = {}
     out = ArchContents(arch=arch, dir=adir)
     for release in releases:
@@ -144,15 +137,11 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
         if (adir / folder / VERIFIED).is_file():
             out.files.append(f"{folder}/{VERIFIED}")  # the proof against vLLM's JIT; the loader ignores it
 
-    orphans = orphan_objects(adir)  # objects no room of the arch names
-    if orphans:
-        raise IntegrityError(f"{adir / OBJECTS}: {len(orphans)} object(s) no room's manifest names, e.g. "
-                             f"{orphans[0].name} (a partial copy or an interrupted build)", fix=f"rebuild to clean it: {fix}")
-    stray = unnamed_in_lib(root, adir)
-    if stray:
-        raise IntegrityError(f"{adir / LIB}: {', '.join(p.name for p, _ in stray[:5])} named by no room's "
-                             f"{LIBS_JSON} ({', '.join(r.name for r in out.rooms)})",
-                             fix=" && ".join(dict.fromkeys(fix for _, fix in stray)))
+    problems = folder_problems(adir, root)  # what no room names: a foreign room, an orphan object, a stray band
+    if problems:
+        more = f" (and {len(problems) - 1} more: dsv41-aot verify --dir {root})" if len(problems) > 1 else ""
+        raise type(problems[0].error())(f"{problems[0].message}{more}",
+                                        fix=" && ".join(dict.fromkeys(p.fix for p in problems)))
     out.files += [f"{LIB}/{name}" for name in sorted(bands)]
     out.files += sorted(set().union(*(r.objects for r in out.rooms)))
     return out

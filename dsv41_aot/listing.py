@@ -2,20 +2,24 @@
 
 ``rooms_of`` lists every room folder, foreign ones included; ``rooms_in``
 the known rooms, readable or not; ``built_*`` those holding a manifest.
-``named_by_rooms`` and ``orphan_objects`` serve garbage collection.
+``arch_problems`` judges what an arch folder holds that no room names
+(verify, the wheel gates and the judge ask it; build and link remove what
+it finds).
 
 Shared core: standard library only.
 """
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from . import commands, pending
 from .errors import AotError
-from .facts.releases import release_facts, version_order
+from .facts.releases import RELEASES, release_facts, version_order
 from .manifest import BAND_SUFFIX, LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX
-from .room import ROOM_RE, Room
+from .proof import VERIFIED
+from .room import ROOM_RE, Problem, Room
 
 
 def rooms_in_members(names, prefix: str) -> list[tuple[str, str]]:
@@ -77,57 +81,74 @@ def built_rooms_or_error(root: Path, release: str | None = None) -> list[Room]:
     return found
 
 
-def named_by_rooms(arch_dir: Path) -> tuple[set, set] | None:
-    """(object paths, band file names) some room of the arch names, foreign rooms included.
-
-    None when a room's records cannot be read: then nothing may be collected."""
-    objs, bands = set(), set()
-    for room in rooms_of(arch_dir):
-        try:
-            if room.has(MANIFEST):
-                man = room.manifest()
-                objs |= {man.object_path(key) for key in man.entries}
-            if room.has(LIBS_JSON):
-                bands |= {b.file for b in room.links().bands}
-        except AotError:
-            return None
-    return objs, bands
-
-
 def is_band_file(name: str) -> bool:
     """Whether a file name in an arch's lib/ is a band (or a schema-1 raw library)."""
     return name.startswith("libdsv41_") and name.endswith((".so", BAND_SUFFIX))
 
 
-def unnamed_in_lib(root: Path, arch_dir: Path) -> list[tuple[Path, str]]:
-    """The files in an arch's lib/ that no room's libs.json names, each with the command that removes it.
+def arch_problems(rooms: list[Room], members: list[str], where: str, *, shipped: bool,
+                  fix_band: str = "", remove=None) -> list[Problem]:
+    """What an arch folder holds that no room names: the one verdict on an arch folder, beside ``Room.problems``.
 
-    The one judge of a lib/ folder's strays, which verify and the wheel gate
-    refuse: a band is removed by ``link`` (it keeps only the bands a room
-    names), anything else by hand (``rm``, ``rm -r`` for a folder). None is
-    listed while a room's records cannot be read or a room is not linked:
-    that room's own problem says so."""
-    named = named_by_rooms(arch_dir)
-    lib = Path(arch_dir) / LIB
-    unlinked = any(r.has(MANIFEST) and not r.has(LIBS_JSON) for r in rooms_of(arch_dir))
-    if named is None or unlinked or not lib.is_dir():
-        return []
-    out = []
-    for p in sorted(lib.iterdir()):
-        if p.name in named[1] or p.name.startswith("."):
+    ``rooms`` are the folder's room folders, foreign ones included, each
+    reading through its reader (a folder's or a wheel's); ``members`` the
+    paths judged, relative to the folder at ``where``. A builder's folder
+    (``shipped`` False) keeps every room's objects and bands, a foreign
+    room's too; a shipped one (a wheel) holds only its known rooms' records
+    and bands. ``fix_band`` is the command that removes a stray band,
+    ``remove(member)`` the one that removes any other stray. While a room's
+    records cannot be read nothing is judged stray, and one problem says so.
+    A room not linked yet names no band: link names its bands anew."""
+    out: list[Problem] = []
+    named: set = set()
+    unknown = f"{where}: some room's records cannot be read, so what it names is unknown"
+    for room in rooms:
+        rel = room.dir.name
+        if not room.known:
+            out.append(Problem("room", f"{room.dir}: {rel} is a release this dsv41-aot does not know (it knows "
+                                       f"{', '.join(sorted(RELEASES, key=version_order))})", str(room.dir),
+                               fix=remove(rel + "/") if remove else "", serving=False))
+            if shipped:
+                continue  # a shipped foreign room names nothing
+        try:
+            if room.has(MANIFEST):
+                man = room.manifest()
+                named |= {f"{rel}/{n}" for n in (MANIFEST, VERIFIED)}
+                if not shipped:
+                    named |= {e.object for e in man.entries.values()}
+            if room.has(LIBS_JSON):
+                named |= {f"{rel}/{LIBS_JSON}"} | {f"{LIB}/{b.file}" for b in room.links().bands}
+        except AotError:
+            return out + [Problem("unreadable", f"{unknown}: nothing in it is removed by build or link until "
+                                                f"they can", where, fix="see that room's failure, or remove a "
+                                                                        "foreign room you do not need", serving=False)]
+    for m in members:
+        if m in named:
             continue
-        if is_band_file(p.name) and not p.is_dir():
-            fix = f"dsv41-aot link --dir {root} --arch {Path(arch_dir).name}"
+        if m.startswith(OBJECTS + "/"):
+            what, msg = "object", f"{where}/{m}: a stored object no room's manifest names (left by an older or " \
+                                  f"interrupted build; the next build into the folder removes it)"
+        elif m.startswith(LIB + "/") and is_band_file(m[len(LIB) + 1:]):
+            what, msg = "band", f"{where}/{m} is named by no room's {LIBS_JSON}"
         else:
-            fix = f"rm -r '{p}'" if p.is_dir() and not p.is_symlink() else f"rm '{p}'"
-        out.append((p, fix))
+            what, msg = "file", f"{where}/{m} is a file no room names"
+        out.append(Problem(what, msg, f"{where}/{m}", fix=fix_band if what == "band" else
+                           (remove(m) if remove else ""), serving=False))
     return out
 
 
-def orphan_objects(arch_dir: Path) -> list[Path]:
-    """Stored objects of an arch that no room names (none while a room is unreadable)."""
-    named = named_by_rooms(arch_dir)
-    objdir = Path(arch_dir) / OBJECTS
-    if named is None or not objdir.is_dir():
-        return []
-    return sorted(p for p in objdir.glob("*.o") if p not in named[0])
+def folder_problems(arch_dir: Path, root: Path | None = None) -> list[Problem]:
+    """:func:`arch_problems` of an arch folder on disk: its objects/ and lib/ judged (``root``: the fixes' directory)."""
+    arch_dir = Path(arch_dir)
+    root = Path(root) if root is not None else arch_dir.parent
+    members = [f"{OBJECTS}/{p.name}" for p in sorted((arch_dir / OBJECTS).glob("*.o"))]
+    lib = arch_dir / LIB
+    if lib.is_dir():
+        members += [f"{LIB}/{p.name}" for p in sorted(lib.iterdir()) if not p.name.startswith(".")]
+
+    def remove(member: str) -> str:
+        path = arch_dir / member.rstrip("/")
+        return f"rm -r {shlex.quote(str(path))}" if path.is_dir() and not path.is_symlink() else \
+            f"rm {shlex.quote(str(path))}"
+    return arch_problems(rooms_of(arch_dir), members, str(arch_dir), shipped=False, remove=remove,
+                         fix_band=commands.relink(root, arch=arch_dir.name))

@@ -208,8 +208,8 @@ def stray_folder_in_lib(d, tmp):
 
 # fault, the problem kind verify reports, the loader's verdict binding K1
 ROWS = [
-    (stray_file_in_lib, "band", "ok"),
-    (stray_folder_in_lib, "band", "ok"),
+    (stray_file_in_lib, "file", "ok"),
+    (stray_folder_in_lib, "file", "ok"),
     (flip_band, "band", "IntegrityError"),
     (delete_band, "band", "IntegrityError"),
     (delete_libs_json, "libs", "ManifestError"),

@@ -46,7 +46,7 @@ def test_a_room_of_an_unknown_release_is_never_deleted(smoke_dir, tmp_path):
     assert run_cli("link", "--dir", d)[0] == 0
     code, out, err = run_cli("verify", "--dir", d, check=False)
     assert code == 0, out + err
-    assert "vllm-0.34.0 is a release this dsv41-aot does not know; left as it is" in err
+    assert "vllm-0.34.0 is a release this dsv41-aot does not know (it knows 0.32.0, 0.33.0); left as it is" in err
     code, out, err = run_cli("list", "--dir", d)
     assert "vllm-0.34.0" in out and "does not know" in out
 

@@ -93,7 +93,7 @@ def old_tree() -> str:
     from dsv41_aot import source
     from dsv41_aot.aot import matrix
 
-    return str(source.find_release(OLD, matrix.load().releases[OLD].mono_sources).root)
+    return str(source.find_release(OLD, matrix.load().releases[OLD]).root)
 
 
 def bands_of(prebuilt: Path, arch: str, release: str) -> set:

@@ -24,7 +24,7 @@ from .buildroom import RoomState, cache_hit, check_one_source, count_proofs, ide
 from .compiler import worker_env
 from ..errors import AotError, OutputDirError, ToolchainError
 from ..keys import BuildKey
-from ..listing import orphan_objects
+from ..listing import folder_problems
 from .lock import arch_lock
 from .output import progress_bar, tally
 from .residency import spill_notes
@@ -238,8 +238,9 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         # written would lose its objects)
         if summary.failed == 0:
             for arch_dir in sorted({st.room.arch_dir for st in states.values()}):
-                for orphan in orphan_objects(arch_dir):
-                    orphan.unlink(missing_ok=True)
+                for p in folder_problems(arch_dir):
+                    if p.what == "object":
+                        Path(p.file).unlink(missing_ok=True)
         if bar is not None:
             bar.close()
     for key in keys:  # compiled or up to date: a failed key's entry is gone

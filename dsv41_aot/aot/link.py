@@ -26,10 +26,10 @@ from .. import commands
 from ..elf import dynamic_info
 from ..errors import AotError, IntegrityError, ManifestError, ToolchainError
 from ..keys import BuildKey
-from ..manifest import BAND_SUFFIX, LIB, MANIFEST, PREFIX, Manifest, sha256_file
+from ..manifest import BAND_SUFFIX, MANIFEST, PREFIX, Manifest, sha256_file
 from ..linkrecord import Band, LinkRecord, soname
 from ..room import Room
-from ..listing import built_rooms, is_band_file, named_by_rooms
+from ..listing import built_rooms, folder_problems
 
 XZ_PRESET = 6  # measured: preset 9, extreme and an x86 BCJ filter gain under 1% on these libraries
 BAND = 8  # step widths per chunk
@@ -147,19 +147,12 @@ def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=No
 
 
 def _remove_unnamed_bands(arch_dir: Path) -> list[str]:
-    """Remove the bands in ``arch_dir/lib`` that no room names; return their names.
-
-    Foreign rooms count as naming theirs. While some room's records cannot be
-    read, nothing is removed."""
-    named = named_by_rooms(arch_dir)
-    if named is None:
-        return []
-    keep = named[1]
+    """Remove the bands in ``arch_dir/lib`` that no room names (``listing.folder_problems``); return their names."""
     removed = []
-    for p in sorted((arch_dir / LIB).iterdir()):
-        if p.name not in keep and is_band_file(p.name):
-            p.unlink()
-            removed.append(p.name)
+    for p in folder_problems(arch_dir):
+        if p.what == "band":
+            Path(p.file).unlink()
+            removed.append(Path(p.file).name)
     return removed
 
 

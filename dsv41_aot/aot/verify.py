@@ -18,9 +18,9 @@ from pathlib import Path
 from .. import commands, pending
 from ..errors import AotError, ManifestError
 from ..keys import BuildKey
-from ..manifest import LIBS_JSON, Manifest
+from ..manifest import Manifest
 from ..room import REINSTALL, Room
-from ..listing import built_rooms_or_error, named_by_rooms, orphan_objects, rooms_in, rooms_of, unnamed_in_lib
+from ..listing import built_rooms_or_error, folder_problems, rooms_in
 from ..proof import NO_EVIDENCE, STALE, VERIFIED
 from .integrity import NOT_RESIDENT, KeyReport, ShippedCode, check_entry
 from . import hiprec
@@ -287,14 +287,13 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                            fix="build them: " + commands.build(root, release=first,
                                                                keys=[k for k in unknown if k.release == first]))
     for arch_dir in sorted({room.arch_dir for room in found}):
-        for orphan in orphan_objects(arch_dir):  # an arch's objects are its rooms' (once per arch)
-            warnings[orphan] = (f"{arch_dir.name}: stored object {orphan.name} is named by no room (left by an older "
-                                f"or interrupted build; the next build into the folder removes it): rm {orphan}")
-        lib_failures += _unnamed_bands(root, arch_dir)
-        if named_by_rooms(arch_dir) is None:  # said, never silent
-            warnings[arch_dir] = (f"{arch_dir}: some room's records cannot be read, so what it names is unknown: "
-                                  f"no stored object or band of {arch_dir.name} is removed by build or link until "
-                                  f"they can (see its failure, or remove a foreign room you do not need)")
+        for p in folder_problems(arch_dir, root):  # what no room names (once per arch)
+            if p.what in ("band", "file"):  # what a wheel would refuse to ship
+                lib_failures.append(dict(p.as_dict(), release=None))
+            elif p.what == "room":  # a newer dsv41-aot's room: kept, with all it names
+                warnings[p.file] = f"{p.message}; left as it is (its objects and bands are kept)"
+            else:  # an orphan object (the next build removes it), or records no one can read
+                warnings[p.file] = f"{p.message}: {p.fix}"
         for left in sorted(arch_dir.glob(".*.tmp")) + sorted(arch_dir.glob("*/.*.tmp")):  # a killed atomic write's
             warnings[left] = (f"{left}: a temporary file a killed write left (the file it was for is whole); "
                               f"remove it: rm '{left}'")
@@ -308,10 +307,6 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                     f"{arch_dir}: a build was stopped (or is running) before it built {len(missing)} of the "
                     f"{len(ks)} vLLM {rel} key(s) it was asked for; finish it: "
                     + commands.build(root.resolve(), release=rel, keys=ks, options=pending.options(arch_dir)))
-        for foreign in rooms_of(arch_dir):
-            if not foreign.known:
-                warnings[foreign.dir] = (f"{foreign.dir}: {foreign.dir.name} is a release this dsv41-aot does not "
-                                         f"know; left as it is (its objects and bands are kept)")
     for room, man in mans.items():
         # the room's one verdict (what the loader refuses); stored objects are checked key by key below
         for p in room.problems(objects=False, proof=False):
@@ -355,13 +350,6 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                  jit_cached=sum(r.jit_cached for r in order), jobs=jobs,
                  wall_seconds=round(time.perf_counter() - t0, 3), warnings=list(warnings.values()),
                  proofs=proofs, reports=[r.as_dict() for r in order], fixes=fixes(failures, root))
-
-
-def _unnamed_bands(root: Path, arch_dir: Path) -> list:
-    """Failures for the files in an arch's lib/ that no room's libs.json names (``listing.unnamed_in_lib``)."""
-    return [{"key": None, "release": None, "file": str(p), "what": "band", "serving": False,
-             "error": f"{p} is named by no room's {LIBS_JSON} (a wheel would refuse to ship it)", "fix": fix}
-            for p, fix in unnamed_in_lib(root, arch_dir)]
 
 
 def _key_failure(rep: KeyReport, room: Room) -> dict:

@@ -13,12 +13,12 @@ import zlib
 from pathlib import Path
 
 from ..errors import AotError, IntegrityError, ManifestError
-from ..facts.releases import RELEASES, version_order
+from ..facts.releases import version_order
 from ..keys import BuildKey
 from ..proof import NO_EVIDENCE, PROVEN, VERIFIED, Proof
-from ..manifest import LIB, LIBS_JSON, MANIFEST, TIMINGS, room_name
+from ..manifest import LIB, TIMINGS, room_name
 from ..room import Room, ZipReader
-from ..listing import rooms_in_members
+from ..listing import arch_problems, rooms_in_members
 
 PKG = "dsv41_aot/kernels_prebuilt/"  # where a wheel carries its rooms
 PLAT = "manylinux_2_28_x86_64"  # a kernels wheel's platform tag (host libraries, no Python extension)
@@ -153,34 +153,18 @@ def record_problems(z: zipfile.ZipFile, info: str) -> list[str]:
     return out
 
 
-def shipped_files(z: zipfile.ZipFile) -> set:
-    """The members under the kernels folder a sound wheel may hold: its known rooms' records and their bands."""
-    allowed = set()
-    for room in wheel_rooms(z):
-        if not room.known:
-            continue
-        allowed |= {f"{PKG}{room.name}/{n}" for n in (MANIFEST, LIBS_JSON, VERIFIED)}
-        try:
-            allowed |= {f"{PKG}{room.arch}/{LIB}/{band.file}" for band in room.links().bands}
-        except AotError:
-            pass  # its own problem
-    return allowed
-
-
 def kernel_problems(z: zipfile.ZipFile) -> list[str]:
-    """What is wrong with the kernels a wheel carries: foreign rooms, stray files, each room's verdict."""
-    out = []
+    """What is wrong with the kernels a wheel carries: each arch folder's verdict, then each room's."""
     rooms = wheel_rooms(z)
-    if not rooms:
-        out.append(f"no room under {PKG}: a wheel without kernels")
-    for room in rooms:
-        if not room.known:
-            out.append(f"{PKG}{room.name} is a room of vLLM {room.release}, a release this dsv41-aot does not know "
-                       f"(it knows {', '.join(RELEASES)}): a wheel ships only rooms it can judge")
-    allowed = shipped_files(z)
-    stray = sorted(n for n in z.namelist() if n.startswith(PKG) and not n.endswith("/") and n not in allowed)
-    if stray:
-        out.append(f"{len(stray)} file(s) under {PKG} that no room names: {', '.join(stray[:5])}")
+    out = [] if rooms else [f"no room under {PKG}: a wheel without kernels"]
+    members: dict = {}  # arch folder ("" for the kernels folder itself) -> its members' paths
+    for n in z.namelist():
+        if n.startswith(PKG) and not n.endswith("/"):
+            arch, _, rest = n[len(PKG):].partition("/")
+            members.setdefault(arch if rest else "", []).append(rest or arch)
+    for arch, names in sorted(members.items()):
+        here = [r for r in rooms if r.arch == arch] if arch else []
+        out += [p.message for p in arch_problems(here, names, PKG + arch if arch else PKG.rstrip("/"), shipped=True)]
     return out + wheel_problems(z)
 
 
