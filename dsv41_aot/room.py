@@ -42,6 +42,37 @@ def _installed_digest() -> str | None:
         return None
 
 
+# the symbols a band may leave undefined besides hip*: what the ROCm host
+# process (glibc, the C++ runtime's TLS) provides when the loader dlopens it
+HOST_SYMBOLS = frozenset(
+    "__tls_get_addr calloc malloc free realloc dlsym dlopen dlerror fprintf stderr abort memcpy memset "
+    "strlen strcmp getenv pthread_mutex_init pthread_mutex_destroy pthread_mutex_lock pthread_mutex_unlock "
+    "pthread_rwlock_rdlock pthread_rwlock_wrlock pthread_rwlock_unlock pthread_once __cxa_finalize "
+    "_ITM_registerTMCloneTable _ITM_deregisterTMCloneTable __gmon_start__".split()
+)
+
+
+def library_problems(raw: bytes, entries: dict) -> tuple[list[str], dict]:
+    """What the loader could not bind in a band's library: the one judge of a band's exports.
+
+    ``entries`` maps a key to the entry symbol it launches. Returns
+    (problems of the whole library: a DT_NEEDED, an undefined symbol no
+    ROCm host provides; {key: what it lacks}: its entry or the entry's
+    ``__module_load``, both of which the launcher binds). ElfError when
+    the bytes are no ELF this reader knows."""
+    info = dynamic_info(raw)
+    whole = []
+    if info["needed"]:
+        whole.append(f"records DT_NEEDED {info['needed']}: it would tie users to this build machine's libraries")
+    stray = sorted(s for s in info["undefined"] if not s.startswith("hip") and s not in HOST_SYMBOLS)
+    if stray:
+        whole.append(f"leaves undefined symbols no ROCm host provides: {', '.join(stray[:10])}")
+    defined = set(info["defined"])
+    lost = {key: " and ".join(s for s in (entry, f"{entry}__module_load") if s not in defined)
+            for key, entry in entries.items() if entry}
+    return whole, {k: v for k, v in lost.items() if v}
+
+
 # ---------------------------------------------------------------- problems
 
 
@@ -351,28 +382,21 @@ class Room:
         return out
 
     def band_problems(self, band: Band, man: Manifest | None = None) -> list[Problem]:
-        """What is wrong with ``band``: its path, its bytes, a DT_NEEDED, an unexported entry.
+        """What is wrong with ``band``: its path, its bytes, what :func:`library_problems` finds.
 
         Entries are checked only when ``man`` is given."""
+        path = str(self.lib / band.file)
+        entries = {key: e.entry for key in band.entries if man and (e := man.entries.get(key))}
         try:
-            raw = self.read_band(band)
-            info = dynamic_info(raw)
-            needed, exported = info["needed"], set(info["defined"])
+            whole, lost = library_problems(self.read_band(band), entries)
         except (ManifestError, IntegrityError) as e:
-            return [Problem("band", e.message, str(self.lib / band.file), e.fix, band=band.file)]
+            return [Problem("band", e.message, path, e.fix, band=band.file)]
         except (ElfError, IndexError, struct.error):
-            needed, exported = [], None  # not an ELF this reader knows: dlopen judges it
-        out = []
-        if needed:
-            out.append(Problem("band", f"{self.lib / band.file} records DT_NEEDED {needed}: it would tie users to "
-                                       f"this build machine's libraries", str(self.lib / band.file), self.fix_relink,
-                               band=band.file))
-        for key in sorted(band.entries):
-            e = man.entries.get(key) if man else None
-            if e and e.entry and exported is not None and e.entry not in exported:
-                out.append(Problem("band", f"{key} (vLLM {self.release}): {self.libs_path} lists it under {band.file}, "
-                                           f"which does not export {e.entry}", str(self.libs_path), self.fix_relink,
-                                   key=key, band=band.file))
+            return []  # not an ELF this reader knows: dlopen judges it
+        out = [Problem("band", f"{path} {what}", path, self.fix_relink, band=band.file) for what in whole]
+        out += [Problem("band", f"{key} (vLLM {self.release}): {self.libs_path} lists it under {band.file}, which "
+                                f"does not export {what}", str(self.libs_path), self.fix_relink, key=key, band=band.file)
+                for key, what in sorted(lost.items())]
         return out
 
     def proof_problems(self) -> list[Problem]:

@@ -19,7 +19,8 @@ import pytest
 from _smoke import OLD, REPO, SMOKE_RELEASE_KEYS, cli, copy_of, libdir, libs_json, room
 from dsv41_aot import linkrecord
 from dsv41_aot.aot import link
-from dsv41_aot.errors import IntegrityError
+from dsv41_aot.elf import dynamic_info
+from dsv41_aot.errors import AotError, IntegrityError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import sha256_file
@@ -103,7 +104,7 @@ def test_no_libamdhip64_soname_is_baked_in(smoke, tmp_path):
         lib.write_bytes(lzma.decompress(band.read_bytes()))
         dyn = subprocess.run([READELF, "-d", str(lib)], capture_output=True, text=True, check=True).stdout
         assert "NEEDED" not in dyn, dyn  # not libamdhip64.so.5 (the build host's), nor anything else
-        info = link.dynamic_info(lib.read_bytes())
+        info = dynamic_info(lib.read_bytes())
         assert info["needed"] == []
         assert "hipModuleLaunchKernel" in info["undefined"] and "hipModuleLoadData" in info["undefined"]
         syms = subprocess.run([READELF, "--dyn-syms", "-W", str(lib)], capture_output=True, text=True).stdout
@@ -276,7 +277,7 @@ def test_library_metadata_matches_vllm_launcher_parameters(smoke):
 
 
 def _soname(band: Path) -> str:
-    return link.dynamic_info(lzma.decompress(band.read_bytes()))["soname"]
+    return dynamic_info(lzma.decompress(band.read_bytes()))["soname"]
 
 
 def test_a_chunk_two_releases_link_alike_is_one_band(smoke, tmp_path):
@@ -347,3 +348,30 @@ def test_a_band_whose_keys_changed_is_relinked(smoke, tmp_path):
     assert not (libdir(d, "gfx950") / before[chunk]["file"]).exists() or any(
         before[chunk]["file"] == lib["file"] for lib in _libs(d, "gfx950", OLD))
     assert cli("verify", "--dir", d).returncode == 0
+
+
+def _library(tmp_path: Path, c_source: str) -> bytes:
+    """A shared library the C compiler builds from ``c_source`` (no libc: nothing needed)."""
+    src, lib = tmp_path / "band.c", tmp_path / "band.so"
+    src.write_text(c_source)
+    subprocess.run(["cc", "-shared", "-fPIC", "-nostdlib", "-o", str(lib), str(src)], check=True, capture_output=True)
+    return lib.read_bytes()
+
+
+def test_link_and_the_room_judge_a_band_library_by_one_rule(tmp_path):
+    # the launcher binds an entry and its __module_load: a band exporting only
+    # the entry is refused by the room's verdict and by link alike
+    from dsv41_aot.room import library_problems
+
+    raw = _library(tmp_path, "void k1_entry(void) {}\nextern int not_on_any_host(void);\n"
+                             "int k2_entry(void) { return not_on_any_host(); }\n"
+                             "int k2_entry__module_load(int d) { return d; }\n")
+    whole, lost = library_problems(raw, {"k1": "k1_entry", "k2": "k2_entry"})
+    assert lost == {"k1": "k1_entry__module_load"}
+    assert whole == ["leaves undefined symbols no ROCm host provides: not_on_any_host"]
+    with pytest.raises(AotError, match="undefined symbols no ROCm host provides: not_on_any_host"):
+        link._check_library(raw, "band.so", {"k1": "k1_entry"})
+    sound = _library(tmp_path, "void e(void) {}\nint e__module_load(int d) { return d; }\nint hipModuleLaunchKernel(void);\n"
+                               "int f(void) { return hipModuleLaunchKernel(); }\n")
+    assert library_problems(sound, {"k": "e"}) == ([], {})
+    link._check_library(sound, "band.so", {"k": "e"})

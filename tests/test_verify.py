@@ -434,7 +434,8 @@ def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = 
         so_name = linkrecord.soname(name.split(".")[0], members)
         src = root / f".{name}.c"
         src.write_text(f"const char dsv41_band_note[] = {json.dumps(band.decode())};\n"
-                       + "".join(f"void {man.entries[k].entry}(void) {{}}\n" for k in keys))
+                       + "".join(f"void {man.entries[k].entry}(void) {{}}\nint {man.entries[k].entry}__module_load(int d) "
+                                 f"{{ return d; }}\n" for k in keys))
         lib = src.with_suffix(".so")
         subprocess.run(["cc", "-shared", "-fPIC", "-nostdlib", f"-Wl,-soname,{so_name}", "-o", str(lib), str(src)],
                        check=True, capture_output=True)

@@ -23,12 +23,11 @@ import time
 from pathlib import Path
 
 from .. import commands
-from ..elf import dynamic_info
 from ..errors import AotError, IntegrityError, ManifestError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import BAND_SUFFIX, MANIFEST, PREFIX, Manifest, sha256_file
 from ..linkrecord import Band, LinkRecord, soname
-from ..room import Room
+from ..room import Room, library_problems
 from ..listing import built_rooms, folder_problems
 
 XZ_PRESET = 6  # measured: preset 9, extreme and an x86 BCJ filter gain under 1% on these libraries
@@ -40,14 +39,6 @@ LINK_FLAGS = (
 )
 # what an export object may leave for the host process to provide: the HIP
 # runtime (opened by the loader) and libc / libdl / pthread (every process)
-_HOST_SYMBOLS = frozenset(
-    "__tls_get_addr calloc malloc free realloc dlsym dlopen dlerror fprintf stderr abort memcpy memset "
-    "strlen strcmp getenv pthread_mutex_init pthread_mutex_destroy pthread_mutex_lock pthread_mutex_unlock "
-    "pthread_rwlock_rdlock pthread_rwlock_wrlock pthread_rwlock_unlock pthread_once __cxa_finalize "
-    "_ITM_registerTMCloneTable _ITM_deregisterTMCloneTable __gmon_start__".split()
-)
-
-
 def find_linker() -> str:
     """The ld.lld to link with: DSV41_AOT_LD, the build's own, or PATH's.
 
@@ -66,18 +57,13 @@ def chunk_name(key: BuildKey) -> str:
     return f"libdsv41_{key.arch}_tp{key.tp}_s{lo:02d}-{lo + BAND - 1:02d}"
 
 
-def _check_library(data: bytes, path: str, entries: list[str]) -> None:
-    """Refuse a library with DT_NEEDED, a non-host undefined symbol or a lost entry."""
-    info = dynamic_info(data)
-    if info["needed"]:
-        raise AotError(f"{path}: records DT_NEEDED {info['needed']}; the kernel libraries must need nothing")
-    stray = sorted(s for s in info["undefined"] if not s.startswith("hip") and s not in _HOST_SYMBOLS)
-    if stray:
-        raise AotError(f"{path}: undefined symbols no ROCm host provides: {', '.join(stray[:10])}")
-    defined = set(info["defined"])
-    lost = [e for e in entries if e not in defined or f"{e}__module_load" not in defined]
+def _check_library(data: bytes, path: str, entries: dict) -> None:
+    """Refuse a library just linked that the room's verdict (``room.library_problems``) would refuse."""
+    whole, lost = library_problems(data, entries)
+    if whole:
+        raise AotError(f"{path}: {whole[0]}; the kernel libraries must need nothing but the ROCm host")
     if lost:  # refuse_unsound_entries checked each entry against its object: a linker's fault, not input
-        raise IntegrityError(f"{path}: entries not exported: {', '.join(lost[:5])}",
+        raise IntegrityError(f"{path}: entries not exported: {', '.join(list(lost.values())[:5])}",
                              fix=f"check the linker ({FIX_LD}), then link again")
 
 
@@ -171,7 +157,7 @@ def _link_chunk(room: Room, chunk: str, keys: list[str], man: Manifest, members:
                 fix=f"rebuild the objects: {commands.build(room.root, arch=room.arch, release=room.release)}",
             )
         raw = out.read_bytes()
-        _check_library(raw, chunk, [man.entries[k].entry for k in keys])
+        _check_library(raw, chunk, {k: man.entries[k].entry for k in keys})
         band = compress_band(raw)
         digest = hashlib.sha256(band).hexdigest()
         name = f"{chunk}.{digest[:16]}{BAND_SUFFIX}"
