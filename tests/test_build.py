@@ -76,7 +76,7 @@ def test_smoke_build_reproduces_the_golden_code_objects(smoke_dir):
             # each release from its own tree, with the digest the matrix records for it
             assert (e.source["vllm_version"], e.source["mono_sources"]) == (release, DIGESTS[release])
             assert e.source["helpers"]["impl"] == "dsv41_aot.compat"  # the label manifests carry
-            assert e.source["flydsl_version"] == toolchain.flydsl_version()  # the installed FlyDSL
+            assert e.source["flydsl_version"] == flydsl.installed().version  # the installed FlyDSL
             assert e.bytes <= 160_000, "stripped objects stay small"
             abi = m.abi(key)
             assert abi[-1] == {"name": "stream", "ctype": "pointer", "size": 8}
@@ -477,7 +477,7 @@ def test_a_flydsl_change_keeps_keys_whose_code_object_is_the_same(built_k1s, tmp
     # ... and a project whose table lists it (as the installed release does) keeps what compiles the same
     def pin(root):
         _append(root / "dsv41_aot" / "facts" / "flydsl.py",
-                f'\nFLYDSL["0.4.3"] = FlyDSLRelease(**dict(vars(FLYDSL[{toolchain.flydsl_version()!r}]), version="0.4.3"))\n')
+                f'\nFLYDSL["0.4.3"] = FlyDSLRelease(**dict(vars(FLYDSL[{flydsl.installed().version!r}]), version="0.4.3"))\n')
 
     pinned = _project_copy(tmp_path, pin)
     assert "0.4.3" in _a_toolchain_change_keeps_the_same_code(out, env=env, cwd=pinned)

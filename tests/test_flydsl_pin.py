@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv41_aot.aot import flydsl_api, toolchain
+from dsv41_aot.aot import flydsl_api
 from dsv41_aot.errors import ToolchainError
-from dsv41_aot.facts.flydsl import FLYDSL, supported
+from dsv41_aot.facts.flydsl import FLYDSL, installed, supported
 from dsv41_aot.facts.releases import NEWEST
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def test_the_build_extra_pins_a_supported_flydsl_and_bootstrap_installed_it():
     assert len(pins) == 1, f"pyproject.toml pins FlyDSL {pins}: the build extra pins exactly one"
     assert pins[0] in FLYDSL, f"pyproject.toml builds with FlyDSL {pins[0]}, which facts/flydsl.py does not support"
     assert INSTALLED == pins[0], "ci/bootstrap.sh installs the build extra's FlyDSL"
-    assert toolchain.flydsl_version() == INSTALLED
+    assert installed().version == INSTALLED
 
 
 def test_a_flydsl_not_in_the_table_is_refused_naming_the_supported_ones(monkeypatch):
@@ -67,7 +67,7 @@ def test_a_flydsl_not_in_the_table_is_refused_naming_the_supported_ones(monkeypa
 
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.3.9" if name == "flydsl" else version(name))
     with pytest.raises(ToolchainError) as e:
-        toolchain.flydsl_version()
+        installed().version
     msg = str(e.value)
     assert e.value.exit_code == 2 and "FlyDSL 0.3.9 is installed" in msg and f"FlyDSL {supported()}" in msg, msg
     assert all(f"pip install flydsl=={v}" in e.value.fix for v in FLYDSL), e.value.fix

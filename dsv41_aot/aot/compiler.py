@@ -80,12 +80,12 @@ class ArchCompiler:
         self.layer = source.import_mono(self.src, "layer")
         from importlib import import_module
 
-        from . import flydsl_api
+        from ..facts.flydsl import installed
         from .toolchain import source_identity
 
         sources = import_module(f"{source.MONO}.sources").SOURCES
         self.identity = source_identity(vllm_version=self.src.version, mono_sources=sources, helpers=self.helpers,
-                                        flydsl_version=flydsl_api.release().version, linker=linker)
+                                        flydsl_version=installed().version, linker=linker)
 
     def launcher(self, key: BuildKey):
         """vLLM's launcher for ``key``, built exactly as the runner builds it."""

@@ -13,14 +13,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
-from ..facts.flydsl import FlyDSLRelease, flydsl_facts
-
-
-def release() -> FlyDSLRelease:
-    """The facts of the FlyDSL this process imported (exit 2 if unsupported)."""
-    from flydsl import __version__
-
-    return flydsl_facts(__version__)
+from ..facts.flydsl import installed
 
 
 def compile_without_launch(launcher, args: tuple):
@@ -62,10 +55,10 @@ def disk_artifact(launcher, cache_key) -> tuple[Path, str]:
     mgr = launcher.cache_manager
     if mgr is None:
         raise RuntimeError("FlyDSL's disk cache is off: FLYDSL_RUNTIME_CACHE_DIR / ENABLE_CACHE not honoured")
-    name = DISK_NAMES[release().disk_name](launcher, cache_key)
+    name = DISK_NAMES[installed().disk_name](launcher, cache_key)
     path = Path(mgr._cache_file(name))
     if not path.is_file():
-        raise RuntimeError(f"FlyDSL {release().version} wrote no cache artifact at {path}")
+        raise RuntimeError(f"FlyDSL {installed().version} wrote no cache artifact at {path}")
     return path, name
 
 

@@ -50,8 +50,8 @@ class VllmJit:
         from importlib import import_module
 
         from .. import source
+        from ..facts.flydsl import installed
         from . import compat
-        from . import flydsl_api
 
         compat.install_aiter_shim()
         src = source.MonoSource(Path(vllm_root).resolve())
@@ -62,7 +62,7 @@ class VllmJit:
             "vllm_version": src.version,
             "mono_sources": import_module(f"{source.MONO}.sources").SOURCES,
             "mono_dir": str(Path(self.runner_mod.__file__).resolve().parent),
-            "flydsl_version": flydsl_api.release().version,
+            "flydsl_version": installed().version,
         }
 
     def runner(self, key: BuildKey):

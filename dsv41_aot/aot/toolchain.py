@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ToolchainError
+from ..facts.flydsl import installed
 from ..manifest import user_cache_dir
 
 FIX_LLD = "install a ROCm (set ROCM_PATH) or Debian's lld-19 and llvm-19: apt-get install lld-19 llvm-19"
@@ -82,20 +83,7 @@ def find() -> Toolchain:
             tmp.unlink(missing_ok=True)
             tmp.symlink_to(lld)
             os.replace(tmp, link)
-    return Toolchain(rocm, lld, strip, lld_version, flydsl_version())
-
-
-def flydsl_version() -> str:
-    """The installed FlyDSL's version, if facts/flydsl.py supports it (else exit 2)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from ..facts.flydsl import fix_install, flydsl_facts
-
-    try:
-        have = version("flydsl")
-    except PackageNotFoundError:
-        raise ToolchainError("FlyDSL is not installed", fix=fix_install()) from None
-    return flydsl_facts(have).version
+    return Toolchain(rocm, lld, strip, lld_version, installed().version)
 
 
 def source_identity(*, vllm_version: str, mono_sources: str, helpers: str, flydsl_version: str, linker: str) -> dict:

@@ -77,6 +77,26 @@ def flydsl_facts(version: str) -> FlyDSLRelease:
                        fix=fix_install()) from None
 
 
+def installed_version() -> str | None:
+    """The installed FlyDSL's version, from its package metadata (None: not installed); never imports it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("flydsl")
+    except PackageNotFoundError:
+        return None
+
+
+def installed() -> FlyDSLRelease:
+    """The facts of the installed FlyDSL: how the builder, its workers and the JIT all read it.
+
+    ToolchainError (exit 2) when none is installed or it is not supported."""
+    have = installed_version()
+    if have is None:
+        raise ToolchainError("FlyDSL is not installed", fix=fix_install())
+    return flydsl_facts(have)
+
+
 def fix_install() -> str:
     """The command that installs a FlyDSL dsv41-aot supports."""
     return ("pip install -e '.[build]' (the FlyDSL the project builds with), or one of: "

@@ -235,14 +235,11 @@ def _bands(rep: Report, room: Room) -> list:
 
 def _flydsl(rep: Report, room: Room) -> None:
     """The host's FlyDSL, and how many of the room's keys are proven under it."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from ..facts.flydsl import FLYDSL, fix_install, supported
+    from ..facts.flydsl import FLYDSL, fix_install, installed_version, supported
     from ..proof import flydsl_text
 
-    try:
-        have = version("flydsl")
-    except PackageNotFoundError:
+    have = installed_version()
+    if have is None:
         rep.facts["flydsl"] = None
         rep.add("flydsl", "info", "no FlyDSL installed: nothing here JIT-compiles what the prebuilt kernels replace")
         return
