@@ -19,7 +19,6 @@ cibuildwheel's repair step imports this module without them.
 
 from __future__ import annotations
 
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,9 +63,8 @@ class ArchContents:
 
 def fix_for(root: Path, arch, release: str | None = None) -> str:
     """The commands that build and link ``arch`` (one name or several) into ``root``."""
-    arches = [arch] if isinstance(arch, str) else list(arch)
-    words = [w for a in arches for w in ("--arch", a)]
-    return f"{commands.build(root, release=release, options=words)} && {commands.relink(root)} {shlex.join(words)}"
+    words = [w for a in ([arch] if isinstance(arch, str) else arch) for w in ("--arch", a)]
+    return f"{commands.build(root, release=release, options=words)} && {commands.relink(root, arch=arch)}"
 
 
 def matrix_digests(matrix_path=None) -> dict:

@@ -40,10 +40,13 @@ def listing(profile: str | None = None, *, release: str | None = None, matrix=No
     return shlex.join(words)
 
 
-def relink(out, *, arch: str | None = None, release: str | None = None) -> str:
-    """The command that links the prebuilt directory ``out`` (its ``arch`` / ``release`` only, when given)."""
+def relink(out, *, arch=None, release: str | None = None) -> str:
+    """The command that links the prebuilt directory ``out`` (its ``arch`` / ``release`` only, when given).
+
+    ``arch`` is one arch or a list of them."""
     words = [TOOL, "link", "--dir", str(out)]
-    for flag, value in (("--arch", arch), ("--release", release)):
-        if value is not None:
-            words += [flag, value]
+    for a in [arch] if isinstance(arch, str) else arch or []:
+        words += ["--arch", a]
+    if release is not None:
+        words += ["--release", release]
     return shlex.join(words)
