@@ -97,10 +97,12 @@ def arch_problems(rooms: list[Room], members: list[str], where: str, *, shipped:
     room's too; a shipped one (a wheel) holds only its known rooms' records
     and bands. ``fix_band`` is the command that removes a stray band,
     ``remove(member)`` the one that removes any other stray. While a room's
-    records cannot be read nothing is judged stray, and one problem says so.
-    A room not linked yet names no band: link names its bands anew."""
+    records cannot be read nothing is judged stray, and one problem says so;
+    while a room is not linked (its own problem, whose fix links the arch),
+    nothing in lib/ is, so link removes no band until every room is linked."""
     out: list[Problem] = []
     named: set = set()
+    linked = True  # every room with a manifest has its libs.json: lib/ can be judged
     unknown = f"{where}: some room's records cannot be read, so what it names is unknown"
     for room in rooms:
         rel = room.dir.name
@@ -116,6 +118,7 @@ def arch_problems(rooms: list[Room], members: list[str], where: str, *, shipped:
                 named |= {f"{rel}/{n}" for n in (MANIFEST, VERIFIED)}
                 if not shipped:
                     named |= {e.object for e in man.entries.values()}
+                linked = linked and room.has(LIBS_JSON)  # else its own problem: it names no band yet
             if room.has(LIBS_JSON):
                 named |= {f"{rel}/{LIBS_JSON}"} | {f"{LIB}/{b.file}" for b in room.links().bands}
         except AotError:
@@ -123,7 +126,7 @@ def arch_problems(rooms: list[Room], members: list[str], where: str, *, shipped:
                                                 f"they can", where, fix="see that room's failure, or remove a "
                                                                         "foreign room you do not need", serving=False)]
     for m in members:
-        if m in named:
+        if m in named or (m.startswith(LIB + "/") and not linked):
             continue
         if m.startswith(OBJECTS + "/"):
             what, msg = "object", f"{where}/{m}: a stored object no room's manifest names (left by an older or " \
