@@ -131,7 +131,15 @@ def exported_parts(obj: bytes, entry: str) -> tuple[bytes, bytes]:
 def dynamic_info(data: bytes, *, symbols: bool = True) -> dict:
     """A shared library's DT_NEEDED, SONAME and defined and undefined dynamic symbols.
 
-    Without ``symbols`` the symbol table is not read (both lists stay empty)."""
+    Without ``symbols`` the symbol table is not read (both lists stay empty).
+    ElfError for bytes that are not such a library, truncated ones included."""
+    try:
+        return _dynamic_info(data, symbols)
+    except (IndexError, struct.error) as e:  # an offset past the end of the bytes
+        raise ElfError(f"not a whole ELF shared library ({e})") from None
+
+
+def _dynamic_info(data: bytes, symbols: bool) -> dict:
     elf = Elf(data)
     out = {"needed": [], "soname": None, "undefined": [], "defined": []}
     for sym in elf.symbols(SHT_DYNSYM)[1:] if symbols else ():  # one SHT_DYNSYM; its entry 0 is the null symbol

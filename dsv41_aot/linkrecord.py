@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -63,7 +62,7 @@ class Band:
         name = soname(self.chunk, self.entries)
         try:
             linked_as = dynamic_info(raw, symbols=False)["soname"]
-        except (ElfError, IndexError, struct.error):
+        except ElfError:
             linked_as = None  # not a shared library at all
         if linked_as != name:
             raise IntegrityError(f"{where} was not linked from the objects {LIBS_JSON} names for its keys (its "

@@ -163,7 +163,7 @@ def kernel_problems(z: zipfile.ZipFile) -> list[str]:
             arch, _, rest = n[len(PKG):].partition("/")
             members.setdefault(arch if rest else "", []).append(rest or arch)
     for arch, names in sorted(members.items()):
-        here = [r for r in rooms if r.arch == arch] if arch else []
+        here = [r for r in rooms if r.arch == arch]  # none for the kernels folder itself
         out += [p.message for p in arch_problems(here, names, PKG + arch if arch else PKG.rstrip("/"), shipped=True)]
     return out + wheel_problems(z)
 
