@@ -156,7 +156,7 @@ def _merge_room(arch: str, release: str, rooms: list, held: dict, held_by: dict,
             entries[key], origin[key] = e, adir
             held[(release, key)] = adir
             abis[e.abi] = man.abis[e.abi]
-            sources.setdefault(json.dumps(e.source, sort_keys=True), key)
+            sources.setdefault(e.source, key)
     if len(sources) > 1:
         ex = sorted(sources.values())
         raise MergeError(f"room {room}: shards built from {len(sources)} source identities (e.g. {ex[0]} from "

@@ -101,8 +101,8 @@ def _check_room(root: Path, arch: str, release: str, digests: dict, bands: dict)
         raise ManifestError(f"room {room.name}: built from mono sources {digest!r}, but vLLM {release}'s are "
                             f"{digests[release]!r} (build_matrix.yaml): no vLLM {release} install could use it",
                             fix=f"rebuild the room from vLLM {release}'s own tree (dsv41-aot fetch-vllm {release}): {fix}")
-    if str(source.get("vllm_version")) != release:
-        raise ManifestError(f"room {room.name}: its keys were built from vLLM {source.get('vllm_version')}, "
+    if source.vllm_version != release:
+        raise ManifestError(f"room {room.name}: its keys were built from vLLM {source.vllm_version}, "
                             f"not {release}", fix=fix)
     for band in room.links().bands:
         bands.setdefault(band.file, band)

@@ -52,6 +52,47 @@ ENV_PREBUILT = "DSV41_AOT_PREBUILT"  # the one variable naming a prebuilt direct
 
 
 @dataclass(frozen=True)
+class SourceIdentity:
+    """What a key is built from: vLLM's mono sources, the aiter helpers, FlyDSL and the linker.
+
+    The one owner of its fields. Same identity, same bytes: a manifest entry
+    and a refused key carry it (``as_dict``), the build cache names a key's
+    object by it, and a compile worker's ready line says it, which the build
+    compares with its own. ``helpers`` is ``compat.install_aiter_shim()``'s
+    label. An entry whose identity differs from the build's only in FlyDSL
+    or linker (the same ``served``) serves the same vLLM sources
+    (docs/building.md, "Moving to another FlyDSL")."""
+
+    vllm_version: str
+    mono_sources: str
+    helpers: dict = field(hash=False)
+    flydsl_version: str
+    linker: str
+
+    @classmethod
+    def parse(cls, doc, where: str, fix: str) -> "SourceIdentity":
+        """The identity of a JSON object; ManifestError naming ``where`` unless it has exactly the fields."""
+        names = [f.name for f in fields(cls)]
+        if not isinstance(doc, dict) or sorted(doc) != sorted(names) or not isinstance(doc["helpers"], dict) \
+                or not all(isinstance(doc[n], str) for n in names if n != "helpers"):
+            raise ManifestError(f"{where}: source must name {', '.join(names)} (helpers an object, the rest "
+                                f"text), not {doc!r}", fix=fix)
+        return cls(**doc)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def differences(self, other: "SourceIdentity") -> list[str]:
+        """The fields in which ``other`` differs, in field order."""
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+    @property
+    def served(self) -> tuple:
+        """The parts that decide which vLLM sources the key serves: all but FlyDSL and linker."""
+        return self.vllm_version, self.mono_sources, json.dumps(self.helpers, sort_keys=True)
+
+
+@dataclass(frozen=True)
 class Entry:
     """One key's manifest entry: what was built for it and from what.
 
@@ -71,7 +112,7 @@ class Entry:
     code_object_sha256: str
     code_object_bytes: int
     abi: str
-    source: dict
+    source: SourceIdentity
     resources: dict | None = None
     export_bytes: int | None = None
     extra: dict = field(default_factory=dict)
@@ -79,9 +120,9 @@ class Entry:
     @classmethod
     def from_dict(cls, doc: dict) -> "Entry":
         """The entry of a JSON object already checked by :meth:`Manifest.parse` or built by the compiler."""
-        names = {f.name for f in fields(cls)} - {"extra"}
-        return cls(**{k: v for k, v in doc.items() if k in names},
-                   extra={k: v for k, v in doc.items() if k not in names})
+        names = {f.name for f in fields(cls)} - {"extra", "source"}
+        return cls(**{k: v for k, v in doc.items() if k in names}, source=SourceIdentity(**doc["source"]),
+                   extra={k: v for k, v in doc.items() if k not in names | {"source"}})
 
     def to_dict(self) -> dict:
         """The entry as manifest.json holds it (absent optional fields left out)."""
@@ -99,18 +140,6 @@ class Entry:
 
 # the fields every entry must have: Entry's fields without a default
 REQUIRED = tuple(f.name for f in fields(Entry) if f.default is MISSING and f.default_factory is MISSING)
-
-
-# source identity parts whose effect on what is served the GPU code object judges
-TOOLCHAIN = ("flydsl_version", "linker")
-
-
-def served(ident: dict) -> dict:
-    """The source identity without its toolchain parts: what the entries of one room share.
-
-    Entries that differ only in FlyDSL or linker serve the same vLLM sources
-    (docs/building.md, "Moving to another FlyDSL")."""
-    return {k: v for k, v in (ident or {}).items() if k not in TOOLCHAIN}
 
 
 def prebuilt_dir() -> Path:
@@ -225,12 +254,12 @@ class Manifest:
     @property
     def mono_sources(self) -> str | None:
         """The mono sources digest the entries were built from (None when empty)."""
-        digests = {e.source.get("mono_sources") for e in self.entries.values()}
+        digests = {e.source.mono_sources for e in self.entries.values()}
         return next(iter(digests)) if len(digests) == 1 else None
 
     def mono_sources_text(self) -> str:
         """The mono sources digest as a message names it; an empty or mixed room says so."""
-        digests = sorted({str(e.source.get("mono_sources")) for e in self.entries.values()})
+        digests = sorted({e.source.mono_sources for e in self.entries.values()})
         if len(digests) == 1:
             return digests[0]
         return "no keys" if not digests else f"mixed: keys built from {' and '.join(digests)}"
@@ -268,6 +297,7 @@ class Manifest:
                 raise ManifestError(f"{path}: entry {key} names key {e['key']!r} / arch {e['arch']!r}", fix=fix)
             if e["abi"] not in abis:
                 raise ManifestError(f"{path}: entry {key} names unknown ABI {e['abi']}", fix=fix)
+            SourceIdentity.parse(e["source"], f"{path}: entry {key}", fix)
             obj = e["object"]  # joined to the arch folder by link and verify: never outside objects/
             if not isinstance(obj, str) or obj.count("/") != 1 or obj.split("/")[0] != OBJECTS \
                     or obj.split("/")[1] in ("", ".", "..") or "\\" in obj:
@@ -279,7 +309,7 @@ class Manifest:
                 release=release)
         if entries and doc.get("mono_sources") != m.mono_sources:
             raise ManifestError(f"{path}: mono_sources {doc.get('mono_sources')!r} is not its entries' "
-                                f"({sorted({e['source'].get('mono_sources') for e in entries.values()})})", fix=fix)
+                                f"({m.mono_sources_text()})", fix=fix)
         return m
 
     def write(self) -> None:

@@ -97,15 +97,14 @@ class KeyProof:
 
     def change(self, entry) -> tuple[str, str] | None:
         """What in ``entry`` made the proof stale and how, as (what, detail); else None."""
-        source = entry.source or {}
+        source = entry.source
         if self.code_object_sha256 != entry.code_object_sha256:
-            built = source.get("flydsl_version")
+            built = source.flydsl_version
             under = f" by FlyDSL {built}, proven under {self.flydsl or 'an unnamed FlyDSL'}" \
                 if built and built != self.flydsl else ""
             return "the code object", f"rebuilt since{under}"
-        if "mono_sources" in self.jit and self.jit["mono_sources"] != source.get("mono_sources"):
-            return ("the vLLM source",
-                    f"mono sources {source.get('mono_sources')}, proven against {self.jit['mono_sources']}")
+        if "mono_sources" in self.jit and self.jit["mono_sources"] != source.mono_sources:
+            return ("the vLLM source", f"mono sources {source.mono_sources}, proven against {self.jit['mono_sources']}")
         return None
 
     def differences(self, other: "KeyProof") -> list[str]:
@@ -158,7 +157,7 @@ class Proof:
                 by_key.setdefault(p.key, {})[p.flydsl] = p
         keys, others = {}, []
         for k, ps in by_key.items():
-            built = (entries[k].source or {}).get("flydsl_version")
+            built = entries[k].source.flydsl_version
             main = ps.get(built) or max(ps.values(), key=lambda p: p.evidence.at if p.evidence else "")
             keys[k] = main
             others += [p for p in ps.values() if p is not main]

@@ -11,7 +11,6 @@ Shared core: standard library only.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from .elf import ElfError, dynamic_info
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
 from .manifest import (LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, read_timings,
-                       room_dir, room_name, served)
+                       room_dir, room_name)
 from .manifest import folder_name  # noqa: F401 - tests and benches take a room folder's name from here
 from .linkrecord import Band, LinkRecord
 from .proof import VERIFIED, Proof
@@ -420,17 +419,17 @@ class Room:
     def _source_problems(self, man: Manifest) -> list[Problem]:
         """The problem of a room whose entries mix source identities (no installed vLLM matches a mix), else [].
 
-        Entries that differ only in FlyDSL or linker (``manifest.served``) are of one source: each kept its
+        Entries that differ only in FlyDSL or linker (``SourceIdentity.served``) are of one source: each kept its
         object because its GPU code object is unchanged."""
         sources: dict = {}
         for key, e in sorted(man.entries.items()):
-            sources.setdefault(json.dumps(served(e.source), sort_keys=True), []).append(key)
+            sources.setdefault(e.source.served, []).append(key)
         if len(sources) < 2:
             return []
         options = pending.options(self.arch_dir)  # a stopped build's own --matrix / --vllm-src: its source wins
         installed = None if options else _installed_digest()
         keep = next((ks for ks in sources.values() if installed
-                     and man.entries[ks[0]].source.get("mono_sources") == installed), None)
+                     and man.entries[ks[0]].source.mono_sources == installed), None)
         rebuild = sorted(k for ks in sources.values() if ks is not keep for k in ks) if keep else \
             min(sources.values(), key=len)
         how = "" if options else (

@@ -38,7 +38,7 @@ def compile_key(key, out: Path) -> dict:
                         release=key.release)
     entry, _ = comp.compile(key)
     meta, code = elf.exported_parts((arch_dir / entry.object).read_bytes(), entry.entry)
-    return {"toolchain_flydsl": tools.flydsl_version, "identity_flydsl": entry.source["flydsl_version"],
+    return {"toolchain_flydsl": tools.flydsl_version, "identity_flydsl": entry.source.flydsl_version,
             "export_meta_flydsl": json.loads(meta).get("flydsl_version"),
             "code_object_sha256": entry.code_object_sha256, "export_code_sha256": hashlib.sha256(code).hexdigest()}
 

@@ -76,6 +76,20 @@ def libs_json(root: Path, arch: str = "gfx950", release: str = NEWEST) -> tuple[
     return path, json.loads(path.read_text())
 
 
+def stand_in_entry(text: str, release: str, sha256: str = "0" * 64) -> dict:
+    """A made-up manifest entry of key ``text`` (no object behind it), as ``Manifest.put`` takes one.
+
+    Its mono sources digest is made from ``release``, so two releases' rooms differ."""
+    from dsv41_aot.keys import BuildKey
+
+    k = BuildKey.parse(text, release)
+    source = {"vllm_version": release, "mono_sources": release.replace(".", "") * 3, "linker": "LLD 19",
+              "helpers": {"impl": "dsv41_aot.compat", "digest": "0" * 16}, "flydsl_version": "0.4.2"}
+    return {"key": text, "kind": k.kind, "arch": k.arch, "fields": k.build_fields(), "symbol": k.kernel_symbol,
+            "entry": k.entry, "object": f"objects/{k.entry}.o", "sha256": sha256, "bytes": 1,
+            "code_object_sha256": "0" * 64, "code_object_bytes": 1, "source": source}
+
+
 def band_of(doc: dict, key: str) -> dict:
     """The band of a libs.json document whose entries hold ``key``."""
     return next(lib for lib in doc["libraries"] if key in lib["entries"])

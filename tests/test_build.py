@@ -3,6 +3,7 @@ both vLLM releases (each from its own tree), into per-(arch, release) rooms."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -74,9 +75,9 @@ def test_smoke_build_reproduces_the_golden_code_objects(smoke_dir):
             assert meta["arch"] == arch_dir.name == bk.arch
             assert bk.kernel_symbol in {s.name for s in elf.Elf(code).symbols()}
             # each release from its own tree, with the digest the matrix records for it
-            assert (e.source["vllm_version"], e.source["mono_sources"]) == (release, DIGESTS[release])
-            assert e.source["helpers"]["impl"] == "dsv41_aot.compat"  # the label manifests carry
-            assert e.source["flydsl_version"] == flydsl.installed().version  # the installed FlyDSL
+            assert (e.source.vllm_version, e.source.mono_sources) == (release, DIGESTS[release])
+            assert e.source.helpers["impl"] == "dsv41_aot.compat"  # the label manifests carry
+            assert e.source.flydsl_version == flydsl.installed().version  # the installed FlyDSL
             assert e.bytes <= 160_000, "stripped objects stay small"
             abi = m.abi(key)
             assert abi[-1] == {"name": "stream", "ctype": "pointer", "size": 8}
@@ -290,7 +291,7 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     assert json.loads(run_cli(*args)[1])["compiled"] == 0
     built = Room(out, "gfx950", NEWEST).manifest().entries[CHEAP[0]]
     # a checkout without a version is told by its digest: it is 0.33.0's
-    assert (built.source["vllm_version"], built.source["mono_sources"]) == ("unknown", src.digest)
+    assert (built.source.vllm_version, built.source.mono_sources) == ("unknown", src.digest)
     # a second key of the room, built from the same tree
     assert json.loads(run_cli(*args[:2], K1S[1], *args[3:])[1])["failed"] == 0
     layer = root / source.MONO_REL / "layer.py"
@@ -326,8 +327,8 @@ def test_a_changed_source_digest_rebuilds_what_it_covers(tmp_path):
     s = json.loads(run_cli(*argv[1:], "--json", "--no-progress")[1])
     assert s["compiled"] == 2
     e = Room(out, "gfx950", NEWEST).manifest().entries[CHEAP[0]]
-    assert e.source["mono_sources"] == edited
-    assert e.source["vllm_version"] == "unknown"
+    assert e.source.mono_sources == edited
+    assert e.source.vllm_version == "unknown"
     assert json.loads(run_cli(*args, "--matrix", mx)[1])["compiled"] == 0
 
 
@@ -338,7 +339,7 @@ def _prove_by_hand(room) -> None:
     from dsv41_aot.proof import Evidence, KeyProof, Proof
 
     man = room.manifest()
-    proofs = [KeyProof(k, e.code_object_sha256, {f: e.source[f] for f in ("vllm_version", "mono_sources",
+    proofs = [KeyProof(k, e.code_object_sha256, {f: getattr(e.source, f) for f in ("vllm_version", "mono_sources",
                                                                        "flydsl_version")} | {"release": room.release},
                        Evidence("a1" * 32, "b2" * 32, "2026-12-02T00:00:00Z"))
               for k, e in man.entries.items()]
@@ -387,13 +388,13 @@ def _only_the_changed_key_rebuilds(out, field, **run) -> str:
     assert (s["compiled"], s["up_to_date"], s["failed"]) == (2, 0, 0), f"a changed {field} did not rebuild the room"
     after = Room(out, "gfx950", NEWEST).manifest().entries
     new, old = after[a].source, before[a].source
-    assert {f for f in new if new[f] != old.get(f)} == {field} and after[b].source == new
+    assert old.differences(new) == [field] and after[b].source == new
     # the same kernel source and compile: the same GPU code (the object's own
     # bytes may differ: export_to_c records FlyDSL's version in its metadata)
     assert after[a].code_object_sha256 == before[a].code_object_sha256
     s = build_json(a, b, out=out, **run)
     assert (s["compiled"], s["up_to_date"], s["failed"]) == (0, 2, 0)
-    return new[field]
+    return getattr(new, field)
 
 
 def _a_toolchain_change_keeps_the_same_code(out, **run) -> str:
@@ -496,10 +497,10 @@ def test_identity_change_makes_a_key_stale(smoke_dir):
     m.entries[str(key)] = built.replace(export_bytes=None)  # as a recovery from objects/ leaves it
     assert not buildroom.up_to_date(m, key, ident)
     m.entries[str(key)] = built
-    assert not buildroom.up_to_date(m, key, dict(ident, flydsl_version="0.5.0"))
-    assert not buildroom.up_to_date(m, key, dict(ident, mono_sources="b"))
-    assert not buildroom.up_to_date(m, key, dict(ident, linker="m"))
-    assert not buildroom.up_to_date(m, key, dict(ident, helpers={"impl": "aiter", "version": "1"}))
+    assert not buildroom.up_to_date(m, key, dataclasses.replace(ident, flydsl_version="0.5.0"))
+    assert not buildroom.up_to_date(m, key, dataclasses.replace(ident, mono_sources="b"))
+    assert not buildroom.up_to_date(m, key, dataclasses.replace(ident, linker="m"))
+    assert not buildroom.up_to_date(m, key, dataclasses.replace(ident, helpers={"impl": "aiter", "version": "1"}))
     # an entry verify refuses (its object intact) is not up to date: verify's fix, build --key, rebuilds it
     for edit in (dict(symbol="_ZN5aiter5otherE"), dict(entry="dsv41_other"), dict(code_object_sha256="0" * 64),
                  dict(resources=dict(built.resources, vgpr_count=1))):

@@ -167,7 +167,7 @@ def test_verify_under_another_flydsl_adds_its_proof_and_rebuilds_nothing(smoke_d
 
     man = Room(d, "gfx950", NEWEST).manifest()
     e = man.entries[key]
-    jit = {"release": NEWEST, "vllm_version": e.source["vllm_version"], "mono_sources": e.source["mono_sources"],
+    jit = {"release": NEWEST, "vllm_version": e.source.vllm_version, "mono_sources": e.source.mono_sources,
            "flydsl_version": INSTALLED}
     write_verified(man, [KeyProof(key, e.code_object_sha256, jit, Evidence("1" * 64, "2" * 64, "2026-01-02T03:04:05Z"))])
     before = served()

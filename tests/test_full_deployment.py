@@ -106,7 +106,7 @@ print(json.dumps(dict(
     releases=dsv41_aot.releases("gfx950", prebuilt=root),
     keys=keys, bound=sum(l._lib is not None for l in launchers),
     rooms=sorted({l._idx.release for l in launchers}),
-    sources=sorted({l._idx.entries[l.key].source["mono_sources"] for l in launchers}),
+    sources=sorted({l._idx.entries[l.key].source.mono_sources for l in launchers}),
     again=all(dsv41_aot.load_key(l.key, release=release, prebuilt=root) is l for l in launchers),
     libraries=len(state.current().libraries), maps=maps)))
 """

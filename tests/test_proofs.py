@@ -19,6 +19,7 @@ import hashlib
 import json
 import shutil
 import sys
+from dataclasses import replace
 from datetime import datetime, timezone
 from importlib.metadata import version as dist_version
 from pathlib import Path
@@ -28,7 +29,7 @@ from _smoke import REPO, cli, copy_of, room
 
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.manifest import Entry, Manifest
+from dsv41_aot.manifest import Entry, Manifest, SourceIdentity
 from dsv41_aot.proof import NO_EVIDENCE, PROOF_VERSION, PROVEN, STALE, Evidence, KeyProof, Proof
 from dsv41_aot.room import Room
 from dsv41_aot.listing import built_rooms
@@ -46,8 +47,8 @@ def forged(man: Manifest, key: str, *, version: int = 2, evidence: dict | None |
     evidence), or 2 with made-up JIT evidence (``"jit"``), ``None``, or
     the given dict."""
     e = man.entries[key]
-    jit = {"release": man.release, "vllm_version": e.source["vllm_version"],
-           "mono_sources": e.source["mono_sources"], "flydsl_version": e.source["flydsl_version"],
+    jit = {"release": man.release, "vllm_version": e.source.vllm_version,
+           "mono_sources": e.source.mono_sources, "flydsl_version": e.source.flydsl_version,
            "mono_dir": "/somewhere/mono"}
     rec = {"code_object_sha256": e.code_object_sha256, "jit": jit}
     if version == 2:
@@ -124,6 +125,11 @@ def test_a_malformed_proof_record_is_refused_naming_its_file(case):
     assert e.value.exit_code == 1
 
 
+def _identity(flydsl: str) -> SourceIdentity:
+    """A made-up entry's source identity, built with FlyDSL ``flydsl``."""
+    return SourceIdentity(NEWEST, "0123456789abcdef", {"impl": "dsv41_aot.compat", "digest": "0" * 16}, flydsl, "LLD 19")
+
+
 def test_both_versions_parse_and_say_what_they_prove():
     v2 = Proof.parse(json.dumps(_good()).encode(), "f", "gfx950", NEWEST, "FIX")
     v1 = Proof.parse(json.dumps(_good(1)).encode(), "f", "gfx950", NEWEST, "FIX")
@@ -131,10 +137,10 @@ def test_both_versions_parse_and_say_what_they_prove():
     assert v1.keys[K].evidence is None
     entry = Entry(key=K, kind="k1", arch="gfx950", fields={}, symbol="s", entry="e", object="objects/x.o",
                   sha256="d" * 64, bytes=1, code_object_sha256="a" * 64, code_object_bytes=1, abi="0" * 12,
-                  source={"mono_sources": "0123456789abcdef", "flydsl_version": "0.4.2"})
+                  source=_identity("0.4.2"))
     assert v2.verdict(K, entry) == PROVEN and v1.verdict(K, entry) == NO_EVIDENCE
     assert v2.verdict(K, entry.replace(code_object_sha256="e" * 64)) == STALE
-    assert v2.verdict(K, entry.replace(source=dict(entry.source, mono_sources="f" * 16))) == STALE
+    assert v2.verdict(K, entry.replace(source=replace(entry.source, mono_sources="f" * 16))) == STALE
     # evidence that is the manifest's own object sha256 is no evidence
     assert v2.verdict(K, entry.replace(sha256="b" * 64)) == NO_EVIDENCE
     assert v2.verdict("k2@gfx950:s=4,tp=4,r=1", entry) is None
@@ -158,7 +164,7 @@ def test_a_key_keeps_its_proof_under_each_flydsl_and_a_stale_one_says_what_chang
     built, other = "0.4.2", "0.5.0"  # the build's FlyDSL and another supported one
     entry = Entry(key=K, kind="k1", arch="gfx950", fields={}, symbol="s", entry="e", object="objects/x.o",
                   sha256="d" * 64, bytes=1, code_object_sha256="a" * 64, code_object_bytes=1, abi="0" * 12,
-                  source={"mono_sources": "0123456789abcdef", "flydsl_version": built})
+                  source=_identity(built))
     k2 = "k2@gfx950:s=4,tp=4,r=1"
     under_built = KeyProof(K, "a" * 64, dict(jit, flydsl_version=built), ev)
     under_other = KeyProof(K, "a" * 64, dict(jit, flydsl_version=other), Evidence("e" * 64, "f" * 64, "2026-02-01T00:00:00Z"))
@@ -174,9 +180,9 @@ def test_a_key_keeps_its_proof_under_each_flydsl_and_a_stale_one_says_what_chang
     # a proof of a code object the entry no longer holds is dropped from the record
     assert Proof.of("gfx950", NEWEST, [under_built], {K: entry.replace(code_object_sha256="9" * 64)}).keys == {}
     # stale: what changed, named
-    rebuilt = entry.replace(code_object_sha256="9" * 64, source=dict(entry.source, flydsl_version=other))
+    rebuilt = entry.replace(code_object_sha256="9" * 64, source=replace(entry.source, flydsl_version=other))
     assert under_built.changed(rebuilt) == f"the code object (rebuilt since by FlyDSL {other}, proven under {built})"
-    resourced = entry.replace(source=dict(entry.source, mono_sources="f" * 16))
+    resourced = entry.replace(source=replace(entry.source, mono_sources="f" * 16))
     assert under_built.changed(resourced).startswith("the vLLM source (mono sources ffff")
     assert proof.changes({K: rebuilt, k2: resourced}) == {"the code object": 1, "the vLLM source": 1}
     # the record's other-FlyDSL section must say the FlyDSL its proofs name

@@ -126,6 +126,14 @@ def mixed_sources(d, tmp):
     path.write_text(json.dumps(doc))
 
 
+def source_without_linker(d, tmp):
+    """One entry's source identity lacking a field: no build wrote it, so the manifest is refused whole."""
+    path = room(d, "gfx950") / "manifest.json"
+    doc = json.loads(path.read_text())
+    del doc["entries"][K1]["source"]["linker"]
+    path.write_text(json.dumps(doc))
+
+
 BAND_FIELDS = ("file", "sha256", "bytes", "raw_sha256", "raw_bytes")
 
 
@@ -224,6 +232,7 @@ ROWS = [
     (flip_manifest_abi, "manifest", "ManifestError"),
     (delete_manifest, "manifest", "ReleaseMismatchError"),
     (mixed_sources, "manifest", "ManifestError"),
+    (source_without_linker, "manifest", "ManifestError"),
     (delete_object, "object", "ok"),
     (other_releases_band, "band", "IntegrityError"),
     (band_of_objects_with_equal_abis, "band", "IntegrityError"),

@@ -75,7 +75,7 @@ def test_a_flydsl_move_rebuilds_only_keys_whose_code_object_changed(flydsl_pytho
     assert named == [CHANGED] and "1 key(s) built before under another FlyDSL" in r.stdout, r.stdout
     kept = Room(out, "gfx950", NEWEST).manifest().entries[KEPT]
     rebuilt = Room(out, "gfx942", NEWEST).manifest().entries[CHANGED]
-    assert kept.source["flydsl_version"] == INSTALLED and rebuilt.source["flydsl_version"] == other
+    assert kept.source.flydsl_version == INSTALLED and rebuilt.source.flydsl_version == other
     after = _bands(out)
     assert {k: v for k, v in after.items() if k.startswith("gfx950/")} == \
         {k: v for k, v in before_bands.items() if k.startswith("gfx950/")}

@@ -15,17 +15,17 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, SMOKE_RELEASE_KEYS, cli
+from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, stand_in_entry
 
 from dsv41_aot import commands, linkrecord
 from dsv41_aot.aot import jit, matrix, verify
 from dsv41_aot.elf import exported_parts
 from dsv41_aot.errors import ToolchainError
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, sha256_file
 from dsv41_aot.room import Room, room_dir
 
@@ -234,7 +234,7 @@ def test_libraries_and_libs_json_are_checked(copy, damage):
 def test_mixed_source_identities_fail(copy):
     man = Room(copy, "gfx942", "0.33.0").manifest()
     key = sorted(man.entries)[0]
-    man.entries[key] = man.entries[key].replace(source=dict(man.entries[key].source, mono_sources="0" * 16))
+    man.entries[key] = man.entries[key].replace(source=replace(man.entries[key].source, mono_sources="0" * 16))
     man.write()
     proc = cli("verify", "--dir", copy, "--json")
     assert proc.returncode == 1
@@ -274,7 +274,7 @@ def _rebuilt_under_another_flydsl(copy: Path, key: str) -> str:
 
     man = Room(copy, "gfx942", "0.33.0").manifest()
     e = man.entries[key]
-    have = e.source["flydsl_version"]
+    have = e.source.flydsl_version
     other = "0.5.0" if have != "0.5.0" else "0.4.2"
     data = man.object_path(key).read_bytes()
     at = data.index(have.encode(), data.index(b"flydsl_version"))
@@ -282,7 +282,7 @@ def _rebuilt_under_another_flydsl(copy: Path, key: str) -> str:
     new = copy / "gfx942" / "objects" / f"{hashlib.sha256(data).hexdigest()}.o"
     new.write_bytes(data)
     man.entries[key] = e.replace(object=f"objects/{new.name}", sha256=sha256_file(new), bytes=len(data),
-                                 source=dict(e.source, flydsl_version=other))
+                                 source=replace(e.source, flydsl_version=other))
     man.write()
     assert cli("link", "--dir", copy, "--arch", "gfx942").returncode == 0
     return other
@@ -306,8 +306,8 @@ def test_an_entry_naming_another_flydsl_than_its_export_fails(copy):
     record) may not pass one FlyDSL's object off as another's."""
     man = Room(copy, "gfx942", "0.33.0").manifest()
     key = sorted(man.entries)[0]
-    have = man.entries[key].source["flydsl_version"]
-    man.entries[key] = man.entries[key].replace(source=dict(man.entries[key].source, flydsl_version="0.0.1"))
+    have = man.entries[key].source.flydsl_version
+    man.entries[key] = man.entries[key].replace(source=replace(man.entries[key].source, flydsl_version="0.0.1"))
     man.write()
     proc = cli("verify", "--dir", copy, "--json")
     (f,) = [f for f in json.loads(proc.stdout)["failures"] if f["key"] == key]
@@ -324,7 +324,7 @@ def test_a_mixed_room_left_by_a_stopped_build_carries_its_options(copy):
 
     man = Room(copy, "gfx942", "0.33.0").manifest()
     key = sorted(man.entries)[0]
-    man.entries[key] = man.entries[key].replace(source=dict(man.entries[key].source, mono_sources="0" * 16))
+    man.entries[key] = man.entries[key].replace(source=replace(man.entries[key].source, mono_sources="0" * 16))
     man.write()
     matrix_file, tree = copy.parent / "m" / "build_matrix.yaml", copy.parent / "t" / "vllm-0.33.0"
     tree.mkdir(parents=True)
@@ -421,11 +421,7 @@ def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = 
     man = Manifest(root / arch, arch, release=release)
     (root / arch / "objects").mkdir(parents=True, exist_ok=True)
     for text in keys:
-        k = BuildKey.parse(text, release)
-        man.put({"key": text, "kind": k.kind, "arch": arch, "fields": k.build_fields(), "symbol": k.kernel_symbol,
-                 "entry": k.entry, "object": f"objects/{k.entry}.o", "sha256": f"{len(text):064x}", "bytes": 1,
-                 "code_object_sha256": "0" * 64, "code_object_bytes": 1,
-                 "source": {"mono_sources": release.replace(".", "") * 3}}, [])
+        man.put(stand_in_entry(text, release, sha256=f"{len(text):064x}"), [])
     man.write()
     if band is not None:
         (root / arch / LIB).mkdir(parents=True, exist_ok=True)

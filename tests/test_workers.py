@@ -227,7 +227,7 @@ def test_verify_on_two_jobs_proves_a_key_of_each_arch(smoke, tmp_path):
         for k, rec in recs.items():
             assert rec.code_object_sha256 == man.entries[k].code_object_sha256
             # each release proven against its own vLLM's JIT
-            assert rec.jit["vllm_version"] == man.entries[k].source["vllm_version"] == release
+            assert rec.jit["vllm_version"] == man.entries[k].source.vllm_version == release
         proven |= {(release, k) for k in recs}
     assert sorted(proven) == asked
     assert runs(tmp_path) == []
@@ -290,8 +290,8 @@ def test_merge_carries_the_proofs_and_can_require_them(smoke, tmp_path):
         man = r.manifest()
         recs[arch_dir.name, release] = {  # well formed, with (made-up) evidence of a JIT run
             k: KeyProof(k, e.code_object_sha256,
-                        {"release": release, "vllm_version": release, "mono_sources": e.source["mono_sources"],
-                         "flydsl_version": e.source["flydsl_version"]},
+                        {"release": release, "vllm_version": release, "mono_sources": e.source.mono_sources,
+                         "flydsl_version": e.source.flydsl_version},
                         Evidence(hashlib.sha256(k.encode()).hexdigest(), hashlib.sha256(k.encode() * 2).hexdigest(),
                                  "2026-01-02T03:04:05Z"))
             for k, e in man.entries.items()}

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from .. import pending, source
 from . import toolchain, toolmove
-from .buildroom import RoomState, cache_hit, check_one_source, count_proofs, identity, take_from_cache, up_to_date
-from .compiler import worker_env
+from .buildroom import RoomState, cache_hit, check_one_source, count_proofs, take_from_cache, up_to_date
+from .compiler import source_identity, worker_env
 from ..errors import AotError, OutputDirError, ToolchainError
 from ..keys import BuildKey
 from ..listing import folder_problems
@@ -152,7 +152,7 @@ def build(
     trees: dict = {}
     for release in sorted({k.release for k in keys}):
         src = source.find_release(release, digests.get(release), vllm_src)
-        trees[release] = (src, identity(src, tools))
+        trees[release] = (src, source_identity(src, tools.lld_version))
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise AotError(f"key {dup.describe()} asked for twice", fix="list each key once")
@@ -200,7 +200,7 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
             summary.up_to_date += 1
         elif toolmove.moved(st.manifest, key, st.ident):
             old = st.manifest.entries[str(key)]
-            if toolmove.proven_under(st.room, old, st.ident["flydsl_version"]):
+            if toolmove.proven_under(st.room, old, st.ident.flydsl_version):
                 summary.keep(key, "proof")  # its proof under this FlyDSL compiled it already: the same code object
                 continue
             st.moved[str(key)] = old
@@ -213,7 +213,7 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
                 summary.rebuilt(key)
             else:
                 st.pending.append(key)
-        elif known is not None and known.get("source") == st.ident:
+        elif known is not None and known.get("source") == st.ident.as_dict():
             summary.failed += 1  # refused by this very source: compiling again would refuse again
             summary.failures.append({"key": str(key), "release": key.release, "error": known["error"], "known": True})
         elif (hit := cache_hit(store, st, key)) is not None:
@@ -277,13 +277,13 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
         return argv, env
 
     def accept(room: str, ready: dict) -> str | None:
-        ident, got = states[room].ident, ready.get("identity") or {}
+        ident, got = states[room].ident.as_dict(), ready.get("identity") or {}
         differ = sorted(f for f in set(got) | set(ident) if got.get(f) != ident.get(f))
         if not differ:
             return None
         why = ", ".join(f"{f} {got.get(f)} (the worker's), {ident.get(f)} (this build's)" for f in differ)
         hint = ("; the FlyDSL module Python imports is not the one pip's metadata names: reinstall FlyDSL "
-                "(pip install --force-reinstall flydsl==" + str(ident.get("flydsl_version")) + ")"
+                "(pip install --force-reinstall flydsl==" + ident["flydsl_version"] + ")"
                 if "flydsl_version" in differ else "")
         return f"the compile worker's source identity differs: {why}{hint}"
 
@@ -298,7 +298,7 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
         summary.failures.append({"key": str(key), "release": key.release, "error": error})
         st.manifest.entries.pop(str(key), None)  # its entry no longer says what this source builds
         if deterministic:
-            st.manifest.refused[str(key)] = {"error": error, "source": st.ident}
+            st.manifest.refused[str(key)] = {"error": error, "source": st.ident.as_dict()}
         st.dirty = True
         if bar is not None:
             bar.write(f"FAILED {key.describe()}: {error}", file=sys.stderr)  # stdout is --json's

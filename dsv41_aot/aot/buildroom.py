@@ -10,25 +10,16 @@ import collections
 from pathlib import Path
 
 from .. import source
-from . import toolchain, toolmove
+from . import toolmove
 from ..errors import AotError, ManifestError, message_of
 from ..keys import BuildKey
-from ..manifest import Manifest
+from ..manifest import Manifest, SourceIdentity
 from .. import commands
 from ..proof import STALE
 from ..room import Room
 
 
-def identity(src: source.MonoSource, tools: toolchain.Toolchain) -> dict:
-    """The source identity every entry built now will carry."""
-    from . import compat
-
-    return toolchain.source_identity(vllm_version=src.version, mono_sources=src.digest,
-                                     helpers=compat.install_aiter_shim(), flydsl_version=tools.flydsl_version,
-                                     linker=tools.lld_version)
-
-
-def up_to_date(m: Manifest, key: BuildKey, ident: dict) -> bool:
+def up_to_date(m: Manifest, key: BuildKey, ident: SourceIdentity) -> bool:
     """Whether the key's entry is what a clean build would write.
 
     It must have the same source identity, not be recovered from its object
@@ -49,7 +40,7 @@ class RoomState:
     Its keys are built from ``src`` under source identity ``ident``. A corrupt
     manifest is set aside and rebuilt from the stored objects (aot/recover.py)."""
 
-    def __init__(self, out: Path, arch: str, release: str, src: source.MonoSource, ident: dict,
+    def __init__(self, out: Path, arch: str, release: str, src: source.MonoSource, ident: SourceIdentity,
                  recovered: list, log):
         self.room = Room(out, arch, release)
         self.src, self.ident = src, ident
@@ -88,21 +79,20 @@ def check_one_source(states: dict, keys: list, options=()) -> None:
             continue
         was = st.manifest.entries[stale[0]].source
         rebuild = commands.build(st.room.root, release=st.room.release, keys=asked[room] | set(stale), options=options)
-        if all(toolmove.served(st.manifest.entries[k].source) == toolmove.served(st.ident) for k in stale):
+        if all(st.manifest.entries[k].source.served == st.ident.served for k in stale):
             raise AotError(
                 f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.room.release} on {st.room.arch} were built with "
-                f"FlyDSL {was.get('flydsl_version')} (linker {was.get('linker')}), this build's is "
-                f"{st.ident['flydsl_version']} (linker {st.ident['linker']}), and no proof under this FlyDSL says "
+                f"FlyDSL {was.flydsl_version} (linker {was.linker}), this build's is "
+                f"{st.ident.flydsl_version} (linker {st.ident.linker}), and no proof under this FlyDSL says "
                 f"their GPU code objects are unchanged; building only some keys could leave the room serving code "
                 f"of two toolchains",
                 fix=f"prove the room under this FlyDSL first (dsv41-aot verify --dir {st.room.root} --against-jit "
                     f"--record), or build the whole room (each key compiles once and keeps its object where its code "
                     f"object is unchanged): " + rebuild)
-        differ = sorted(f for f in set(was) | set(st.ident) if was.get(f) != st.ident.get(f))
         raise AotError(
             f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.room.release} on {st.room.arch} were built from "
-            f"mono sources {was.get('mono_sources')} (vLLM {was.get('vllm_version')}), this build's are "
-            f"{st.ident['mono_sources']} (vLLM {st.ident['vllm_version']}); {', '.join(differ)} differ. Building "
+            f"mono sources {was.mono_sources} (vLLM {was.vllm_version}), this build's are "
+            f"{st.ident.mono_sources} (vLLM {st.ident.vllm_version}); {', '.join(was.differences(st.ident))} differ. Building "
             f"only some keys would leave the room of two sources, which no installed vLLM matches",
             fix="rebuild the whole room: " + rebuild)
 
@@ -113,8 +103,7 @@ def _toolchain_moved_and_proven(st: RoomState, e) -> bool:
     Only such a key may stay beside the build's keys: any other difference
     (vLLM's sources, the helpers) makes a room no installed vLLM matches,
     whatever its proofs say."""
-    return (toolmove.served(e.source) == toolmove.served(st.ident)
-            and toolmove.proven_under(st.room, e, st.ident["flydsl_version"]))
+    return e.source.served == st.ident.served and toolmove.proven_under(st.room, e, st.ident.flydsl_version)
 
 
 def count_proofs(st: RoomState, log) -> dict | None:

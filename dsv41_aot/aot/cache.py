@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 
 from ..keys import BuildKey
-from ..manifest import atomic_write
+from ..manifest import SourceIdentity, atomic_write
 
 ENV_BUILD_CACHE = "DSV41_AOT_BUILD_CACHE"  # the loader's DSV41_AOT_CACHE is where bands unpack: another thing
 LAYOUT = "v1"
@@ -96,15 +96,15 @@ class BuildCache:
         return {"layout": LAYOUT, "code": code_digest(), "strip": tool_version(tools.strip),
                 "linker": tools.lld_version, "flydsl_version": tools.flydsl_version}
 
-    def _id(self, what: str, key: BuildKey, ident: dict) -> str:
-        doc = {"what": what, "key": str(key), "release": key.release, "identity": ident, **self.common}
+    def _id(self, what: str, key: BuildKey, ident: SourceIdentity) -> str:
+        doc = {"what": what, "key": str(key), "release": key.release, "identity": ident.as_dict(), **self.common}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
-    def _record(self, what: str, key: BuildKey, ident: dict) -> Path:
+    def _record(self, what: str, key: BuildKey, ident: SourceIdentity) -> Path:
         cid = self._id(what, key, ident)
         return self.root / what / cid[:2] / f"{cid}.json"
 
-    def _get(self, what: str, key: BuildKey, ident: dict) -> tuple[dict, bytes] | None:
+    def _get(self, what: str, key: BuildKey, ident: SourceIdentity) -> tuple[dict, bytes] | None:
         path = self._record(what, key, ident)
         try:
             rec = json.loads(path.read_bytes())
@@ -128,7 +128,7 @@ class BuildCache:
             except OSError as e:
                 self._cannot_write(e)
 
-    def _put(self, what: str, key: BuildKey, ident: dict, data: bytes, **fields) -> None:
+    def _put(self, what: str, key: BuildKey, ident: SourceIdentity, data: bytes, **fields) -> None:
         if not self.writable:
             return
         sha = hashlib.sha256(data).hexdigest()
@@ -142,20 +142,20 @@ class BuildCache:
 
     # a compiled key: its stripped export object
 
-    def get_object(self, key: BuildKey, ident: dict) -> tuple[dict, bytes] | None:
+    def get_object(self, key: BuildKey, ident: SourceIdentity) -> tuple[dict, bytes] | None:
         """(record, stripped object) of ``key`` under ``ident``, or None on a miss."""
         return self._get("compile", key, ident)
 
-    def reject_object(self, key: BuildKey, ident: dict, why: str) -> None:
+    def reject_object(self, key: BuildKey, ident: SourceIdentity, why: str) -> None:
         """Drop the record of an object :meth:`get_object` gave that is not ``key``'s."""
         self.drop(self._record("compile", key, ident), key, why)
 
-    def put_object(self, key: BuildKey, ident: dict, data: bytes, export_bytes: int, seconds: float) -> None:
+    def put_object(self, key: BuildKey, ident: SourceIdentity, data: bytes, export_bytes: int, seconds: float) -> None:
         self._put("compile", key, ident, data, export_bytes=export_bytes, seconds=round(float(seconds), 3))
 
     # a JIT proof: the GPU code object vLLM's JIT built for the key
 
-    def get_jit(self, key: BuildKey, ident: dict) -> tuple[dict, bytes] | None:
+    def get_jit(self, key: BuildKey, ident: SourceIdentity) -> tuple[dict, bytes] | None:
         """(record, JIT code object) of ``key``, or None on a miss.
 
         A record without its run's evidence is a miss."""
@@ -164,11 +164,11 @@ class BuildCache:
             return None
         return hit
 
-    def reject_jit(self, key: BuildKey, ident: dict, why: str) -> None:
+    def reject_jit(self, key: BuildKey, ident: SourceIdentity, why: str) -> None:
         """Drop the record of a JIT code object :meth:`get_jit` gave that is not trusted."""
         self.drop(self._record("jit", key, ident), key, why)
 
-    def put_jit(self, key: BuildKey, ident: dict, code: bytes, params: list, identity: dict, evidence: dict,
+    def put_jit(self, key: BuildKey, ident: SourceIdentity, code: bytes, params: list, identity: dict, evidence: dict,
                 seconds: float) -> None:
         self._put("jit", key, ident, code, params=params, identity=identity, evidence=evidence,
                   seconds=round(float(seconds or 0), 3))

@@ -16,11 +16,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .. import elf
+from .. import elf, source
 from ..errors import CompileError, ResidencyError
 from ..facts.kinds import KINDS
 from ..keys import BuildKey
-from ..manifest import OBJECTS, Entry, abi_id, atomic_write, sha256_file
+from ..manifest import OBJECTS, Entry, SourceIdentity, abi_id, atomic_write, sha256_file
 
 
 def worker_env(arch: str, rocm_path: str, cache_dir: str) -> dict:
@@ -62,12 +62,24 @@ def abi_of(meta: dict) -> list:
     return [{"name": a["arg_name"], "ctype": a["ctype"], "size": a["size"]} for a in meta["abi"]]
 
 
+def source_identity(src: source.MonoSource, linker: str, mono_sources: str | None = None) -> SourceIdentity:
+    """The source identity every key built from ``src`` now carries: the one place it is made.
+
+    ``mono_sources`` is the digest vLLM's own ``mono.sources`` module says (a
+    compile worker's, which the build compares with its own); else it is
+    computed from the files. FlyDSL is the installed one."""
+    from ..facts.flydsl import installed
+    from . import compat
+
+    return SourceIdentity(vllm_version=src.version, mono_sources=mono_sources or src.digest,
+                          helpers=compat.install_aiter_shim(), flydsl_version=installed().version, linker=linker)
+
+
 class ArchCompiler:
     """Compiles keys of one architecture; lives for a worker's lifetime."""
 
     def __init__(self, arch: str, vllm_root: str, arch_dir: str, strip: str, linker: str, *, release: str):
         check_arch(arch)  # before anything imports the mono package
-        from .. import source
         from . import compat
 
         self.arch = arch
@@ -76,16 +88,11 @@ class ArchCompiler:
         self.release = release
         self.before_write = lambda: None  # the worker's parent check (worker.ensure_parent)
         self.strip = strip
-        self.helpers = compat.install_aiter_shim()
+        compat.install_aiter_shim()  # before the mono package imports aiter's helpers
         self.layer = source.import_mono(self.src, "layer")
         from importlib import import_module
 
-        from ..facts.flydsl import installed
-        from .toolchain import source_identity
-
-        sources = import_module(f"{source.MONO}.sources").SOURCES
-        self.identity = source_identity(vllm_version=self.src.version, mono_sources=sources, helpers=self.helpers,
-                                        flydsl_version=installed().version, linker=linker)
+        self.identity = source_identity(self.src, linker, mono_sources=import_module(f"{source.MONO}.sources").SOURCES)
 
     def launcher(self, key: BuildKey):
         """vLLM's launcher for ``key``, built exactly as the runner builds it."""
@@ -128,7 +135,7 @@ def store_object(arch_dir: Path, entry: Entry, data: bytes, before_write=None) -
         atomic_write(obj, data)
 
 
-def describe_object(key: BuildKey, data: bytes, identity: dict) -> tuple[Entry, list]:
+def describe_object(key: BuildKey, data: bytes, identity: SourceIdentity) -> tuple[Entry, list]:
     """Check ``key``'s stripped export object ``data``; return (manifest entry, ABI).
 
     It must be exported for the key's arch, hold the key's GPU kernel and be
@@ -143,9 +150,9 @@ def describe_object(key: BuildKey, data: bytes, identity: dict) -> tuple[Entry, 
     meta = json.loads(meta_bytes)
     if meta.get("arch") != key.arch:
         raise CompileError(f"{key}: FlyDSL compiled for {meta.get('arch')!r}")
-    if meta.get("flydsl_version") != identity.get("flydsl_version"):  # an export says which FlyDSL made it
+    if meta.get("flydsl_version") != identity.flydsl_version:  # an export says which FlyDSL made it
         raise CompileError(f"{key}: built by FlyDSL {meta.get('flydsl_version')}, its identity says "
-                           f"{identity.get('flydsl_version')}")
+                           f"{identity.flydsl_version}")
     names = {s.name for s in elf.Elf(code).symbols()}
     if key.kernel_symbol not in names:
         raise CompileError(f"{key}: code object lacks kernel {key.kernel_symbol} (has {sorted(n for n in names if n.startswith('_ZN'))})")

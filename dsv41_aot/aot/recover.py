@@ -26,7 +26,7 @@ from pathlib import Path
 from .. import elf
 from ..errors import AotError, ManifestError, message_of
 from ..keys import BuildKey
-from ..manifest import OBJECTS, Entry, Manifest, read_timings
+from ..manifest import OBJECTS, Entry, Manifest, SourceIdentity, read_timings
 
 _ENTRY_RE = re.compile(r"dsv41_([a-z0-9]+)_(gfx[0-9a-f]+)_([a-z]+[0-9]+(?:_[a-z]+[0-9]+)*)")
 
@@ -44,7 +44,7 @@ def key_of_entry(entry: str, release: str) -> BuildKey:
     return key
 
 
-def entry_of_object(path: Path, arch: str, identity: dict, release: str) -> tuple["Entry", list]:
+def entry_of_object(path: Path, arch: str, identity: SourceIdentity, release: str) -> tuple["Entry", list]:
     """Re-derive (manifest entry, ABI) from one stored object.
 
     Raises AotError, ElfError or ValueError saying why it cannot."""
@@ -79,7 +79,7 @@ def set_aside(path: Path) -> Path:
         n += 1
 
 
-def recover(room, identity: dict) -> tuple[Manifest, dict]:
+def recover(room, identity: SourceIdentity) -> tuple[Manifest, dict]:
     """Set ``room``'s corrupt manifest aside and write one rebuilt from its arch's objects.
 
     Returns the manifest and {"arch", "release", "set_aside", "recovered",

@@ -85,8 +85,3 @@ def find() -> Toolchain:
             os.replace(tmp, link)
     return Toolchain(rocm, lld, strip, lld_version, installed().version)
 
-
-def source_identity(*, vllm_version: str, mono_sources: str, helpers: str, flydsl_version: str, linker: str) -> dict:
-    """The source identity a built entry records: the one place its fields are named."""
-    return {"vllm_version": vllm_version, "mono_sources": mono_sources, "helpers": helpers,
-            "flydsl_version": flydsl_version, "linker": linker}

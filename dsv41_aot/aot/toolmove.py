@@ -8,15 +8,14 @@ docs/building.md, "Moving to another FlyDSL".
 from __future__ import annotations
 
 from ..errors import IntegrityError, ManifestError
-from ..manifest import TOOLCHAIN, served  # noqa: F401 - the build side asks toolmove
 from ..proof import PROVEN
 from .recover import recovered
 
 
-def moved(m, key, ident: dict) -> bool:
-    """Whether ``key``'s entry differs from ``ident`` only in toolchain, its object intact."""
+def moved(m, key, ident) -> bool:
+    """Whether ``key``'s entry differs from ``ident`` (a SourceIdentity) only in toolchain, its object intact."""
     e = m.entries.get(str(key))
-    if e is None or e.source == ident or served(e.source) != served(ident) or recovered(e):
+    if e is None or e.source == ident or e.source.served != ident.served or recovered(e):
         return False
     try:
         m.check_object(str(key))

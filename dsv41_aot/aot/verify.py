@@ -98,11 +98,11 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
     sources = release_trees({k.release for k in todo}, {m.release: m for m in mans.values()}, trees, matrix_path)
     store, idents, hits, warned = None, {}, [], []
     if cache is not None and todo:
-        from .buildroom import identity
+        from .compiler import source_identity
         from .cache import BuildCache
 
         store = BuildCache(cache, tools)
-        idents = {release: identity(src, tools) for release, src in sources.items()}
+        idents = {release: source_identity(src, tools.lld_version) for release, src in sources.items()}
         for k in todo:
             hit = store.get_jit(k, idents[k.release])
             if hit is not None and isinstance(hit[0]["evidence"].get("launch"), dict):  # else JIT-built again

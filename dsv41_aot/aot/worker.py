@@ -122,7 +122,7 @@ def main(argv: list[str]) -> int:
         entry, abi = compiler.compile(key)
         return {"entry": entry.to_dict(), "abi": abi}
 
-    return serve(arch, start, answer, ready=lambda compiler: {"identity": compiler.identity}, release=release)
+    return serve(arch, start, answer, ready=lambda compiler: {"identity": compiler.identity.as_dict()}, release=release)
 
 
 if __name__ == "__main__":

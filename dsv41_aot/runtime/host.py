@@ -119,16 +119,16 @@ def installed_vllm() -> tuple:
 def check_source(key: str, entry) -> None:
     """Refuse ``entry`` when built from other mono sources than vLLM's here."""
     digest, src, mono = installed_vllm()
-    built = entry.source.get("mono_sources")
+    built = entry.source.mono_sources
     if digest is None or built == digest:
         return
     msg = (f"{key}: installed vLLM {src.version} mono sources ({mono}) digest {digest} differ from the "
-           f"{built} the prebuilt kernels were built from (vLLM {entry.source.get('vllm_version')})")
+           f"{built} the prebuilt kernels were built from (vLLM {entry.source.vllm_version})")
     if mismatch_allowed():
         state.current().warn_once((digest, built), f"{msg}; running them anyway ({ENV_ALLOW_SOURCE}=1)")
         return
     raise SourceMismatchError(
         msg,
-        fix=(f"install vllm=={entry.source.get('vllm_version')}, or rebuild the prebuilt kernels against this "
+        fix=(f"install vllm=={entry.source.vllm_version}, or rebuild the prebuilt kernels against this "
              f"vLLM, or accept the difference with {ENV_ALLOW_SOURCE}=1"),
     )
