@@ -62,7 +62,7 @@ def plan(arch: str, index: int, count: int, profile: str | None = None, matrix_p
         raise AotError(f"profile {profile or m.default_profile!r} has no key for {arch}",
                        fix=commands.listing(profile or m.default_profile, matrix=matrix_path))
     mine = shards.shard(keys, index, count, seconds)
-    cost = sum(float((seconds or {}).get(str(k), shards.estimate_seconds(k))) for k in mine)
+    cost = sum(shards.key_seconds(k, seconds) for k in mine)
     return {
         "arch": arch, "index": index, "count": count, "profile": profile or m.default_profile,
         "all_keys": by_release(keys), "keys": by_release(mine),

@@ -57,6 +57,18 @@ def test_plans_cover_every_full_key_exactly_once(arch, count):
     assert max(costs) - min(costs) <= max(estimate_seconds(matrix.BuildKey.parse(k, r)) for r, k in everything)
 
 
+def test_a_plans_estimate_counts_the_recorded_seconds():
+    """A shard plan's estimated_seconds is what the recorded seconds say of
+    its keys (as ``recorded_seconds`` keys them, by release), the estimate
+    only for a key nothing recorded."""
+    alone = build_shard.plan("gfx942", 0, 1, "smoke")
+    keys = [matrix.BuildKey.parse(k, r) for r, k in build_shard.pairs(alone["keys"])]
+    recorded = {(keys[0].release, str(keys[0])): 1000.0}
+    timed = build_shard.plan("gfx942", 0, 1, "smoke", seconds=recorded)
+    want = 1000.0 + sum(estimate_seconds(k) for k in keys[1:])
+    assert timed["estimated_seconds"] == pytest.approx(want, abs=0.01) != alone["estimated_seconds"]
+
+
 def test_shards_cut_across_releases():
     """gfx950's full keys of both releases are one partition: a key string
     both releases build is two keys, and with 8 shards every shard holds keys

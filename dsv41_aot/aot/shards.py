@@ -78,11 +78,21 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(m[1]), int(m[2])
 
 
+def key_seconds(key: BuildKey, seconds: dict | None) -> float:
+    """``key``'s compile seconds in ``seconds`` (``recorded_seconds``'), else its estimate.
+
+    A key recorded for its own release wins over one recorded for any release
+    (None, or a bare key string)."""
+    seconds = seconds or {}
+    for at in ((key.release, str(key)), (None, str(key)), str(key)):
+        if at in seconds:
+            return float(seconds[at])
+    return float(estimate_seconds(key))
+
+
 def shard(keys: list[BuildKey], index: int, count: int, seconds: dict | None = None) -> list[BuildKey]:
     """Shard ``index`` of ``count``, filled longest first by recorded or estimated seconds."""
-    seconds = {(None, k) if isinstance(k, str) else k: v for k, v in (seconds or {}).items()}  # a bare key: any release
-    cost = {k: float(seconds.get((k.release, str(k)), seconds.get((None, str(k)), estimate_seconds(k))))
-            for k in keys}
+    cost = {k: key_seconds(k, seconds) for k in keys}
     loads = [0.0] * count
     out: list[list[BuildKey]] = [[] for _ in range(count)]
     for k in sorted(keys, key=lambda k: (-cost[k], str(k), k.release)):
