@@ -31,24 +31,9 @@ from dsv41_aot import commands  # noqa: E402
 from dsv41_aot.errors import AotError, ManifestError  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
 from dsv41_aot.facts.releases import deployed_arches, version_order  # noqa: E402
-from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, folder_name, room_name  # noqa: E402
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, folder_name  # noqa: E402
 from dsv41_aot.room import Room  # noqa: E402
 from dsv41_aot.listing import built_arches, built_releases, folder_problems  # noqa: E402
-
-
-@dataclass
-class RoomContents:
-    """One checked room: the keys of one vLLM release on one arch."""
-
-    arch: str
-    release: str
-    keys: list
-    mono_sources: str
-    objects: set  # the stored objects its entries name, relative to the arch folder
-
-    @property
-    def name(self) -> str:
-        return room_name(self.arch, self.release)
 
 
 @dataclass
@@ -57,7 +42,7 @@ class ArchContents:
 
     arch: str
     dir: Path
-    rooms: list = field(default_factory=list)  # [RoomContents], oldest release first
+    rooms: list = field(default_factory=list)  # [room.Room], each checked, oldest release first
     files: list = field(default_factory=list)  # paths relative to the arch folder
 
 
@@ -67,6 +52,14 @@ def fix_for(root: Path, arch, release: str | None = None) -> str:
     return f"{commands.build(root, release=release, options=words)} && {commands.relink(root, arch=arch)}"
 
 
+def refuse(problems: list, root: Path, where: str = "") -> None:
+    """Raise the first of ``problems`` (``room.Problem``) as its own error, counting the rest, with every fix."""
+    if problems:
+        more = f" (and {len(problems) - 1} more: dsv41-aot verify --dir {root})" if len(problems) > 1 else ""
+        raise type(problems[0].error())(f"{where}{problems[0].message}{more}",
+                                        fix=" && ".join(dict.fromkeys(p.fix for p in problems)))
+
+
 def matrix_digests(matrix_path=None) -> dict:
     """Map each release to its mono sources digest in build_matrix.yaml."""
     from dsv41_aot.aot import matrix
@@ -74,11 +67,10 @@ def matrix_digests(matrix_path=None) -> dict:
     return matrix.load(matrix_path).digests()
 
 
-def _check_room(root: Path, arch: str, release: str, digests: dict, bands: dict) -> RoomContents:
-    """Check one room: its own verdict, then the build matrix's digest.
+def _check_room(root: Path, arch: str, release: str, digests: dict) -> Room:
+    """Check one room: its own verdict, then the build matrix's digest; return it.
 
     The verdict (``Room.problems``) allows no problem, serving or builder's.
-    The bands the room's libs.json names are added to ``bands`` (file -> Band).
     """
     fix = fix_for(root, arch, release)
     room = Room(root, arch, release)
@@ -90,11 +82,7 @@ def _check_room(root: Path, arch: str, release: str, digests: dict, bands: dict)
     if not man.entries:
         raise ManifestError(f"{man.path} has no entries: refusing to build a wheel with an empty room {room.name}",
                             fix=fix)
-    problems = room.problems()  # what the loader refuses, and missing or altered objects
-    if problems:
-        more = f" (and {len(problems) - 1} more: dsv41-aot verify --dir {root})" if len(problems) > 1 else ""
-        first = problems[0]
-        raise type(first.error())(f"room {room.name}: {first.message}{more}", fix=first.fix)
+    refuse(room.problems(), root, f"room {room.name}: ")  # what the loader refuses, missing or altered objects
     source = next(iter(man.entries.values())).source  # one identity: problems() found no "sources" problem
     digest = man.mono_sources
     if digest != digests[release]:
@@ -104,10 +92,7 @@ def _check_room(root: Path, arch: str, release: str, digests: dict, bands: dict)
     if source.vllm_version != release:
         raise ManifestError(f"room {room.name}: its keys were built from vLLM {source.vllm_version}, "
                             f"not {release}", fix=fix)
-    for band in room.links().bands:
-        bands.setdefault(band.file, band)
-    return RoomContents(arch=arch, release=release, keys=sorted(man.entries), mono_sources=digest,
-                        objects={e.object for e in man.entries.values()})
+    return room
 
 
 def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchContents:
@@ -126,22 +111,17 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
         where = f"it holds {', '.join(have)}" if have else "it holds no built arch"
         raise ManifestError(f"no prebuilt kernels for {arch} in {root} (no {adir}/vllm-<release>/{MANIFEST}; {where})",
                             fix=fix)
-    bands: dict = {}
     out = ArchContents(arch=arch, dir=adir)
     for release in releases:
-        out.rooms.append(_check_room(root, arch, release, digests, bands))
+        out.rooms.append(_check_room(root, arch, release, digests))
         folder = folder_name(release)
         out.files += [f"{folder}/{MANIFEST}", f"{folder}/{LIBS_JSON}"]
         if (adir / folder / VERIFIED).is_file():
             out.files.append(f"{folder}/{VERIFIED}")  # the proof against vLLM's JIT; the loader ignores it
 
-    problems = folder_problems(adir, root)  # what no room names: a foreign room, an orphan object, a stray band
-    if problems:
-        more = f" (and {len(problems) - 1} more: dsv41-aot verify --dir {root})" if len(problems) > 1 else ""
-        raise type(problems[0].error())(f"{problems[0].message}{more}",
-                                        fix=" && ".join(dict.fromkeys(p.fix for p in problems)))
-    out.files += [f"{LIB}/{name}" for name in sorted(bands)]
-    out.files += sorted(set().union(*(r.objects for r in out.rooms)))
+    refuse(folder_problems(adir, root), root)  # what no room names: a foreign room, an orphan object, a stray band
+    out.files += [f"{LIB}/{name}" for name in sorted({b.file for r in out.rooms for b in r.links().bands})]
+    out.files += sorted({e.object for r in out.rooms for e in r.manifest().entries.values()})
     return out
 
 
@@ -188,7 +168,8 @@ def main(argv=None) -> int:
     try:
         for c in check_dir(Path(args.dir), args.arch):
             for r in c.rooms:
-                print(f"{r.name}: {len(r.keys)} keys, vLLM {r.release} (mono sources {r.mono_sources}): ok")
+                man = r.manifest()
+                print(f"{r.name}: {len(man.entries)} keys, vLLM {r.release} (mono sources {man.mono_sources}): ok")
             print(f"{c.arch}: {len(c.files)} files to ship")
     except AotError as e:
         print(f"ci/prebuilt.py: error: {e}", file=sys.stderr)
