@@ -140,13 +140,6 @@ class RunnerCall:
     args: tuple
     runner: dict
     keys: tuple
-    # (ratio, fold, index) of the layer a ``kernels`` call runs whole; None for ``ffn_kernel``
-    layer: tuple | None = None
-
-    @property
-    def tokens(self) -> int:
-        """The step's rows: the first argument of either method."""
-        return self.args[0]
 
     def as_json(self) -> list:
         """``[method, *args, {runner fields}]``: how tests/_vllm_probe.py and bench/load.py ask for it."""
@@ -162,7 +155,7 @@ def _kernels(dep: Deployment, tokens: int, ratio: int, fold: bool, index: bool, 
     b = dict(arch=dep.arch, tokens=tokens, tp=dep.tp, ratio=ratio, fold=fold, index=index, timeline=TIMELINE, **routing)
     k2 = b if rel.deploy(dep.arch).k2_reads_index else dict(b, index=False)
     keys = (BuildKey(kind="k1", release=dep.release, **b), BuildKey(kind="k2", release=dep.release, **k2))
-    return RunnerCall("kernels", args, dict(tp=dep.tp, timeline=TIMELINE, **routing), keys, layer=(ratio, fold, index))
+    return RunnerCall("kernels", args, dict(tp=dep.tp, timeline=TIMELINE, **routing), keys)
 
 
 def _ffn_kernel(dep: Deployment, tokens: int, runner: dict, routing: dict) -> RunnerCall:

@@ -72,9 +72,6 @@ class Elf:
         end = self.data.index(b"\0", table_off + idx)
         return self.data[table_off + idx : end].decode()
 
-    def section(self, name: str) -> Section | None:
-        return next((s for s in self.sections if s.name == name), None)
-
     def section_bytes(self, s: Section) -> bytes:
         if s.type == SHT_NOBITS:
             return b""

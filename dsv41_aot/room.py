@@ -337,12 +337,12 @@ class Room:
 
     # the verdict
 
-    def problems(self, *, bands: bool = True, objects: bool = True, proof: bool = True) -> list[Problem]:
+    def problems(self, *, objects: bool = True, proof: bool = True) -> list[Problem]:
         """Every problem of this room; empty for a sound room.
 
-        Always the manifest's and the link record's against it; ``bands``
-        reads and checks each band, ``objects`` the stored objects and
-        ``proof`` verified.json (both builder-only problems)."""
+        Always the manifest's, the link record's against it and each band's;
+        ``objects`` the stored objects and ``proof`` verified.json (both
+        builder-only problems)."""
         if not self.known:
             return []
         try:
@@ -372,19 +372,16 @@ class Room:
         for key in sorted(set(links.band_of) - set(man.entries)):
             out.append(Problem("link", f"{key} is linked (in {links.band_of[key].file}) but not in {man.path}",
                                str(self.libs_path), self.fix_relink, key=key))
-        if bands:
-            for band in links.bands:
-                out += self.band_problems(band, man)
+        for band in links.bands:
+            out += self.band_problems(band, man)
         if objects and self.built_here:
             out += self.object_problems(man)
         return out
 
-    def band_problems(self, band: Band, man: Manifest | None = None) -> list[Problem]:
-        """What is wrong with ``band``: its path, its bytes, what :func:`library_problems` finds.
-
-        Entries are checked only when ``man`` is given."""
+    def band_problems(self, band: Band, man: Manifest) -> list[Problem]:
+        """What is wrong with ``band``: its path, its bytes, what :func:`library_problems` finds of ``man``'s entries."""
         path = str(self.lib / band.file)
-        entries = {key: e.entry for key in band.entries if man and (e := man.entries.get(key))}
+        entries = {key: e.entry for key in band.entries if (e := man.entries.get(key))}
         try:
             whole, lost = library_problems(self.read_band(band), entries)
         except (ManifestError, IntegrityError) as e:

@@ -13,10 +13,17 @@ import textwrap
 from pathlib import Path
 
 from dsv41_aot.aot.hiprec import (ARCH_NAMES, ROCM_6_4_3, SONAME, Call, build, calls, env,  # noqa: F401
-                                  kernarg, kernel_metadata, write_layouts)
+                                  kernarg, kernel_metadata, write_layout_file)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+
+
+def write_layouts(images: Path, path: Path) -> dict:
+    """Write the layout file of every image the recording HIP saved in ``images``; return sha256 -> metadata."""
+    out = {f.stem: kernel_metadata(f.read_bytes()) for f in sorted(Path(images).glob("*.co"))}
+    write_layout_file(path, out.values())
+    return out
 
 
 def python(code: str, *args, env: dict, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:

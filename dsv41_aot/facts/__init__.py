@@ -10,10 +10,3 @@ Standard library only (the runtime reads them too), and the lowest layer of
 the package: nothing here imports keys, rooms or manifests
 (tests/test_architecture.py checks it).
 """
-
-from .arches import ARCHES, Arch, arch_facts
-from .kinds import KINDS, Kind, kind_facts
-from .releases import NEWEST, RELEASES, Deploy, Release, release_facts
-
-__all__ = ["ARCHES", "Arch", "arch_facts", "KINDS", "Kind", "kind_facts",
-           "NEWEST", "RELEASES", "Deploy", "Release", "release_facts"]

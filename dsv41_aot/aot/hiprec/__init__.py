@@ -2,8 +2,8 @@
 
 ``recording_hip.c`` answers the HIP calls the loader, the bands and FlyDSL's
 JIT runtime make, does no GPU work, and logs each call with its arguments.
-It builds a launch's argument bytes from a layout file that ``write_layouts``
-writes from the code objects' own AMDGPU metadata.
+It builds a launch's argument bytes from a layout file that
+``write_layout_file`` writes from the code objects' own AMDGPU metadata.
 ``verify --against-jit`` launches each key through it by vLLM's JIT and by
 the prebuilt Launcher and compares the two (``compare_launch``). It is built
 as ``libamdhip64.so.7``, every hip* at version hip_4.2, as FlyDSL's JIT
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import AotError
-from ...manifest import user_cache_dir
+from ...manifest import atomic_write, user_cache_dir
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "recording_hip.c"
@@ -152,18 +152,9 @@ def layout_line(kernel: dict) -> str:
     return f"{kernel['.name']}\t{kernel['.kernarg_segment_size']}\t{args}\n"
 
 
-def write_layouts(images: Path, path: Path) -> dict:
-    """Write the layout file of every image saved in ``images``; return sha256 -> metadata."""
-    out = {f.stem: kernel_metadata(f.read_bytes()) for f in sorted(Path(images).glob("*.co"))}
-    write_layout_file(path, out.values())
-    return out
-
-
 def write_layout_file(path: Path, kernels) -> None:
     """Write the layout file of ``kernels`` (metadata maps), atomically."""
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text("".join(layout_line(k) for k in kernels))
-    os.replace(tmp, path)
+    atomic_write(Path(path), "".join(layout_line(k) for k in kernels).encode())
 
 
 def kernarg(kernel: dict, values: list) -> str:
