@@ -140,7 +140,7 @@ def test_bad_matrix_errors_name_the_line(tmp_path, old, new, needle, words):
     p = _write(tmp_path, old, new)
     with pytest.raises(MatrixError) as e:
         m = matrix.load(p)
-        for name in m.profile_names():
+        for name in m.profiles:
             m.select(name)
     msg = str(e.value)
     assert words in msg

@@ -53,13 +53,6 @@ class Matrix:
             fix=f"edit {self.path} and check it with: {commands.listing(matrix=self.path)}",
         )
 
-    def all_keys(self) -> list[BuildKey]:
-        """Every key of the matrix, sorted, once each."""
-        return list(self.keys)
-
-    def profile_names(self) -> list[str]:
-        return list(self.profiles)
-
     def digests(self) -> dict:
         """Each release's mono sources digest, by version: what its rooms must be built from."""
         return dict(self.releases)

@@ -27,15 +27,9 @@ def _round_up(n: int, granule: int) -> int:
     return -(-n // granule) * granule
 
 
-def grid(release: str) -> tuple[int, int]:
-    """(threads per CTA, CTAs) of vLLM ``release``'s persistent grid."""
-    rel = release_facts(release)
-    return rel.cta_threads, rel.grid_ctas
-
-
 def cta_threads(release: str) -> int:
     """Threads per CTA of vLLM ``release``'s mono launches."""
-    return grid(release)[0]
+    return release_facts(release).cta_threads
 
 
 def waves_per_cta(res: dict, release: str) -> int:
@@ -85,7 +79,7 @@ def residency_problems(res: dict, arch: str, release: str) -> list[str]:
     The grid is vLLM ``release``'s. Each reason names the figure and the
     limit; an empty list means it can be resident. A spill is no reason."""
     lim = arch_facts(arch).limits()
-    threads, ctas = grid(release)
+    threads, ctas = cta_threads(release), release_facts(release).grid_ctas
     use = usage(res, arch, release)
     per_simd = waves_per_cta_simd(res, arch, release)
     waves = waves_per_cta(res, release)
@@ -122,14 +116,9 @@ def residency_problems(res: dict, arch: str, release: str) -> list[str]:
     return out
 
 
-def spills(res: dict) -> bool:
-    """Whether the kernel uses scratch (spilled registers) or a dynamic stack."""
-    return bool(res["scratch_bytes"] or res["dynamic_stack"])
-
-
 def spill_notes(res: dict) -> list[str]:
-    """What the kernel spills (empty when it does not): recorded, not refused."""
-    if not spills(res):
+    """What the kernel spills to scratch or a dynamic stack (empty when nothing): recorded, not refused."""
+    if not (res["scratch_bytes"] or res["dynamic_stack"]):
         return []
     return [
         f"spills: scratch {res['scratch_bytes']} bytes per lane"

@@ -35,7 +35,7 @@ def _selected_keys(args) -> tuple:
     m = matrix.load(args.matrix)
     if args.key:
         keys = [BuildKey.parse(k, args.release or m.newest) for k in args.key]
-        universe = set(m.all_keys())
+        universe = set(m.keys)
         for k in keys:
             if k not in universe and not args.any_key:
                 near = neighbours(k, universe)
