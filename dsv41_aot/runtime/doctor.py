@@ -19,7 +19,7 @@ from ..deployment import CoverageInputError, compare, counts_text, deployment, h
 from ..facts.releases import NEWEST, RELEASES
 from ..manifest import ENV_PREBUILT
 from ..room import Room
-from . import decision, hip, host, loader, rooms
+from . import decision, hip, host, loader, rooms, state
 
 ENTRY_GROUP = "vllm.general_plugins"
 ENTRY_VALUE = "dsv41_aot.vllm:register"
@@ -131,7 +131,7 @@ def _arch(rep: Report, d: decision.Decision) -> str | None:
 
 def _device_arch() -> str | None:
     try:
-        return hip.load().arch()
+        return state.current().device_arch()
     except (AotError, OSError):
         return None
 
@@ -160,7 +160,8 @@ def _hip(rep: Report, arch: str | None) -> None:
                                   f"a device; the arch is {arch or 'unknown'}")
     else:
         rep.facts["hip"]["devices"] = count
-        rep.add("device", "info", f"{count} GPU device(s) visible to HIP, the current one {h.arch() or 'unknown'}")
+        current = state.current().device_arch() or "unknown"
+        rep.add("device", "info", f"{count} GPU device(s) visible to HIP, the current one {current}")
 
 
 def _plugin(rep: Report, d: decision.Decision) -> str | None:

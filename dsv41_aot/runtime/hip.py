@@ -123,17 +123,6 @@ class Hip:
         finally:
             self.lib.hipModuleUnload(module)
 
-    def arch(self) -> str | None:
-        """The current device's arch (``device_arch``), or None without one or when it cannot be read."""
-        status, count = self.device_count()
-        if status != HIP_SUCCESS or count < 1:
-            return None
-        status, device = self.current_device()
-        if status != HIP_SUCCESS:
-            return None
-        status, arch = self.device_arch(device)
-        return arch if status == HIP_SUCCESS else None
-
     def device_arch(self, device: int) -> tuple[int, str | None]:
         """(hipGetDeviceProperties' status, ``device``'s gcnArchName without its features: ``gfx942``).
 
