@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from ..aot.cache import ENV_BUILD_CACHE, cache_dir, contents, identity_digest
+from ..aot.output import print_json, tally
+from ..errors import AotError
 
 
 def add_args(p, what: str) -> None:
@@ -27,9 +29,6 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..aot import toolchain
-    from ..aot.output import print_json, tally
-
-    from ..errors import AotError
 
     folder = cache_dir(args.cache)
     if folder is not None and folder.exists() and not folder.is_dir():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import commands
 from ..aot.coverage import check_all
+from ..aot.output import print_json, tally
 from ..facts.arches import ARCHES
 from ..deployment import counts_text
 from ..facts.releases import RELEASES
@@ -36,8 +37,6 @@ def run(args) -> int:
                                  release=args.release, root=args.dir, profile=args.profile, matrix_path=args.matrix)
     bad = any(r["missing"] or r["unlinked"] for r in reports)
     if args.json:
-        from ..aot.output import print_json, tally
-
         failures = [{"key": k, "release": r["release"], "error": why} for r in reports
                     for keys, why in ((r["missing"], "missing"), (r["unlinked"], "not linked")) for k in keys]
         required = sum(len(r["required"]) for r in reports)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..aot.output import print_json, tally
 from ..deployment import CoverageInputError, parse_draft
 
 MARK = {"ok": "ok   ", "fail": "FAIL ", "warn": "warn ", "info": "--   ", "bad": "BAD  "}
@@ -52,8 +53,6 @@ def run(args) -> int:
 
 
 def _print_json(rep) -> None:
-    from ..aot.output import print_json, tally
-
     cov = rep.coverage
     failures = [{"key": None, "check": c.name, "error": c.text, "fix": c.fix} for c in rep.checks
                 if c.status in ("fail", "bad") and not (c.name == "coverage" and cov)]

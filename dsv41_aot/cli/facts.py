@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..aot.output import print_json, tally
 from ..facts.arches import ARCHES
 from ..manifest import folder_name
 from ..facts.flydsl import FLYDSL, pinned
@@ -89,8 +90,6 @@ def lines() -> list[str]:
 
 def run(args) -> int:
     if args.json:
-        from ..aot.output import print_json, tally
-
         print_json(tally(0, 0, [], **document()))
     else:
         print("\n".join(lines()))

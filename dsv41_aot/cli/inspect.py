@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..aot.inspection import cta_text, plot, report, summary_lines
+from ..aot.output import print_json, tally
 from . import add_dir
 
 # ---------------------------------------------------------------- CLI
@@ -27,8 +28,6 @@ def run(args) -> int:
     if args.plot:
         plot(rows, args.plot)
     if args.json:
-        from ..aot.output import print_json, tally
-
         failures = [{"key": r["key"], "release": r["release"], "error": "; ".join(r["problems"])}
                     for r in not_resident]
         print_json(tally(len(rows), len(rows) - len(failures), failures, **doc))

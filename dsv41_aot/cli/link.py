@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..aot.link import link_dir
+from ..aot.output import print_json, tally
 from ..manifest import PREFIX
 from . import add_dir
 
@@ -31,8 +32,6 @@ def register(subparsers) -> None:
 def run(args) -> int:
     out = link_dir(Path(args.dir), args.arch, release=args.release, log=None if args.json else print)
     if args.json:
-        from ..aot.output import print_json, tally
-
         keys = sum(s["keys"] for s in out)
         print_json(tally(keys, keys, [], dir=str(Path(args.dir).resolve()), arches=out,
                          libraries=sum(s["libraries"] for s in out), linked=sum(s["linked"] for s in out),

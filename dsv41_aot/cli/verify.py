@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..aot.cache import cache_dir
+from ..aot.output import print_json, tally
 from ..aot.shipped import installed_kernels, verify_shipped
 from ..aot.verify import shard_keys, verify
 from ..errors import AotError
@@ -66,8 +67,6 @@ def run(args) -> int:
             raise AotError(f"--wheel {args.wheel}: no such file", fix="pip download --no-deps dsv41-aot, then pass its file")
         r = judge(Path(args.wheel))
         if args.json:
-            from ..aot.output import print_json, tally
-
             fields = {k: v for k, v in r.items() if k not in ("keys", "failed")}  # tally's own counts
             print_json(tally(sum(room["keys"] for room in r["rooms"]), sum(room["proven"] for room in r["rooms"]),
                              [{"key": None, "error": p} for p in r["problems"]]
@@ -104,8 +103,6 @@ def run(args) -> int:
     else:
         report = verify(Path(args.dir), **options)
     if args.json:
-        from ..aot.output import print_json
-
         print_json(report)
         for w in report["warnings"]:
             print(f"warning: {w}", file=sys.stderr)
