@@ -52,7 +52,7 @@ def kernel_descriptor(code: bytes, kd_symbol: str) -> dict:
     if len(kd) != 64:
         raise ElfError(f"kernel descriptor {kd_symbol} is cut short")
     lds, scratch, kernarg = struct.unpack_from("<III", kd, 0)
-    rsrc3, rsrc1, rsrc2 = struct.unpack_from("<III", kd, 44)
+    rsrc3, rsrc1 = struct.unpack_from("<II", kd, 44)  # COMPUTE_PGM_RSRC3, then RSRC1
     return {
         "lds_bytes": lds,
         "scratch_bytes": scratch,
@@ -61,9 +61,6 @@ def kernel_descriptor(code: bytes, kd_symbol: str) -> dict:
         "vgpr_granules": (rsrc1 & 0x3F) + 1,
         # ACCUM_OFFSET (gfx90a+): first AGPR, in units of 4, minus 1
         "accum_offset": ((rsrc3 & 0x3F) + 1) * 4,
-        "rsrc1": rsrc1,
-        "rsrc2": rsrc2,
-        "rsrc3": rsrc3,
     }
 
 

@@ -57,11 +57,6 @@ def typed_args(launcher) -> tuple:
     return tuple(out)
 
 
-def abi_of(meta: dict) -> list:
-    """The call ABI recorded by export_to_c: slots in call order."""
-    return [{"name": a["arg_name"], "ctype": a["ctype"], "size": a["size"]} for a in meta["abi"]]
-
-
 def source_identity(src: source.MonoSource, linker: str, mono_sources: str | None = None) -> SourceIdentity:
     """The source identity every key built from ``src`` now carries: the one place it is made.
 
@@ -161,7 +156,8 @@ def describe_object(key: BuildKey, data: bytes, identity: SourceIdentity) -> tup
     if problems:
         raise ResidencyError(f"{key}: cannot launch as a persistent kernel: {'; '.join(problems)}")
     sha = hashlib.sha256(data).hexdigest()
-    abi = abi_of(meta)
+    # the call ABI export_to_c recorded: slots in call order
+    abi = [{"name": a["arg_name"], "ctype": a["ctype"], "size": a["size"]} for a in meta["abi"]]
     entry = Entry(key=str(key), kind=key.kind, arch=key.arch, fields=key.build_fields(), symbol=key.kernel_symbol,
                   entry=key.entry, object=f"{OBJECTS}/{sha}.o", sha256=sha, bytes=len(data),
                   code_object_sha256=hashlib.sha256(code).hexdigest(), code_object_bytes=len(code),

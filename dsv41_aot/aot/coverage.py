@@ -22,32 +22,25 @@ from ..room import Room
 # ------------------------------------------------------------------ what is there
 
 
-def available_in_dir(root: Path, arch: str, release: str, *,
-                     missing_ok: bool = False) -> tuple[set, set | None, str]:
-    """(manifest keys, linked keys or None, what was checked) of one room."""
-    room = Room(root, arch, release)
-    if not room.manifest_path.is_file():
-        if missing_ok:
-            return set(), set(), f"{room.dir} (absent)"
-        held_releases = built_releases(room.arch_dir)
-        raise CoverageInputError(
-            f"no prebuilt kernels for {arch} of vLLM {release} at {room.dir} (no {MANIFEST}; {arch} holds "
-            f"{', '.join('vLLM ' + v for v in held_releases) if held_releases else 'no release'})",
-            fix=f"{commands.build(root, arch=arch, release=release)}, or pass --dir / --profile")
-    have, linked = held(room)
-    return have, linked, str(room.dir)
-
-
-def check(dep: Deployment, m, *, root=None, profile: str | None = None, missing_ok: bool = False) -> dict:
+def check(dep: Deployment, m, root, profile: str | None, missing_ok: bool) -> dict:
     """The coverage report of ``dep``: against its room in ``root``, or a profile.
 
-    A key of another release never satisfies one."""
+    A key of another release never satisfies one. A room missing from
+    ``root`` misses every key when ``missing_ok``, else it is bad input."""
     if profile is not None:
         have = {str(k) for k in m.select(profile) if k.release == dep.release}
         return compare(dep, have, have, f"profile {profile!r} of {m.path}")
-    have, linked, against = available_in_dir(Path(root) if root is not None else prebuilt_dir(), dep.arch,
-                                             dep.release, missing_ok=missing_ok)
-    return compare(dep, have, linked, against)
+    room = Room(root, dep.arch, dep.release)
+    if not room.manifest_path.is_file():
+        if missing_ok:
+            return compare(dep, set(), set(), f"{room.dir} (absent)")
+        held_releases = built_releases(room.arch_dir)
+        raise CoverageInputError(
+            f"no prebuilt kernels for {dep.arch} of vLLM {dep.release} at {room.dir} (no {MANIFEST}; {dep.arch} holds "
+            f"{', '.join('vLLM ' + v for v in held_releases) if held_releases else 'no release'})",
+            fix=f"{commands.build(root, arch=dep.arch, release=dep.release)}, or pass --dir / --profile")
+    have, linked = held(room)
+    return compare(dep, have, linked, str(room.dir))
 
 
 def check_all(arch: str, tp: int, *, max_rows=None, draft_text: str | None = None, release: str | None = None,
@@ -79,5 +72,5 @@ def check_all(arch: str, tp: int, *, max_rows=None, draft_text: str | None = Non
         if release is None and not built_releases(root / arch):
             raise CoverageInputError(f"no prebuilt kernels for {arch} at {root / arch} (no {PREFIX}<release>/{MANIFEST})",
                                      fix=f"{commands.build(root, arch=arch)}, or pass --dir / --profile")
-    reports = [check(dep, m, root=root, profile=profile, missing_ok=release is None) for dep in deps]
+    reports = [check(dep, m, root, profile, release is None) for dep in deps]
     return reports, skipped

@@ -55,13 +55,12 @@ def arch_lock(arch_dir: Path, what: str = "build", log=None):
         os.close(fd)  # releases the flock
 
 
-def remove_leftovers(arch_dir: Path) -> list[str]:
-    """Remove and return what killed writers of ``arch_dir`` left behind.
+def remove_leftovers(arch_dir: Path) -> None:
+    """Remove what killed writers of ``arch_dir`` left behind.
 
     That is atomic_write's ``.<name>.*.tmp`` files (in the folder, objects/,
     lib/ and each room) and link's ``lib/.link-*`` folders. Call it only
     while holding the arch lock."""
-    removed = []
     rooms = [room.dir for room in rooms_of(arch_dir)]
     for folder in (arch_dir, arch_dir / OBJECTS, arch_dir / LIB, *rooms):
         if not folder.is_dir():
@@ -71,7 +70,3 @@ def remove_leftovers(arch_dir: Path) -> list[str]:
                 p.unlink(missing_ok=True)
             elif folder.name == LIB and p.name.startswith(".link-") and p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
-            else:
-                continue
-            removed.append(str(p.relative_to(arch_dir)))
-    return removed

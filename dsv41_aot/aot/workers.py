@@ -68,11 +68,9 @@ def check_key_timeout(seconds: float | None) -> float:
 # ---------------------------------------------------------------- run folders
 
 
-def clean_stale_runs(tmp: Path | None = None) -> list[Path]:
-    """Remove and return the run folders whose ``owner.lock`` nobody holds."""
-    tmp = Path(tmp or tempfile.gettempdir())
-    removed = []
-    for d in sorted(tmp.glob(RUN_PREFIX + "*")):
+def clean_stale_runs() -> None:
+    """Remove the run folders under $TMPDIR whose ``owner.lock`` nobody holds."""
+    for d in sorted(Path(tempfile.gettempdir()).glob(RUN_PREFIX + "*")):
         lock_path = d / OWNER_LOCK
         try:
             fd = os.open(lock_path, os.O_RDWR)
@@ -85,8 +83,6 @@ def clean_stale_runs(tmp: Path | None = None) -> list[Path]:
         finally:
             os.close(fd)
         shutil.rmtree(d, ignore_errors=True)
-        removed.append(d)
-    return removed
 
 
 class RunFolder:
@@ -156,10 +152,9 @@ class Pool:
     messages ("compile", "JIT build")."""
 
     def __init__(self, spawn: Spawn, *, jobs: int, key_timeout: float = DEFAULT_KEY_TIMEOUT,
-                 accept: Callable[[str, dict], str | None] | None = None,
-                 cost: Callable[[BuildKey], float] = estimate_seconds, what: str = "compile"):
+                 accept: Callable[[str, dict], str | None] | None = None, what: str = "compile"):
         self.spawn, self.jobs, self.key_timeout = spawn, jobs, key_timeout
-        self.accept, self.cost, self.what = accept, cost, what
+        self.accept, self.what = accept, what
         self.started = 0  # workers started over the run (replacements included)
 
     def run(self, keys: list[BuildKey], on_answer: Callable[[BuildKey, dict], None],
@@ -169,9 +164,9 @@ class Pool:
         ``on_answer(key, message)`` is called once per key (``message["ok"]``
         says how it went), ``on_tick()`` at least every ``tick_seconds``."""
         pending: dict[str, collections.deque] = {}
-        for k in sorted(keys, key=lambda k: (-self.cost(k), str(k))):
+        for k in sorted(keys, key=lambda k: (-estimate_seconds(k), str(k))):
             pending.setdefault(k.room, collections.deque()).append(k)  # one vLLM tree and ARCH per worker
-        left = {a: sum(self.cost(k) for k in q) for a, q in pending.items()}
+        left = {a: sum(estimate_seconds(k) for k in q) for a, q in pending.items()}
         refused: dict[str, str] = {}  # arch -> why its workers cannot run
         workers: list[_Worker] = []
         closing: list[_Worker] = []  # retired, stdin closed, not yet reaped
@@ -210,7 +205,7 @@ class Pool:
 
         def take(arch: str) -> BuildKey:
             k = pending[arch].popleft()
-            left[arch] -= self.cost(k)
+            left[arch] -= estimate_seconds(k)
             return k
 
         last_tick = time.monotonic()
