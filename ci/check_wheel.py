@@ -28,34 +28,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from dsv41_aot.errors import AotError  # noqa: E402
 from dsv41_aot.listing import built_rooms  # noqa: E402
-from dsv41_aot.aot.wheel import judge, open_wheel, wheel_bands  # noqa: E402
+from dsv41_aot.aot.wheel import judge, open_wheel, wheel_libraries  # noqa: E402
 
 ALLOWED_EXTERNAL = ("libamdhip64.so",)  # prefix: any SONAME version of the host's HIP runtime
-
-
-def auditwheel_externals(wheel: Path) -> tuple[list, str]:
-    """Run ``auditwheel show`` on a wheel: (the external libraries it names, its output)."""
-    exe = shutil.which("auditwheel") or str(Path(sys.executable).with_name("auditwheel"))
-    r = subprocess.run([exe, "show", str(wheel)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    text = r.stdout
-    if r.returncode:
-        raise RuntimeError(f"auditwheel show failed: {text.strip()[-800:]}")
-    libs = []
-    if "requires no external shared libraries" not in text:
-        # "The following external shared libraries are required by the wheel: {json}"
-        m = re.search(r"required by the wheel:\s*(\{.*?\})\s*(?:\n\n|$)", text, re.S)
-        if m:
-            libs = sorted(json.loads(m.group(1)))
-        else:
-            libs = ["<unparsed auditwheel output>"]
-    return libs, text
 
 
 def audit_raw(libraries: dict) -> list:
     """The external libraries auditwheel finds in raw libraries ``{name: bytes}``.
 
-    The libraries are packed as .so files into a scratch platform wheel.
+    The libraries are packed as .so files into a scratch platform wheel,
+    which ``auditwheel show`` reads; RuntimeError when it fails.
     """
     with tempfile.TemporaryDirectory(prefix="dsv41-audit-") as tmp:
         wheel = Path(tmp) / "dsv41_aot_raw-0-py3-none-linux_x86_64.whl"
@@ -71,17 +55,15 @@ def audit_raw(libraries: dict) -> list:
                 z.writestr(member, data)
                 record.append(f"{member.filename},,")  # auditwheel walks the files RECORD lists
             z.writestr(f"{info}/RECORD", "\n".join(record + [f"{info}/RECORD,,"]) + "\n")
-        return auditwheel_externals(wheel)[0]
-
-
-def not_allowed(externals: list) -> list:
-    """The external libraries besides the host's HIP runtime."""
-    return [x for x in externals if not x.startswith(ALLOWED_EXTERNAL)]
-
-
-def raw_libraries(contents: dict) -> dict:
-    """Name the raw libraries of ``wheel_bands``' result as ``<arch>/<band without .xz>``."""
-    return {f"{arch}/{f[:-3]}": b for arch, (_, raw) in contents.items() for f, b in raw.items()}
+        exe = shutil.which("auditwheel") or str(Path(sys.executable).with_name("auditwheel"))
+        r = subprocess.run([exe, "show", str(wheel)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode:
+        raise RuntimeError(f"auditwheel show failed: {r.stdout.strip()[-800:]}")
+    if "requires no external shared libraries" in r.stdout:
+        return []
+    # "The following external shared libraries are required by the wheel: {json}"
+    m = re.search(r"required by the wheel:\s*(\{.*?\})\s*(?:\n\n|$)", r.stdout, re.S)
+    return sorted(json.loads(m.group(1))) if m else ["<unparsed auditwheel output>"]
 
 
 def audit_problems(libraries: dict) -> tuple[list, list]:
@@ -90,7 +72,7 @@ def audit_problems(libraries: dict) -> tuple[list, list]:
         ext = audit_raw(libraries)
     except RuntimeError as e:
         return [], [str(e)]
-    bad = not_allowed(ext)
+    bad = [x for x in ext if not x.startswith(ALLOWED_EXTERNAL)]  # besides the host's HIP runtime
     return ext, [f"auditwheel: external libraries besides libamdhip64: {', '.join(bad)}"] if bad else []
 
 
@@ -102,10 +84,10 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True, re
 
 def print_audit(what: str, libraries: dict) -> int:
     """Run auditwheel on ``libraries``, print one line, and return the exit code."""
-    bad = not_allowed(audit_raw(libraries))
+    _, problems = audit_problems(libraries)
     print(f"{what}: auditwheel on {len(libraries)} raw libraries: "
-          f"{'external ' + ', '.join(bad) if bad else 'no external library but the host HIP'}")
-    return 1 if bad else 0
+          f"{'; '.join(problems) or 'no external library but the host HIP'}")
+    return 1 if problems else 0
 
 
 def audit_prebuilt(root: Path) -> int:
@@ -125,7 +107,7 @@ def audit_prebuilt(root: Path) -> int:
 def audit_only(wheel: Path) -> int:
     """Run auditwheel on a wheel's raw libraries: cibuildwheel's repair step."""
     with open_wheel(wheel) as z:
-        libraries = raw_libraries(wheel_bands(z))
+        libraries = wheel_libraries(z)
     return print_audit(wheel.name, libraries)
 
 
@@ -151,16 +133,6 @@ def source_tree(dest: Path, root: Path = Path(__file__).resolve().parents[1]) ->
 
 
 def main(argv=None) -> int:
-    from dsv41_aot.errors import AotError
-
-    try:
-        return _main(argv)
-    except AotError as e:  # bad input, such as a file that is not a sound zip
-        print(f"ci/check_wheel.py: error: {e}", file=sys.stderr)
-        return e.exit_code
-
-
-def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("wheels", nargs="*")
     ap.add_argument("--prebuilt", help="the prebuilt dir the wheel was built from")
@@ -170,29 +142,34 @@ def _main(argv=None) -> int:
     ap.add_argument("--audit-prebuilt", metavar="DIR", help="auditwheel on the raw libraries of DIR's bands")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if args.audit_prebuilt:
-        return audit_prebuilt(Path(args.audit_prebuilt))
-    if not args.wheels:
-        ap.error("name a wheel (or --audit-prebuilt DIR)")
-    if args.audit_only:
-        return max(audit_only(Path(w)) for w in args.wheels)
-    results, rc = [], 0
-    for w in args.wheels:
-        path = Path(w)
-        if not path.is_file():
-            print(f"ci/check_wheel.py: error: no wheel at {path}", file=sys.stderr)
-            return 2
-        r = check(path, Path(args.prebuilt) if args.prebuilt else None, not args.no_auditwheel, args.require_proofs)
-        results.append(r)
-        rc |= r["failed"]
-        if not args.json:
-            what = (", ".join(f"{n} keys of {room}" for room, n in r.get("keys_by_room", {}).items())
-                    or ("no kernels" if not r["arches"] else "no readable room"))
-            print(f"{r['wheel']}: {r['bytes']} bytes, {what}: {'FAILED' if r['failed'] else 'ok'}")
-            for p in r["problems"]:
-                print(f"  {p}", file=sys.stderr)
-            if args.require_proofs and r["unproven"]:
-                print(f"  unproven: {len(r['unproven'])} key(s), e.g. {r['unproven'][0]}", file=sys.stderr)
+    try:
+        if args.audit_prebuilt:
+            return audit_prebuilt(Path(args.audit_prebuilt))
+        if not args.wheels:
+            ap.error("name a wheel (or --audit-prebuilt DIR)")
+        if args.audit_only:
+            return max(audit_only(Path(w)) for w in args.wheels)
+        results, rc = [], 0
+        for w in args.wheels:
+            path = Path(w)
+            if not path.is_file():
+                print(f"ci/check_wheel.py: error: no wheel at {path}", file=sys.stderr)
+                return 2
+            r = check(path, Path(args.prebuilt) if args.prebuilt else None, not args.no_auditwheel,
+                      args.require_proofs)
+            results.append(r)
+            rc |= r["failed"]
+            if not args.json:
+                what = (", ".join(f"{n} keys of {room}" for room, n in r.get("keys_by_room", {}).items())
+                        or ("no kernels" if not r["arches"] else "no readable room"))
+                print(f"{r['wheel']}: {r['bytes']} bytes, {what}: {'FAILED' if r['failed'] else 'ok'}")
+                for p in r["problems"]:
+                    print(f"  {p}", file=sys.stderr)
+                if args.require_proofs and r["unproven"]:
+                    print(f"  unproven: {len(r['unproven'])} key(s), e.g. {r['unproven'][0]}", file=sys.stderr)
+    except AotError as e:  # bad input, such as a file that is not a sound zip
+        print(f"ci/check_wheel.py: error: {e}", file=sys.stderr)
+        return e.exit_code
     if args.json:
         print(json.dumps(results, indent=1))
     return 1 if rc else 0

@@ -92,29 +92,23 @@ def wheel_problems(z: zipfile.ZipFile) -> list[str]:
     return [p.message for room in wheel_rooms(z) for p in room.problems(objects=False)]
 
 
-def wheel_bands(z: zipfile.ZipFile) -> dict:
-    """A wheel's known rooms and raw bands: {arch: ({release: Room}, {band file: bytes})}.
+def wheel_libraries(z: zipfile.ZipFile, strict: bool = True) -> dict:
+    """The raw libraries of a wheel's known rooms: {"<arch>/<band file without .xz>": bytes}.
 
     A room whose records or bands cannot be read is left out (its problem is
     :func:`wheel_problems`'); ``strict`` raises AotError at the first instead."""
-    return _bands(z, strict=True)
-
-
-def _bands(z: zipfile.ZipFile, strict: bool) -> dict:
     out: dict = {}
     for room in wheel_rooms(z):
         if not room.known:
             continue
         try:
-            raw = {band.file: room.read_band(band) for band in room.links().bands}
+            raw = {f"{room.arch}/{band.file[:-3]}": room.read_band(band) for band in room.links().bands}
             room.manifest()
         except AotError as e:
             if strict:
                 raise type(e)(e.message, fix=FIX) from None
             continue
-        rooms, bands = out.setdefault(room.arch, ({}, {}))
-        rooms[room.release] = room
-        bands.update(raw)
+        out.update(raw)
     return out
 
 
@@ -244,7 +238,6 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
         if wheel.name != f"dsv41_aot-{meta['Version']}-py3-none-{PLAT}.whl":
             problems.append(f"file name {wheel.name} is not dsv41_aot-{meta['Version']}-py3-none-{PLAT}.whl")
         problems += kernel_problems(z)
-        contents = _bands(z, strict=False)
         for room in wheel_rooms(z):
             summary = room_summary(room) if room.known else None
             if summary is None:
@@ -263,7 +256,7 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
         problems += vllm_extra_problems(meta, extra, served, out)
         out["kernel_bytes"] = sum(z.getinfo(n).file_size for n in names if n.startswith(PKG))
         out["kernel_compressed_bytes"] = sum(z.getinfo(n).compress_size for n in names if n.startswith(PKG))
-        libraries = {f"{arch}/{f[:-3]}": b for arch, (_, raw) in contents.items() for f, b in raw.items()}
+        libraries = wheel_libraries(z, strict=False)
         out["raw_library_bytes"] = sum(len(b) for b in libraries.values())
         if prebuilt is not None:
             problems += prebuilt_problems(z, Path(prebuilt))
