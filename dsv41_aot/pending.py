@@ -35,19 +35,19 @@ def clear(arch_dir: Path) -> None:
 
 def options(arch_dir: Path) -> list[str]:
     """The options of the arch's unfinished build ([] without a readable record)."""
-    doc = _load(arch_dir)
+    doc = _read(arch_dir)[0]
     return list(doc["options"]) if doc else []
 
 
 def asked(arch_dir: Path) -> dict:
     """Release -> key strings of the arch's unfinished build ({} without a readable record)."""
-    doc = _load(arch_dir)
+    doc = _read(arch_dir)[0]
     return dict(doc["keys"]) if doc else {}
 
 
 def command(arch_dir: Path, root, release: str) -> str | None:
     """The command that finishes the arch's build of ``release``; None if none is unfinished."""
-    doc = _load(arch_dir)
+    doc = _read(arch_dir)[0]
     keys = doc["keys"].get(release) if doc else None
     return commands.build(root, release=release, keys=keys, options=doc["options"]) if keys else None
 
@@ -57,11 +57,9 @@ def read(arch_dir: Path, release: str | None = None) -> list[str]:
 
     Only ``release``'s when given; [] without a readable record: the
     caller's own fix then stands."""
-    doc = _load(arch_dir)
-    if not doc:
-        return []
     root = Path(arch_dir).resolve().parent
-    return [commands.build(root, release=r, keys=ks, options=doc["options"]) for r, ks in doc["keys"].items() if release in (None, r)]
+    releases = asked(arch_dir) if release is None else [release]
+    return [cmd for r in releases if (cmd := command(arch_dir, root, r)) is not None]
 
 
 # the options a build records, each with whether it takes a value (cli/build.py _rebuild_options)
@@ -76,10 +74,6 @@ def problem(arch_dir: Path) -> str | None:
     options a build records, whose files and folders exist. Anything else is
     named, never echoed into a printed command."""
     return _read(arch_dir)[1]
-
-
-def _load(arch_dir: Path) -> dict | None:
-    return _read(arch_dir)[0]
 
 
 def _read(arch_dir: Path) -> tuple[dict | None, str | None]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from .. import pending, source
 from . import toolchain, toolmove
 from .buildroom import RoomState, cache_hit, check_one_source, count_proofs, take_from_cache, up_to_date
+from .cache import COMPILE, BuildCache
 from .compiler import source_identity, worker_env
 from ..errors import AotError, OutputDirError, ToolchainError
 from ..keys import BuildKey
@@ -160,8 +161,6 @@ def build(
     summary = Summary(keys=len(keys), jobs=jobs)
     store = None
     if cache is not None:
-        from .cache import BuildCache
-
         store = BuildCache(cache, tools)
     arches = sorted({k.arch for k in keys})
     with contextlib.ExitStack() as held:
@@ -316,7 +315,7 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
         if store is not None:  # the object this toolchain compiled, as the worker stored it
             data = (st.room.arch_dir / new["object"]).read_bytes()
             if hashlib.sha256(data).hexdigest() == new["sha256"]:
-                store.put_object(key, st.ident, data, new["export_bytes"], msg["seconds"])
+                store.put(COMPILE, key, st.ident, data, export_bytes=new["export_bytes"], seconds=msg["seconds"])
         if str(key) in st.moved and toolmove.same_code(st.moved[str(key)], new):
             # the same GPU code object under this toolchain: keep the stored object (the new one is an orphan)
             summary.keep(key, "compiled")

@@ -131,16 +131,17 @@ def cache_hit(store, st: RoomState, key: BuildKey) -> tuple | None:
 
     None without a cache, on a miss, or when its blob fails the checks (the
     record is then dropped)."""
+    from .cache import COMPILE
     from .compiler import describe_object
 
-    hit = store.get_object(key, st.ident) if store is not None else None
+    hit = store.get(COMPILE, key, st.ident) if store is not None else None
     if hit is None:
         return None
     rec, data = hit
     try:
         entry, abi = describe_object(key, data, st.ident)
     except (AotError, ValueError) as e:  # an intact blob, but not this key's object (elf.ElfError is a ValueError)
-        store.reject_object(key, st.ident, f"names a blob that is not its object ({message_of(e)})")
+        store.reject(COMPILE, key, st.ident, f"names a blob that is not its object ({message_of(e)})")
         return None
     return entry.replace(export_bytes=rec["export_bytes"]), abi, rec["seconds"], data
 

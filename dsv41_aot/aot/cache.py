@@ -32,6 +32,7 @@ from ..manifest import SourceIdentity, atomic_write
 
 ENV_BUILD_CACHE = "DSV41_AOT_BUILD_CACHE"  # the loader's DSV41_AOT_CACHE is where bands unpack: another thing
 LAYOUT = "v1"
+COMPILE, JIT = "compile", "jit"  # the two kinds of record: a compiled key's stripped object, a JIT proof's code object
 PACKAGE = Path(__file__).resolve().parents[1]
 # the project's files whose code decides a stored object's or a JIT proof's bytes
 CODE = ("aot/compiler.py", "aot/flydsl_api.py", "aot/worker.py", "aot/jit.py", "keys.py", "source.py", "facts/*.py")
@@ -104,7 +105,8 @@ class BuildCache:
         cid = self._id(what, key, ident)
         return self.root / what / cid[:2] / f"{cid}.json"
 
-    def _get(self, what: str, key: BuildKey, ident: SourceIdentity) -> tuple[dict, bytes] | None:
+    def get(self, what: str, key: BuildKey, ident: SourceIdentity) -> tuple[dict, bytes] | None:
+        """(record, blob) of ``key`` under ``ident`` in kind ``what`` (COMPILE or JIT), or None on a miss."""
         path = self._record(what, key, ident)
         try:
             rec = json.loads(path.read_bytes())
@@ -119,6 +121,10 @@ class BuildCache:
             return None
         return rec, data
 
+    def reject(self, what: str, key: BuildKey, ident: SourceIdentity, why: str) -> None:
+        """Drop the record :meth:`get` gave that is not trusted, saying why."""
+        self.drop(self._record(what, key, ident), key, why)
+
     def drop(self, path: Path, key: BuildKey, why: str) -> None:
         """Forget the record at ``path`` (a miss: the key is built again), saying why."""
         self.warnings.append(f"{key.describe()}: cache record {path} {why}; built again")
@@ -128,50 +134,22 @@ class BuildCache:
             except OSError as e:
                 self._cannot_write(e)
 
-    def _put(self, what: str, key: BuildKey, ident: SourceIdentity, data: bytes, **fields) -> None:
+    def put(self, what: str, key: BuildKey, ident: SourceIdentity, data: bytes, *, seconds, **fields) -> None:
+        """Store ``data`` as ``key``'s blob in kind ``what``, its record holding ``seconds`` and ``fields``.
+
+        COMPILE records give ``export_bytes``; JIT records ``params``,
+        ``identity`` and ``evidence`` (see the layout above)."""
         if not self.writable:
             return
         sha = hashlib.sha256(data).hexdigest()
-        rec = {"key": str(key), "release": key.release, "sha256": sha, **fields}
+        rec = {"key": str(key), "release": key.release, "sha256": sha, "seconds": round(float(seconds or 0), 3),
+               **fields}
         try:
             atomic_write(self.root / "blobs" / sha, data)  # always: a damaged blob of this name is replaced
             atomic_write(self._record(what, key, ident),
                          (json.dumps(rec, sort_keys=True) + "\n").encode())
         except OSError as e:
             self._cannot_write(e)
-
-    # a compiled key: its stripped export object
-
-    def get_object(self, key: BuildKey, ident: SourceIdentity) -> tuple[dict, bytes] | None:
-        """(record, stripped object) of ``key`` under ``ident``, or None on a miss."""
-        return self._get("compile", key, ident)
-
-    def reject_object(self, key: BuildKey, ident: SourceIdentity, why: str) -> None:
-        """Drop the record of an object :meth:`get_object` gave that is not ``key``'s."""
-        self.drop(self._record("compile", key, ident), key, why)
-
-    def put_object(self, key: BuildKey, ident: SourceIdentity, data: bytes, export_bytes: int, seconds: float) -> None:
-        self._put("compile", key, ident, data, export_bytes=export_bytes, seconds=round(float(seconds), 3))
-
-    # a JIT proof: the GPU code object vLLM's JIT built for the key
-
-    def get_jit(self, key: BuildKey, ident: SourceIdentity) -> tuple[dict, bytes] | None:
-        """(record, JIT code object) of ``key``, or None on a miss.
-
-        A record without its run's evidence is a miss."""
-        hit = self._get("jit", key, ident)
-        if hit is not None and not isinstance(hit[0].get("evidence"), dict):
-            return None
-        return hit
-
-    def reject_jit(self, key: BuildKey, ident: SourceIdentity, why: str) -> None:
-        """Drop the record of a JIT code object :meth:`get_jit` gave that is not trusted."""
-        self.drop(self._record("jit", key, ident), key, why)
-
-    def put_jit(self, key: BuildKey, ident: SourceIdentity, code: bytes, params: list, identity: dict, evidence: dict,
-                seconds: float) -> None:
-        self._put("jit", key, ident, code, params=params, identity=identity, evidence=evidence,
-                  seconds=round(float(seconds or 0), 3))
 
 
 # ---------------------------------------------------------------- command
@@ -190,8 +168,8 @@ def identity_digest(tools, matrix_path=None) -> str:
 
 
 def contents(folder: Path | None) -> tuple[dict, int]:
-    """What a cache folder holds: records per kind ({"compile", "jit"}) and the bytes of all its files."""
-    counts, size = {"compile": 0, "jit": 0}, 0
+    """What a cache folder holds: records per kind ({COMPILE, JIT}) and the bytes of all its files."""
+    counts, size = {COMPILE: 0, JIT: 0}, 0
     root = Path(folder) / LAYOUT if folder is not None else None
     if root is not None and root.is_dir():
         for what in counts:

@@ -24,6 +24,7 @@ from ..listing import built_rooms_or_error, folder_problems, rooms_in
 from ..proof import NO_EVIDENCE, STALE, VERIFIED
 from .integrity import NOT_RESIDENT, KeyReport, ShippedCode, check_entry
 from . import hiprec
+from .cache import JIT, BuildCache
 from .jit import compare_jit, verified_record, write_verified
 from .output import progress_bar, tally
 
@@ -99,19 +100,19 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
     store, idents, hits, warned = None, {}, [], []
     if cache is not None and todo:
         from .compiler import source_identity
-        from .cache import BuildCache
 
         store = BuildCache(cache, tools)
         idents = {release: source_identity(src, tools.lld_version) for release, src in sources.items()}
         for k in todo:
-            hit = store.get_jit(k, idents[k.release])
-            if hit is not None and isinstance(hit[0]["evidence"].get("launch"), dict):  # else JIT-built again
+            hit = store.get(JIT, k, idents[k.release])
+            evidence = hit[0].get("evidence") if hit is not None else None
+            if isinstance(evidence, dict) and isinstance(evidence.get("launch"), dict):  # else JIT-built again
                 hits.append((k, hit))
         cached = {k for k, _ in hits}
         todo = [k for k in todo if k not in cached]
         warned += store.say()
-    shipped = {room: _shipped_proofs(man) for room, man in mans.items()}  # each run's proof is compared with it
-    proofs = {room: _proofs_to_record(man, warned) for room, man in mans.items()} if record else {}
+    shipped = {room: _room_proofs(man) for room, man in mans.items()}  # each run's proof is compared with it
+    proofs = {room: _room_proofs(man, warned) for room, man in mans.items()} if record else {}
     hip = hiprec.build(cache=cache) if todo or hits else None
     launches: dict = {}  # key -> the prebuilt launch (hiprec.recorded_launch), or what went wrong
     bar = progress_bar(len(todo) + len(hits), "verify --against-jit", "key") if progress and (todo or hits) else None
@@ -123,8 +124,8 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         rep.jit_seconds = msg.get("seconds")
         rep.jit_cached = bool(msg.get("cached"))
         if store is not None and msg.get("ok") and not msg.get("cached"):
-            store.put_jit(key, idents[key.release], Path(msg["code"]).read_bytes(), msg["params"],
-                          msg.get("identity") or {}, msg.get("evidence"), msg.get("seconds"))
+            store.put(JIT, key, idents[key.release], Path(msg["code"]).read_bytes(), params=msg["params"],
+                      identity=msg.get("identity") or {}, evidence=msg.get("evidence"), seconds=msg.get("seconds"))
         rep.problems += compare_jit(man, str(key), code, msg)
         if "error" not in msg and not isinstance(msg.get("evidence"), dict):
             rep.problems.append("the JIT answer carries no evidence of its run (artifact / module sha256, time)")
@@ -162,7 +163,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
                        "identity": rec.get("identity"), "evidence": rec["evidence"],
                        "seconds": rec.get("seconds"), "cached": True}
                 if compare_jit(codes[k][0], str(k), codes[k][1], msg):  # never fail a key on a cached answer
-                    store.reject_jit(k, idents[k.release], "disagrees with the prebuilt code object")
+                    store.reject(JIT, k, idents[k.release], "disagrees with the prebuilt code object")
                     todo.append(k)  # the JIT runs for real: its answer decides
                     continue
                 on_answer(k, msg)
@@ -199,27 +200,21 @@ def _compare_launches(prebuilt, jit_launch, code: bytes) -> list[str]:
     return hiprec.compare_launch(prebuilt, jit_launch, hiprec.kernel_metadata(code))
 
 
-def _shipped_proofs(man: Manifest) -> dict:
-    """The proofs a room carries: (key, FlyDSL) -> KeyProof ({} when verified.json does not read)."""
-    try:
-        return {(p.key, p.flydsl): p for p in Room(man.dir.parent, man.arch, man.release).proof().all()}
-    except ManifestError:  # proof_counts reports it
-        return {}
+def _room_proofs(man: Manifest, warned: list | None = None) -> dict:
+    """The proofs a room carries: (key, FlyDSL) -> KeyProof ({} when verified.json does not read).
 
-
-def _proofs_to_record(man: Manifest, warned: list) -> dict:
-    """The proofs ``--record`` starts from: (key, FlyDSL) -> KeyProof.
-
-    An unreadable verified.json is set aside (a warning added to ``warned``)
-    and the room's proofs start empty."""
+    With ``warned`` (the proofs ``--record`` starts from), an unreadable
+    verified.json is also set aside, with a warning added to ``warned``;
+    without, proof_counts reports it."""
     from .recover import set_aside
 
     room = Room(man.dir.parent, man.arch, man.release)
     try:
         return {(p.key, p.flydsl): p for p in room.proof().all()}
     except ManifestError as e:
-        warned.append(f"{e.message}; set aside as {set_aside(room.verified_path)}: the keys proven now are "
-                      f"recorded anew")
+        if warned is not None:
+            warned.append(f"{e.message}; set aside as {set_aside(room.verified_path)}: the keys proven now are "
+                          f"recorded anew")
         return {}
 
 
@@ -264,8 +259,6 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
 
     t0 = time.perf_counter()
     jobs, key_timeout = check_jobs(jobs), check_key_timeout(key_timeout)
-    if isinstance(vllm_src, (str, Path)):
-        vllm_src = (vllm_src,)
     root = Path(root)
     found = rooms_in(root, release) or built_rooms_or_error(root, release)  # none at all: bad input, naming the fix
     reports, codes, chosen, lib_failures, warnings, served_bad = {}, {}, {}, [], {}, set()
@@ -306,7 +299,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                 warnings[arch_dir / f"{pending.PENDING}#{rel}"] = (
                     f"{arch_dir}: a build was stopped (or is running) before it built {len(missing)} of the "
                     f"{len(ks)} vLLM {rel} key(s) it was asked for; finish it: "
-                    + commands.build(root.resolve(), release=rel, keys=ks, options=pending.options(arch_dir)))
+                    + pending.command(arch_dir, root.resolve(), rel))
     for room, man in mans.items():
         # the room's one verdict (what the loader refuses); stored objects are checked key by key below
         for p in room.problems(objects=False, proof=False):
@@ -368,7 +361,8 @@ def _key_failure(rep: KeyReport, room: Room) -> dict:
 def _fix_for(rep: KeyReport, room: Room, what: str) -> tuple[str, bool]:
     """The command that fixes one key's failed checks, and whether it is the key's rebuild."""
     if all(p.startswith(NOT_RESIDENT) for p in rep.problems):
-        return not_resident_fix(rep.describe()), False
+        return (f"{rep.describe()} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from "
+                f"build_matrix.yaml"), False
     if what == "proof":  # the code is vLLM's: the recorded proof is not this run's
         return (f"{room.prove_cmd} --key '{rep.key}'" if room.built_here else REINSTALL), False
     if not room.built_here:
@@ -384,8 +378,3 @@ def fixes(failures: list, root: Path) -> list[str]:
             rebuild.setdefault(f["release"], []).append(f["key"])
     built = [commands.build(root, release=rel, keys=ks) for rel, ks in rebuild.items()]
     return list(dict.fromkeys(built + [f["fix"] for f in failures if not f.get("rebuild")]))
-
-
-def not_resident_fix(keys: str) -> str:
-    """The fix of ``keys`` (described keys, comma separated) that cannot be resident."""
-    return f"{keys} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from build_matrix.yaml"
