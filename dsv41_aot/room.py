@@ -24,7 +24,7 @@ from .manifest import (LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manif
                        room_dir, room_name)
 from .manifest import folder_name  # noqa: F401 - tests and benches take a room folder's name from here
 from .linkrecord import Band, LinkRecord
-from .proof import VERIFIED, Proof
+from .proof import NO_EVIDENCE, STALE, VERIFIED, Proof
 
 REINSTALL = "pip install --force-reinstall --no-deps dsv41-aot"  # a wheel's room: no objects/ to relink from
 ROOM_RE = re.compile(re.escape(PREFIX) + r"(\d+\.\d+\.\d+)")
@@ -437,3 +437,29 @@ class Room:
         return [Problem("sources", f"{man.path} mixes {len(sources)} source identities ({len(rebuild)} key(s) "
                                    f"differ from the rest, e.g. {rebuild[0]}){how}", str(man.path),
                         commands.build(self.root, release=self.release, keys=rebuild, options=options))]
+
+
+def proof_counts(root: Path, man: Manifest) -> tuple[dict, list, str | None]:
+    """Count one room's keys by proof state: (``proofs`` entry, problems, warning).
+
+    The one count build, list and verify report. An unreadable verified.json
+    gives its problem instead of counts; the file is read anew (a fresh Room),
+    so counts made after a record see what it wrote."""
+    room = Room(root, man.arch, man.release)
+    head = {"arch": man.arch, "release": man.release}
+    bad = room.proof_problems()
+    if bad:
+        return dict(head, keys=len(man.entries), error=bad[0].message), bad, None
+    proof = room.proof()
+    counts = dict(proof.counts(man.entries), by_flydsl=proof.flydsl_counts(man.entries))
+    notes = []
+    if counts[NO_EVIDENCE]:
+        notes.append(f"{counts[NO_EVIDENCE]} proof(s) carry no evidence only a JIT run produced (verified.json "
+                     f"version 1, written by an older dsv41-aot, or copied)")
+    if counts[STALE]:
+        why = ", ".join(f"{what} changed ({n})" for what, n in sorted(proof.changes(man.entries).items()))
+        notes.append(f"{counts[STALE]} proof(s) are stale: {why}")
+    how = (f"prove them again: {room.prove_cmd}" if room.built_here else
+           f"the room ships without objects/: prove them from its bands, {room.prove_cmd}")
+    warning = f"{room.verified_path}: {'; '.join(notes)}; {how}" if notes else None
+    return dict(head, **counts), [], warning

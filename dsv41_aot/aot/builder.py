@@ -20,12 +20,13 @@ from pathlib import Path
 
 from .. import pending, source
 from . import toolchain, toolmove
-from .buildroom import RoomState, cache_hit, check_one_source, count_proofs, take_from_cache, up_to_date
+from .buildroom import RoomState, cache_hit, check_one_source, take_from_cache, up_to_date
 from .cache import COMPILE, BuildCache
 from .compiler import source_identity, worker_env
 from ..errors import AotError, OutputDirError, ToolchainError
 from ..keys import BuildKey
 from ..listing import folder_problems
+from ..room import proof_counts
 from .lock import arch_lock
 from .output import progress_bar, tally
 from .residency import spill_notes
@@ -256,10 +257,12 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
         for st in states.values():
             if st.manifest.entries:
                 summary.libraries += link_room(st.room.arch_dir, st.room.release)["libraries"]
-    for st in states.values():
-        counted = count_proofs(st, log)
-        if counted is not None:
+    for st in states.values():  # the proofs the room carries, counted after the build (it never writes them)
+        if st.room.verified_path.is_file():
+            counted, bad, warning = proof_counts(st.room.root, st.manifest)
             summary.proofs.append(counted)
+            for note in [f"{p.message}; fix: {p.fix}" for p in bad] + ([warning] if warning else []):
+                print(f"warning: {note}", file=log)
 
 
 def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:

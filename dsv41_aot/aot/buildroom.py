@@ -1,7 +1,7 @@
 """A room while a build writes it: its source identity, and which keys are up to date.
 
-Also the rule that a room holds keys of one source, keys taken from the
-build cache, and the count of its proofs after the build.
+Also the rule that a room holds keys of one source, and keys taken from the
+build cache.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from ..errors import AotError, ManifestError, message_of
 from ..keys import BuildKey
 from ..manifest import Manifest, SourceIdentity
 from .. import commands
-from ..proof import STALE
 from ..room import Room
 
 
@@ -104,26 +103,6 @@ def _toolchain_moved_and_proven(st: RoomState, e) -> bool:
     (vLLM's sources, the helpers) makes a room no installed vLLM matches,
     whatever its proofs say."""
     return e.source.served == st.ident.served and toolmove.proven_under(st.room, e, st.ident.flydsl_version)
-
-
-def count_proofs(st: RoomState, log) -> dict | None:
-    """Count the room's proofs after the build (None: the room has no verified.json).
-
-    A proof the build made stale, or an unreadable file, is a warning naming
-    the command that proves the keys again. The build never writes the file."""
-    room = st.room
-    if not room.verified_path.is_file():
-        return None
-    head = {"arch": room.arch, "release": room.release}
-    try:
-        counts = room.proof().counts(st.manifest.entries)
-    except ManifestError as e:
-        print(f"warning: {e.message}; fix: {e.fix}", file=log)
-        return dict(head, keys=len(st.manifest.entries), error=e.message)
-    if counts[STALE]:
-        print(f"warning: {room.verified_path}: {counts[STALE]} proof(s) against vLLM's JIT are of another code object "
-              f"than their key's entry now (rebuilt); prove them again: {room.prove_cmd}", file=log)
-    return dict(head, **counts)
 
 
 def cache_hit(store, st: RoomState, key: BuildKey) -> tuple | None:

@@ -19,9 +19,9 @@ from .. import commands, pending
 from ..errors import AotError, ManifestError
 from ..keys import BuildKey
 from ..manifest import Manifest
-from ..room import REINSTALL, Room
+from ..room import REINSTALL, Room, proof_counts
 from ..listing import built_rooms_or_error, folder_problems, rooms_in
-from ..proof import NO_EVIDENCE, STALE, VERIFIED
+from ..proof import VERIFIED
 from .integrity import NOT_RESIDENT, KeyReport, ShippedCode, check_entry
 from . import hiprec
 from .cache import JIT, BuildCache
@@ -216,30 +216,6 @@ def _room_proofs(man: Manifest, warned: list | None = None) -> dict:
             warned.append(f"{e.message}; set aside as {set_aside(room.verified_path)}: the keys proven now are "
                           f"recorded anew")
         return {}
-
-
-def proof_counts(root: Path, man: Manifest) -> tuple[dict, list, str | None]:
-    """Count one room's keys by proof state: (``proofs`` entry, problems, warning).
-
-    An unreadable verified.json gives its problem instead of counts."""
-    room = Room(root, man.arch, man.release)
-    head = {"arch": man.arch, "release": man.release}
-    bad = room.proof_problems()
-    if bad:
-        return dict(head, keys=len(man.entries), error=bad[0].message), bad, None
-    proof = room.proof()
-    counts = dict(proof.counts(man.entries), by_flydsl=proof.flydsl_counts(man.entries))
-    notes = []
-    if counts[NO_EVIDENCE]:
-        notes.append(f"{counts[NO_EVIDENCE]} proof(s) carry no evidence only a JIT run produced (verified.json "
-                     f"version 1, written by an older dsv41-aot, or copied)")
-    if counts[STALE]:
-        why = ", ".join(f"{what} changed ({n})" for what, n in sorted(proof.changes(man.entries).items()))
-        notes.append(f"{counts[STALE]} proof(s) are stale: {why}")
-    how = (f"prove them again: {room.prove_cmd}" if room.built_here else
-           f"the room ships without objects/: prove them from its bands, {room.prove_cmd}")
-    warning = f"{room.verified_path}: {'; '.join(notes)}; {how}" if notes else None
-    return dict(head, **counts), [], warning
 
 
 # ---------------------------------------------------------------- command

@@ -171,7 +171,7 @@ def _room_proofs(room, man, proofs: list, warnings: list):
 
     None when verified.json is unreadable: a warning names the file and its
     fix, and ``list`` still lists."""
-    from ..aot.verify import proof_counts
+    from ..room import proof_counts
 
     counted, bad, _ = proof_counts(room.root, man)
     proofs.append(counted)
