@@ -73,30 +73,17 @@ def dist_info(names) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-def rooms_in_wheel(names) -> dict:
-    """The rooms a wheel's member names hold, as {arch: [release, ...]}."""
-    out: dict = {}
-    for arch, release in rooms_in_members(names, PKG):
-        out.setdefault(arch, []).append(release)
-    return out
-
-
 def wheel_rooms(z: zipfile.ZipFile) -> list[Room]:
     """The rooms a wheel holds, each reading its records from the wheel's members."""
     reader = ZipReader(z, PKG)
     return [Room(Path(PKG), arch, release, reader) for arch, release in rooms_in_members(reader.names, PKG)]
 
 
-def wheel_problems(z: zipfile.ZipFile) -> list[str]:
-    """What each room's own verdict (``Room.problems``) finds wrong in a wheel."""
-    return [p.message for room in wheel_rooms(z) for p in room.problems(objects=False)]
-
-
 def wheel_libraries(z: zipfile.ZipFile, strict: bool = True) -> dict:
     """The raw libraries of a wheel's known rooms: {"<arch>/<band file without .xz>": bytes}.
 
     A room whose records or bands cannot be read is left out (its problem is
-    :func:`wheel_problems`'); ``strict`` raises AotError at the first instead."""
+    :func:`kernel_problems`'); ``strict`` raises AotError at the first instead."""
     out: dict = {}
     for room in wheel_rooms(z):
         if not room.known:
@@ -159,7 +146,7 @@ def kernel_problems(z: zipfile.ZipFile) -> list[str]:
     for arch, names in sorted(members.items()):
         here = [r for r in rooms if r.arch == arch]  # none for the kernels folder itself
         out += [p.message for p in arch_problems(here, names, PKG + arch if arch else PKG.rstrip("/"), shipped=True)]
-    return out + wheel_problems(z)
+    return out + [p.message for room in rooms for p in room.problems(objects=False)]
 
 
 def room_summary(room: Room) -> dict | None:
@@ -304,10 +291,10 @@ def prebuilt_problems(z: zipfile.ZipFile, prebuilt: Path) -> list[str]:
     from ..listing import built_arches, built_releases
 
     names = z.namelist()
-    have = {d.name: built_releases(d) for d in built_arches(prebuilt)}
-    held = rooms_in_wheel(names)
+    have = [(d.name, release) for d in built_arches(prebuilt) for release in built_releases(d)]
+    held = rooms_in_members(names, PKG)
     out = []
-    if have != held:
+    if set(have) != set(held):
         out.append(f"the wheel holds rooms {held}, the prebuilt dir {prebuilt} {have}")
     for n in names:
         if n.startswith(PKG) and not n.endswith("/"):
