@@ -24,7 +24,7 @@ from .manifest import (LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manif
                        room_dir, room_name)
 from .manifest import folder_name  # noqa: F401 - tests and benches take a room folder's name from here
 from .linkrecord import Band, LinkRecord
-from .proof import NO_EVIDENCE, STALE, VERIFIED, Proof
+from .proof import NO_EVIDENCE, PROVEN, STALE, VERIFIED, Proof, flydsl_text
 
 REINSTALL = "pip install --force-reinstall --no-deps dsv41-aot"  # a wheel's room: no objects/ to relink from
 ROOM_RE = re.compile(re.escape(PREFIX) + r"(\d+\.\d+\.\d+)")
@@ -463,3 +463,14 @@ def proof_counts(root: Path, man: Manifest) -> tuple[dict, list, str | None]:
            f"the room ships without objects/: prove them from its bands, {room.prove_cmd}")
     warning = f"{room.verified_path}: {'; '.join(notes)}; {how}" if notes else None
     return dict(head, **counts), [], warning
+
+
+def proofs_line(counted: dict) -> str:
+    """A :func:`proof_counts` entry as the one line build, list and verify print."""
+    head = f"proofs {counted['arch']} vLLM {counted['release']}"
+    if "error" in counted:
+        return f"{head}: {VERIFIED} unreadable ({counted['error']})"
+    more = "".join(f", {counted[f]} {what}" for f, what in (
+        (NO_EVIDENCE, "without JIT-only evidence (old format)"), (STALE, "stale")) if counted[f])
+    return (f"{head}: {counted[PROVEN]} of {counted['keys']} keys carry a proof against vLLM's JIT matching their "
+            f"entry{more}{flydsl_text(counted.get('by_flydsl') or {})}")

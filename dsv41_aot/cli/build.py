@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import commands
 from ..aot.output import print_json, tally
 from ..errors import AotError
-from ..proof import flydsl_text
+from ..room import proof_counts, proofs_line
 from . import add_dir
 
 
@@ -116,10 +116,7 @@ def cmd_build(args) -> int:
         for k in summary.changed:
             print(f"  rebuilt {k['key']} (vLLM {k['release']}): its GPU code object under this FlyDSL differs from the one built before")
         for p in summary.proofs:
-            if "error" not in p:
-                print(f"  proofs {p['arch']} vLLM {p['release']}: {p['proven']} of {p['keys']} keys carry a proof "
-                      f"against vLLM's JIT matching their entry ({p['no_evidence']} more of the old format, "
-                      f"{p['stale']} stale)")
+            print(f"  {proofs_line(p)}")
         for f in summary.failures:
             print(f"  FAILED {f['key']}: {f['error']}", file=sys.stderr)
     return 1 if summary.failed else 0
@@ -157,12 +154,10 @@ def cmd_list(args) -> int:
               f"{short[row['proof']]:>5}  {row['symbol']}")
     for line in foreign:
         print(line)
-    print(f"{len(entries)} symbols in {root}")
+    print(f"{len(entries)} symbols in {root} (proof: jit, proven against vLLM's JIT; old, a proof without JIT "
+          f"evidence)")
     for p in proofs:
-        if "error" not in p:
-            print(f"proofs {p['arch']} vLLM {p['release']}: {p['proven']} of {p['keys']} proven against vLLM's JIT "
-                  f"(jit), {p['no_evidence']} of the old format without JIT evidence (old), {p['stale']} stale"
-                  f"{flydsl_text(p.get('by_flydsl') or {})}")
+        print(proofs_line(p))
     return 0
 
 
@@ -171,7 +166,6 @@ def _room_proofs(room, man, proofs: list, warnings: list):
 
     None when verified.json is unreadable: a warning names the file and its
     fix, and ``list`` still lists."""
-    from ..room import proof_counts
 
     counted, bad, _ = proof_counts(room.root, man)
     proofs.append(counted)

@@ -14,6 +14,7 @@ from ..errors import AotError
 from ..facts.releases import NEWEST
 from ..keys import BuildKey
 from ..proof import flydsl_text
+from ..room import proofs_line
 from . import add_dir
 from .cache import add_args
 
@@ -119,14 +120,7 @@ def run(args) -> int:
             of = f" (vLLM {f['release']})" if f["release"] else ""  # an arch's file (a band, lib/) is no release's
             print(f"FAILED {f['file']}{of}: {f['error']}")
         for p in report["proofs"]:
-            if "error" in p:
-                print(f"proofs {p['arch']} vLLM {p['release']}: verified.json unreadable")
-                continue
-            more = "".join(f", {p[f]} {what}" for f, what in (
-                ("no_evidence", "without JIT-only evidence (old format)"), ("stale", "stale"))
-                if p[f])
-            print(f"proofs {p['arch']} vLLM {p['release']}: {p['proven']} of {p['keys']} keys carry a proof against "
-                  f"vLLM's JIT matching their entry{more}{flydsl_text(p.get('by_flydsl') or {})}")
+            print(proofs_line(p))
         for w in report["warnings"]:
             print(f"warning: {w}", file=sys.stderr)
         print(f"{report['keys']} keys checked ({report['jit_checked']} against vLLM's JIT, "
