@@ -194,10 +194,6 @@ class BuildKey:
         name = f"dsv41_mono_{self.kind}_{sig}"
         return f"_ZN5aiter{len(name)}{name}E"
 
-    def with_(self, **changes) -> "BuildKey":
-        """A copy with ``changes``."""
-        return replace(self, **changes)
-
 
 # the fields a neighbour may differ in besides the width (tokens): every other MonoBuild field
 _NEIGHBOUR_FIELDS = _releases.ALL_FIELDS[1:]
@@ -214,7 +210,7 @@ def neighbours(key: BuildKey, available, n: int = 5) -> list[str]:
         k = k if isinstance(k, BuildKey) else BuildKey.parse(k, key.release)
         if k.kind == key.kind and k.arch == key.arch and k.release == key.release and k != key:
             same_arch.append(k)
-    launch = [k for k in same_arch if k.with_(tokens=key.tokens) == key]
+    launch = [k for k in same_arch if replace(k, tokens=key.tokens) == key]
     out = []
     below = [k for k in launch if k.tokens < key.tokens]
     above = [k for k in launch if k.tokens > key.tokens]

@@ -34,7 +34,7 @@ HOST_FIELDS = ("mono_dir",)  # a JIT identity's build-host paths: never written 
 # what a key's proof says of its current manifest entry (Proof.verdict)
 PROVEN = "proven"  # same code object and vLLM sources, and evidence only a JIT run produced
 NO_EVIDENCE = "no_evidence"  # same code object, but nothing a JIT run alone produced (version 1, or copied)
-STALE = "stale"  # a proof of another code object (rebuilt since) or of other vLLM sources (KeyProof.changed)
+STALE = "stale"  # a proof of another code object (rebuilt since) or of other vLLM sources (KeyProof.change)
 PROOF_STATES = (PROVEN, NO_EVIDENCE, STALE)
 
 
@@ -88,15 +88,11 @@ class KeyProof:
         """The FlyDSL release the JIT run compared under ("" when the proof does not say)."""
         return self.jit.get("flydsl_version") or ""
 
-    def changed(self, entry) -> str | None:
-        """What in ``entry`` made the proof stale: its code object or vLLM source; else None.
-
-        Another FlyDSL alone is no change: the proof still holds for its own FlyDSL."""
-        change = self.change(entry)
-        return f"{change[0]} ({change[1]})" if change else None
-
     def change(self, entry) -> tuple[str, str] | None:
-        """What in ``entry`` made the proof stale and how, as (what, detail); else None."""
+        """What in ``entry`` made the proof stale and how, as (what, detail); else None.
+
+        What is its code object or its vLLM source. Another FlyDSL alone is no
+        change: the proof still holds for its own FlyDSL."""
         source = entry.source
         if self.code_object_sha256 != entry.code_object_sha256:
             built = source.flydsl_version

@@ -169,7 +169,7 @@ def test_a_key_keeps_its_proof_under_each_flydsl_and_a_stale_one_says_what_chang
     under_built = KeyProof(K, "a" * 64, dict(jit, flydsl_version=built), ev)
     under_other = KeyProof(K, "a" * 64, dict(jit, flydsl_version=other), Evidence("e" * 64, "f" * 64, "2026-02-01T00:00:00Z"))
     k2_other = KeyProof(k2, "a" * 64, dict(jit, flydsl_version=other), ev)
-    assert under_other.verdict(entry) == PROVEN and under_other.changed(entry) is None
+    assert under_other.verdict(entry) == PROVEN and under_other.change(entry) is None
     entries = {K: entry, k2: entry}
     proof = Proof.of("gfx950", NEWEST, [under_other, under_built, k2_other], entries)
     assert proof.keys == {K: under_built, k2: k2_other} and proof.others == (under_other,)
@@ -181,9 +181,10 @@ def test_a_key_keeps_its_proof_under_each_flydsl_and_a_stale_one_says_what_chang
     assert Proof.of("gfx950", NEWEST, [under_built], {K: entry.replace(code_object_sha256="9" * 64)}).keys == {}
     # stale: what changed, named
     rebuilt = entry.replace(code_object_sha256="9" * 64, source=replace(entry.source, flydsl_version=other))
-    assert under_built.changed(rebuilt) == f"the code object (rebuilt since by FlyDSL {other}, proven under {built})"
+    assert under_built.change(rebuilt) == ("the code object", f"rebuilt since by FlyDSL {other}, proven under {built}")
     resourced = entry.replace(source=replace(entry.source, mono_sources="f" * 16))
-    assert under_built.changed(resourced).startswith("the vLLM source (mono sources ffff")
+    what, how = under_built.change(resourced)
+    assert what == "the vLLM source" and how.startswith("mono sources ffff"), how
     assert proof.changes({K: rebuilt, k2: resourced}) == {"the code object": 1, "the vLLM source": 1}
     # the record's other-FlyDSL section must say the FlyDSL its proofs name
     doc = json.loads(proof.to_bytes())

@@ -11,6 +11,7 @@ DSV41_AOT_ROCM_TP (default 2; gfx942 runs TP 4 only).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -66,7 +67,7 @@ def _calls(dep, root: Path, n: int, seed: int) -> list:
         if k.kind == "ffn":
             calls.add(("ffn", k.tokens, k.experts, k.topk))
         elif k.kind == "k1" and (k.experts, k.topk) == (384, 6):  # the target's runner
-            k2 = k.with_(kind="k2", index=k.index and reads_index)
+            k2 = dataclasses.replace(k, kind="k2", index=k.index and reads_index)
             if k2 in held:
                 calls.add(("kernels", k.tokens, k.ratio, k.fold, k.index))
     if not calls:
