@@ -394,6 +394,16 @@ class Room:
                 for key, what in sorted(lost.items())]
         return out
 
+    def problem_keys(self, p: Problem) -> list[str]:
+        """The keys problem ``p`` of this room concerns: its own, its band's, else every key (the room's records).
+
+        AotError when the room's records cannot say (an unreadable manifest or libs.json)."""
+        if p.key:
+            return [p.key]
+        if p.band:
+            return sorted(k for k, band in self.links().band_of.items() if band.file == p.band)
+        return sorted(self.manifest().entries)
+
     def proof_problems(self) -> list[Problem]:
         """An unreadable verified.json (its fix proves the room again)."""
         try:

@@ -279,8 +279,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
     for room, man in mans.items():
         # the room's one verdict (what the loader refuses); stored objects are checked key by key below
         for p in room.problems(objects=False, proof=False):
-            band = next((b for b in room.links().bands if b.file == p.band), None) if p.band and not p.key else None
-            keys_ = [p.key] if p.key else sorted(band.entries) if band else sorted(man.entries)  # the room's: all
+            keys_ = room.problem_keys(p)
             lib_failures.append(dict(p.as_dict(), release=man.release, keys=keys_))
             if p.serving:  # a key counts as ok only when its room serves it too
                 served_bad |= {(man.release, k) for k in keys_}

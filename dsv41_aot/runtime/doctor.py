@@ -267,26 +267,6 @@ def _flydsl(rep: Report, room: Room) -> None:
         rep.add("flydsl", "warn", text, f"prove them under FlyDSL {have}: {how}")
 
 
-def _refused(room: Room, problems: list) -> dict:
-    """key -> the serving problem that makes the loader refuse it."""
-    out: dict = {}
-    try:
-        links = room.links()
-        everything = set(room.manifest().entries) | set(links.band_of)
-    except AotError:
-        return out
-    for p in problems:
-        if p.key:
-            keys = {p.key}
-        elif p.band:
-            keys = {k for k, band in links.band_of.items() if band.file == p.band}
-        else:
-            keys = everything  # the room's own records: every key
-        for k in keys:
-            out.setdefault(k, p)
-    return out
-
-
 def _coverage(rep: Report, root: Path, arch: str | None, room: Room | None, src, problems, mode,
               tp: int, max_rows: int | None, draft: tuple | None) -> None:
     """How many of the launches vLLM can ask for on the deployment the room serves."""
@@ -303,7 +283,10 @@ def _coverage(rep: Report, root: Path, arch: str | None, room: Room | None, src,
         except AotError:  # libs.json is broken (its bands line says so): nothing is linked
             have = set(room.manifest().entries)
     report = compare(dep, have, linked, str(room.dir) if room else "no room")
-    refused = _refused(room, problems or []) if room else {}
+    try:  # the keys the room's serving problems make the loader refuse
+        refused = {k for p in problems or [] for k in room.problem_keys(p)} if room else set()
+    except AotError:  # records it cannot read: its bands line says so, and every key is unlinked
+        refused = set()
     bad = set(report["missing"]) | set(report["unlinked"])
     report["refused"] = [k for k in report["required"] if k not in bad and k in refused]
     report["served"] = len(report["required"]) - len(bad) - len(report["refused"])
