@@ -125,6 +125,24 @@ def trees_dir() -> Path:
     return user_cache_dir() / "vllm"
 
 
+def release_trees(releases, digests: dict, trees=()) -> dict:
+    """Map each of ``releases`` to the vLLM tree its keys are built from (``find_release``).
+
+    ``digests`` maps a release to its mono sources digest. A tree of
+    ``trees`` (--vllm-src folders) that is none of their releases is refused
+    first: it would be passed over silently for another."""
+    for t in trees:
+        given = MonoSource(root=Path(t).resolve())
+        if given.mono_dir.is_dir() and given.version not in digests and given.digest not in digests.values():
+            known = ", ".join(f"vLLM {v} {d}" for v, d in digests.items())
+            raise ToolchainError(
+                f"--vllm-src {t}: vLLM {given.version} with mono sources digest {given.digest} is no release the "
+                f"matrix builds ({known})",
+                fix="pass a vLLM tree of one of those releases; or, if a release really is this tree, update its "
+                    "mono_sources in build_matrix.yaml")
+    return {release: find_release(release, digests.get(release), tuple(trees)) for release in sorted(set(releases))}
+
+
 def find_release(release: str, digest: str | None, trees=()) -> MonoSource:
     """The vLLM tree to build ``release`` from.
 

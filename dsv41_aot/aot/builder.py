@@ -23,7 +23,7 @@ from . import toolchain, toolmove
 from .buildroom import RoomState, cache_hit, check_one_source, take_from_cache, up_to_date
 from .cache import COMPILE, BuildCache
 from .compiler import source_identity, worker_env
-from ..errors import AotError, OutputDirError, ToolchainError
+from ..errors import AotError, OutputDirError
 from ..keys import BuildKey
 from ..listing import folder_problems
 from ..room import proof_counts
@@ -142,19 +142,8 @@ def build(
         from . import matrix
 
         digests = matrix.load().digests()
-    for t in vllm_src:  # a tree that is no release's would be passed over silently for another
-        given = source.MonoSource(root=Path(t).resolve())
-        if given.mono_dir.is_dir() and given.version not in digests and given.digest not in digests.values():
-            known = ", ".join(f"vLLM {v} {d}" for v, d in digests.items())
-            raise ToolchainError(
-                f"--vllm-src {t}: vLLM {given.version} with mono sources digest {given.digest} is no release the "
-                f"matrix builds ({known})",
-                fix="pass a vLLM tree of one of those releases; or, if a release really is this tree, update its "
-                    "mono_sources in build_matrix.yaml")
-    trees: dict = {}
-    for release in sorted({k.release for k in keys}):
-        src = source.find_release(release, digests.get(release), vllm_src)
-        trees[release] = (src, source_identity(src, tools.lld_version))
+    trees = {release: (src, source_identity(src, tools.lld_version))
+             for release, src in source.release_trees({k.release for k in keys}, digests, vllm_src).items()}
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise AotError(f"key {dup.describe()} asked for twice", fix="list each key once")

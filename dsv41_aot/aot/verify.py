@@ -63,24 +63,6 @@ def shard_keys(shard: str, *, profile: str | None = None, matrix_path: str | Non
     return shards.shard(keys, i, n, shards.recorded_seconds(seconds))
 
 
-def release_trees(releases, mans: dict, trees=(), matrix_path=None) -> dict:
-    """Map each release to the vLLM tree its keys are JIT-built from.
-
-    ``source.find_release`` picks the tree; it must have the matrix's mono
-    sources digest for the release (the manifest's when the matrix lacks it,
-    or when there is no matrix: an installed wheel ships none)."""
-    from .. import source
-    from . import matrix
-
-    shipped = matrix_path is None and not matrix.DEFAULT_MATRIX.is_file()
-    digests = {} if shipped else matrix.load(matrix_path).digests()
-    out = {}
-    for release in sorted(set(releases)):
-        digest = digests.get(release) or mans[release].mono_sources
-        out[release] = source.find_release(release, digest, tuple(trees or ()))
-    return out
-
-
 def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_timeout: float,
                  trees, matrix_path, progress: bool, record: bool, cache: Path | None = None) -> list[str]:
     """JIT-build ``chosen`` (room -> BuildKeys) and add what differs to each report; return its warnings.
@@ -96,7 +78,14 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
     todo = [k for ks in chosen.values() for k in ks]
     mans = {room: codes[ks[0]][0] for room, ks in chosen.items() if ks}
     tools = toolchain.find() if todo else None  # an unsupported FlyDSL or no linker: exit 2 before anything is written
-    sources = release_trees({k.release for k in todo}, {m.release: m for m in mans.values()}, trees, matrix_path)
+    from .. import source
+    from . import matrix  # PyYAML: only for a JIT run
+
+    # each release's tree by the matrix's digest, else its manifest's (an installed wheel ships no matrix)
+    digests = {m.release: m.mono_sources for m in mans.values()}
+    if matrix_path is not None or matrix.DEFAULT_MATRIX.is_file():
+        digests |= matrix.load(matrix_path).digests()
+    sources = source.release_trees({k.release for k in todo}, digests, trees)
     store, idents, hits, warned = None, {}, [], []
     if cache is not None and todo:
         from .compiler import source_identity
