@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from _smoke import REPO, SMOKE_RELEASE_KEYS, copy_of, room
 
-from dsv41_aot.aot import jit, verify
+from dsv41_aot.aot import jit, matrix
 from dsv41_aot.aot.workers import RUN_PREFIX
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.room import Room
@@ -242,7 +242,7 @@ def test_verify_shard_is_the_build_shard(smoke, tmp_path, count):
         r = dsv("build", "--list", "--json", "--profile", "smoke", "--shard", f"{i}/{count}", tmp=tmp_path)
         assert r.returncode == 0, r.stderr
         built = named(json.loads(r.stdout)["entries"])
-        assert named(verify.shard_keys(f"{i}/{count}", profile="smoke")) == built
+        assert named(matrix.load().choose("smoke", shard=f"{i}/{count}")) == built
         r = dsv("verify", "--dir", smoke, "--json", "--shard", f"{i}/{count}", "--profile", "smoke", tmp=tmp_path)
         assert r.returncode == 0, r.stdout + r.stderr
         assert sorted(named(json.loads(r.stdout)["reports"])) == sorted(built)
@@ -259,7 +259,7 @@ def test_verify_shard_with_recorded_seconds_and_arch(smoke, tmp_path):
         args = ["--profile", "smoke", "--arch", "gfx950", "--shard", f"{i}/2", "--seconds", seconds]
         r = dsv("build", "--list", "--json", *args, tmp=tmp_path)
         assert r.returncode == 0, r.stderr
-        assert named(verify.shard_keys(f"{i}/2", profile="smoke", arches=["gfx950"], seconds=[seconds])) == \
+        assert named(matrix.load().choose("smoke", arches=["gfx950"], shard=f"{i}/2", seconds=[seconds])) == \
             named(json.loads(r.stdout)["entries"])
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import commands
 from ..deployment import NotDeployed, deployment, required
-from ..errors import KeyFormatError, MatrixError
+from ..errors import AotError, KeyFormatError, MatrixError
 from ..facts.arches import ARCHES
 from ..facts.kinds import KINDS
 from ..facts.releases import ALL_FIELDS, RELEASES, version_order
@@ -56,6 +56,35 @@ class Matrix:
     def digests(self) -> dict:
         """Each release's mono sources digest, by version: what its rooms must be built from."""
         return dict(self.releases)
+
+    def choose(self, profile: str | None = None, *, keys: list | None = None, release: str | None = None,
+               arches=(), shard: str | None = None, seconds=()) -> list[BuildKey]:
+        """The keys a command builds or verifies: ``keys`` (else ``profile``'s), of ``release`` and ``arches``, cut
+        to shard ``shard`` ("i/N") by the ``seconds`` files (``shards.recorded_seconds``).
+
+        build and verify choose through here, so ``verify --shard`` checks what ``build --shard`` built. A
+        narrowing that leaves no key is bad input, as is an unknown arch."""
+        from ..facts.arches import arch_facts
+        from . import shards
+
+        keys = self.select(profile) if keys is None else keys
+        if release:
+            keys = [k for k in keys if k.release == release]
+            if not keys:
+                raise AotError(f"profile {profile or self.default_profile!r} selects no vLLM {release} key",
+                               fix=f"drop --release, or pick another profile (releases: {', '.join(self.releases)})")
+        if arches:
+            for a in arches:
+                arch_facts(a)  # an unknown arch: "unknown arch", naming the known ones (exit 2)
+            keys = [k for k in keys if k.arch in arches]
+            if not keys:
+                raise AotError(f"no selected key is for {', '.join(arches)}", fix="drop --arch or pick another profile")
+        if shard:
+            # every CI cell must cut the same shards: seconds come from files all cells share (--seconds), never
+            # from a cell's own output directory
+            i, n = shards.parse_shard(shard)
+            keys = shards.shard(keys, i, n, shards.recorded_seconds(seconds))
+        return keys
 
     def select(self, profile: str | None = None) -> list[BuildKey]:
         """The keys of ``profile`` (the matrix's default when None), sorted."""

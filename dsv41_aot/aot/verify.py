@@ -45,24 +45,6 @@ def choose_keys(man: Manifest, keys: list[str] | None, sample: int | None, seed:
     return have
 
 
-def shard_keys(shard: str, *, profile: str | None = None, matrix_path: str | None = None,
-               arches: list[str] | None = None, seconds: list | None = None,
-               release: str | None = None) -> list[BuildKey]:
-    """The keys that ``build --shard i/N`` builds for this shard.
-
-    The selection (every release's keys, or ``release``'s) and the partition
-    are the build's, so ci/build_shard.py and verify agree."""
-    from . import matrix, shards
-
-    keys = matrix.load(matrix_path).select(profile)
-    if release:
-        keys = [k for k in keys if k.release == release]
-    if arches:
-        keys = [k for k in keys if k.arch in arches]
-    i, n = shards.parse_shard(shard)
-    return shards.shard(keys, i, n, shards.recorded_seconds(seconds))
-
-
 def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_timeout: float,
                  trees, matrix_path, progress: bool, record: bool, cache: Path | None = None) -> list[str]:
     """JIT-build ``chosen`` (room -> BuildKeys) and add what differs to each report; return its warnings.

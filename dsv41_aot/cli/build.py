@@ -17,7 +17,7 @@ from . import add_dir
 # ---------------------------------------------------------------- build
 def _selected_keys(args) -> tuple:
     """The keys the command line selects, and the loaded matrix they come from."""
-    from ..aot import matrix, shards
+    from ..aot import matrix
     from ..keys import BuildKey, neighbours
 
     if args.any_key and not args.key:
@@ -33,6 +33,7 @@ def _selected_keys(args) -> tuple:
 
         release_facts(args.release)  # an unknown release: "unknown vLLM release", naming the known ones (exit 2)
     m = matrix.load(args.matrix)
+    keys = None  # the profile's
     if args.key:
         keys = [BuildKey.parse(k, args.release or m.newest) for k in args.key]
         universe = set(m.keys)
@@ -45,27 +46,8 @@ def _selected_keys(args) -> tuple:
                     fix=f"pick a key from: {commands.listing('full', release=k.release)}  "
                         f"(or pass --any-key to build it anyway)",
                 )
-    else:
-        keys = m.select(args.profile)
-        if args.release:
-            keys = [k for k in keys if k.release == args.release]
-            if not keys:
-                raise AotError(f"profile {args.profile or m.default_profile!r} selects no vLLM {args.release} key",
-                               fix=f"drop --release, or pick another profile (releases: {', '.join(m.releases)})")
-    if args.arch:
-        from ..facts.arches import arch_facts
-
-        for a in args.arch:
-            arch_facts(a)  # an unknown arch: "unknown arch", naming the known ones (exit 2)
-        keys = [k for k in keys if k.arch in args.arch]
-        if not keys:
-            raise AotError(f"no selected key is for {', '.join(args.arch)}", fix="drop --arch or pick another profile")
-    if args.shard:
-        i, n = shards.parse_shard(args.shard)
-        # every CI cell must cut the same shards: seconds come from files all
-        # cells share (--seconds), never from this cell's own output directory
-        keys = shards.shard(keys, i, n, shards.recorded_seconds(args.seconds))
-    return keys, m
+    return m.choose(args.profile, keys=keys, release=args.release, arches=args.arch, shard=args.shard,
+                    seconds=args.seconds), m
 
 
 def _rebuild_options(args) -> list[str]:
