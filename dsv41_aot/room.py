@@ -11,6 +11,7 @@ Shared core: standard library only.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from .elf import ElfError, dynamic_info
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
 from .manifest import (LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, read_timings,
-                       room_dir, room_name)
+                       room_dir, room_name, sha256_file)
 from .manifest import folder_name  # noqa: F401 - tests and benches take a room folder's name from here
 from .linkrecord import Band, LinkRecord
 from .proof import NO_EVIDENCE, PROVEN, STALE, VERIFIED, Proof, flydsl_text
@@ -359,16 +360,7 @@ class Room:
             links = self.links()
         except ManifestError as e:
             return out + [Problem("libs", e.message, str(self.libs_path), e.fix)]
-        for key, e in sorted(man.entries.items()):
-            band = links.band_of.get(key)
-            if band is None:
-                out.append(Problem("link", f"{key} is in {man.path} but no library links it", str(self.libs_path),
-                                   self.fix_relink, key=key))
-            elif band.entries[key] != e.sha256:
-                out.append(Problem("link", f"{key} (vLLM {self.release}): not linked from its object: {self.libs_path} "
-                                           f"links it from object {band.entries[key][:16]}, the manifest names "
-                                           f"{e.sha256[:16]}", str(self.libs_path),
-                                   self.fix_relink, key=key, band=band.file))
+        out += [p for key, e in sorted(man.entries.items()) if (p := self.link_problem(key, e, links.band_of.get(key)))]
         for key in sorted(set(links.band_of) - set(man.entries)):
             out.append(Problem("link", f"{key} is linked (in {links.band_of[key].file}) but not in {man.path}",
                                str(self.libs_path), self.fix_relink, key=key))
@@ -379,7 +371,7 @@ class Room:
         return out
 
     def band_problems(self, band: Band, man: Manifest) -> list[Problem]:
-        """What is wrong with ``band``: its path, its bytes, what :func:`library_problems` finds of ``man``'s entries."""
+        """What is wrong with ``band``: its path, its bytes, what :func:`library_problems` finds of its entries."""
         path = str(self.lib / band.file)
         entries = {key: e.entry for key in band.entries if (e := man.entries.get(key))}
         try:
@@ -393,6 +385,32 @@ class Room:
                                 f"does not export {what}", str(self.libs_path), self.fix_relink, key=key, band=band.file)
                 for key, what in sorted(lost.items())]
         return out
+
+    def link_problem(self, key: str, e, band: Band | None) -> Problem | None:
+        """Why ``band`` (libs.json's for ``key``, None: no band) does not link the object entry ``e`` names; else None.
+
+        The fix is the one that works: relink when the object was rebuilt
+        after the link, rebuild when the entry no longer describes its object,
+        reinstall where there are no objects (a wheel's room)."""
+        if band is not None and band.entries[key] == e.sha256:
+            return None
+        what = (f"{key} (vLLM {self.release}) is in {self.manifest_path} but no library of {self.libs_path} links it"
+                if band is None else
+                f"{key} (vLLM {self.release}): not linked from its object: {self.libs_path} links it from object "
+                f"{band.entries[key][:16]}, {self.manifest_path} records object sha256 {e.sha256[:16]}")
+        problem = functools.partial(Problem, "link", file=str(self.libs_path), key=key, band=band and band.file)
+        if not self.built_here:
+            return problem(f"{what}: the installed manifest and libraries disagree", fix=REINSTALL)
+        try:
+            actual = sha256_file(self.arch_dir / e.object)
+        except OSError:
+            actual = None
+        if actual == e.sha256:
+            return problem(f"{what}: the object was rebuilt after the last link", fix=self.link_cmd)
+        stored = "is missing" if actual is None else f"has sha256 {actual[:16]}, not the manifest's"
+        rebuild = commands.build(self.root, release=self.release, keys=[key])
+        return problem(f"{what}; the stored object {e.object} {stored}: the manifest entry no longer describes its "
+                       f"object", fix=f"{rebuild} && {self.link_cmd}")
 
     def problem_keys(self, p: Problem) -> list[str]:
         """The keys problem ``p`` of this room concerns: its own, its band's, else every key (the room's records).

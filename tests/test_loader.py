@@ -333,7 +333,7 @@ def test_an_object_rebuilt_after_the_link_names_it_and_relink_fixes_it(smoke, fr
     path.write_text(json.dumps(doc))
     with pytest.raises(ManifestError, match="rebuilt after the last link") as e:
         dsv41_aot.load_key(K1, prebuilt=d)
-    assert "linked from object 1111" in str(e.value)
+    assert "links it from object 1111" in str(e.value)
     (cmd,) = _fix_command(e.value)
     r = cli(*cmd)
     assert r.returncode == 0, r.stderr

@@ -20,10 +20,9 @@ from .. import commands
 from .bands import ENV_CACHE, bind_all  # noqa: F401 (ENV_CACHE re-exported)
 from .host import ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, check_source, resolve_arch, running_vllm  # noqa: F401
 from .launcher import Launcher
-from .rooms import RoomIndex, index_of, release_of, resolve_root
-from ..manifest import sha256_file
+from .rooms import index_of, release_of, resolve_root
 from ..listing import built_releases
-from ..errors import KeyNotPrebuiltError, ManifestError
+from ..errors import KeyNotPrebuiltError
 
 # keys.py (dataclasses) is imported at first use: ``import
 # dsv41_aot.runtime.loader`` stays a few stdlib modules.
@@ -76,42 +75,15 @@ def _new_launcher(key, text: str, arch: str, root: Path, release: str | None) ->
             fix=commands.build(root, release=release, keys=[text], link=True),
         )
     check_source(text, entry)
-    lib, obj_sha = idx.lib_of.get(text, (None, None))
-    if lib is None or obj_sha != entry.sha256:
-        raise _link_mismatch(idx, text, entry, lib, obj_sha)
+    lib = idx.room.links().band_of.get(text)
+    if problem := idx.room.link_problem(text, entry, lib):
+        raise problem.error()
     with state.current().lock:
         launcher = state.current().launchers.get((root, release, text))
         if launcher is None:
             launcher = Launcher(text, entry, idx.abi(entry.abi), idx, lib)
             state.current().launchers[(root, release, text)] = launcher
     return launcher
-
-
-def _link_mismatch(idx: RoomIndex, key: str, entry: dict, lib, obj_sha: str | None) -> ManifestError:
-    """The error naming what disagrees between the manifest and libs.json.
-
-    Its fix is the one that works: relink (the object was rebuilt), rebuild
-    (the entry no longer matches its object) or reinstall (no objects: a wheel)."""
-    libs = idx.room.libs_path
-    if lib is None:
-        what = f"{key} is in {idx.manifest.path} but in no library of {libs}"
-    else:
-        what = (f"{key}: {idx.manifest.path} records object sha256 {entry.sha256[:16]}..., but {lib.file} was "
-                f"linked from object {obj_sha[:16]}... ({libs})")
-    obj = idx.room.arch_dir / entry.object
-    if not idx.room.objects.is_dir():
-        return ManifestError(f"{what}: the installed manifest and libraries disagree", fix=idx.room.fix_reinstall)
-    try:
-        actual = sha256_file(obj)
-    except OSError:
-        actual = None
-    if actual == entry.sha256:  # the object was rebuilt after the link
-        return ManifestError(f"{what}: the object was rebuilt after the last link", fix=f"relink: {idx.room.link_cmd}")
-    stored = "is missing" if actual is None else f"has sha256 {actual[:16]}..., not the manifest's"
-    return ManifestError(
-        f"{what}; the stored object {obj.name} {stored}: the manifest entry no longer describes its object",
-        fix=f"rebuild it: {commands.build(idx.room.root, release=idx.release, keys=[key])} && {idx.room.link_cmd}",
-    )
 
 
 def prebuilt_dir() -> Path:

@@ -55,8 +55,6 @@ class RoomIndex:
         self.manifest = room.manifest()
         self.entries = self.manifest.entries
         links = room.links()
-        # key -> (its Band, the object sha256 it was linked from)
-        self.lib_of = {key: (band, band.entries[key]) for key, band in links.band_of.items()}
         # band file -> its path as a string (the Launcher's ``library``, the key of the band's handle)
         self.band_paths = {band.file: str(room.lib / band.file) for band in links.bands}
         self.abis: dict = {}
