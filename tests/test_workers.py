@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, SMOKE_RELEASE_KEYS, copy_of, room
+from _smoke import REPO, SMOKE_RELEASE_KEYS, copy_of
 
 from dsv41_aot.aot import jit, matrix
 from dsv41_aot.aot.workers import RUN_PREFIX
@@ -221,9 +221,9 @@ def test_verify_on_two_jobs_proves_a_key_of_each_arch(smoke, tmp_path):
     assert "verify --against-jit" in r.stderr  # the progress bar, on stderr
     proven = set()
     for r in built_rooms(d):
-        arch_dir, release = r.arch_dir, r.release
+        release = r.release
         man = r.manifest()
-        recs = jit.read_verified(room(d, arch_dir.name, release))
+        recs = r.proof().keys
         for k, rec in recs.items():
             assert rec.code_object_sha256 == man.entries[k].code_object_sha256
             # each release proven against its own vLLM's JIT
@@ -308,6 +308,6 @@ def test_merge_carries_the_proofs_and_can_require_them(smoke, tmp_path):
     s = merge.merge([d], out, log=None)
     assert s["arches"]["gfx942"]["rooms"]["0.33.0"]["verified"] == len(recs["gfx942", "0.33.0"])
     for (arch, release), want in recs.items():
-        assert jit.read_verified(room(out, arch, release)) == want
+        assert Room(out, arch, release).proof().keys == want
     # the wheel carries each room's proofs
     assert f"vllm-0.33.0/{jit.VERIFIED}" in [str(f) for f in check_arch(out, "gfx950").files]

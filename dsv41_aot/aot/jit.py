@@ -26,7 +26,6 @@ from ..errors import AotError
 from ..facts.kinds import kind_facts
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write
-from ..room import Room
 from ..proof import VERIFIED, KeyProof, Proof, parse_evidence
 from .codeobject import code_object_resources
 from .hiprec import launch_digest
@@ -261,13 +260,6 @@ def compare_jit(man: Manifest, key: str, prebuilt: bytes, answer: dict) -> list[
 
 
 # ---------------------------------------------------------------- verified.json
-
-
-def read_verified(folder: Path) -> dict:
-    """The proofs of a room folder's verified.json: key -> ``proof.KeyProof``.
-
-    An absent file gives {}; an unreadable one raises ManifestError naming it."""
-    return dict(Room.at(folder).proof().keys)
 
 
 def write_verified(man: Manifest, proofs) -> None:
