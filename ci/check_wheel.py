@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from dsv41_aot.errors import AotError  # noqa: E402
 from dsv41_aot.listing import built_rooms  # noqa: E402
-from dsv41_aot.aot.wheel import judge, open_wheel, wheel_libraries  # noqa: E402
+from dsv41_aot.aot.wheel import judge, open_wheel, raw_libraries, wheel_rooms  # noqa: E402
 
 ALLOWED_EXTERNAL = ("libamdhip64.so",)  # prefix: any SONAME version of the host's HIP runtime
 
@@ -92,12 +92,7 @@ def print_audit(what: str, libraries: dict) -> int:
 
 def audit_prebuilt(root: Path) -> int:
     """Run auditwheel on the raw libraries of a prebuilt dir's bands."""
-    libraries = {}
-    for room in built_rooms(Path(root)):
-        for band in room.links().bands:
-            name = f"{room.arch}/{band.file[:-3]}"
-            if name not in libraries:  # a band two rooms name is one library
-                libraries[name] = room.read_band(band)
+    libraries = raw_libraries(built_rooms(Path(root)))
     if not libraries:
         print(f"ci/check_wheel.py: error: no linked bands under {root}", file=sys.stderr)
         return 2
@@ -107,7 +102,7 @@ def audit_prebuilt(root: Path) -> int:
 def audit_only(wheel: Path) -> int:
     """Run auditwheel on a wheel's raw libraries: cibuildwheel's repair step."""
     with open_wheel(wheel) as z:
-        libraries = wheel_libraries(z)
+        libraries = raw_libraries(wheel_rooms(z))
     return print_audit(wheel.name, libraries)
 
 

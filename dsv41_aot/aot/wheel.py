@@ -79,13 +79,14 @@ def wheel_rooms(z: zipfile.ZipFile) -> list[Room]:
     return [Room(Path(PKG), arch, release, reader) for arch, release in rooms_in_members(reader.names, PKG)]
 
 
-def wheel_libraries(z: zipfile.ZipFile, strict: bool = True) -> dict:
-    """The raw libraries of a wheel's known rooms: {"<arch>/<band file without .xz>": bytes}.
+def raw_libraries(rooms, strict: bool = True) -> dict:
+    """The raw libraries of known ``rooms``' bands, named as auditwheel sees them: {"<arch>/<band>.so": bytes}.
 
-    A room whose records or bands cannot be read is left out (its problem is
-    :func:`kernel_problems`'); ``strict`` raises AotError at the first instead."""
+    For a wheel's rooms or a prebuilt dir's. A room whose records or bands
+    cannot be read is left out (its own verdict names the problem);
+    ``strict`` raises AotError at the first instead."""
     out: dict = {}
-    for room in wheel_rooms(z):
+    for room in rooms:
         if not room.known:
             continue
         try:
@@ -243,7 +244,7 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
         problems += vllm_extra_problems(meta, extra, served, out)
         out["kernel_bytes"] = sum(z.getinfo(n).file_size for n in names if n.startswith(PKG))
         out["kernel_compressed_bytes"] = sum(z.getinfo(n).compress_size for n in names if n.startswith(PKG))
-        libraries = wheel_libraries(z, strict=False)
+        libraries = raw_libraries(wheel_rooms(z), strict=False)
         out["raw_library_bytes"] = sum(len(b) for b in libraries.values())
         if prebuilt is not None:
             problems += prebuilt_problems(z, Path(prebuilt))
