@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import commands, pending
 from .errors import AotError
+from .facts.arches import arch_facts
 from .facts.releases import RELEASES, release_facts, version_order
 from .manifest import BAND_SUFFIX, LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX
 from .proof import VERIFIED
@@ -63,13 +64,18 @@ def built_rooms(root: Path, release: str | None = None) -> list[Room]:
     return [r for r in rooms_in(root, release) if r.manifest_path.is_file()]
 
 
-def built_rooms_or_error(root: Path, release: str | None = None) -> list[Room]:
-    """:func:`built_rooms`, or an error naming the build that fills the directory if none."""
+def built_rooms_or_error(root: Path, release: str | None = None, arches=()) -> list[Room]:
+    """:func:`built_rooms` (of ``arches`` only, when given), or an error naming the build that fills the directory.
+
+    An unknown release or arch is "unknown ...", naming the known ones (exit 2)."""
     if release is not None:
         release_facts(release)
-    found = built_rooms(root, release)
+    for a in arches:
+        arch_facts(a)
+    found = [r for r in built_rooms(root, release) if not arches or r.arch in arches]
     if not found:
         what = f"vLLM {release} kernels" if release else "prebuilt architecture"
+        what += f" of {', '.join(arches)}" if arches else ""
         # a build killed before its first manifest write left the keys it was asked for
         unfinished = [c for d in sorted(Path(root).iterdir()) if d.is_dir()
                       for c in pending.read(d, release)] if Path(root).is_dir() else []

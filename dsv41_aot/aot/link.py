@@ -25,10 +25,10 @@ from pathlib import Path
 from .. import commands
 from ..errors import AotError, IntegrityError, ManifestError, ToolchainError
 from ..keys import BuildKey
-from ..manifest import BAND_SUFFIX, MANIFEST, PREFIX, Manifest, sha256_file
+from ..manifest import BAND_SUFFIX, Manifest, sha256_file
 from ..linkrecord import Band, LinkRecord, soname
 from ..room import Room, library_problems
-from ..listing import built_rooms, folder_problems
+from ..listing import built_rooms_or_error, folder_problems
 
 XZ_PRESET = 6  # measured: preset 9, extreme and an x86 BCJ filter gain under 1% on these libraries
 BAND = 8  # step widths per chunk
@@ -180,21 +180,10 @@ def link_dir(root: Path, arches=None, *, release: str | None = None, log=None) -
 
     Each room is linked under its arch lock (``aot/lock.py``), so it waits
     for a build writing the same arch."""
-    from ..facts.arches import arch_facts
-    from ..facts.releases import release_facts
     from .lock import arch_lock
 
-    for a in arches or ():
-        arch_facts(a)  # "unknown arch", naming the known ones (exit 2), not "no built room"
-    if release is not None:
-        release_facts(release)
-    found = [r for r in built_rooms(Path(root), release) if not arches or r.arch in arches]
-    if not found:
-        raise AotError(f"no built room (<arch>/{PREFIX}<release>/{MANIFEST}) under {root}"
-                       + (f" for vLLM {release}" if release else ""),
-                       fix=f"build first: {commands.build(root, release=release, profile='smoke')}")
     out = []
-    for r in found:
+    for r in built_rooms_or_error(Path(root), release, arches or ()):
         with arch_lock(r.arch_dir, "link"):
             out.append(link_room(r.arch_dir, r.release, log=log))
     return out
