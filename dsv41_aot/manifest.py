@@ -155,13 +155,17 @@ def prebuilt_dir() -> Path:
     return packaged if packaged.is_dir() else here.parent / "kernels_prebuilt"
 
 
-def user_cache_dir() -> Path:
+def user_cache_dir(sub: str = "", env: str | None = None) -> Path:
     """The user's cache folder for dsv41-aot: ``$XDG_CACHE_HOME/dsv41-aot``, else ``~/.cache/dsv41-aot``.
 
-    An empty XDG_CACHE_HOME counts as unset. The band cache, the vLLM tree
-    cache, the linker shim and the recording HIP keep their folders here."""
+    With ``sub``, that folder's sub-folder; with ``env``, the folder that
+    environment variable names (made absolute) when it is set. An empty
+    variable counts as unset. The band cache, the vLLM tree cache, the
+    linker shim and the recording HIP keep their folders here."""
+    if env and os.environ.get(env):
+        return Path(os.environ[env]).resolve()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dsv41-aot"
+    return Path(base) / "dsv41-aot" / sub
 
 
 def atomic_write(path: Path, data: bytes) -> None:

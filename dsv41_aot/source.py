@@ -26,7 +26,7 @@ MONO_REL = Path("vllm/models/deepseek_v41/amd/mono")
 MODEL_REL = "vllm/models/deepseek_v41/"  # what a fetched tree keeps of the wheel
 PARENTS = ("vllm", "vllm.models", "vllm.models.deepseek_v41", "vllm.models.deepseek_v41.amd")
 MONO = "vllm.models.deepseek_v41.amd.mono"
-ENV_TREES = "DSV41_AOT_VLLM_TREES"  # the tree cache (default: manifest.user_cache_dir() / "vllm")
+ENV_TREES = "DSV41_AOT_VLLM_TREES"  # the tree cache (default: manifest.user_cache_dir("vllm"))
 
 
 def fix_vllm(release: str | None = None) -> str:
@@ -119,10 +119,7 @@ def find(vllm_src: str | os.PathLike | None = None) -> MonoSource:
 
 def trees_dir() -> Path:
     """The tree cache that ``fetch`` fills: ``$DSV41_AOT_VLLM_TREES``, else the user's cache folder's ``vllm/``."""
-    env = os.environ.get(ENV_TREES)
-    if env:
-        return Path(env).resolve()
-    return user_cache_dir() / "vllm"
+    return user_cache_dir("vllm", ENV_TREES)
 
 
 def release_trees(releases, digests: dict, trees=()) -> dict:

@@ -116,10 +116,7 @@ def _library_fd(raw: bytes, lib: Band) -> int:
 
 def cache_dir() -> Path:
     """Where bands are unpacked without memfd (DSV41_AOT_CACHE, else the user's cache)."""
-    explicit = os.environ.get(ENV_CACHE)
-    if explicit:
-        return Path(explicit)
-    return user_cache_dir()
+    return user_cache_dir(env=ENV_CACHE)
 
 
 def _cached_fd(raw: bytes, lib: Band) -> int:
