@@ -27,6 +27,26 @@ def add_dir(p, flag: str = "--dir") -> None:
                                                            "kernels_prebuilt/)")
 
 
+def add_worker_args(p, what: str, when: str = "") -> None:
+    """The options of the worker processes that build a command's keys (each worker's ``what``), ``when`` they run."""
+    p.add_argument("--jobs", "-j", type=int, default=None, help=f"{when}worker processes (default: CPU count)")
+    p.add_argument("--key-timeout", type=float, default=None, metavar="SECONDS",
+                   help=f"{when}fail a key whose {what} takes longer; its worker is replaced (default 600)")
+    p.add_argument("--vllm-src", action="append", metavar="PATH",
+                   help=f"{when}a vLLM tree (folder holding vllm/) to build its release's keys from (repeatable: one "
+                        "per release); default: the installed vllm, then the tree cache (dsv41-aot fetch-vllm)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_shard_args(p, when: str = "") -> None:
+    """The options that choose the matrix's keys and their shards as ``build`` does, ``when`` they apply."""
+    p.add_argument("--profile", help=f"{when}matrix profile (default: the matrix's default_profile)")
+    p.add_argument("--arch", action="append", help=f"{when}only keys of this arch (repeatable)")
+    p.add_argument("--seconds", nargs="+", default=[], metavar="TIMINGS",
+                   help="with --shard: <arch>/timings.json files (or manifest.json / arch folders beside them) "
+                        "whose recorded compile seconds balance the shards")
+
+
 # the command modules of this package, each with register(subparsers)
 COMMANDS: tuple[str, ...] = ("build", "inspect", "verify", "link", "coverage", "cache", "doctor", "facts")
 

@@ -11,7 +11,7 @@ from .. import commands
 from ..aot.output import print_json, tally
 from ..errors import AotError
 from ..room import proof_counts, proofs_line
-from . import add_dir
+from . import add_dir, add_shard_args, add_worker_args
 
 
 # ---------------------------------------------------------------- build
@@ -178,26 +178,16 @@ def register(sub) -> None:
 
     p = sub.add_parser("build", help="compile launch symbols ahead of time (no GPU needed)")
     p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml)")
-    p.add_argument("--profile", help="matrix profile (default: the matrix's default_profile)")
-    p.add_argument("--arch", action="append", help="only keys of this arch (repeatable)")
+    add_shard_args(p)
+    p.add_argument("--shard", help="build shard i of N (i/N, from 0), balanced by compile seconds")
     p.add_argument("--key", action="extend", nargs="+", help="build these keys instead of a profile (--key A B, or --key A --key B)")
     p.add_argument("--any-key", action="store_true", help="with --key: allow keys the matrix does not list")
-    p.add_argument("--jobs", "-j", type=int, default=None, help="worker processes (default: CPU count)")
-    p.add_argument("--key-timeout", type=float, default=None, metavar="SECONDS",
-                   help="fail a key whose compile takes longer; its worker is replaced (default 600)")
+    add_worker_args(p, "compile")
     add_dir(p, "--out")
-    p.add_argument("--shard", help="build shard i of N (i/N, from 0), balanced by compile seconds")
-    p.add_argument("--seconds", nargs="+", default=[], metavar="TIMINGS",
-                   help="with --shard: <arch>/timings.json files (or manifest.json / arch folders beside them) "
-                        "whose recorded compile seconds balance the shards")
     p.add_argument("--release", help="only keys of this vLLM release; with --key: the release the keys name "
                                      "launches of (default: the matrix's newest)")
-    p.add_argument("--vllm-src", action="append", metavar="PATH",
-                   help="a vLLM tree (folder holding vllm/) to build its release's keys from (repeatable: one "
-                        "per release); default: the installed vllm, then the tree cache (dsv41-aot fetch-vllm)")
     p.add_argument("--list", action="store_true", help="print the selected keys and exit")
     p.add_argument("--json", action="store_true", help="print one JSON summary at the end")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-link", action="store_true", help="store objects only; skip `dsv41-aot link`")
     add_args(p, "compiled objects")
     p.set_defaults(func=cmd_build)

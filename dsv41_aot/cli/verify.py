@@ -15,7 +15,7 @@ from ..facts.releases import NEWEST
 from ..keys import BuildKey
 from ..proof import flydsl_text
 from ..room import proofs_line
-from . import add_dir
+from . import add_dir, add_shard_args, add_worker_args
 from .cache import add_args
 
 
@@ -38,24 +38,14 @@ def register(sub) -> None:
                       help="only the keys `dsv41-aot build --shard i/N` builds (with the same --profile/--arch/--seconds)")
     p.add_argument("--release", help="only this vLLM release's rooms; with --key: the release the keys name "
                                      "(default: every room; keys of the newest release)")
-    p.add_argument("--profile", help="with --shard: matrix profile (default: the matrix's default_profile)")
     p.add_argument("--matrix", help="build matrix file (default: build_matrix.yaml): --shard's keys, and each "
                                     "release's mono sources digest --against-jit checks its vLLM tree against")
-    p.add_argument("--arch", action="append", help="with --shard: only keys of this arch (repeatable)")
-    p.add_argument("--seconds", nargs="+", default=[], metavar="MANIFEST",
-                   help="with --shard: the files whose recorded compile seconds balanced the build's shards")
+    add_shard_args(p, "with --shard: ")
     p.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
-    p.add_argument("--jobs", "-j", type=int, default=None, help="with --against-jit: JIT worker processes (default: CPU count)")
-    p.add_argument("--key-timeout", type=float, default=None, metavar="SECONDS",
-                   help="with --against-jit: fail a key whose JIT build takes longer (default 600)")
+    add_worker_args(p, "JIT build", "with --against-jit: ")
     p.add_argument("--record", action="store_true",
                    help="with --against-jit: write <arch>/vllm-<release>/verified.json, the proof of each key that passed")
-    p.add_argument("--vllm-src", action="append", metavar="PATH",
-                   help="with --against-jit: a vLLM tree (folder holding vllm/) to JIT-build its release's keys from "
-                        "(repeatable: one per release); default: the installed vllm, then the tree cache "
-                        "(dsv41-aot fetch-vllm)")
     p.add_argument("--json", action="store_true", help="print one JSON report")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_args(p, "vLLM's JIT code objects (with --against-jit)")
     p.set_defaults(func=run)
 
