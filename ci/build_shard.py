@@ -31,17 +31,9 @@ if str(ROOT) not in sys.path:
 from dsv41_aot import commands  # noqa: E402
 from dsv41_aot.aot import matrix, shards  # noqa: E402
 from dsv41_aot.errors import AotError  # noqa: E402
-from dsv41_aot.facts.releases import version_order  # noqa: E402
+from dsv41_aot.keys import by_release  # noqa: E402
 from dsv41_aot.manifest import atomic_write  # noqa: E402
 from ci.stages import cli  # noqa: E402
-
-
-def by_release(keys) -> dict:
-    """Group keys as a plan holds them: ``{release: sorted key strings}``."""
-    out: dict = {}
-    for k in keys:
-        out.setdefault(k.release, []).append(str(k))
-    return {r: sorted(v) for r, v in sorted(out.items(), key=lambda rv: version_order(rv[0]))}
 
 
 def pairs(plan_keys: dict) -> list:

@@ -195,6 +195,14 @@ class BuildKey:
         return f"_ZN5aiter{len(name)}{name}E"
 
 
+def by_release(keys) -> dict:
+    """``keys`` grouped by release, oldest first: ``{release: sorted key strings}``."""
+    out: dict = {}
+    for k in keys:
+        out.setdefault(k.release, []).append(str(k))
+    return {r: sorted(v) for r, v in sorted(out.items(), key=lambda rv: _releases.version_order(rv[0]))}
+
+
 # the fields a neighbour may differ in besides the width (tokens): every other MonoBuild field
 _NEIGHBOUR_FIELDS = _releases.ALL_FIELDS[1:]
 

@@ -24,7 +24,7 @@ from .buildroom import RoomState, cache_hit, check_one_source, take_from_cache, 
 from .cache import COMPILE, BuildCache
 from .compiler import source_identity, worker_env
 from ..errors import AotError, OutputDirError
-from ..keys import BuildKey
+from ..keys import BuildKey, by_release
 from ..listing import folder_problems
 from ..room import proof_counts
 from .lock import arch_lock
@@ -164,11 +164,7 @@ def build(
             states[room] = RoomState(out, arch, release, *trees[release], summary.recovered, log)
         check_one_source(states, keys, options)
         for arch in arches:  # a kill from here on: verify's fix builds these keys
-            asked: dict = {}
-            for k in keys:
-                if k.arch == arch:
-                    asked.setdefault(k.release, []).append(str(k))
-            pending.write(out / arch, asked, options)
+            pending.write(out / arch, by_release(k for k in keys if k.arch == arch), options)
         _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, store, log)
         for arch in arches:
             pending.clear(out / arch)
