@@ -138,7 +138,7 @@ def test_byte_flip_in_libs_json(prebuilt, fresh, what):
         error, match = IntegrityError, "not the raw_sha256"
     elif what == "entry object sha256":
         _flip_text(path, lib["entries"][K1], flip(lib["entries"][K1]))
-        error, match = ManifestError, "linked from object"
+        error, match = ManifestError, "links it from object"
     else:
         _flip_text(path, '"schema": 2', '"schema": 1')
         error, match = ManifestError, "link record schema 1"
