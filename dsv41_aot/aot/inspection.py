@@ -8,6 +8,7 @@ against the arch's limits (``residency``). The text, ``--json`` and
 from __future__ import annotations
 
 import io
+import itertools
 from pathlib import Path
 
 from ..facts.arches import arch_facts
@@ -159,12 +160,9 @@ def plot(rows: list[dict], path) -> None:
     styles = ["-", "--", "-.", ":"]
     for i, (arch, release) in enumerate(arches):
         mine = [r for r in rows if (r["arch"], r["release"]) == (arch, release)]
-        names = sorted({r["series"] for r in mine})
-        by_kind = {}
-        for n in names:
-            by_kind.setdefault(n.split()[0], []).append(n)
-        for j, res in enumerate(panels):
-            ax = axes[i][j]
+        names = sorted({r["series"] for r in mine})  # sorted: a kind's series are adjacent
+        by_kind = {kind: list(group) for kind, group in itertools.groupby(names, key=lambda n: n.split()[0])}
+        for ax, res in zip(axes[i], panels):
             for kind, group in by_kind.items():
                 cmap = shades.get(kind, plt.cm.Greys)
                 for m, name in enumerate(group):
@@ -184,8 +182,7 @@ def plot(rows: list[dict], path) -> None:
             if spilled:
                 ax.scatter([r["tokens"] for r in spilled], [r["usage"][res][0] for r in spilled], marker="x",
                            color="black", s=36, zorder=5, label=f"spills ({len(spilled)} keys)")
-            top_y = max([r["usage"][res][1] for r in mine] + [r["usage"][res][0] for r in mine])
-            ax.set_ylim(0, top_y * 1.08)
+            ax.set_ylim(0, max(max(r["usage"][res]) for r in mine) * 1.08)  # the top use or limit
             ax.set_xlim(0, max(48, max(r["tokens"] for r in mine)) + 1)
             ax.set_title(f"{arch}, vLLM {release}: {LABELS[res]} ({UNITS[res]})", fontsize=10)
             ax.set_xlabel("step width (tokens)", fontsize=8)
@@ -193,9 +190,7 @@ def plot(rows: list[dict], path) -> None:
             ax.tick_params(labelsize=7)
             ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
         handles, labels = axes[i][0].get_legend_handles_labels()
-        seen = {}
-        for h, lab in zip(handles, labels):
-            seen.setdefault(lab, h)
+        seen = dict(zip(labels, handles))  # one entry per label
         axes[i][-1].legend(seen.values(), seen.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                            title=f"{arch}, vLLM {release}, {len(mine)} keys", title_fontsize=8)
     fig.suptitle(f"Residency of {cta_text(rows)} per CU: use against the arch's limit "

@@ -29,19 +29,14 @@ def resolve_root(prebuilt=None) -> Path:
     variable's value, with the working directory when relative), so a key's
     Launcher costs a dict lookup, not a ``Path.resolve`` per call. A symlink
     re-pointed while the process runs is not followed again."""
-    if prebuilt is None:
-        named = os.environ.get(ENV_PREBUILT)
-        how = ("env", named)
-    else:
-        named = os.fspath(prebuilt)
-        how = ("arg", named)
+    named = os.environ.get(ENV_PREBUILT) if prebuilt is None else os.fspath(prebuilt)
+    how = ("env" if prebuilt is None else "arg", named)
     if named and not os.path.isabs(named):
         how += (os.getcwd(),)
-    root = state.current().roots.get(how)
-    if root is None:
-        root = prebuilt_dir() if prebuilt is None else Path(named).resolve()
-        state.current().roots[how] = root
-    return root
+    roots = state.current().roots
+    if how not in roots:
+        roots[how] = prebuilt_dir() if prebuilt is None else Path(named).resolve()
+    return roots[how]
 
 
 class RoomIndex:

@@ -312,11 +312,8 @@ def uninstall() -> None:
             from . import loader
 
             loader.running_vllm(None)
-        if _state.hook is not None:
-            try:
-                sys.meta_path.remove(_state.hook)
-            except ValueError:
-                pass
+        if _state.hook in sys.meta_path:
+            sys.meta_path.remove(_state.hook)
         _state.reset()
         state.current().forget_runner()
 
