@@ -102,7 +102,8 @@ class VllmJit:
         """JIT-build ``key``: (GPU code object, launcher parameters, evidence).
 
         Parameters are [name, annotation class name] pairs; the evidence has
-        ``proof.Evidence``'s fields (``run_evidence``). With ``launch_in``
+        ``proof.Evidence``'s fields: the sha256 of the JIT's artifact and of its
+        module (both differ from key to key) and when it ran. With ``launch_in``
         (a folder, when the process's HIP is the recording HIP), the launcher
         is also launched once and the evidence carries that launch (``launch``)."""
         import inspect
@@ -120,7 +121,9 @@ class VllmJit:
         raw = pkl.read_bytes()
         ir_text = flydsl_api.artifact_ir(raw)
         code = flydsl_api.gpu_binary(ir_text)
-        evidence = run_evidence(raw, ir_text, at)
+        module = ir_text.encode() if isinstance(ir_text, str) else bytes(ir_text)
+        evidence = {"artifact_sha256": hashlib.sha256(raw).hexdigest(),
+                    "module_sha256": hashlib.sha256(module).hexdigest(), "at": at}
         if launch_in is not None:
             evidence["launch"] = self.launch(key, launcher, params, code, launch_in)
         return code, params, evidence
@@ -143,15 +146,6 @@ class VllmJit:
         finally:
             os.environ.pop("RECORDING_HIP_LOG", None)
         return hiprec.recorded_launch(log, f"{key.describe()}: vLLM's JIT launch")
-
-
-def run_evidence(artifact: bytes, ir_text, at: str) -> dict:
-    """A JIT run's evidence: artifact and module sha256, and when it ran.
-
-    Fields are ``proof.Evidence``'s; both digests differ from key to key."""
-    module = ir_text.encode() if isinstance(ir_text, str) else bytes(ir_text)
-    return {"artifact_sha256": hashlib.sha256(artifact).hexdigest(),
-            "module_sha256": hashlib.sha256(module).hexdigest(), "at": at}
 
 
 def _worker_main(argv: list[str]) -> int:

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
 import json
 import os
@@ -135,10 +136,8 @@ class _Worker:
         self.proc.wait()
 
     def close_stdin(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.proc.stdin.close()
-        except OSError:
-            pass
 
 
 class Pool:
@@ -166,11 +165,9 @@ class Pool:
         pending: dict[str, collections.deque] = {}
         for k in sorted(keys, key=lambda k: (-estimate_seconds(k), str(k))):
             pending.setdefault(k.room, collections.deque()).append(k)  # one vLLM tree and ARCH per worker
-        left = {a: sum(estimate_seconds(k) for k in q) for a, q in pending.items()}
         refused: dict[str, str] = {}  # arch -> why its workers cannot run
         workers: list[_Worker] = []
-        closing: list[_Worker] = []  # retired, stdin closed, not yet reaped
-        killed: list[_Worker] = []
+        retired: list[_Worker] = []  # stdin closed or killed, not yet reaped
         sel = selectors.DefaultSelector()
         run = RunFolder()
         parent_env = {PARENT_ENV: str(os.getpid())}
@@ -193,31 +190,25 @@ class Pool:
         def retire(w: _Worker, kill: bool = False) -> None:
             sel.unregister(w.proc.stdout)
             workers.remove(w)
+            retired.append(w)  # its log is closed once it has exited, after any answer has read its tail
             if kill:
                 w.kill()
-                killed.append(w)  # its log is read for the answer, closed at the end
             else:
                 w.close_stdin()
-                closing.append(w)
 
         def refuse(arch: str, why: str) -> None:
             refused.setdefault(arch, why)
-
-        def take(arch: str) -> BuildKey:
-            k = pending[arch].popleft()
-            left[arch] -= estimate_seconds(k)
-            return k
 
         last_tick = time.monotonic()
         try:
             while True:
                 for arch, why in refused.items():
                     while pending.get(arch):
-                        pool_answer(take(arch), "WorkerStart", why)
+                        pool_answer(pending[arch].popleft(), "WorkerStart", why)
                 for w in list(workers):
                     if w.ready and w.key is None:
                         if pending.get(w.arch):
-                            w.send(take(w.arch))
+                            w.send(pending[w.arch].popleft())
                         else:
                             retire(w)
                 # free slots to the arch with the most estimated work per worker
@@ -226,7 +217,7 @@ class Pool:
                     cand = [a for a, q in pending.items() if len(q) > busy[a] and a not in refused]
                     if not cand:
                         break
-                    start(max(cand, key=lambda a: (left[a] / (busy[a] + 1), a)))
+                    start(max(cand, key=lambda a: (sum(map(estimate_seconds, pending[a])) / (busy[a] + 1), a)))
                 if not workers:
                     break
                 now = time.monotonic()
@@ -238,18 +229,17 @@ class Pool:
                     if now - w.since <= self.key_timeout:
                         continue
                     if w.key is not None:
-                        key, w.key = w.key, None
                         retire(w, kill=True)
-                        pool_answer(key, "KeyTimeout",
+                        pool_answer(w.key, "KeyTimeout",
                                     f"{self.what} did not finish in {self.key_timeout:.0f} s (--key-timeout); worker "
                                     f"{w.proc.pid} killed, log: {w.tail()}")
                     elif not w.ready:
                         retire(w, kill=True)
                         refuse(w.arch, f"{self.what} worker for {w.arch} did not start in {self.key_timeout:.0f} s "
                                        f"(--key-timeout): {w.tail()}")
-                for w in list(closing):
+                for w in list(retired):
                     if w.proc.poll() is not None:
-                        closing.remove(w)
+                        retired.remove(w)
                         w.log.close()
                 if on_tick is not None and now - last_tick >= tick_seconds:
                     on_tick()
@@ -258,12 +248,10 @@ class Pool:
             if lost:  # the loop above ends only when every key was given out
                 raise RuntimeError(f"internal error: worker pool stopped with {len(lost)} keys not run, e.g. {lost[0]}")
         finally:
-            for w in closing:  # idle, stdin closed: let them exit, briefly
-                try:
+            for w in retired:  # those whose stdin was closed may still be exiting: wait briefly
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     w.proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
-            for w in workers + closing + killed:
+            for w in workers + retired:
                 w.kill()
                 w.log.close()
             sel.close()
@@ -274,10 +262,9 @@ class Pool:
         line = w.proc.stdout.readline()
         if not line:  # the worker died
             code = w.proc.wait()
-            key, w.key = w.key, None
             retire(w, kill=True)
-            if key is not None:
-                pool_answer(key, "WorkerDied", f"{self.what} worker died (exit {code}) on this key: {w.tail()}")
+            if w.key is not None:
+                pool_answer(w.key, "WorkerDied", f"{self.what} worker died (exit {code}) on this key: {w.tail()}")
             elif not w.ready:
                 refuse(w.arch, f"{self.what} worker for {w.arch} died at start (exit {code}): {w.tail()}")
             return
