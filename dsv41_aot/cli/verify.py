@@ -51,11 +51,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    if args.wheel and not Path(args.wheel).is_file():
+        raise AotError(f"--wheel {args.wheel}: no such file", fix="pip download --no-deps dsv41-aot, then pass its file")
     if args.wheel and not args.against_jit:
         from ..aot.wheel import judge
 
-        if not Path(args.wheel).is_file():
-            raise AotError(f"--wheel {args.wheel}: no such file", fix="pip download --no-deps dsv41-aot, then pass its file")
         r = judge(Path(args.wheel))
         if args.json:
             fields = {k: v for k, v in r.items() if k not in ("keys", "failed")}  # tally's own counts
@@ -88,8 +88,6 @@ def run(args) -> int:
                    jobs=args.jobs, key_timeout=args.key_timeout, record=args.record, release=args.release,
                    matrix_path=args.matrix, cache=cache_dir(args.cache, args.no_cache) if args.against_jit else None)
     if args.wheel:  # with --against-jit: the wheel's kernels proven from a scratch copy, the wheel untouched
-        if not Path(args.wheel).is_file():
-            raise AotError(f"--wheel {args.wheel}: no such file", fix="pip download --no-deps dsv41-aot, then pass its file")
         report = verify_shipped(wheel=Path(args.wheel), **options)
     elif args.record and installed_kernels(Path(args.dir)):  # pip's files: --record prints, never rewrites them
         report = verify_shipped(folder=Path(args.dir), **options)
