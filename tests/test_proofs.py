@@ -127,7 +127,8 @@ def test_a_malformed_proof_record_is_refused_naming_its_file(case):
 
 def _identity(flydsl: str) -> SourceIdentity:
     """A made-up entry's source identity, built with FlyDSL ``flydsl``."""
-    return SourceIdentity(NEWEST, "0123456789abcdef", {"impl": "dsv41_aot.compat", "digest": "0" * 16}, flydsl, "LLD 19")
+    helpers = {"impl": "dsv41_aot.compat", "digest": "0" * 16}
+    return SourceIdentity(NEWEST, "0123456789abcdef", helpers, flydsl, "LLD 19")
 
 
 def test_both_versions_parse_and_say_what_they_prove():

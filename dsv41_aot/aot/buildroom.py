@@ -91,8 +91,8 @@ def check_one_source(states: dict, keys: list, options=()) -> None:
         raise AotError(
             f"{st.manifest.room}: {len(stale)} key(s) of vLLM {st.room.release} on {st.room.arch} were built from "
             f"mono sources {was.mono_sources} (vLLM {was.vllm_version}), this build's are "
-            f"{st.ident.mono_sources} (vLLM {st.ident.vllm_version}); {', '.join(was.differences(st.ident))} differ. Building "
-            f"only some keys would leave the room of two sources, which no installed vLLM matches",
+            f"{st.ident.mono_sources} (vLLM {st.ident.vllm_version}); {', '.join(was.differences(st.ident))} differ. "
+            f"Building only some keys would leave the room of two sources, which no installed vLLM matches",
             fix="rebuild the whole room: " + rebuild)
 
 

@@ -52,7 +52,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     if args.wheel and not Path(args.wheel).is_file():
-        raise AotError(f"--wheel {args.wheel}: no such file", fix="pip download --no-deps dsv41-aot, then pass its file")
+        raise AotError(f"--wheel {args.wheel}: no such file",
+                       fix="pip download --no-deps dsv41-aot, then pass its file")
     if args.wheel and not args.against_jit:
         from ..aot.wheel import judge
 
