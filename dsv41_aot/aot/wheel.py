@@ -82,15 +82,17 @@ def wheel_rooms(z: zipfile.ZipFile) -> list[Room]:
 def raw_libraries(rooms, strict: bool = True) -> dict:
     """The raw libraries of known ``rooms``' bands, named as auditwheel sees them: {"<arch>/<band>.so": bytes}.
 
-    For a wheel's rooms or a prebuilt dir's. A room whose records or bands
-    cannot be read is left out (its own verdict names the problem);
-    ``strict`` raises AotError at the first instead."""
+    For a wheel's rooms or a prebuilt dir's; a band two rooms name is one
+    library, read once. A room whose records or bands cannot be read is
+    left out (its own verdict names the problem); ``strict`` raises
+    AotError at the first instead."""
     out: dict = {}
     for room in rooms:
         if not room.known:
             continue
         try:
-            raw = {f"{room.arch}/{band.file[:-3]}": room.read_band(band) for band in room.links().bands}
+            raw = {name: room.read_band(band) for band in room.links().bands
+                   if (name := f"{room.arch}/{band.file[:-3]}") not in out}
             room.manifest()
         except AotError as e:
             if strict:
@@ -135,9 +137,8 @@ def record_problems(z: zipfile.ZipFile, info: str) -> list[str]:
     return out
 
 
-def kernel_problems(z: zipfile.ZipFile) -> list[str]:
-    """What is wrong with the kernels a wheel carries: each arch folder's verdict, then each room's."""
-    rooms = wheel_rooms(z)
+def kernel_problems(z: zipfile.ZipFile, rooms: list[Room]) -> list[str]:
+    """What is wrong with the kernels a wheel carries: each arch folder's verdict, then each room's (``rooms``)."""
     out = [] if rooms else [f"no room under {PKG}: a wheel without kernels"]
     members: dict = {}  # arch folder ("" for the kernels folder itself) -> its members' paths
     for n in z.namelist():
@@ -225,8 +226,9 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
             problems.append(f"kernels wheel tagged {tags}, expected py3-none-{PLAT}")
         if wheel.name != f"dsv41_aot-{meta['Version']}-py3-none-{PLAT}.whl":
             problems.append(f"file name {wheel.name} is not dsv41_aot-{meta['Version']}-py3-none-{PLAT}.whl")
-        problems += kernel_problems(z)
-        for room in wheel_rooms(z):
+        rooms = wheel_rooms(z)  # each reads its records once, for every check below
+        problems += kernel_problems(z, rooms)
+        for room in rooms:
             summary = room_summary(room) if room.known else None
             if summary is None:
                 continue
@@ -244,7 +246,7 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
         problems += vllm_extra_problems(meta, extra, served, out)
         out["kernel_bytes"] = sum(z.getinfo(n).file_size for n in names if n.startswith(PKG))
         out["kernel_compressed_bytes"] = sum(z.getinfo(n).compress_size for n in names if n.startswith(PKG))
-        libraries = raw_libraries(wheel_rooms(z), strict=False)
+        libraries = raw_libraries(rooms, strict=False)
         out["raw_library_bytes"] = sum(len(b) for b in libraries.values())
         if prebuilt is not None:
             problems += prebuilt_problems(z, Path(prebuilt))

@@ -148,7 +148,6 @@ def _room_proofs(room, man, proofs: list, warnings: list):
 
     None when verified.json is unreadable: a warning names the file and its
     fix, and ``list`` still lists."""
-
     counted, bad, _ = proof_counts(room.root, man)
     proofs.append(counted)
     if bad:
