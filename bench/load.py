@@ -115,7 +115,7 @@ t7 = time.perf_counter()
 bands = {l.library for l in launchers}
 print(json.dumps(dict(import_s=t1 - t0, loader_import_s=t2 - t1, digest_s=t3 - t2, room_s=t4 - t3,
                       load_key_s=t5 - t4, launchers_s=t5 - t1, hip_s=t6 - t5, bind_s=t7 - t6, keys=len(keys),
-                      release=launchers[0]._idx.release, bands=len(bands),
+                      release=launchers[0]._idx.room.release, bands=len(bands),
                       bound=sum(l._lib is not None for l in launchers))))
 """
 

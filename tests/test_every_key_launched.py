@@ -64,10 +64,10 @@ for k, l in enumerate(launchers):
         handle = 0x7F00_0000_0000 + (k << 4) + form
         stream = (handle, TorchStream(handle), None)[form]
         l(*values, stream=stream)
-        sent.append(dict(key=l.key, release=l._idx.release, values=values, stream=handle if form < 2 else 0,
+        sent.append(dict(key=l.key, release=l._idx.room.release, values=values, stream=handle if form < 2 else 0,
                          entry=[l.library, l.entry]))
 Path(out).write_text(json.dumps(sent))
-print(json.dumps(dict(keys={r: sum(l._idx.release == r for l in launchers) for r in dsv41_aot.releases(arch, prebuilt=root)},
+print(json.dumps(dict(keys={r: sum(l._idx.room.release == r for l in launchers) for r in dsv41_aot.releases(arch, prebuilt=root)},
                       entries=len({(l.library, l.entry) for l in launchers}))))
 """
 

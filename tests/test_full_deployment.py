@@ -105,7 +105,7 @@ with open("/proc/self/maps") as f:
 print(json.dumps(dict(
     releases=dsv41_aot.releases("gfx950", prebuilt=root),
     keys=keys, bound=sum(l._lib is not None for l in launchers),
-    rooms=sorted({l._idx.release for l in launchers}),
+    rooms=sorted({l._idx.room.release for l in launchers}),
     sources=sorted({l._idx.entries[l.key].source.mono_sources for l in launchers}),
     again=all(dsv41_aot.load_key(l.key, release=release, prebuilt=root) is l for l in launchers),
     libraries=len(state.current().libraries), maps=maps)))
@@ -239,7 +239,7 @@ for call in calls:
             launcher(*range(1, len(launcher.abi)), stream=Stream())
             launched.append(launcher.key)
         served.add(launcher.key)
-        rooms.add(launcher._idx.release)
+        rooms.add(launcher._idx.room.release)
         if launcher._lib is None:
             unbound.append(launcher.key)
 with open("/proc/self/maps") as f:

@@ -412,12 +412,12 @@ def test_a_key_string_is_served_by_the_running_vllms_room(smoke, fresh):
     assert fresh.releases("gfx942", prebuilt=smoke) == ["0.33.0"]
     # the installed vLLM is 0.33.0: a key string names its launch
     new = dsv41_aot.load_key(K1, prebuilt=smoke)
-    assert new.kernel_name == BuildKey.parse(K1, NEWEST).kernel_symbol and new._idx.release == "0.33.0"
+    assert new.kernel_name == BuildKey.parse(K1, NEWEST).kernel_symbol and new._idx.room.release == "0.33.0"
     # a vLLM 0.32.0 runner (its mono package, as the plugin says it): the same
     # string picks 0.32.0's room by the mono sources digest, its own kernel
     fresh.running_vllm(_old_tree().mono_dir)
     old = dsv41_aot.load_key(K1, prebuilt=smoke)
-    assert old is not new and old._idx.release == OLD and old.key == K1
+    assert old is not new and old._idx.room.release == OLD and old.key == K1
     assert old.kernel_name == BuildKey.parse(K1, OLD).kernel_symbol == "_ZN5aiter27dsv41_mono_k1_s4_tp4_r1_tl0E"
     assert old.abi == Room(smoke, "gfx950", OLD).manifest().abi(K1)
     old.bind()  # its band (0.32.0's room's) and its ABI against the library's metadata
@@ -445,7 +445,7 @@ def test_a_key_of_another_release_never_serves_the_running_vllm(smoke, fresh):
     with pytest.raises(ReleaseMismatchError, match="matches no prebuilt release") as e:
         dsv41_aot.load_key("k1@gfx942:s=4,tp=4,r=1", prebuilt=smoke)
     assert "vLLM 0.33.0 (" in str(e.value) and "--release 0.32.0" in e.value.fix
-    assert not any(launcher._idx.release == "0.33.0" for launcher in state.current().launchers.values())
+    assert not any(launcher._idx.room.release == "0.33.0" for launcher in state.current().launchers.values())
 
 
 def test_a_room_the_prebuilt_dir_does_not_hold(smoke, fresh, tmp_path):
@@ -482,7 +482,7 @@ def test_an_allowed_source_mismatch_is_served_by_the_running_releases_room_not_t
     with caplog.at_level(logging.WARNING, logger="dsv41_aot"):
         launcher = dsv41_aot.load_key(K1, prebuilt=smoke)
         launcher.bind()  # 0.32.0's band, and its ABI against that library's own metadata
-    assert launcher._idx.release == OLD and launcher.key == K1
+    assert launcher._idx.room.release == OLD and launcher.key == K1
     assert launcher.kernel_name == BuildKey.parse(K1, OLD).kernel_symbol != BuildKey.parse(K1, NEWEST).kernel_symbol
     old_bands = {lib["file"] for lib in json.loads((room(smoke, "gfx950", OLD) / "libs.json").read_text())["libraries"]}
     assert os.path.basename(launcher.library) in old_bands

@@ -98,7 +98,7 @@ def test_the_wheel_gate_and_the_loader_take_the_new_room(project, smoke_dir, tmp
         f"loader.running_vllm({str(mono)!r})\n"
         f"print(rooms.release_of(__import__('pathlib').Path({str(d)!r}), 'gfx950'))\n"
         f"launcher = loader.load_key('k1@gfx950:s=4,tp=4,r=1', prebuilt={str(d)!r})\n"
-        "launcher.bind(); print(launcher._idx.release)\n"
+        "launcher.bind(); print(launcher._idx.room.release)\n"
     )
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=root)
     assert r.returncode == 0, r.stderr

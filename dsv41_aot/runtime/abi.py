@@ -32,11 +32,9 @@ class Abi:
             if code is None or struct.calcsize("<" + code) != size:
                 raise ManifestError(f"ABI {aid} slot {slot} has an unknown C type or size")
             pad = -pos % size
-            fmt += "x" * pad
-            pos += pad
-            offsets.append(pos)
-            fmt += code
-            pos += size
+            fmt += "x" * pad + code
+            offsets.append(pos + pad)
+            pos += pad + size
         self.id = aid
         self.slots = slots
         self.names = [s["name"] for s in slots[:-1]]

@@ -33,11 +33,11 @@ def open_library(idx: RoomIndex, lib: Band) -> ctypes.CDLL:
     a band's lock, never the other way round (nothing here takes it)."""
     path = idx.band_paths[lib.file]
     st = state.current()
-    handle = st.band(path)
+    handle = st.libraries.get(path)
     if handle is not None:
         return handle
     with st.band_lock(path):
-        handle = st.band(path)
+        handle = st.libraries.get(path)
         if handle is None:
             hip = _hip.load()
             if st.hip_version is None:
@@ -55,7 +55,8 @@ def open_library(idx: RoomIndex, lib: Band) -> ctypes.CDLL:
                 raise IntegrityError(f"cannot dlopen {path}: {e}", fix=idx.room.fix_reinstall) from None
             # kept open: glibc knows a library by the path it was opened by, and
             # a closed descriptor's number (so its /proc/self/fd/N) is reused
-            st.keep_band(path, fd, handle)
+            st.fds[path] = fd
+            st.libraries[path] = handle  # last: a handle seen here is whole
     return handle
 
 
@@ -66,11 +67,10 @@ def bind_all(launchers, workers: int | None = None) -> None:
     The first error, in the order the launchers came, is raised once every
     band has been tried; bands that bound stay bound."""
     launchers = list(launchers)
-    first: dict = {}  # band path -> its first Launcher not bound yet
+    todo: dict = {}  # band path -> its first Launcher, of a band not bound yet
     for launcher in launchers:
-        if launcher._lib is None:
-            first.setdefault(launcher.library, launcher)
-    todo = [l for path, l in first.items() if state.current().band(path) is None]
+        if launcher._lib is None and state.current().libraries.get(launcher.library) is None:
+            todo.setdefault(launcher.library, launcher)
     if workers is None:
         try:
             workers = len(os.sched_getaffinity(0))
@@ -82,10 +82,8 @@ def bind_all(launchers, workers: int | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(workers, thread_name_prefix="dsv41-aot-bind") as pool:
-            futures = {l.library: pool.submit(open_library, l._idx, l._librec) for l in todo}
-        for path, fut in futures.items():
-            if fut.exception() is not None:
-                errors[path] = fut.exception()
+            futures = {path: pool.submit(open_library, l._idx, l._librec) for path, l in todo.items()}
+        errors = {path: fut.exception() for path, fut in futures.items() if fut.exception() is not None}
     for launcher in launchers:
         error = errors.get(launcher.library)
         if error is not None:

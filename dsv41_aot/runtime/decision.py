@@ -9,10 +9,8 @@ forks is not left with a HIP runtime) and the room of the installed vLLM.
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import AotError, ReleaseMismatchError
@@ -45,17 +43,10 @@ class Decision:
     arch_from: str | None = None
     arch_problem: str | None = None
     arch_fix: str | None = None
-    root: Path | None = None
-    release: str | None = None
     stopped_at: str | None = None
     fix: str | None = None
-    warning: bool = False  # the host has something the kernels cannot serve, not simply "off"
+    warning: bool = False  # the host has something the kernels cannot serve, not simply "off" (a WARNING line)
     bad_env: tuple = ()  # what is wrong with the plugin's variables (``bad_variables``): bad input
-
-    @property
-    def level(self) -> int:
-        """The log level of the plugin's line: WARNING when something is wrong."""
-        return logging.WARNING if self.warning else logging.INFO
 
 
 def one_line(e: BaseException) -> str:
@@ -123,7 +114,7 @@ def decide(env=None, *, device=None) -> Decision:
         return Decision(False, one_line(e), "off", stopped_at="error", warning=True)
     if not bad:
         return d
-    return dataclasses.replace(d, why=f"{d.why}; {'; '.join(bad)}", warning=True, bad_env=tuple(bad))
+    return replace(d, why=f"{d.why}; {'; '.join(bad)}", warning=True, bad_env=tuple(bad))
 
 
 def bad_variables(env) -> list[str]:
@@ -148,8 +139,8 @@ def _decide(env, device) -> Decision:
     arch, where, arch_problem, arch_fix, arch_warning = _arch(env, device)
     seen = dict(arch=arch, arch_from=where, arch_problem=arch_problem, arch_fix=arch_fix)
 
-    def no(stage: str, why: str, fix: str | None = None, warning: bool = True, mode="off", **more) -> Decision:
-        return Decision(False, why, mode, stopped_at=stage, fix=fix, warning=warning, **{**seen, **more})
+    def no(stage: str, why: str, fix: str | None = None, warning: bool = True, mode="off") -> Decision:
+        return Decision(False, why, mode, stopped_at=stage, fix=fix, warning=warning, **seen)
 
     if env_flag(env, ENV_DISABLE)[0]:
         return no("disabled", f"disabled by {ENV_DISABLE}={env.get(ENV_DISABLE)}", f"unset {ENV_DISABLE}",
@@ -164,24 +155,22 @@ def _decide(env, device) -> Decision:
 
     if not built_releases(root / arch):
         return no("prebuilt", f"no prebuilt kernels for {arch} at {root} (install the dsv41-aot wheel or set "
-                              f"{ENV_PREBUILT}); {JIT}", f"pip install dsv41-aot, or {ENV_PREBUILT}=DIR",
-                  mode=mode, root=root)
+                              f"{ENV_PREBUILT}); {JIT}", f"pip install dsv41-aot, or {ENV_PREBUILT}=DIR", mode=mode)
     try:
         src = source.find()
     except AotError as e:
-        return no("vllm", f"vLLM's mono package not found ({e.message})", e.fix, mode=mode, root=root)
+        return no("vllm", f"vLLM's mono package not found ({e.message})", e.fix, mode=mode)
     allowed = mismatch_allowed(env)
     try:
         release = rooms.release_of(root, arch)  # by the installed vLLM's mono sources digest
     except ReleaseMismatchError as e:
         if not allowed:
-            return no("room", f"{e.message}; {JIT} (or {ENV_ALLOW_SOURCE}=1)", e.fix, mode=mode, root=root)
+            return no("room", f"{e.message}; {JIT} (or {ENV_ALLOW_SOURCE}=1)", e.fix, mode=mode)
         # the loader serves the room of vLLM's version anyway, warning once
         return Decision(True, f"enabled ({mode}) for {arch} with {ENV_ALLOW_SOURCE}=1: {e.message}", mode,
-                        root=root, warning=True, **seen)
+                        warning=True, **seen)
     except AotError as e:
-        return no("room", f"{e.message}; {JIT}", e.fix, mode=mode, root=root)
+        return no("room", f"{e.message}; {JIT}", e.fix, mode=mode)
     man = rooms.room_of(root, arch, release).manifest()  # the manifest release_of parsed
     return Decision(True, f"enabled ({mode}) for {arch}: {len(man.entries)} prebuilt keys of vLLM {release} in "
-                          f"{man.room}, vLLM {src.version} mono sources {man.mono_sources}", mode,
-                    root=root, release=release, **seen)
+                          f"{man.room}, vLLM {src.version} mono sources {man.mono_sources}", mode, **seen)

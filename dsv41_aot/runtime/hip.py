@@ -153,20 +153,17 @@ class Hip:
             )
         return state.value != 0  # hipStreamCaptureStatusNone == 0
 
-    def runtime_version(self) -> int:
-        """hipRuntimeGetVersion (e.g. 60443483 for ROCm 6.4.3)."""
-        v = ctypes.c_int(0)
-        status = self.lib.hipRuntimeGetVersion(ctypes.byref(v))
+    def check_version(self) -> tuple:
+        """(major, minor) of this HIP runtime (hipRuntimeGetVersion, e.g. 60443483 for ROCm 6.4.3).
+
+        Outside ACCEPTED, HipVersionError; DSV41_AOT_ALLOW_HIP_VERSION may
+        name one more major.minor to accept."""
+        version = ctypes.c_int(0)
+        status = self.lib.hipRuntimeGetVersion(ctypes.byref(version))
         if status != HIP_SUCCESS:
             raise HipUnavailableError(f"{self.path}: hipRuntimeGetVersion failed: {self.status_text(status)}",
                                       fix=FIX_HIP)
-        return v.value
-
-    def check_version(self) -> tuple:
-        """(major, minor) of this HIP runtime; outside ACCEPTED, HipVersionError.
-
-        DSV41_AOT_ALLOW_HIP_VERSION may name one more major.minor to accept."""
-        v = self.runtime_version()
+        v = version.value
         major, minor = v // 10_000_000, v // 100_000 % 100
         if accepted((major, minor)) or os.environ.get(ENV_ALLOW_VERSION) == f"{major}.{minor}":
             return major, minor

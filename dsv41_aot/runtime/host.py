@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from . import state
-from ..errors import HipUnavailableError, ManifestError, SourceMismatchError
+from ..errors import HipUnavailableError, ManifestError, SourceMismatchError, ToolchainError
 
 ENV_ARCH = "DSV41_AOT_ARCH"
 ENV_ALLOW_SOURCE = "DSV41_AOT_ALLOW_SOURCE_MISMATCH"
@@ -93,7 +93,6 @@ def installed_vllm() -> tuple:
     vLLM": it raises SourceMismatchError, at every load."""
     if state.current().installed_digest is None:
         from .. import source
-        from ..errors import ToolchainError
 
         try:
             src = source.find()

@@ -53,9 +53,6 @@ def _stream_handle(stream, key: str) -> int:
                           fix="pass stream= a HIP stream handle (int), a torch.cuda.Stream or None") from None
 
 
-# ------------------------------------------------------------------ Launcher
-
-
 class Launcher:
     """One prebuilt launch symbol, called as ``launcher(*ints, stream=...)``.
 
@@ -67,7 +64,7 @@ class Launcher:
     object on the device."""
 
     __slots__ = ("key", "kernel_name", "entry", "abi", "library", "arch", "_abi", "_idx", "_librec", "_lib",
-                 "_tls", "_call", "_pack", "_ready", "_hip", "_devices", "_launched", "_image_sha")
+                 "_tls", "_call", "_pack", "_ready", "_devices", "_launched", "_image_sha")
 
     def __init__(self, key: str, entry: Entry, abi: Abi, idx: RoomIndex, lib):
         self.key = key
@@ -81,7 +78,6 @@ class Launcher:
         self._librec = lib
         self._lib = None
         self._ready = False  # a launch succeeded: calls take the short path
-        self._hip = None
         self._devices: set = set()  # devices this Launcher loaded its module on
         self._launched: set = set()  # devices a launch of it succeeded on (its kernel looked up there)
         self._image_sha = entry.code_object_sha256
@@ -104,9 +100,8 @@ class Launcher:
                 raise IntegrityError(f"{self.key}: {self.library} does not export {self.entry}",
                                      fix=self._idx.room.fix_reinstall) from None
             self._check_metadata(lib)
-            abi = self._abi
-            self._call = abi.proto(ctypes.cast(fn, ctypes.c_void_p).value)
-            self._pack = abi.struct.pack_into
+            self._call = self._abi.proto(ctypes.cast(fn, ctypes.c_void_p).value)
+            self._pack = self._abi.struct.pack_into
             self._tls = threading.local()
             self._lib = lib  # last: a bound Launcher has every field above
 
@@ -211,7 +206,10 @@ class Launcher:
         if state.current().forked_after_hip is not None:
             raise self._fork_error()
         hip = _hip.load()
-        device = self._current_device(hip)
+        status, device = hip.current_device()
+        if status:
+            raise self._error(f"hipGetDevice failed: {hip.status_text(status)}; nothing was loaded",
+                              status, FIX_DEVICE)
         if device in self._devices:
             return device
         stream = _stream_handle(stream, self.key)
@@ -235,7 +233,6 @@ class Launcher:
                     f"{self.key}: first load of its code object inside a HIP/CUDA graph capture",
                     fix="call it once eagerly before capturing, or dsv41_aot.preload([...]) its keys at start-up",
                 )
-            self._hip = hip
             init = getattr(self._lib, self.entry + "__module_init")
             init.restype = ctypes.c_int32
             status = init()
@@ -250,13 +247,6 @@ class Launcher:
                                   f"failed: {hip.status_text(status)}; nothing was launched", status,
                                   _load_fix(status, self.arch, device))
             self._devices.add(device)
-        return device
-
-    def _current_device(self, hip) -> int:
-        status, device = hip.current_device()
-        if status:
-            raise self._error(f"hipGetDevice failed: {hip.status_text(status)}; nothing was loaded",
-                              status, FIX_DEVICE)
         return device
 
     def forget_loads(self) -> None:
@@ -298,7 +288,7 @@ class Launcher:
         function per device). Before one, the band also looked the kernel up
         (hipModuleGetFunction): a fresh lookup in the same code object tells
         which of the two failed."""
-        hip = self._hip or _hip.load()
+        hip = _hip.load()
         name = hip.status_text(status)
         if status in (ERR_NOT_INITIALIZED, ERR_NOT_LOADED):
             return self._error(f"launch of {self.kernel_name} failed: {name}", status, FIX_DEVICE)

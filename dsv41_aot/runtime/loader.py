@@ -63,7 +63,7 @@ def _new_launcher(key, text: str, arch: str, root: Path, release: str | None) ->
         bk = BuildKey.parse(text, release) if isinstance(key, str) else key
         text = str(bk)
         idx = index_of(root, bk.arch, release)
-        release = idx.release
+        release = idx.room.release
         entry = idx.entries.get(text)
     if entry is None:
         from ..keys import neighbours

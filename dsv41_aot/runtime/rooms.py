@@ -49,14 +49,9 @@ class RoomIndex:
         self.room = room
         self.manifest = room.manifest()
         self.entries = self.manifest.entries
-        links = room.links()
         # band file -> its path as a string (the Launcher's ``library``, the key of the band's handle)
-        self.band_paths = {band.file: str(room.lib / band.file) for band in links.bands}
+        self.band_paths = {band.file: str(room.lib / band.file) for band in room.links().bands}
         self.abis: dict = {}
-
-    @property
-    def release(self) -> str:
-        return self.room.release
 
     def abi(self, aid: str) -> Abi:
         """The compiled ABI ``aid`` (``Manifest.parse`` checked that its slots hash to its id)."""

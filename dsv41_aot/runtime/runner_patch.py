@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import importlib.abc
+import importlib.abc  # binds importlib too (importlib.import_module)
 import os
 import sys
 from pathlib import Path

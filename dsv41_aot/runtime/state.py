@@ -98,19 +98,10 @@ class Prebuilt:
                 self.archs[device] = arch
             return 0, self.archs[device]
 
-    def band(self, path: str):
-        """The bound band (ctypes.CDLL) at ``path``, None when not bound yet."""
-        return self.libraries.get(path)
-
     def band_lock(self, path: str) -> threading.Lock:
         """The lock the first bind of the band at ``path`` holds."""
         with self.band_locks_guard:
             return self.band_locks.setdefault(path, threading.Lock())
-
-    def keep_band(self, path: str, fd: int, handle) -> None:
-        """Record a band just bound: its handle and the descriptor it was opened through."""
-        self.fds[path] = fd
-        self.libraries[path] = handle  # last: a handle seen here is whole
 
     def _after_fork(self) -> None:
         from . import hip

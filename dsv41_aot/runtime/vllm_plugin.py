@@ -52,7 +52,7 @@ def enable(*, environ=None) -> tuple[bool, str, int]:
             install(d.mode)  # keys take the arch vLLM's mono package compiles for
         except Exception as e:  # noqa: BLE001 - a plugin must never stop vLLM
             return False, one_line(e), logging.WARNING
-    return d.serve, d.why, d.level
+    return d.serve, d.why, logging.WARNING if d.warning else logging.INFO
 
 
 def register() -> None:
