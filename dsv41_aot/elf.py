@@ -47,7 +47,6 @@ class Symbol:
     value: int
     size: int
     shndx: int
-    info: int
 
 
 class Elf:
@@ -57,9 +56,7 @@ class Elf:
         if data[:4] != ELF_MAGIC or data[4] != 2 or data[5] != 1:
             raise ElfError("not an ELF64 little-endian file")
         self.data = data
-        (self.e_type, self.e_machine, _, _, _, shoff, self.e_flags, _, _, _, shentsize, shnum, shstrndx) = struct.unpack_from(
-            "<HHIQQQIHHHHHH", data, 16
-        )
+        _, _, _, _, _, shoff, _, _, _, _, shentsize, shnum, shstrndx = struct.unpack_from("<HHIQQQIHHHHHH", data, 16)
         if shoff == 0 or shoff + shnum * shentsize > len(data):
             raise ElfError("truncated section header table")
         raw = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
@@ -87,8 +84,8 @@ class Elf:
                 continue
             strtab = self.sections[s.link]
             for off in range(s.offset, s.offset + s.size, s.entsize or 24):
-                name, info, _, shndx, value, size = struct.unpack_from("<IBBHQQ", self.data, off)
-                out.append(Symbol(self._str(strtab.offset, name), value, size, shndx, info))
+                name, _, _, shndx, value, size = struct.unpack_from("<IBBHQQ", self.data, off)
+                out.append(Symbol(self._str(strtab.offset, name), value, size, shndx))
         return out
 
     def symbol_bytes(self, name: str) -> bytes:
@@ -130,28 +127,24 @@ def dynamic_info(data: bytes, *, symbols: bool = True) -> dict:
 
     Without ``symbols`` the symbol table is not read (both lists stay empty).
     ElfError for bytes that are not such a library, truncated ones included."""
+    out = {"needed": [], "soname": None, "undefined": [], "defined": []}
     try:
-        return _dynamic_info(data, symbols)
+        elf = Elf(data)
+        for sym in elf.symbols(SHT_DYNSYM)[1:] if symbols else ():  # one SHT_DYNSYM; its entry 0: the null symbol
+            out["undefined" if sym.shndx == 0 else "defined"].append(sym.name)
+        for s in elf.sections:
+            if s.type == SHT_DYNAMIC:
+                strtab = elf.sections[s.link]
+                for off in range(s.offset, s.offset + s.size, 16):
+                    tag, val = struct.unpack_from("<qQ", data, off)
+                    if tag == DT_NEEDED:
+                        out["needed"].append(elf._str(strtab.offset, val))
+                    elif tag == DT_SONAME:
+                        out["soname"] = elf._str(strtab.offset, val)
+                    elif tag == DT_NULL:
+                        break
     except (IndexError, struct.error) as e:  # an offset past the end of the bytes
         raise ElfError(f"not a whole ELF shared library ({e})") from None
-
-
-def _dynamic_info(data: bytes, symbols: bool) -> dict:
-    elf = Elf(data)
-    out = {"needed": [], "soname": None, "undefined": [], "defined": []}
-    for sym in elf.symbols(SHT_DYNSYM)[1:] if symbols else ():  # one SHT_DYNSYM; its entry 0 is the null symbol
-        out["undefined" if sym.shndx == 0 else "defined"].append(sym.name)
-    for s in elf.sections:
-        if s.type == SHT_DYNAMIC:
-            strtab = elf.sections[s.link]
-            for off in range(s.offset, s.offset + s.size, 16):
-                tag, val = struct.unpack_from("<qQ", data, off)
-                if tag == DT_NEEDED:
-                    out["needed"].append(elf._str(strtab.offset, val))
-                elif tag == DT_SONAME:
-                    out["soname"] = elf._str(strtab.offset, val)
-                elif tag == DT_NULL:
-                    break
     return out
 
 

@@ -18,7 +18,7 @@ Shared core: standard library only.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 from .errors import KeyFormatError
 from .facts import arches as _arches
@@ -143,12 +143,9 @@ class BuildKey:
                 number = int(value)
             except ValueError:
                 raise KeyFormatError(f"malformed key {text!r}: {name}={value!r} is not an integer", fix=FIX_KEY) from None
-            if _SHORT[name] in _BOOLS:
-                if number not in (0, 1):
-                    raise KeyFormatError(f"malformed key {text!r}: {name} must be 0 or 1", fix=FIX_KEY)
-                fields[_SHORT[name]] = bool(number)
-            else:
-                fields[_SHORT[name]] = number
+            if _SHORT[name] in _BOOLS and number not in (0, 1):
+                raise KeyFormatError(f"malformed key {text!r}: {name} must be 0 or 1", fix=FIX_KEY)
+            fields[_SHORT[name]] = bool(number) if _SHORT[name] in _BOOLS else number
         missing = [s for s in ("s", "tp", "r") if _SHORT[s] not in fields]
         if missing:
             raise KeyFormatError(f"malformed key {text!r}: missing {', '.join(missing)}", fix=FIX_KEY)
@@ -169,9 +166,7 @@ class BuildKey:
     # -------------------------------------------------------------- derived names
     def build_fields(self) -> dict:
         """The MonoBuild keyword arguments of this key, for the fields its release has."""
-        rel = _releases.release_facts(self.release)
-        d = asdict(self)
-        return {name: d[name] for name in rel.mono_fields}
+        return {name: getattr(self, name) for name in _releases.release_facts(self.release).mono_fields}
 
     @property
     def entry(self) -> str:
@@ -213,11 +208,8 @@ def neighbours(key: BuildKey, available, n: int = 5) -> list[str]:
     First the same launch at the nearest widths below and above, then the
     same width with the fewest fields changed; failing both, the fewest
     changes at the nearest width. Never another kind, arch or release."""
-    same_arch = []
-    for k in available:
-        k = k if isinstance(k, BuildKey) else BuildKey.parse(k, key.release)
-        if k.kind == key.kind and k.arch == key.arch and k.release == key.release and k != key:
-            same_arch.append(k)
+    parsed = (k if isinstance(k, BuildKey) else BuildKey.parse(k, key.release) for k in available)
+    same_arch = [k for k in parsed if (k.kind, k.arch, k.release) == (key.kind, key.arch, key.release) and k != key]
     launch = [k for k in same_arch if replace(k, tokens=key.tokens) == key]
     out = []
     below = [k for k in launch if k.tokens < key.tokens]

@@ -39,11 +39,6 @@ class Band:
     raw_bytes: int
     entries: dict = field(hash=False, compare=True)  # key -> object sha256
 
-    def check_compressed(self, data: bytes, where: Path, fix: str) -> None:
-        """Raise IntegrityError unless ``data`` has the sha256 libs.json recorded."""
-        if hashlib.sha256(data).hexdigest() != self.sha256:
-            raise IntegrityError(f"{where} does not match the sha256 in {LIBS_JSON} (corrupt or altered)", fix=fix)
-
     def unpack(self, data: bytes, where: Path, fix: str) -> bytes:
         """The library inside the band's bytes, after checking every digest.
 
@@ -51,7 +46,8 @@ class Band:
         SONAME of the objects libs.json names for its keys."""
         import lzma  # only when a band is read: importing the room stays cheap
 
-        self.check_compressed(data, where, fix)
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise IntegrityError(f"{where} does not match the sha256 in {LIBS_JSON} (corrupt or altered)", fix=fix)
         try:
             raw = lzma.decompress(data, format=lzma.FORMAT_XZ)
         except lzma.LZMAError as e:  # only a libs.json whose sha256 was forged with the file gets here

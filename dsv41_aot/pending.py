@@ -105,16 +105,13 @@ def _read(arch_dir: Path) -> tuple[dict | None, str | None]:
                 parsed = None
             if parsed is None or str(parsed) != k or parsed.arch != Path(arch_dir).name:
                 return None, f"{path}: {k!r} is not a key of vLLM {release} on {Path(arch_dir).name}"
-    i = 0
-    while i < len(opts):
-        word = opts[i]
+    words = iter(opts)
+    for word in words:
         if word not in OPTIONS:
             return None, f"{path}: {word!r} is not an option a build records ({', '.join(OPTIONS)})"
         if OPTIONS[word]:
-            value = opts[i + 1] if i + 1 < len(opts) else None
+            value = next(words, None)
             exists = value is not None and (Path(value).is_file() if word == "--matrix" else Path(value).is_dir())
             if not exists and word != "--cache":
                 return None, f"{path}: {word} {value!r} names nothing on this host"
-            i += 1
-        i += 1
     return doc, None

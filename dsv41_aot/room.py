@@ -164,16 +164,6 @@ class Room:
         self._links: LinkRecord | None = None
         self._proof: Proof | None = None
 
-    @classmethod
-    def at(cls, folder: Path) -> "Room":
-        """The room whose folder is ``folder`` (``<root>/<arch>/vllm-<release>``)."""
-        folder = Path(folder)
-        m = ROOM_RE.fullmatch(folder.name)
-        if not m:
-            raise ManifestError(f"{folder} is not a room folder (<arch>/vllm-<release>)",
-                                fix="name the folder of one vLLM release's keys, <dir>/<arch>/vllm-<release>")
-        return cls(folder.parent.parent, folder.parent.name, m.group(1))
-
     def __repr__(self) -> str:
         return f"Room({self.name} in {self.root})"
 

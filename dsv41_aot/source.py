@@ -223,12 +223,10 @@ def import_mono(src: MonoSource, module: str = "layer") -> types.ModuleType:
     Set ``ARCH`` first: the package fixes its target at import
     (``common/arch.py``). Build side only: this imports flydsl (and torch)."""
     for i, name in enumerate(PARENTS):
-        existing = sys.modules.get(name)
-        folder = src.root.joinpath(*name.split("."))
-        if existing is not None:
+        if sys.modules.get(name) is not None:
             continue
         pkg = types.ModuleType(name)
-        pkg.__path__ = [str(folder)]
+        pkg.__path__ = [str(src.root.joinpath(*name.split(".")))]
         pkg.__package__ = name
         sys.modules[name] = pkg
         if i:

@@ -59,8 +59,7 @@ def pinned() -> str | None:
         requires = metadata.requires("dsv41-aot") or []
     except metadata.PackageNotFoundError:
         return None
-    pins = [m.group(1) for r in requires if (m := re.match(r"flydsl\s*==\s*([\w.]+)", r))]
-    return pins[0] if pins else None
+    return next((m.group(1) for r in requires if (m := re.match(r"flydsl\s*==\s*([\w.]+)", r))), None)
 
 
 def supported() -> str:
