@@ -30,7 +30,7 @@ from ..room import proof_counts
 from .lock import arch_lock
 from .output import progress_bar, tally
 from .residency import spill_notes
-from .workers import check_jobs, check_key_timeout
+from .workers import Pool, check_jobs, check_key_timeout
 
 FLUSH_SECONDS = 1.0
 # failures a rerun may not repeat: never remembered as the source's refusal
@@ -141,7 +141,7 @@ def build(
     if digests is None:
         from . import matrix
 
-        digests = matrix.load().digests()
+        digests = matrix.load().releases
     trees = {release: (src, source_identity(src, tools.lld_version))
              for release, src in source.release_trees({k.release for k in keys}, digests, vllm_src).items()}
     if len(set(keys)) != len(keys):
@@ -149,19 +149,16 @@ def build(
         raise AotError(f"key {dup.describe()} asked for twice", fix="list each key once")
 
     summary = Summary(keys=len(keys), jobs=jobs)
-    store = None
-    if cache is not None:
-        store = BuildCache(cache, tools)
+    store = BuildCache(cache, tools) if cache is not None else None
     arches = sorted({k.arch for k in keys})
     with contextlib.ExitStack() as held:
         # each arch's lock (its releases share objects and bands), held from
         # reading its manifests to the end of its link, taken in one order so
         # that two builders never wait on each other crosswise
-        states: dict[str, RoomState] = {}
         for arch in arches:
             held.enter_context(arch_lock(out / arch, "build", log))
-        for room, arch, release in sorted({(k.room, k.arch, k.release) for k in keys}):
-            states[room] = RoomState(out, arch, release, *trees[release], summary.recovered, log)
+        states = {room: RoomState(out, arch, release, *trees[release], summary.recovered, log)
+                  for room, arch, release in sorted({(k.room, k.arch, k.release) for k in keys})}
         check_one_source(states, keys, options)
         for arch in arches:  # a kill from here on: verify's fix builds these keys
             pending.write(out / arch, by_release(k for k in keys if k.arch == arch), options)
@@ -178,9 +175,9 @@ def build(
 
 def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, link, store, log) -> None:
     """Sort the keys into up to date, cached and to compile; compile, write, link."""
+    todo: list[BuildKey] = []
     for key in keys:
         st = states[key.room]
-        known = st.manifest.refused.get(str(key))
         if up_to_date(st.manifest, key, st.ident):
             summary.up_to_date += 1
         elif toolmove.moved(st.manifest, key, st.ident):
@@ -197,23 +194,22 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
                 summary.cached += 1
                 summary.rebuilt(key)
             else:
-                st.pending.append(key)
-        elif known is not None and known.get("source") == st.ident.as_dict():
+                todo.append(key)
+        elif (known := st.manifest.refused.get(str(key))) is not None and known.get("source") == st.ident.as_dict():
             summary.failed += 1  # refused by this very source: compiling again would refuse again
             summary.failures.append({"key": str(key), "release": key.release, "error": known["error"], "known": True})
         elif (hit := cache_hit(store, st, key)) is not None:
             take_from_cache(st, key, hit)
             summary.cached += 1
         else:
-            st.pending.append(key)
+            todo.append(key)
     if store is not None:
         summary.warnings += store.say(log)
-    todo = sum(len(s.pending) for s in states.values())
 
-    bar = progress_bar(todo, "build", "sym") if progress and todo else None
+    bar = progress_bar(len(todo), "build", "sym") if progress and todo else None
     try:
         if todo:
-            _run(states, tools, jobs, key_timeout, summary, bar, store)
+            _run(todo, states, tools, jobs, key_timeout, summary, bar, store)
     finally:
         if store is not None:
             summary.warnings += store.say(log)  # a cache write that failed: said, never fatal
@@ -250,11 +246,10 @@ def _build_locked(keys, states, tools, jobs, key_timeout, summary, progress, lin
                 print(f"warning: {note}", file=log)
 
 
-def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
-    """Compile every pending key on the worker pool, one worker per room.
+def _run(keys, states, tools, jobs, key_timeout, summary, bar, store) -> None:
+    """Compile ``keys`` on the worker pool, one worker per room.
 
     Each answer goes into its room's manifest, written at least once a second."""
-    from .workers import Pool
 
     def spawn(room: str, folder: Path):
         st = states[room]
@@ -317,9 +312,6 @@ def _run(states, tools, jobs, key_timeout, summary, bar, store) -> None:
         if bar is not None:
             bar.update(1)
 
-    keys = [k for st in states.values() for k in st.pending]
-    for st in states.values():
-        st.pending.clear()
     Pool(spawn, jobs=jobs, key_timeout=key_timeout, accept=accept, what="compile").run(
         keys, on_answer, on_tick=lambda: _flush(states), tick_seconds=FLUSH_SECONDS)
 

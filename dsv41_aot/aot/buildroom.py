@@ -6,16 +6,18 @@ build cache.
 
 from __future__ import annotations
 
-import collections
 from pathlib import Path
 
-from .. import source
+from .. import commands, source
 from . import toolmove
 from ..errors import AotError, ManifestError, message_of
 from ..keys import BuildKey
 from ..manifest import Manifest, SourceIdentity
-from .. import commands
 from ..room import Room
+from .cache import COMPILE
+from .compiler import describe_object, store_object
+from .integrity import check_entry
+from .recover import recover, recovered
 
 
 def up_to_date(m: Manifest, key: BuildKey, ident: SourceIdentity) -> bool:
@@ -24,9 +26,6 @@ def up_to_date(m: Manifest, key: BuildKey, ident: SourceIdentity) -> bool:
     It must have the same source identity, not be recovered from its object
     (``recover.recovered``), and pass ``integrity.check_entry``, so that
     verify's fix ``build --key`` fixes it."""
-    from .integrity import check_entry
-    from .recover import recovered
-
     e = m.entries.get(str(key))
     if e is None or e.source != ident or recovered(e):
         return False
@@ -34,29 +33,26 @@ def up_to_date(m: Manifest, key: BuildKey, ident: SourceIdentity) -> bool:
 
 
 class RoomState:
-    """One room's manifest and pending keys during a build, under its arch's lock.
+    """One room's manifest during a build, under its arch's lock.
 
     Its keys are built from ``src`` under source identity ``ident``. A corrupt
     manifest is set aside and rebuilt from the stored objects (aot/recover.py)."""
 
     def __init__(self, out: Path, arch: str, release: str, src: source.MonoSource, ident: SourceIdentity,
-                 recovered: list, log):
+                 reports: list, log):
         self.room = Room(out, arch, release)
         self.src, self.ident = src, ident
         try:
             self.manifest = self.room.manifest(missing_ok=True)
         except ManifestError as e:
-            from .recover import recover
-
             self.manifest, report = recover(self.room, ident)
-            recovered.append(report)
+            reports.append(report)
             print(f"warning: {e.message}\n  set aside as {report['set_aside']}; "
                   f"{report['recovered']} entries recovered from {self.room.objects}"
                   + (f", {len(report['skipped'])} objects not (their keys compile again)" if report["skipped"] else "")
                   + ("; no object holds FlyDSL's unstripped export size (export_bytes): the recovered keys are taken "
                      "from the build cache or compiled again" if report["recovered"] else ""),
                   file=log, flush=True)
-        self.pending: collections.deque = collections.deque()
         self.dirty = self.manifest.migrated  # compile seconds still in the manifest: move them out
         self.moved: dict = {}  # key -> its entry built under another toolchain, compiled now to compare (aot/toolmove.py)
 
@@ -110,9 +106,6 @@ def cache_hit(store, st: RoomState, key: BuildKey) -> tuple | None:
 
     None without a cache, on a miss, or when its blob fails the checks (the
     record is then dropped)."""
-    from .cache import COMPILE
-    from .compiler import describe_object
-
     hit = store.get(COMPILE, key, st.ident) if store is not None else None
     if hit is None:
         return None
@@ -127,8 +120,6 @@ def cache_hit(store, st: RoomState, key: BuildKey) -> tuple | None:
 
 def take_from_cache(st: RoomState, key: BuildKey, hit: tuple) -> None:
     """Store a ``cache_hit`` as ``key``'s object and entry in its room."""
-    from .compiler import store_object
-
     entry, abi, seconds, data = hit
     store_object(st.room.arch_dir, entry, data)
     st.manifest.put(entry, abi, seconds=seconds)  # timings keep what the compile took

@@ -97,12 +97,9 @@ class BuildCache:
         return {"layout": LAYOUT, "code": code_digest(), "strip": tool_version(tools.strip),
                 "linker": tools.lld_version, "flydsl_version": tools.flydsl_version}
 
-    def _id(self, what: str, key: BuildKey, ident: SourceIdentity) -> str:
-        doc = {"what": what, "key": str(key), "release": key.release, "identity": ident.as_dict(), **self.common}
-        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-
     def _record(self, what: str, key: BuildKey, ident: SourceIdentity) -> Path:
-        cid = self._id(what, key, ident)
+        doc = {"what": what, "key": str(key), "release": key.release, "identity": ident.as_dict(), **self.common}
+        cid = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
         return self.root / what / cid[:2] / f"{cid}.json"
 
     def get(self, what: str, key: BuildKey, ident: SourceIdentity) -> tuple[dict, bytes] | None:
@@ -162,7 +159,7 @@ def identity_digest(tools, matrix_path=None) -> str:
     keyed per key, so a stale one is only a miss."""
     from . import compat, matrix
 
-    doc = {"releases": matrix.load(matrix_path).digests(), "helpers": compat.install_aiter_shim(),
+    doc = {"releases": matrix.load(matrix_path).releases, "helpers": compat.install_aiter_shim(),
            **BuildCache.parts(tools)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 

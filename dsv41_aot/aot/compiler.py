@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import tempfile
+from importlib import import_module
 from pathlib import Path
 
 from .. import elf, source
@@ -49,12 +50,8 @@ def typed_args(launcher) -> tuple:
     """Compile arguments for a launcher: a typed zero per parameter, stream left out.
 
     Each zero is the parameter's annotation called with 0 (``fx.Int64(0)``)."""
-    out = []
-    for p in inspect.signature(launcher.func).parameters.values():
-        if p.default is not inspect.Parameter.empty:
-            continue  # the stream
-        out.append(p.annotation(0))
-    return tuple(out)
+    params = inspect.signature(launcher.func).parameters.values()
+    return tuple(p.annotation(0) for p in params if p.default is inspect.Parameter.empty)  # the stream has a default
 
 
 def source_identity(src: source.MonoSource, linker: str, mono_sources: str | None = None) -> SourceIdentity:
@@ -85,8 +82,6 @@ class ArchCompiler:
         self.strip = strip
         compat.install_aiter_shim()  # before the mono package imports aiter's helpers
         self.layer = source.import_mono(self.src, "layer")
-        from importlib import import_module
-
         self.identity = source_identity(self.src, linker, mono_sources=import_module(f"{source.MONO}.sources").SOURCES)
 
     def launcher(self, key: BuildKey):
@@ -119,14 +114,13 @@ class ArchCompiler:
         return entry.replace(export_bytes=raw_bytes), abi
 
 
-def store_object(arch_dir: Path, entry: Entry, data: bytes, before_write=None) -> None:
+def store_object(arch_dir: Path, entry: Entry, data: bytes, before_write=lambda: None) -> None:
     """Write ``entry``'s object ``data`` into ``arch_dir`` unless it is already there intact.
 
     ``before_write`` is called just before a write (a worker's parent check)."""
     obj = Path(arch_dir) / entry.object
     if not (obj.is_file() and sha256_file(obj) == entry.sha256):  # absent, or corrupt in place
-        if before_write is not None:
-            before_write()
+        before_write()
         atomic_write(obj, data)
 
 

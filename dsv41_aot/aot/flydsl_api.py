@@ -48,8 +48,8 @@ def _disk_cache_key(launcher, cache_key) -> str:
 DISK_NAMES = {"key_text": _key_text, "disk_cache_key": _disk_cache_key}
 
 
-def disk_artifact(launcher, cache_key) -> tuple[Path, str]:
-    """(path, name) of the artifact compiled under ``cache_key`` in the JIT's disk cache.
+def disk_artifact(launcher, cache_key) -> Path:
+    """The path of the artifact compiled under ``cache_key`` in the JIT's disk cache.
 
     RuntimeError when the disk cache is off or holds no such file."""
     mgr = launcher.cache_manager
@@ -59,7 +59,7 @@ def disk_artifact(launcher, cache_key) -> tuple[Path, str]:
     path = Path(mgr._cache_file(name))
     if not path.is_file():
         raise RuntimeError(f"FlyDSL {installed().version} wrote no cache artifact at {path}")
-    return path, name
+    return path
 
 
 def artifact_ir(raw: bytes) -> str:

@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
+import os
 import sys
+from importlib import import_module
 from pathlib import Path
 
-from .. import elf
+from .. import elf, source
 from ..errors import AotError
 from ..facts.kinds import kind_facts
 from ..keys import BuildKey
 from ..manifest import Manifest, atomic_write
 from ..proof import VERIFIED, KeyProof, Proof, parse_evidence
+from . import hiprec
 from .codeobject import code_object_resources
-from .hiprec import launch_digest
 from .integrity import scalar_slots
 
 # FlyDSL annotation class name -> the ABI ctype export_to_c records
@@ -46,9 +49,6 @@ class VllmJit:
     ``vllm_root`` is the folder holding that release's vllm/."""
 
     def __init__(self, arch: str, release: str, vllm_root: str):
-        from importlib import import_module
-
-        from .. import source
         from ..facts.flydsl import installed
         from . import compat
 
@@ -80,8 +80,6 @@ class VllmJit:
         (0.33.0: ``kernels(tokens, ratio, fold, index)``, ``ffn_kernel(tokens,
         experts, topk)``; 0.32.0: ``kernels(tokens, ratio)``,
         ``ffn_kernel(tokens)``). On 0.33.0 gfx942 the runner drops ``index``."""
-        import inspect
-
         if key.release != self.release or key.arch != self.arch:
             raise AotError(f"{key.describe()}: sent to the {self.arch} JIT worker of vLLM {self.release}",
                            fix="report it: the worker pool keeps one worker per room")
@@ -106,7 +104,6 @@ class VllmJit:
         module (both differ from key to key) and when it ran. With ``launch_in``
         (a folder, when the process's HIP is the recording HIP), the launcher
         is also launched once and the evidence carries that launch (``launch``)."""
-        import inspect
         from datetime import datetime, timezone
 
         from . import flydsl_api
@@ -117,8 +114,7 @@ class VllmJit:
                   for p in inspect.signature(launcher.func).parameters.values()]
         at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         cache_key = flydsl_api.compile_without_launch(launcher, typed_args(launcher))
-        pkl, _ = flydsl_api.disk_artifact(launcher, cache_key)
-        raw = pkl.read_bytes()
+        raw = flydsl_api.disk_artifact(launcher, cache_key).read_bytes()
         ir_text = flydsl_api.artifact_ir(raw)
         code = flydsl_api.gpu_binary(ir_text)
         module = ir_text.encode() if isinstance(ir_text, str) else bytes(ir_text)
@@ -133,10 +129,6 @@ class VllmJit:
         """Launch the compiled ``launcher`` once; return what the recording HIP saw.
 
         The values are those the prebuilt launch is given (``hiprec.launch_values``)."""
-        import os
-
-        from . import hiprec
-
         log, layouts = folder / f"{key.entry}.jit.hip.log", folder / f"{key.entry}.jit.layouts"
         hiprec.write_layout_file(layouts, [hiprec.kernel_metadata(code)])
         values = hiprec.launch_values([ctype for _, ctype in scalar_params(params)])
@@ -155,9 +147,7 @@ def _worker_main(argv: list[str]) -> int:
     arch, release, folder, vllm_root = argv[0], argv[1], Path(argv[2]), argv[3]
     hip = argv[4] if len(argv) > 4 else None  # the recording HIP to launch through (stand-in for the AMD GPU)
     if hip:
-        from .hiprec import preload
-
-        preload(Path(hip))  # before FlyDSL maps any libamdhip64
+        hiprec.preload(Path(hip))  # before FlyDSL maps any libamdhip64
 
     def answer(jit: VllmJit, key: BuildKey) -> dict:
         code, params, evidence = jit.code_object(key, folder if hip else None)
@@ -198,9 +188,7 @@ def run(chosen: list[BuildKey], on_answer, *, jobs: int, key_timeout: float, sou
         root = str(sources[key.release].root)
         argv = [sys.executable, "-m", "dsv41_aot.aot.jit", key.arch, key.release, str(folder), root]
         if hip is not None:
-            from .hiprec import env as hip_env
-
-            env.update(hip_env(hip, None, arch=key.arch))
+            env.update(hiprec.env(hip, None, arch=key.arch))
             argv.append(str(hip))
         return argv, env
 
@@ -275,7 +263,7 @@ def verified_record(key: str, code: bytes, identity: dict | None, evidence: dict
     ev = parse_evidence({k: v for k, v in evidence.items() if k != "launch"}, sha, f"the JIT answer of {key}",
                         "report it: the JIT worker's evidence is malformed")
     if launch:
-        ev = dataclasses.replace(ev, launch_sha256=launch_digest(launch))
+        ev = dataclasses.replace(ev, launch_sha256=hiprec.launch_digest(launch))
     return KeyProof(key, sha, dict(identity or {}), ev)
 
 

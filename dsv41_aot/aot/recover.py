@@ -19,6 +19,7 @@ and a recovered manifest ends byte-identical to a clean build's.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 from pathlib import Path
@@ -70,13 +71,11 @@ def recovered(e: Entry) -> bool:
 
 def set_aside(path: Path) -> Path:
     """Rename a corrupt file out of the way (never over an earlier one)."""
-    n = 0
-    while True:
+    for n in itertools.count():
         aside = path.with_name(f"{path.name}.corrupt" + (f"-{n}" if n else ""))
         if not aside.exists():
             os.replace(path, aside)
             return aside
-        n += 1
 
 
 def recover(room, identity: SourceIdentity) -> tuple[Manifest, dict]:

@@ -112,7 +112,6 @@ class _Worker:
 
     def __init__(self, arch: str, folder: Path, argv: list, env: dict):
         self.arch = arch
-        self.folder = folder
         self.key: BuildKey | None = None
         self.ready = False
         self.since = time.monotonic()  # start, then the send of the key in flight
@@ -134,10 +133,6 @@ class _Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-
-    def close_stdin(self) -> None:
-        with contextlib.suppress(OSError):
-            self.proc.stdin.close()
 
 
 class Pool:
@@ -165,12 +160,11 @@ class Pool:
         pending: dict[str, collections.deque] = {}
         for k in sorted(keys, key=lambda k: (-estimate_seconds(k), str(k))):
             pending.setdefault(k.room, collections.deque()).append(k)  # one vLLM tree and ARCH per worker
-        refused: dict[str, str] = {}  # arch -> why its workers cannot run
+        refused: dict[str, str] = {}  # arch -> why its workers cannot run (the first reason is kept)
         workers: list[_Worker] = []
         retired: list[_Worker] = []  # stdin closed or killed, not yet reaped
         sel = selectors.DefaultSelector()
         run = RunFolder()
-        parent_env = {PARENT_ENV: str(os.getpid())}
         repo = str(Path(__file__).resolve().parents[2])
 
         def pool_answer(key: BuildKey, kind: str, error: str) -> None:
@@ -181,7 +175,7 @@ class Pool:
             (folder / "tmp").mkdir(parents=True)
             self.started += 1
             argv, env = self.spawn(arch, folder)
-            env = dict(env, **parent_env, TMPDIR=str(folder / "tmp"))
+            env = {**env, PARENT_ENV: str(os.getpid()), "TMPDIR": str(folder / "tmp")}
             env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
             w = _Worker(arch, folder, argv, env)
             workers.append(w)
@@ -194,10 +188,8 @@ class Pool:
             if kill:
                 w.kill()
             else:
-                w.close_stdin()
-
-        def refuse(arch: str, why: str) -> None:
-            refused.setdefault(arch, why)
+                with contextlib.suppress(OSError):
+                    w.proc.stdin.close()
 
         last_tick = time.monotonic()
         try:
@@ -223,7 +215,7 @@ class Pool:
                 now = time.monotonic()
                 wait = min([1.0] + [max(0.0, w.since + self.key_timeout - now) for w in workers])
                 for sk, _ in sel.select(timeout=wait):
-                    self._read(sk.data, retire, refuse, on_answer, pool_answer)
+                    self._read(sk.data, retire, refused.setdefault, on_answer, pool_answer)
                 now = time.monotonic()
                 for w in list(workers):
                     if now - w.since <= self.key_timeout:
@@ -235,8 +227,8 @@ class Pool:
                                     f"{w.proc.pid} killed, log: {w.tail()}")
                     elif not w.ready:
                         retire(w, kill=True)
-                        refuse(w.arch, f"{self.what} worker for {w.arch} did not start in {self.key_timeout:.0f} s "
-                                       f"(--key-timeout): {w.tail()}")
+                        refused.setdefault(w.arch, f"{self.what} worker for {w.arch} did not start in "
+                                                   f"{self.key_timeout:.0f} s (--key-timeout): {w.tail()}")
                 for w in list(retired):
                     if w.proc.poll() is not None:
                         retired.remove(w)
