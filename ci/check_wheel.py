@@ -111,7 +111,7 @@ def audit_only(wheel: Path) -> int:
 SOURCE_FILES = ("pyproject.toml", "setup.py", "LICENSE", "NOTICE", "README.md", "build_matrix.yaml", "dsv41_aot", "ci")
 
 
-def source_tree(dest: Path, root: Path = Path(__file__).resolve().parents[1]) -> Path:
+def source_tree(dest: Path) -> Path:
     """Copy the files a wheel build reads into ``dest``.
 
     Each build gets its own copy, so concurrent builds never share
@@ -119,7 +119,7 @@ def source_tree(dest: Path, root: Path = Path(__file__).resolve().parents[1]) ->
     """
     dest.mkdir(parents=True)
     for name in SOURCE_FILES:
-        src = root / name
+        src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
             ap.error("name a wheel (or --audit-prebuilt DIR)")
         if args.audit_only:
             return max(audit_only(Path(w)) for w in args.wheels)
-        results, rc = [], 0
+        results = []
         for w in args.wheels:
             path = Path(w)
             if not path.is_file():
@@ -153,7 +153,6 @@ def main(argv=None) -> int:
             r = check(path, Path(args.prebuilt) if args.prebuilt else None, not args.no_auditwheel,
                       args.require_proofs)
             results.append(r)
-            rc |= r["failed"]
             if not args.json:
                 what = (", ".join(f"{n} keys of {room}" for room, n in r.get("keys_by_room", {}).items())
                         or ("no kernels" if not r["arches"] else "no readable room"))
@@ -167,7 +166,7 @@ def main(argv=None) -> int:
         return e.exit_code
     if args.json:
         print(json.dumps(results, indent=1))
-    return 1 if rc else 0
+    return 1 if any(r["failed"] for r in results) else 0
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def matrix_digests(matrix_path=None) -> dict:
     """Map each release to its mono sources digest in build_matrix.yaml."""
     from dsv41_aot.aot import matrix
 
-    return matrix.load(matrix_path).digests()
+    return matrix.load(matrix_path).releases
 
 
 def _check_room(root: Path, arch: str, release: str, digests: dict) -> Room:
@@ -125,14 +125,14 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
     return out
 
 
-def check_dir(root: Path, arches=None, digests: dict | None = None) -> list:
+def check_dir(root: Path, arches=None) -> list:
     """Run check_arch on every arch folder of ``root`` (or on ``arches``)."""
     root = Path(root)
     arches = list(arches or [d.name for d in built_arches(root)])
     if not arches:  # the fix builds every arch some release runs on
         raise ManifestError(f"no prebuilt kernels in {root} (no <arch>/vllm-<release>/{MANIFEST})",
                             fix=fix_for(root, deployed_arches()))
-    digests = matrix_digests() if digests is None else digests
+    digests = matrix_digests()  # loaded once for every arch
     return [check_arch(root, a, digests) for a in arches]
 
 

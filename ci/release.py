@@ -37,11 +37,6 @@ from ci.stages import (PY, StageError, check_tag, cli, cmd_cache_key, cmd_check_
 # ---------------------------------------------------------------- shard
 
 
-def recorded_seconds_files(arch: str, folder: Path) -> list:
-    """The compile seconds files an earlier run left for ``arch`` in ``folder``."""
-    return sorted(str(p) for p in Path(folder).glob(f"{arch}-*.json"))
-
-
 def cmd_shard(args) -> int:
     from ci import build_shard
 
@@ -50,7 +45,7 @@ def cmd_shard(args) -> int:
     argv = ["--arch", args.arch, "--shard", shard, "--out", str(Path(args.out).resolve())]
     if args.profile:
         argv += ["--profile", args.profile]
-    seconds = recorded_seconds_files(args.arch, Path(args.seconds_dir))
+    seconds = sorted(str(p) for p in Path(args.seconds_dir).glob(f"{args.arch}-*.json"))  # recorded by a run before
     if seconds:
         argv += ["--seconds", *seconds]
     print(f"+ ci/build_shard.py {' '.join(argv)}", file=sys.stderr, flush=True)
@@ -228,16 +223,16 @@ def release_assets(prebuilt: Path, residency: Path, out: Path) -> list:
     return files + [out / "SHA256SUMS"]
 
 
-def gh_commands(tag: str, files: list, exists: bool, repo: str | None) -> list:
+def gh_command(tag: str, files: list, exists: bool, repo: str | None) -> list:
     """The ``gh`` command that uploads ``files`` to the release of ``tag`` or creates it."""
     where = ["--repo", repo] if repo else []
     if exists:
-        return [["gh", "release", "upload", tag, *map(str, files), "--clobber", *where]]
+        return ["gh", "release", "upload", tag, *map(str, files), "--clobber", *where]
     notes = (f"dsv41-aot {tag[1:]}: `pip install dsv41-aot=={tag[1:]}`. Attached: each arch's residency picture "
              f"and summaries, each room's verified.json (its proofs against vLLM's JIT), SHA256SUMS. "
              f"Checking a downloaded wheel: docs/releases.md.")
-    return [["gh", "release", "create", tag, *map(str, files), "--verify-tag", "--title", tag, "--notes", notes,
-             *where]]
+    return ["gh", "release", "create", tag, *map(str, files), "--verify-tag", "--title", tag, "--notes", notes,
+            *where]
 
 
 def cmd_attach(args) -> int:
@@ -250,16 +245,15 @@ def cmd_attach(args) -> int:
         print(f"asset: {f.name} ({f.stat().st_size} bytes)")
     repo = os.environ.get("GITHUB_REPOSITORY")
     if args.dry_run:
-        for cmd in gh_commands(tag, files, False, repo):
-            print("would run: " + " ".join(cmd))
+        print("would run: " + " ".join(gh_command(tag, files, False, repo)))
         return 0
     gh = shutil.which("gh")
     if gh is None:
         raise StageError("gh (GitHub's CLI) is not on PATH", 2)
     view = subprocess.run([gh, "release", "view", tag, *(["--repo", repo] if repo else [])],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for cmd in gh_commands(tag, files, view.returncode == 0, repo):
-        must(run([gh, *cmd[1:]]), " ".join(cmd[:3]))
+    cmd = gh_command(tag, files, view.returncode == 0, repo)
+    must(run([gh, *cmd[1:]]), " ".join(cmd[:3]))
     return 0
 
 

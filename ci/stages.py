@@ -15,13 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dsv41_aot.errors import AotError
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 PY = sys.executable
 CACHE_PREFIX = "dsv41-build"
-
-from dsv41_aot.errors import AotError  # noqa: E402 (standard library only)
 
 
 class StageError(AotError):

@@ -14,7 +14,6 @@ from ..room import proof_counts, proofs_line
 from . import add_dir, add_shard_args, add_worker_args
 
 
-# ---------------------------------------------------------------- build
 def _selected_keys(args) -> tuple:
     """The keys the command line selects, and the loaded matrix they come from."""
     from ..aot import matrix
@@ -78,7 +77,7 @@ def cmd_build(args) -> int:
     if not args.out.strip():  # Path("") is the current folder: never a silent target
         raise AotError("--out '': an empty folder name", fix="pass --out DIR (e.g. --out kernels_prebuilt)")
     # each release's mono sources digest as the matrix the keys came from records it
-    digests = m.digests()
+    digests = m.releases
     summary = builder.build(
         keys, Path(args.out), jobs=args.jobs, key_timeout=args.key_timeout, vllm_src=args.vllm_src or (),
         digests=digests, progress=not args.no_progress, link=not args.no_link,
@@ -108,16 +107,17 @@ def cmd_list(args) -> int:
     from ..listing import built_arches, built_rooms_or_error, rooms_of
 
     root = Path(args.dir)
-    entries, proofs, warnings = [], [], []
-    found = built_rooms_or_error(root, args.release)
-    timings = {}
-    for room in found:
-        release = room.release
+    entries, seconds, proofs, warnings = [], [], [], []
+    for room in built_rooms_or_error(root, args.release):
         m = room.manifest()
-        proof = _room_proofs(room, m, proofs, warnings)
+        counted, bad, _ = proof_counts(room.root, m)
+        proofs.append(counted)
+        if bad:  # verified.json unreadable: a warning names the file and its fix, and list still lists
+            warnings.append(bad[0].message + (f"; fix: {bad[0].fix}" if bad[0].fix else ""))
+        proof = None if bad else room.proof()
         for key in sorted(m.entries):
-            timings[(release, key)] = m.timings.get(key)
-            entries.append(dict(m.entries[key].to_dict(), release=release, abi=m.abi(key),
+            seconds.append(m.timings.get(key))
+            entries.append(dict(m.entries[key].to_dict(), release=room.release, abi=m.abi(key),
                                 proof=proof.verdict(key, m.entries[key]) if proof else None))
     foreign = [f"{r.dir}: {r.dir.name} is a release this dsv41-aot does not know; left as it is"
                for d in built_arches(root) for r in rooms_of(d) if not r.known]
@@ -129,8 +129,7 @@ def cmd_list(args) -> int:
         return 0
     short = {"proven": "jit", "no_evidence": "old", "stale": "stale", None: "-"}
     print(f"{'release':8} {'key':44} {'bytes':>8} {'code obj':>8} {'compile s':>9} {'proof':>5}  symbol")
-    for row in entries:
-        secs = timings.get((row["release"], row["key"]))
+    for row, secs in zip(entries, seconds):
         secs = f"{secs:9.2f}" if secs is not None else f"{'-':>9}"
         print(f"{row['release']:8} {row['key']:44} {row['bytes']:8d} {row['code_object_bytes']:8d} {secs} "
               f"{short[row['proof']]:>5}  {row['symbol']}")
@@ -141,19 +140,6 @@ def cmd_list(args) -> int:
     for p in proofs:
         print(proofs_line(p))
     return 0
-
-
-def _room_proofs(room, man, proofs: list, warnings: list):
-    """The room's proofs for ``list``, their counts appended to ``proofs``.
-
-    None when verified.json is unreadable: a warning names the file and its
-    fix, and ``list`` still lists."""
-    counted, bad, _ = proof_counts(room.root, man)
-    proofs.append(counted)
-    if bad:
-        warnings.append(bad[0].message + (f"; fix: {bad[0].fix}" if bad[0].fix else ""))
-        return None
-    return room.proof()
 
 
 def cmd_fetch_vllm(args) -> int:

@@ -44,15 +44,6 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _flag(rel, dep) -> str:
-    return f"{rel.arch_flag}={dep.runner_flag}" if rel.arch_flag else "no arch flag"
-
-
-def _draft(dep) -> str:
-    return {"whole": "draft layers whole", "ffn": "draft layers take the FFN launch"}.get(
-        dep.draft_layers, "draft layers off the mono path")
-
-
 def lines() -> list[str]:
     """The text form: one block per release (newest last), then arches and kinds."""
     out = ["vLLM releases (newest last):"]
@@ -65,8 +56,11 @@ def lines() -> list[str]:
         out.append(f"    whole-layer ratios {', '.join(map(str, rel.whole_ratios))}; steps of 1..{rel.max_tokens} "
                    f"tokens; grid of {rel.grid_ctas} CTAs x {rel.cta_threads} threads")
         for arch, dep in rel.arches.items():
+            draft = {"whole": "draft layers whole", "ffn": "draft layers take the FFN launch"}.get(
+                dep.draft_layers, "draft layers off the mono path")
+            flag = f"{rel.arch_flag}={dep.runner_flag}" if rel.arch_flag else "no arch flag"
             out.append(f"    {arch:7} TP {' or '.join(map(str, dep.tp_sizes))}, rows 1..{dep.max_rows}, "
-                       f"K2 {'reads' if dep.k2_reads_index else 'without'} index, {_draft(dep)}, {_flag(rel, dep)}")
+                       f"K2 {'reads' if dep.k2_reads_index else 'without'} index, {draft}, {flag}")
     out.append("arches:")
     for name in deployed_arches():
         a = ARCHES[name]

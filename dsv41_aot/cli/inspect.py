@@ -6,8 +6,6 @@ from ..aot.inspection import cta_text, plot, report, summary_lines
 from ..aot.output import print_json, tally
 from . import add_dir
 
-# ---------------------------------------------------------------- CLI
-
 
 def register(sub) -> None:
     p = sub.add_parser("inspect", help="residency of every prebuilt symbol: resources against the arch's limits, spills, headroom")

@@ -9,11 +9,8 @@ from ..aot.output import print_json, tally
 from ..manifest import PREFIX
 from . import add_dir
 
-# ------------------------------------------------------------------ CLI
-
 
 def register(subparsers) -> None:
-
     p = subparsers.add_parser(
         "link",
         help="link stored objects into loadable libraries (<dir>/<arch>/lib/, one libs.json per release)",
