@@ -36,7 +36,7 @@ K1S = [f"k1@gfx950:s={s},tp=2,r=0" for s in (1, 2, 3, 4)]
 # of vLLM 0.32.0's (K1 39, K2 48, FFN 30)
 ABI_SLOTS = {NEWEST: {"k1": 41, "k2": 55, "ffn": 31}, OLD: {"k1": 39, "k2": 48, "ffn": 30}}
 ALL_SMOKE = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # every release's smoke keys
-DIGESTS = matrix.load().digests()
+DIGESTS = matrix.load().releases
 
 
 def golden() -> dict:

@@ -524,13 +524,13 @@ def test_a_release_tree_with_other_kernels_is_refused(tmp_path):
     """--against-jit takes each release's tree by its matrix digest: a tree
     that says 0.32.0 but holds other mono sources is bad input, naming both."""
     m = matrix.load()
-    good = source.release_trees({"0.32.0"}, m.digests(), ())["0.32.0"]
+    good = source.release_trees({"0.32.0"}, m.releases, ())["0.32.0"]
     assert good.digest == m.releases["0.32.0"] and good.version == "0.32.0"
     tree = Path(shutil.copytree(good.root, tmp_path / "tree"))
     layer = tree / "vllm/models/deepseek_v41/amd/mono/layer.py"
     layer.write_text(layer.read_text() + "\n# patched\n")
     with pytest.raises(ToolchainError) as e:
-        source.release_trees({"0.32.0"}, m.digests(), (tree,))
+        source.release_trees({"0.32.0"}, m.releases, (tree,))
     assert e.value.exit_code == 2 and m.releases["0.32.0"] in str(e.value)
 
 

@@ -100,7 +100,7 @@ def test_swapped_arguments_in_the_prebuilt_packing_fail_naming_the_argument(copy
     ("stream", lambda v: "0x0"),  # the null stream, not the one given
 ])
 def test_a_different_launch_field_fails_naming_it(copy, monkeypatch, field, slip):
-    real = verify._prebuilt_launches
+    real = verify.prebuilt_launches
 
     def slipped(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -108,7 +108,7 @@ def test_a_different_launch_field_fails_naming_it(copy, monkeypatch, field, slip
             launch[field] = slip(launch[field])
         return out
 
-    monkeypatch.setattr(verify, "_prebuilt_launches", slipped)
+    monkeypatch.setattr(verify, "prebuilt_launches", slipped)
     report = run(copy)
     assert [p.split(":")[0] for p in problems(report)] == [f"launch {field} differs"], problems(report)
     assert report["failed"] == 1

@@ -19,9 +19,6 @@ from ..manifest import MANIFEST, PREFIX, prebuilt_dir
 from ..room import Room
 
 
-# ------------------------------------------------------------------ what is there
-
-
 def check(dep: Deployment, m, root, profile: str | None, missing_ok: bool) -> dict:
     """The coverage report of ``dep``: against its room in ``root``, or a profile.
 

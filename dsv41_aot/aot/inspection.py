@@ -20,7 +20,7 @@ from ..manifest import atomic_write
 from ..listing import built_rooms_or_error
 from .codeobject import code_object_resources
 from ..elf import exported_parts
-from .residency import RESOURCES, UNITS, cta_threads, residency_problems, spill_notes, usage, waves_per_simd
+from .residency import RESOURCES, UNITS, residency_problems, spill_notes, usage, waves_per_simd
 
 LABELS = {"lds": "LDS", "vgprs": "VGPRs", "agprs": "AGPRs", "sgprs": "SGPRs"}
 # AGPRs and SGPRs get a panel when some key uses this share of the limit
@@ -30,20 +30,17 @@ BINDS = 0.5
 
 def inspect_dir(root, release: str | None = None) -> list[dict]:
     """One row per stored symbol of ``root`` (of ``release``'s rooms, if given)."""
-    root = Path(root)
-    found = built_rooms_or_error(root, release)
     rows = []
-    for room in found:
+    for room in built_rooms_or_error(Path(root), release):
         man = room.manifest()
-        for key in sorted(man.entries):
-            e = man.entries[key]
+        for key, e in sorted(man.entries.items()):
             man.check_object(key)
             _, code = exported_parts(man.object_path(key).read_bytes(), e.entry)
             res = code_object_resources(code)
             problems = residency_problems(res, man.arch, man.release)  # judged by the release's grid
             rows.append({
                 "key": key, "kind": e.kind, "arch": man.arch, "release": man.release,
-                "threads": cta_threads(man.release), "tokens": e.fields["tokens"],
+                "threads": release_facts(man.release).cta_threads, "tokens": e.fields["tokens"],
                 "tp": e.fields["tp"], "series": series(BuildKey.parse(key, man.release)),
                 "compile_seconds": man.timings.get(key), "bytes": e.bytes,
                 "code_object_bytes": e.code_object_bytes, "resources": res,
@@ -71,7 +68,7 @@ def summary(rows: list[dict]) -> list[dict]:
     for r in rows:
         s = out.setdefault((r["arch"], r["release"], r["kind"]),
                            {"arch": r["arch"], "release": r["release"], "kind": r["kind"],
-                            "threads": cta_threads(r["release"]), "keys": 0, "resources": {},
+                            "threads": release_facts(r["release"]).cta_threads, "keys": 0, "resources": {},
                             "spills": [], "not_resident": []})
         s["keys"] += 1
         for name, (use, limit) in r["usage"].items():
@@ -97,7 +94,7 @@ def report(root, release: str | None = None) -> dict:
 
 def _one_threads(entries: list[dict]) -> int | None:
     """The threads per CTA shared by every release in ``entries``, else None."""
-    found = {cta_threads(row["release"]) for row in entries}
+    found = {release_facts(row["release"]).cta_threads for row in entries}
     return found.pop() if len(found) == 1 else None
 
 

@@ -37,8 +37,8 @@ LINK_FLAGS = (
     "-shared", "--build-id=none", "-z", "now", "-z", "relro", "-z", "noexecstack",
     "--hash-style=gnu", "--strip-all", "--no-undefined-version",
 )
-# what an export object may leave for the host process to provide: the HIP
-# runtime (opened by the loader) and libc / libdl / pthread (every process)
+
+
 def find_linker() -> str:
     """The ld.lld to link with: DSV41_AOT_LD, the build's own, or PATH's.
 

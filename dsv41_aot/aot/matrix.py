@@ -20,10 +20,11 @@ from pathlib import Path
 from .. import commands
 from ..deployment import NotDeployed, deployment, required
 from ..errors import AotError, KeyFormatError, MatrixError
-from ..facts.arches import ARCHES
+from ..facts.arches import ARCHES, arch_facts
 from ..facts.kinds import KINDS
 from ..facts.releases import ALL_FIELDS, RELEASES, version_order
 from ..keys import BuildKey
+from . import shards
 from .yamllines import Node, line_of, parse
 
 DEFAULT_MATRIX = Path(__file__).resolve().parents[2] / "build_matrix.yaml"
@@ -44,7 +45,7 @@ class Matrix:
     keys: list = field(default_factory=list)  # every release's keys, sorted
     profiles: dict = field(default_factory=dict)  # name -> Node
     profile_lines: dict = field(default_factory=dict)  # name -> line
-    releases: dict = field(default_factory=dict)  # version -> its mono sources digest
+    releases: dict = field(default_factory=dict)  # version -> the mono sources digest its rooms are built from
     drafts: dict = field(default_factory=dict)  # name -> (experts, topk, swa_width)
 
     def error(self, line: int, msg: str) -> MatrixError:
@@ -53,10 +54,6 @@ class Matrix:
             fix=f"edit {self.path} and check it with: {commands.listing(matrix=self.path)}",
         )
 
-    def digests(self) -> dict:
-        """Each release's mono sources digest, by version: what its rooms must be built from."""
-        return dict(self.releases)
-
     def choose(self, profile: str | None = None, *, keys: list | None = None, release: str | None = None,
                arches=(), shard: str | None = None, seconds=()) -> list[BuildKey]:
         """The keys a command builds or verifies: ``keys`` (else ``profile``'s), of ``release`` and ``arches``, cut
@@ -64,9 +61,6 @@ class Matrix:
 
         build and verify choose through here, so ``verify --shard`` checks what ``build --shard`` built. A
         narrowing that leaves no key is bad input, as is an unknown arch."""
-        from ..facts.arches import arch_facts
-        from . import shards
-
         keys = self.select(profile) if keys is None else keys
         if release:
             keys = [k for k in keys if k.release == release]
@@ -98,8 +92,7 @@ class Matrix:
         if "keys" in spec:
             selected = self._listed(name, spec["keys"])
         else:
-            where = spec.get("where", {})
-            selected = [k for k in self.keys if matches(where, k)]
+            selected = [k for k in self.keys if matches(spec.get("where", {}), k)]
         if not selected:
             raise self.error(self.profile_lines.get(name, 0), f"profile {name!r} selects no keys")
         return sorted(selected)
@@ -147,10 +140,7 @@ class Matrix:
 
 def matches(where: dict, key: BuildKey) -> bool:
     """Whether ``key`` has the values ``where`` names (a value or a list per field)."""
-    for name, want in where.items():
-        if getattr(key, name) not in (want if isinstance(want, list) else [want]):
-            return False
-    return True
+    return all(getattr(key, name) in (want if isinstance(want, list) else [want]) for name, want in where.items())
 
 
 def release_keys(version: str, drafts: dict) -> dict:

@@ -27,14 +27,9 @@ def _round_up(n: int, granule: int) -> int:
     return -(-n // granule) * granule
 
 
-def cta_threads(release: str) -> int:
-    """Threads per CTA of vLLM ``release``'s mono launches."""
-    return release_facts(release).cta_threads
-
-
 def waves_per_cta(res: dict, release: str) -> int:
     """How many waves one CTA of vLLM ``release``'s launches has."""
-    return -(-cta_threads(release) // res["wavefront_size"])
+    return -(-release_facts(release).cta_threads // res["wavefront_size"])
 
 
 def waves_per_cta_simd(res: dict, arch: str, release: str) -> int:
@@ -79,7 +74,7 @@ def residency_problems(res: dict, arch: str, release: str) -> list[str]:
     The grid is vLLM ``release``'s. Each reason names the figure and the
     limit; an empty list means it can be resident. A spill is no reason."""
     lim = arch_facts(arch).limits()
-    threads, ctas = cta_threads(release), release_facts(release).grid_ctas
+    threads, ctas = release_facts(release).cta_threads, release_facts(release).grid_ctas
     use = usage(res, arch, release)
     per_simd = waves_per_cta_simd(res, arch, release)
     waves = waves_per_cta(res, release)

@@ -25,6 +25,7 @@ from ..proof import VERIFIED
 from .integrity import NOT_RESIDENT, KeyReport, ShippedCode, check_entry
 from . import hiprec
 from .cache import JIT, BuildCache
+from .hiprec.prebuilt import prebuilt_launches
 from .jit import compare_jit, verified_record, write_verified
 from .output import progress_bar, tally
 
@@ -66,7 +67,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
     # each release's tree by the matrix's digest, else its manifest's (an installed wheel ships no matrix)
     digests = {m.release: m.mono_sources for m in mans.values()}
     if matrix_path is not None or matrix.DEFAULT_MATRIX.is_file():
-        digests |= matrix.load(matrix_path).digests()
+        digests |= matrix.load(matrix_path).releases
     sources = source.release_trees({k.release for k in todo}, digests, trees)
     store, idents, hits, warned = None, {}, [], []
     if cache is not None and todo:
@@ -107,12 +108,11 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         if rep.ok:  # this run's proof, compared with the one the room carries under the same FlyDSL
             mine = verified_record(str(key), code, msg.get("identity"), msg["evidence"])
             theirs = shipped[key.room].get((str(key), mine.flydsl))
-            if theirs is not None and (diffs := theirs.differences(mine)):
+            if theirs is not None:
                 rep.checks.append("proof")
-                rep.problems.append(f"{PROOF_DIFFERS} (recorded, now): {', '.join(diffs)}")
-                mine = None
-            elif theirs is not None:
-                rep.checks.append("proof")
+                if diffs := theirs.differences(mine):
+                    rep.problems.append(f"{PROOF_DIFFERS} (recorded, now): {', '.join(diffs)}")
+                    mine = None
         if record:  # a key's proof under this run's FlyDSL; those under other FlyDSL releases are kept
             flydsl = (msg.get("identity") or {}).get("flydsl_version") or ""
             if mine is not None:
@@ -124,9 +124,10 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
 
     try:
         with tempfile.TemporaryDirectory(prefix="dsv41-jit-cached-") as tmp:
-            for room, ks in chosen.items():
-                if ks:
-                    launches.update(_prebuilt_launches(codes, ks, sources, hip, Path(tmp) / room.replace("/", "-")))
+            for room, man in mans.items():
+                launches.update(prebuilt_launches(man, sources[man.release].mono_dir,
+                                                  {k: codes[k][1] for k in chosen[room]}, hip,
+                                                  Path(tmp) / room.replace("/", "-")))
             for k, (rec, data) in hits:
                 path = Path(tmp) / f"{k.entry}.jit.co"
                 path.write_bytes(data)
@@ -148,18 +149,6 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         for room, recs in proofs.items():
             write_verified(mans[room], list(recs.values()))
     return warned
-
-
-def _prebuilt_launches(codes: dict, keys: list, sources: dict, hip: Path, folder: Path) -> dict:
-    """Launch each of one room's ``keys`` through the recording HIP ``hip``.
-
-    Returns BuildKey -> the recorded launch, or the text of its problem."""
-    from .hiprec.prebuilt import prebuilt_launches
-
-    man = codes[keys[0]][0]
-    got = prebuilt_launches(man.dir.parent, man.arch, man.release, sources[man.release].mono_dir,
-                            {str(k): (man.abi(str(k)), codes[k][1]) for k in keys}, hip, folder)
-    return {k: got[str(k)] for k in keys}
 
 
 def _compare_launches(prebuilt, jit_launch, code: bytes) -> list[str]:
@@ -215,9 +204,8 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             mans[room] = room.manifest()
         except ManifestError:  # the room's manifest problem (with its fix); its keys cannot be checked
             lib_failures += [dict(p.as_dict(), release=room.release) for p in room.problems(objects=False)]
-    wanted = None
-    if keys is not None:
-        wanted = set(keys)
+    wanted = None if keys is None else set(keys)
+    if wanted is not None:
         known = {BuildKey.parse(k, m.release) for m in mans.values() for k in m.entries}
         unknown = sorted(wanted - known)
         if unknown:

@@ -18,7 +18,7 @@ from ..keys import BuildKey
 from ..proof import NO_EVIDENCE, PROVEN, VERIFIED, Proof
 from ..manifest import LIB, TIMINGS, room_name
 from ..room import Room, ZipReader
-from ..listing import arch_problems, rooms_in_members
+from ..listing import arch_problems, built_rooms, rooms_in_members
 
 PKG = "dsv41_aot/kernels_prebuilt/"  # where a wheel carries its rooms
 PLAT = "manylinux_2_28_x86_64"  # a kernels wheel's platform tag (host libraries, no Python extension)
@@ -214,7 +214,7 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
                 if k == "Tag"]
         out.update(name=meta["Name"], version=meta["Version"], tags=tags)
         reqs, extra = requirement_problems(meta.get_all("Requires-Dist") or [], meta.get_all("Provides-Extra") or [])
-        problems += reqs + metadata_problems(meta, names)
+        problems += reqs + metadata_problems(meta, names, info)
         arches = sorted({n[len(PKG):].split("/")[0] for n in names if n.startswith(PKG) and n.count("/") > 2})
         out["arches"] = arches
         if not arches:
@@ -257,10 +257,9 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
     return out
 
 
-def metadata_problems(meta, names: list) -> list[str]:
+def metadata_problems(meta, names: list, info: str) -> list[str]:
     """A wheel's METADATA judged beside its requirements: licence files, version; no raw library, no timings."""
     out = []
-    info = dist_info(names)
     for lic in ("LICENSE", "NOTICE"):
         if not any(n.startswith(info) and n.rsplit("/", 1)[-1] == lic for n in names):
             out.append(f"{lic} missing from {info}")
@@ -291,10 +290,8 @@ def vllm_extra_problems(meta, spec: str | None, served: list, out: dict) -> list
 
 def prebuilt_problems(z: zipfile.ZipFile, prebuilt: Path) -> list[str]:
     """Where a wheel's kernels differ from the prebuilt dir it was built from: rooms, then file by file."""
-    from ..listing import built_arches, built_releases
-
     names = z.namelist()
-    have = [(d.name, release) for d in built_arches(prebuilt) for release in built_releases(d)]
+    have = [(r.arch, r.release) for r in built_rooms(prebuilt)]
     held = rooms_in_members(names, PKG)
     out = []
     if set(have) != set(held):

@@ -83,10 +83,6 @@ def _lazy_helper(helper: str) -> types.ModuleType:
     return module
 
 
-def _shimmed() -> bool:
-    return getattr(sys.modules.get(KERNELS), _MARK, False)
-
-
 def install_aiter_shim() -> dict:
     """Make aiter's three helper modules importable; return the helpers' identity.
 
@@ -98,7 +94,7 @@ def install_aiter_shim() -> dict:
     "digest": compat_digest()}``. Idempotent. An aiter that fails with
     anything but ``ImportError`` is left to raise: a half-working aiter must
     not be silently replaced."""
-    if not _shimmed():
+    if not getattr(sys.modules.get(KERNELS), _MARK, False):  # not yet installed
         try:
             importlib.import_module(KERNELS)
         except ImportError:

@@ -32,8 +32,6 @@ SONAME = "libamdhip64.so.7"
 CC_FLAGS = ("-O2", "-g0", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror")
 ROCM_6_4_3 = 60443483  # hipRuntimeGetVersion of ROCm 6.4.3, which the loader accepts
 ARCH_NAMES = {"gfx950": "gfx950:sramecc+:xnack-", "gfx942": "gfx942:sramecc+:xnack-"}
-# the stream both launches of a comparison are given (what torch.cuda.current_stream().cuda_stream holds)
-STREAM = 0x7E57
 # the fields of a launch compared, in the order a difference is reported
 FIELDS = ("image_sha256", "kernel", "grid", "block", "shared", "stream", "kernarg")
 
@@ -184,7 +182,7 @@ def launch_values(ctypes_: list) -> list:
 class Stream:
     """The stream both launches get: like vLLM's torch stream, it has ``.cuda_stream``."""
 
-    cuda_stream = STREAM
+    cuda_stream = 0x7E57  # what torch.cuda.current_stream().cuda_stream holds
 
 
 def recorded_launch(log: Path, what: str) -> dict:

@@ -24,23 +24,23 @@ def launch_argv() -> list[str]:
     return [sys.executable, "-m", "dsv41_aot.aot.hiprec.prebuilt"]
 
 
-def prebuilt_launches(root: Path, arch: str, release: str, mono_dir: Path, keys: dict, lib: Path,
-                      folder: Path) -> dict:
+def prebuilt_launches(man, mono_dir: Path, codes: dict, lib: Path, folder: Path) -> dict:
     """key -> its prebuilt launch (``recorded_launch``'s dict) or what went wrong.
 
-    ``keys`` maps each key of one room to (its ABI slots, its GPU code object);
+    ``codes`` maps each key (a BuildKey) of manifest ``man``'s room to its GPU code object;
     the launches go through the recording HIP ``lib`` and log into ``folder``."""
     from ..integrity import scalar_slots  # here: the launch process below imports only the runtime
 
     folder.mkdir(parents=True, exist_ok=True)
     layouts = folder / "layouts.tsv"
-    write_layout_file(layouts, [kernel_metadata(code) for _, code in keys.values()])
-    job = {"root": str(root), "release": release, "mono_dir": str(mono_dir), "layouts": str(layouts), "keys": [
-        {"key": k, "log": str(folder / f"{i}.hip.log"),
-         "values": launch_values([s["ctype"] for s in scalar_slots(abi)])}
-        for i, (k, (abi, _)) in enumerate(sorted(keys.items()))]}
+    write_layout_file(layouts, [kernel_metadata(code) for code in codes.values()])
+    order = sorted(codes, key=str)
+    job = {"root": str(man.dir.parent), "release": man.release, "mono_dir": str(mono_dir), "layouts": str(layouts),
+           "keys": [{"key": str(k), "log": str(folder / f"{i}.hip.log"),
+                     "values": launch_values([s["ctype"] for s in scalar_slots(man.abi(str(k)))])}
+                    for i, k in enumerate(order)]}
     run_env = {k: v for k, v in os.environ.items() if not k.startswith(("DSV41_AOT_", "RECORDING_HIP_"))}
-    run_env.update(env(lib, None, arch=arch))
+    run_env.update(env(lib, None, arch=man.arch))
     run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[3]),
                                                           run_env.get("PYTHONPATH")]))
     proc = subprocess.run(launch_argv(), input=json.dumps(job), capture_output=True, text=True, env=run_env,
@@ -49,17 +49,14 @@ def prebuilt_launches(root: Path, arch: str, release: str, mono_dir: Path, keys:
         answers = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "(no output)"
-        return {k: f"the prebuilt launch process failed (exit {proc.returncode}): {tail}" for k in keys}
-    out = {}
-    for k in job["keys"]:
-        err = answers.get(k["key"], "no answer")
-        if err is None:
+        return {k: f"the prebuilt launch process failed (exit {proc.returncode}): {tail}" for k in codes}
+    out = {k: answers.get(str(k), "no answer") for k in order}  # None: it launched
+    for k, asked in zip(order, job["keys"]):
+        if out[k] is None:
             try:
-                out[k["key"]] = recorded_launch(Path(k["log"]), f"{k['key']}: the prebuilt launch")
+                out[k] = recorded_launch(Path(asked["log"]), f"{k}: the prebuilt launch")
             except Exception as e:  # noqa: BLE001 - its text is the key's problem
-                out[k["key"]] = str(e)
-        else:
-            out[k["key"]] = err
+                out[k] = str(e)
     return out
 
 
