@@ -55,7 +55,14 @@ def _plans(shards: list[Path]) -> dict:
     out: dict = {}
     for d in shards:
         for p in sorted(d.glob(PLANS)):
-            plan = json.loads(p.read_bytes())
+            try:
+                plan = json.loads(p.read_bytes())
+                sound = isinstance(plan["arch"], str) and 0 <= plan["index"] < plan["count"]
+            except (ValueError, KeyError, TypeError):  # not JSON, a field missing, or not numbers
+                sound = False
+            if not sound:
+                raise MergeError(f"{p}: not a shard plan ci/build_shard.py writes (an arch, an index below its "
+                                 f"count)", fix=f"rm {p}  # then merge again: it names the shard to rebuild")
             plan["_file"], plan["_dir"] = str(p), d
             out.setdefault(plan["arch"], []).append(plan)
     return out

@@ -354,6 +354,18 @@ def test_merge_refuses_no_shards(tmp_path):
         merge.merge([tmp_path], tmp_path / "out", log=None)
 
 
+def test_merge_refuses_a_plan_build_shard_never_writes(smoke_dir, tmp_path):
+    """A plan file that is no JSON, lacks a field, or names shard 1 of 1 is bad input naming the file."""
+    shard = _cut(smoke_dir, tmp_path / "s0", 0, 1, plan=True)
+    plan = shard / build_shard.plan_name("gfx950", 0, 1)
+    for text in ("{", json.dumps({"arch": "gfx950", "index": 0}), json.dumps({"arch": "gfx950", "index": 1, "count": 1})):
+        plan.write_text(text)
+        with pytest.raises(IntegrityError, match="not a shard plan") as err:
+            merge.merge([shard], tmp_path / "out", log=None)
+        assert str(plan) in str(err.value) and err.value.fix.startswith(f"rm {plan}")
+    assert not (tmp_path / "out").exists()
+
+
 def test_merge_json_is_one_document_when_it_fails(tmp_path, capsys):
     (tmp_path / "gfx950" / "objects").mkdir(parents=True)
     assert merge.main([str(tmp_path), "--out", str(tmp_path / "out"), "--json"]) == 1
