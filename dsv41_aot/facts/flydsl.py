@@ -27,8 +27,6 @@ class FlyDSLRelease:
     #   "disk_cache_key": jit_function._disk_cache_key(cache_key), which also
     #     fingerprints the compiler's own files (and ROCm's device bitcode)
     disk_name: str
-    # the variable that makes FlyDSL's JIT compile without a launch (as vLLM's compile-only runs set it)
-    compile_only_env: str
     # what else differs from the release before it, for a maintainer's eyes
     notes: str = ""
 
@@ -36,9 +34,9 @@ class FlyDSLRelease:
 FLYDSL = {
     r.version: r
     for r in (
-        FlyDSLRelease("0.4.2", disk_name="key_text", compile_only_env="COMPILE_ONLY"),
+        FlyDSLRelease("0.4.2", disk_name="key_text"),
         FlyDSLRelease(
-            "0.5.0", disk_name="disk_cache_key", compile_only_env="COMPILE_ONLY",
+            "0.5.0", disk_name="disk_cache_key",
             notes="JitFunction._cache_key_to_str removed; the disk cache key adds a hash of ROCm's "
                   "device bitcode (ocml/ockl), which no mono kernel links; the exported C object's "
                   "metadata names the version (GPU code objects of vLLM 0.33.0 unchanged)",
