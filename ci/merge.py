@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED, write_verified  # noqa: E402
 from dsv41_aot.aot.link import link_room  # noqa: E402
+from dsv41_aot.aot.output import error_doc, print_json  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
 from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest, room_name  # noqa: E402
 from dsv41_aot.listing import built_rooms  # noqa: E402
@@ -72,12 +73,12 @@ def _show(pair) -> str:
     return f"{pair[1]} (vLLM {pair[0]})"
 
 
-def _check_plans(arch: str, plans: list, held: dict, held_by: dict) -> None:
+def _check_plans(arch: str, plans: list, held_by: dict) -> None:
     """Check that the shards match their plans and together hold every planned key.
 
-    ``held`` maps (release, key) to the shard arch dir holding it;
     ``held_by`` maps a shard arch dir to its (release, key) pairs.
     """
+    held = {k for keys in held_by.values() for k in keys}  # every (release, key) some shard holds
     counts = {p["count"] for p in plans}
     universes = {tuple(pairs(p["all_keys"])) for p in plans}
     if len(counts) != 1 or len(universes) != 1:
@@ -140,7 +141,7 @@ def _proofs(room: str, rooms: list, entries: dict, require: bool) -> dict:
     return proofs
 
 
-def _merge_room(arch: str, release: str, rooms: list, held: dict, held_by: dict, require_verified: bool) -> tuple:
+def _merge_room(arch: str, release: str, rooms: list, held_by: dict, require_verified: bool) -> tuple:
     """Merge one room from the shards' rooms of it."""
     room = room_name(arch, release)
     entries, abis, origin, sources, timings = {}, {}, {}, {}, {}
@@ -161,7 +162,6 @@ def _merge_room(arch: str, release: str, rooms: list, held: dict, held_by: dict,
                     )
                 continue
             entries[key], origin[key] = e, adir
-            held[(release, key)] = adir
             abis[e.abi] = man.abis[e.abi]
             sources.setdefault(e.source, key)
     if len(sources) > 1:
@@ -192,11 +192,11 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, requir
 
     merged: dict = {}  # arch -> {release: (entries, abis, origin, timings, proofs)}
     for arch in sorted({a for a, _ in by_room}):
-        held, held_by = {}, {}
+        held_by: dict = {}
         releases = sorted((r for a, r in by_room if a == arch), key=version_order)
-        merged[arch] = {r: _merge_room(arch, r, by_room[arch, r], held, held_by, require_verified) for r in releases}
+        merged[arch] = {r: _merge_room(arch, r, by_room[arch, r], held_by, require_verified) for r in releases}
         if arch in plans:
-            _check_plans(arch, plans[arch], held, held_by)
+            _check_plans(arch, plans[arch], held_by)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.merge-"))
@@ -264,8 +264,6 @@ def main(argv=None) -> int:
     except AotError as e:
         print(f"ci/merge.py: error: {e}", file=sys.stderr)
         if args.json:  # still one document on stdout, saying why
-            from dsv41_aot.aot.output import error_doc, print_json
-
             print_json(error_doc("ci/merge.py", e))
         return e.exit_code
     if args.json:
