@@ -68,22 +68,18 @@ def _new_launcher(key, text: str, arch: str, root: Path, release: str | None) ->
     if entry is None:
         from ..keys import neighbours
 
-        close = neighbours(bk, idx.entries)
         raise KeyNotPrebuiltError(
             f"{text} is not prebuilt for vLLM {release} in {idx.manifest.room} ({len(idx.entries)} keys); "
-            f"closest: {', '.join(close) or 'none'}",
+            f"closest: {', '.join(neighbours(bk, idx.entries)) or 'none'}",
             fix=commands.build(root, release=release, keys=[text], link=True),
         )
     check_source(text, entry)
     lib = idx.room.links().band_of.get(text)
     if problem := idx.room.link_problem(text, entry, lib):
         raise problem.error()
-    with state.current().lock:
-        launcher = state.current().launchers.get((root, release, text))
-        if launcher is None:
-            launcher = Launcher(text, entry, idx.abi(entry.abi), idx, lib)
-            state.current().launchers[(root, release, text)] = launcher
-    return launcher
+    with state.current().lock:  # a thread that made it first keeps its Launcher
+        launcher = Launcher(text, entry, idx.abi(entry.abi), idx, lib)
+        return state.current().launchers.setdefault((root, release, text), launcher)
 
 
 def prebuilt_dir() -> Path:
