@@ -15,16 +15,18 @@ import shlex
 TOOL = "dsv41-aot"
 
 
+def _flags(*pairs) -> list:
+    """The words ``flag value`` of each (flag, value) pair whose value is not None, in order."""
+    return [word for flag, value in pairs if value is not None for word in (flag, str(value))]
+
+
 def build(out=None, *, release: str | None = None, arch: str | None = None, keys=(), profile: str | None = None,
           options=(), link: bool = False) -> str:
     """The build command of ``keys`` (or ``profile``) of ``release`` on ``arch`` into ``out``.
 
     With ``link``, the link of ``out`` follows it (a build links by itself
     unless given --no-link; the loader's fixes name the link all the same)."""
-    words = [TOOL, "build"]
-    for flag, value in (("--release", release), ("--arch", arch), ("--profile", profile), ("--out", out)):
-        if value is not None:
-            words += [flag, str(value)]
+    words = [TOOL, "build", *_flags(("--release", release), ("--arch", arch), ("--profile", profile), ("--out", out))]
     if keys:
         words += ["--key", *sorted(map(str, keys))]
     cmd = shlex.join([*words, *options])
@@ -33,11 +35,8 @@ def build(out=None, *, release: str | None = None, arch: str | None = None, keys
 
 def listing(profile: str | None = None, *, release: str | None = None, matrix=None) -> str:
     """The command that lists the keys ``profile`` (default: the matrix's own) of ``matrix`` selects."""
-    words = [TOOL, "build", "--list"]
-    for flag, value in (("--profile", profile), ("--release", release), ("--matrix", matrix)):
-        if value is not None:
-            words += [flag, str(value)]
-    return shlex.join(words)
+    flags = _flags(("--profile", profile), ("--release", release), ("--matrix", matrix))
+    return shlex.join([TOOL, "build", "--list", *flags])
 
 
 def relink(out, *, arch=None, release: str | None = None) -> str:
@@ -47,6 +46,4 @@ def relink(out, *, arch=None, release: str | None = None) -> str:
     words = [TOOL, "link", "--dir", str(out)]
     for a in [arch] if isinstance(arch, str) else arch or []:
         words += ["--arch", a]
-    if release is not None:
-        words += ["--release", release]
-    return shlex.join(words)
+    return shlex.join([*words, *_flags(("--release", release))])
