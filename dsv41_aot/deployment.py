@@ -108,26 +108,6 @@ def parse_draft(text: str | None, presets: dict | None = None) -> tuple | None:
     return parts
 
 
-def layer_kinds(release: str) -> dict:
-    """Every (ratio, fold, index) ``release``'s runner runs a whole layer with.
-
-    For the target ("backbone") and the draft: the ratios attention.py
-    allows that run whole. A field the release's MonoBuild lacks takes its default."""
-    rel = release_facts(release)
-    # amd/mono_decode.py: fold=False on the model's first layer and after an
-    # Engram write, True elsewhere; index where the layer has an indexer
-    folds = (False, True) if rel.reads("fold") else (rel.defaults["fold"],)
-    indexes = (False, True) if rel.reads("index") else (rel.defaults["index"],)
-    whole_drafts = any(d.draft_layers == "whole" for d in rel.arches.values())
-    return {
-        # amd/mono/runner.py forward(): `assert not index or ratio`
-        "backbone": [(r, f, i) for r in rel.whole_ratios for f in folds for i in indexes if r or not i],
-        # amd/mono_decode.py MonoDecodeLayer._create: a draft layer with
-        # compressed keys or an indexer is refused
-        "draft": [(0, f, False) for f in folds] if whole_drafts else [],
-    }
-
-
 @dataclass(frozen=True)
 class RunnerCall:
     """One call vLLM's runner (runner.py ``DSV41MonoLayer``) makes for a step, and its keys.
@@ -174,12 +154,19 @@ def runner_calls(dep: Deployment) -> list[RunnerCall]:
     """Every call ``dep.release``'s runners can make for ``dep``, widths ascending."""
     rel = release_facts(dep.release)
     facts = rel.deploy(dep.arch)
-    kinds = layer_kinds(dep.release)
+    # amd/mono_decode.py: fold=False on the model's first layer and after an
+    # Engram write, True elsewhere; index where the layer has an indexer. A
+    # field the release's MonoBuild lacks takes its default
+    folds = (False, True) if rel.reads("fold") else (rel.defaults["fold"],)
+    indexes = (False, True) if rel.reads("index") else (rel.defaults["index"],)
+    # the (ratio, fold, index) of the target's whole layers: the ratios attention.py allows that run
+    # whole; amd/mono/runner.py forward(): `assert not index or ratio`
+    whole = [(r, f, i) for r in rel.whole_ratios for f in folds for i in indexes if r or not i]
     calls: list = []
     for tokens in range(1, dep.max_rows + 1):
         # the target's whole layers (MonoDecodeLayer.__call__ -> runner.forward
         # -> kernels(M, attn.compress_ratio[, fold, select is not None]))
-        calls += [_kernels(dep, tokens, ratio, fold, index, rel.target) for ratio, fold, index in kinds["backbone"]]
+        calls += [_kernels(dep, tokens, ratio, fold, index, rel.target) for ratio, fold, index in whole]
         # any other mono layer (0.33.0: an MXFP8 KV cache, another indexer;
         # 0.32.0: ratio 0, a compressor / indexer, Engram): MonoDecodeLayer(
         # ffn_only=True).ffn -> ffn_kernel(M[, gate_w rows = 384, 6])
@@ -193,9 +180,11 @@ def runner_calls(dep: Deployment) -> list[RunnerCall]:
             calls.append(_ffn_kernel(dep, tokens, rel.target, dict(experts=experts, topk=topk)))
         else:
             # the draft's own runner: DSV41MonoLayer(experts, topk,
-            # ug_groups=DRAFT_UG_GROUPS, swa_width) running whole draft layers
+            # ug_groups=DRAFT_UG_GROUPS, swa_width) running whole draft layers;
+            # amd/mono_decode.py MonoDecodeLayer._create: a draft layer with
+            # compressed keys or an indexer is refused
             routing = dict(experts=experts, topk=topk, ug_groups=rel.draft_ug_groups, swa_width=swa_width)
-            calls += [_kernels(dep, tokens, ratio, fold, index, routing) for ratio, fold, index in kinds["draft"]]
+            calls += [_kernels(dep, tokens, 0, fold, False, routing) for fold in folds]
     return calls
 
 
