@@ -59,9 +59,8 @@ class Evidence:
         return {d for d in (self.artifact_sha256, self.module_sha256, self.cache_key_sha256) if d}
 
     def as_dict(self) -> dict:
-        second = ("module_sha256", self.module_sha256) if self.module_sha256 else \
-            ("cache_key_sha256", self.cache_key_sha256)
-        out = {"artifact_sha256": self.artifact_sha256, second[0]: second[1], "at": self.at}
+        second = "module_sha256" if self.module_sha256 else "cache_key_sha256"
+        out = {"artifact_sha256": self.artifact_sha256, second: getattr(self, second), "at": self.at}
         if self.launch_sha256 is not None:
             out["launch_sha256"] = self.launch_sha256
         return out

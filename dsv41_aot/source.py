@@ -57,8 +57,21 @@ class MonoSource:
 
     @functools.cached_property
     def version(self) -> str:
-        """vLLM's version ("unknown" for a checkout without one), read only when asked."""
-        return _version_of(self.root)
+        """vLLM's version ("unknown" for a checkout without one), read only when asked.
+
+        From its dist-info beside the package, else ``vllm/_version.py``."""
+        for info in sorted(self.root.glob("vllm-*.dist-info")):
+            meta = info / "METADATA"
+            if meta.is_file():
+                for line in meta.read_text(errors="replace").splitlines():
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
+        ver = self.root / "vllm" / "_version.py"
+        if ver.is_file():
+            for line in ver.read_text().splitlines():
+                if line.startswith(("__version__", "version")) and "=" in line:
+                    return line.split("=", 1)[1].strip().strip("'\"")
+        return "unknown"
 
     @property
     def mono_dir(self) -> Path:
@@ -83,22 +96,6 @@ def mono_digest(mono_dir: Path) -> str:
         h.update(str(f.relative_to(mono_dir)).encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
-
-
-def _version_of(root: Path) -> str:
-    """vLLM's version from its dist-info beside the package, else ``vllm/_version.py``."""
-    for info in sorted(root.glob("vllm-*.dist-info")):
-        meta = info / "METADATA"
-        if meta.is_file():
-            for line in meta.read_text(errors="replace").splitlines():
-                if line.startswith("Version:"):
-                    return line.split(":", 1)[1].strip()
-    ver = root / "vllm" / "_version.py"
-    if ver.is_file():
-        for line in ver.read_text().splitlines():
-            if line.startswith(("__version__", "version")) and "=" in line:
-                return line.split("=", 1)[1].strip().strip("'\"")
-    return "unknown"
 
 
 def find(vllm_src: str | os.PathLike | None = None) -> MonoSource:

@@ -144,15 +144,13 @@ def kernel_metadata(code: bytes) -> dict:
     return kernel
 
 
-def layout_line(kernel: dict) -> str:
-    """One kernel's line in the recording HIP's layout file, from its metadata map."""
-    args = ",".join(f"{a['.offset']}:{a['.size']}" for a in kernel[".args"])
-    return f"{kernel['.name']}\t{kernel['.kernarg_segment_size']}\t{args}\n"
-
-
 def write_layout_file(path: Path, kernels) -> None:
-    """Write the layout file of ``kernels`` (metadata maps), atomically."""
-    atomic_write(Path(path), "".join(layout_line(k) for k in kernels).encode())
+    """Write the layout file of ``kernels`` (metadata maps), atomically: a line per kernel."""
+    lines = []
+    for k in kernels:
+        args = ",".join(f"{a['.offset']}:{a['.size']}" for a in k[".args"])
+        lines.append(f"{k['.name']}\t{k['.kernarg_segment_size']}\t{args}\n")
+    atomic_write(Path(path), "".join(lines).encode())
 
 
 def kernarg(kernel: dict, values: list) -> str:
