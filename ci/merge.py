@@ -78,7 +78,6 @@ def _check_plans(arch: str, plans: list, held_by: dict) -> None:
 
     ``held_by`` maps a shard arch dir to its (release, key) pairs.
     """
-    held = {k for keys in held_by.values() for k in keys}  # every (release, key) some shard holds
     counts = {p["count"] for p in plans}
     universes = {tuple(pairs(p["all_keys"])) for p in plans}
     if len(counts) != 1 or len(universes) != 1:
@@ -104,7 +103,8 @@ def _check_plans(arch: str, plans: list, held_by: dict) -> None:
                              fix=f"rebuild the shard into an empty dir: ci/build_shard.py --arch {arch} "
                                  f"--shard {p['index']}/{count} --out NEW_DIR, and merge that")
     expected = set(universes.pop())
-    lost = sorted(expected - set(held))
+    held = {k for keys in held_by.values() for k in keys}  # every (release, key) some shard holds
+    lost = sorted(expected - held)
     if lost:
         raise MergeError(f"{arch}: {len(lost)} planned key(s) in no shard, e.g. {_show(lost[0])}",
                          fix=f"rebuild its shard: ci/build_shard.py --arch {arch} --shard i/{count} (see the plans)")
