@@ -20,7 +20,8 @@ from .facts.arches import arch_facts
 from .facts.releases import RELEASES, release_facts, version_order
 from .manifest import BAND_SUFFIX, LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX
 from .proof import VERIFIED
-from .room import ROOM_RE, Problem, Room
+from .room import ROOM_RE, Room
+from .verdict import Problem
 
 
 def rooms_in_members(names, prefix: str) -> list[tuple[str, str]]:
@@ -94,7 +95,7 @@ def is_band_file(name: str) -> bool:
 
 def arch_problems(rooms: list[Room], members: list[str], where: str, *, shipped: bool,
                   fix_band: str = "", remove=None) -> list[Problem]:
-    """What an arch folder holds that no room names: the one verdict on an arch folder, beside ``Room.problems``.
+    """What an arch folder holds that no room names: the one verdict on an arch folder, beside ``verdict.problems``.
 
     ``rooms`` are the folder's room folders, foreign ones included, each
     reading through its reader (a folder's or a wheel's); ``members`` the

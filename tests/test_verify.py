@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, stand_in_entry
 
-from dsv41_aot import commands, linkrecord, source
+from dsv41_aot import commands, linkrecord, source, verdict
 from dsv41_aot.aot import jit, matrix, verify
 from dsv41_aot.elf import exported_parts
 from dsv41_aot.errors import ToolchainError
@@ -455,7 +455,7 @@ def test_libs_json_is_checked_per_room(tmp_path):
     old = _room(tmp_path, "gfx950", "0.32.0", KEYS, band=b"another band")
 
     def problems(release: str) -> list:
-        return Room(tmp_path, "gfx950", release).problems(objects=False)
+        return verdict.problems(Room(tmp_path, "gfx950", release), objects=False)
 
     assert problems("0.33.0") == problems("0.32.0") == []
     path = old.room / LIBS_JSON

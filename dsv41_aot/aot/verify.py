@@ -1,7 +1,7 @@
 """``dsv41-aot verify``: check that a prebuilt directory is what vLLM would run.
 
 Every room gets the integrity checks (``aot/integrity.py`` per key, then the
-room's own verdict, ``Room.problems``). ``--against-jit`` also builds the
+room's own verdict, ``verdict.problems``). ``--against-jit`` also builds the
 chosen keys with vLLM's runner and FlyDSL's JIT (``aot/jit.py``) and
 compares their code objects and launches through the recording HIP, the
 stand-in for the AMD GPU (``aot/hiprec``); ``--record`` writes the proofs.
@@ -15,11 +15,11 @@ import random
 import time
 from pathlib import Path
 
-from .. import commands, pending
+from .. import commands, pending, verdict
 from ..errors import AotError, ManifestError
 from ..keys import BuildKey
 from ..manifest import Manifest
-from ..room import REINSTALL, Room, proof_counts
+from ..room import REINSTALL, Room
 from ..listing import built_rooms_or_error, folder_problems, rooms_in
 from ..proof import VERIFIED
 from .integrity import NOT_RESIDENT, KeyReport, ShippedCode, check_entry
@@ -203,7 +203,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
         try:
             mans[room] = room.manifest()
         except ManifestError:  # the room's manifest problem (with its fix); its keys cannot be checked
-            lib_failures += [dict(p.as_dict(), release=room.release) for p in room.problems(objects=False)]
+            lib_failures += [dict(p.as_dict(), release=room.release) for p in verdict.problems(room, objects=False)]
     wanted = None if keys is None else set(keys)
     if wanted is not None:
         known = {BuildKey.parse(k, m.release) for m in mans.values() for k in m.entries}
@@ -237,8 +237,8 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                     + pending.command(arch_dir, root.resolve(), rel))
     for room, man in mans.items():
         # the room's one verdict (what the loader refuses); stored objects are checked key by key below
-        for p in room.problems(objects=False, proof=False):
-            keys_ = room.problem_keys(p)
+        for p in verdict.problems(room, objects=False, proof=False):
+            keys_ = verdict.problem_keys(room, p)
             lib_failures.append(dict(p.as_dict(), release=man.release, keys=keys_))
             if p.serving:  # a key counts as ok only when its room serves it too
                 served_bad |= {(man.release, k) for k in keys_}
@@ -263,7 +263,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                                  "fix": f"dsv41-aot verify --dir {root} (its failures name what to fix first)"})
     proofs = []
     for room, man in mans.items():  # after --record wrote them: proof_counts reads verified.json anew
-        counts, bad, warning = proof_counts(root, man)
+        counts, bad, warning = verdict.proof_counts(root, man)
         proofs.append(counts)
         lib_failures += [dict(p.as_dict(), release=man.release) for p in bad]
         if warning:

@@ -12,6 +12,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
+from .. import verdict
 from ..errors import AotError, IntegrityError, ManifestError
 from ..facts.releases import version_order
 from ..keys import BuildKey
@@ -148,7 +149,7 @@ def kernel_problems(z: zipfile.ZipFile, rooms: list[Room]) -> list[str]:
     for arch, names in sorted(members.items()):
         here = [r for r in rooms if r.arch == arch]  # none for the kernels folder itself
         out += [p.message for p in arch_problems(here, names, PKG + arch if arch else PKG.rstrip("/"), shipped=True)]
-    return out + [p.message for room in rooms for p in room.problems(objects=False)]
+    return out + [p.message for room in rooms for p in verdict.problems(room, objects=False)]
 
 
 def room_summary(room: Room) -> dict | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import commands
 from ..aot.output import print_json, tally
 from ..errors import AotError
-from ..room import proof_counts, proofs_line
+from ..verdict import proof_counts, proofs_line
 from . import add_dir, add_shard_args, add_worker_args
 
 

@@ -14,7 +14,7 @@ from ..errors import AotError
 from ..facts.releases import NEWEST
 from ..keys import BuildKey
 from ..proof import flydsl_text
-from ..room import proofs_line
+from ..verdict import proofs_line
 from . import add_dir, add_shard_args, add_worker_args
 from .cache import add_args
 
