@@ -19,7 +19,6 @@ from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
 from .manifest import (LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, read_timings,
                        room_dir, room_name)
-from .manifest import folder_name  # noqa: F401 - tests and benches take a room folder's name from here
 from .linkrecord import Band, LinkRecord
 from .proof import VERIFIED, Proof
 

@@ -1,12 +1,6 @@
-"""The verdict on a room: every problem of it, naming its key, its file and the command that fixes it.
+"""The verdict on a room: every problem it has, each naming its key, its file and its fix.
 
-:func:`problems` is the one judge of whether a room is sound: the loader,
-verify, link, build, the wheel gate and ``ci/check_wheel.py`` all ask it.
-A foreign room (a release this dsv41-aot does not know) has no problems:
-nothing judges it. :func:`proof_counts` counts a room's keys by proof state.
-
-Shared core: standard library only.
-"""
+:func:`problems` is the one judge the loader, verify, link, build and the wheel gates ask. Shared core: stdlib only."""
 
 from __future__ import annotations
 
@@ -200,7 +194,12 @@ def _source_problems(room: Room, man: Manifest) -> list[Problem]:
     if len(sources) < 2:
         return []
     options = pending.options(room.arch_dir)  # a stopped build's own --matrix / --vllm-src: its source wins
-    installed = None if options else _installed_digest()
+    from . import source
+
+    try:  # the installed vLLM's mono sources digest (None: no vLLM with the mono package)
+        installed = None if options else source.find().digest
+    except AotError:
+        installed = None
     keep = next((ks for ks in sources.values() if installed
                  and man.entries[ks[0]].source.mono_sources == installed), None)
     rebuild = sorted(k for ks in sources.values() if ks is not keep for k in ks) if keep else \
@@ -213,16 +212,6 @@ def _source_problems(room: Room, man: Manifest) -> list[Problem]:
     return [Problem("sources", f"{man.path} mixes {len(sources)} source identities ({len(rebuild)} key(s) "
                                f"differ from the rest, e.g. {rebuild[0]}){how}", str(man.path),
                     commands.build(room.root, release=room.release, keys=rebuild, options=options))]
-
-
-def _installed_digest() -> str | None:
-    """The installed vLLM's mono sources digest (None: no vLLM with the mono package)."""
-    from . import source
-
-    try:
-        return source.find().digest
-    except AotError:
-        return None
 
 
 def proof_counts(root: Path, man: Manifest) -> tuple[dict, list, str | None]:
