@@ -193,7 +193,7 @@ def _source_problems(room: Room, man: Manifest) -> list[Problem]:
         sources.setdefault(e.source.served, []).append(key)
     if len(sources) < 2:
         return []
-    options = pending.options(room.arch_dir)  # a stopped build's own --matrix / --vllm-src: its source wins
+    options = pending.options(room.arch_dir)  # a stopped build's own --matrix / --vllm-src: its tree rebuilds the room
     from . import source
 
     try:  # the installed vLLM's mono sources digest (None: no vLLM with the mono package)
@@ -204,14 +204,15 @@ def _source_problems(room: Room, man: Manifest) -> list[Problem]:
                  and man.entries[ks[0]].source.mono_sources == installed), None)
     rebuild = sorted(k for ks in sources.values() if ks is not keep for k in ks) if keep else \
         min(sources.values(), key=len)
-    how = "" if options else (
-        f"; the fix rebuilds them from the installed vLLM (mono sources {installed}); to keep theirs instead, "
-        f"build the other keys with --vllm-src and --matrix naming their tree" if keep else
-        "; no source is the installed vLLM's: the fix rebuilds the fewest from it; pass --vllm-src and "
-        "--matrix to build from another tree")
+    how = (f"; the fix builds every key from the tree of the stopped build ({pending.PENDING})" if options else
+           f"; the fix rebuilds them from the installed vLLM (mono sources {installed}); to keep theirs instead, "
+           f"build the other keys with --vllm-src and --matrix naming their tree" if keep else
+           "; no source is the installed vLLM's: the fix rebuilds the fewest from it; pass --vllm-src and "
+           "--matrix to build from another tree")
     return [Problem("sources", f"{man.path} mixes {len(sources)} source identities ({len(rebuild)} key(s) "
                                f"differ from the rest, e.g. {rebuild[0]}){how}", str(man.path),
-                    commands.build(room.root, release=room.release, keys=rebuild, options=options))]
+                    commands.build(room.root, release=room.release, keys=sorted(man.entries) if options else rebuild,
+                                   options=options))]
 
 
 def proof_counts(root: Path, man: Manifest) -> tuple[dict, list, str | None]:

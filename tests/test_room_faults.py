@@ -306,3 +306,55 @@ def test_fault_table(smoke_dir, tmp_path, fault, kind, loader):
     code, doc = verify_json(d)
     assert code == 0, doc["failures"]
     assert loader_verdict(d, release) == "ok"
+
+
+# ---------------------------------------------------------------- rooms of another vLLM tree
+
+
+def _set_sources(d: Path, digest: str, keys) -> None:
+    """Record ``keys`` of gfx950's room as built from mono sources ``digest`` (a room of two sources records none)."""
+    path = room(d, "gfx950") / "manifest.json"
+    doc = json.loads(path.read_text())
+    for k in keys:
+        doc["entries"][k]["source"]["mono_sources"] = digest
+    digests = {e["source"]["mono_sources"] for e in doc["entries"].values()}
+    doc["mono_sources"] = digests.pop() if len(digests) == 1 else None
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.faults
+def test_a_stopped_build_from_another_tree_is_finished_by_verifys_fix(smoke_dir, tmp_path):
+    """Q5 of the fault report at 3f0364f: a build from another tree (here
+    the installed vLLM, named by --vllm-src, over keys of an older tree) was
+    killed after one key. verify's fix rebuilt that one key, the build
+    refused it (two sources, exit 2) and verify printed the same fix again.
+    The fix now builds every key with the stopped build's options, and runs
+    word for word. The keys of the older tree come from a build cache that
+    holds their objects under the new tree's identity (their GPU code did not
+    change), so nothing compiles."""
+    from dsv41_aot import pending, source
+    from dsv41_aot.aot import toolchain
+    from dsv41_aot.aot.cache import COMPILE, BuildCache
+    from dsv41_aot.keys import BuildKey
+    from dsv41_aot.room import Room
+
+    d, cache = copy_of(smoke_dir, tmp_path / "p"), tmp_path / "cache"
+    r = Room(d, "gfx950", NEWEST)
+    entries = r.manifest().entries
+    store = BuildCache(cache, toolchain.find())
+    for k, e in entries.items():
+        store.put(COMPILE, BuildKey.parse(k, NEWEST), entries[K2W].source, (r.arch_dir / e.object).read_bytes(),
+                  export_bytes=e.export_bytes, seconds=1)
+    old = sorted(k for k in entries if k != K2W)
+    _set_sources(d, "0" * 16, old)  # K2W was rebuilt from the new tree before the kill; the rest are the old tree's
+    pending.write(r.arch_dir, {NEWEST: sorted(entries)}, ["--vllm-src", str(source.find().root), "--cache", str(cache)])
+
+    code, doc = verify_json(d)
+    (mixed,) = [f for f in doc["failures"] if f["what"] == "sources"]
+    assert code == 1 and "mixes 2 source identities" in mixed["error"], mixed
+    for command in mixed["fix"].split(" && "):
+        code, out, err = run_cli(*shlex.split(command)[1:], check=False)
+        assert code == 0, f"{mixed['fix']}\n{out}\n{err}"
+    code, doc = verify_json(d)
+    assert code == 0, doc["failures"]
+    assert {e.source for e in Room(d, "gfx950", NEWEST).manifest().entries.values()} == {entries[K2W].source}
