@@ -323,6 +323,25 @@ def _set_sources(d: Path, digest: str, keys) -> None:
 
 
 @pytest.mark.faults
+def test_proving_a_room_of_another_tree_is_refused_at_once_naming_the_tree(smoke_dir, tmp_path):
+    """Q4 of the fault report at 3f0364f: the stale-proof warning's command
+    (``Room.prove_cmd``) on a room built from another vLLM tree JIT-built
+    every key from the installed vLLM for minutes, then failed each key's
+    launch. It now stops before any JIT build (exit 2), naming the room's
+    mono sources and the options that name its tree."""
+    from dsv41_aot.room import Room
+
+    d = copy_of(smoke_dir, tmp_path / "p")
+    other = "0123456789abcdef"
+    _set_sources(d, other, json.loads((room(d, "gfx950") / "manifest.json").read_text())["entries"])
+    prove = shlex.split(Room(d, "gfx950", NEWEST).prove_cmd)
+    code, out, err = run_cli(*prove[1:], "--key", K1, "--no-progress", check=False)
+    assert code == 2, out + err
+    assert other in err and K1 in err and "--vllm-src" in err and "--matrix" in err, err
+    assert not (room(d, "gfx950") / "verified.json").exists()
+
+
+@pytest.mark.faults
 def test_a_stopped_build_from_another_tree_is_finished_by_verifys_fix(smoke_dir, tmp_path):
     """Q5 of the fault report at 3f0364f: a build from another tree (here
     the installed vLLM, named by --vllm-src, over keys of an older tree) was

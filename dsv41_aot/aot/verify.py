@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from .. import commands, pending, verdict
-from ..errors import AotError, ManifestError
+from ..errors import AotError, ManifestError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import Manifest
 from ..room import REINSTALL, Room
@@ -69,6 +69,13 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
     if matrix_path is not None or matrix.DEFAULT_MATRIX.is_file():
         digests |= matrix.load(matrix_path).releases
     sources = source.release_trees({k.release for k in todo}, digests, trees)
+    have = {release: tree.digest for release, tree in sources.items()}
+    for k in todo:  # a key of another tree: its launch would be refused after its JIT build
+        if (built := codes[k][0].entries[str(k)].source.mono_sources) != have[k.release]:
+            raise ToolchainError(f"{codes[k][0].path}: {k.describe()} was built from mono sources {built}; the vLLM "
+                                 f"{k.release} tree found ({sources[k.release].root}) has {have[k.release]}, so its "
+                                 f"JIT build cannot prove it", fix=f"pass --vllm-src with the vLLM {k.release} tree "
+                                 f"whose mono sources are {built}, and --matrix with a build matrix recording it")
     store, idents, hits, warned = None, {}, [], []
     if cache is not None and todo:
         from .compiler import source_identity
