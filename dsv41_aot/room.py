@@ -17,12 +17,12 @@ from pathlib import Path
 from . import commands, pending
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
-from .manifest import (LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, read_timings,
-                       room_dir, room_name)
+from .manifest import (LIB, LIBS_JSON, MANIFEST, OBJECTS, PACKAGED, PREFIX, TIMINGS, Manifest, atomic_write,
+                       read_timings, room_dir, room_name)
 from .linkrecord import Band, LinkRecord
 from .proof import VERIFIED, Proof
 
-REINSTALL = "pip install --force-reinstall --no-deps dsv41-aot"  # a wheel's room: no objects/ to relink from
+REINSTALL = "pip install --force-reinstall --no-deps dsv41-aot"  # the installed package's kernels: no objects/
 ROOM_RE = re.compile(re.escape(PREFIX) + r"(\d+\.\d+\.\d+)")
 
 
@@ -136,19 +136,21 @@ class Room:
         return f"dsv41-aot verify --against-jit --record --dir {self.root} --release {self.release}"
 
     @property
-    def fix_proof(self) -> str:
-        """The fix for a proof problem: prove again where the room was built (objects/ present), else reinstall."""
-        return self.prove_cmd if self.built_here else REINSTALL
+    def fix_restore(self) -> str:
+        """The fix of a room not built here: reinstall the package whose kernels it is, else copy it again."""
+        packaged = not self.reader.folder or Path(os.path.realpath(self.root)) == PACKAGED
+        return REINSTALL if packaged else (f"copy {self.root} again from the wheel's dsv41_aot/kernels_prebuilt/ or "
+                                           f"the prebuilt dir it came from: without objects/ nothing relinks it here")
 
     @property
     def fix_relink(self) -> str:
-        """The fix for a band or link problem: relink where the room was built, else reinstall the wheel."""
-        return self.link_cmd if self.built_here else REINSTALL
+        """The fix for a band or link problem: relink where the room was built, else restore it."""
+        return self.link_cmd if self.built_here else self.fix_restore
 
     @property
     def fix_reinstall(self) -> str:
-        """The fix for records and libraries that disagree: rebuild and relink where built, else reinstall."""
-        return f"{self.build_cmd} && {self.link_cmd}" if self.built_here else REINSTALL
+        """The fix for records and libraries that disagree: rebuild and relink where built, else restore."""
+        return f"{self.build_cmd} && {self.link_cmd}" if self.built_here else self.fix_restore
 
     # records, parsed once
 
@@ -191,7 +193,8 @@ class Room:
             if data is None:
                 self._proof = Proof(self.arch, self.release, {})
             else:
-                self._proof = Proof.parse(data, where, self.arch, self.release, self.fix_proof)
+                fix = self.prove_cmd if self.built_here else self.fix_restore  # prove again where it was built
+                self._proof = Proof.parse(data, where, self.arch, self.release, fix)
         return self._proof
 
     def has(self, name: str) -> bool:

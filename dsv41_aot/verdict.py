@@ -14,7 +14,7 @@ from .errors import AotError, IntegrityError, ManifestError
 from .linkrecord import Band
 from .manifest import LIBS_JSON, Manifest, sha256_file
 from .proof import NO_EVIDENCE, PROVEN, STALE, VERIFIED, flydsl_text
-from .room import REINSTALL, Room
+from .room import Room
 
 
 # the symbols a band may leave undefined besides hip*: what the ROCm host
@@ -84,9 +84,8 @@ def problems(room: Room, *, objects: bool = True, proof: bool = True) -> list[Pr
         return []
     try:
         man = room.manifest()
-    except ManifestError as e:  # a build recovers it from objects/; a wheel's room is reinstalled
-        return [Problem("manifest", e.message, str(room.manifest_path),
-                        e.fix if room.built_here else REINSTALL)]
+    except ManifestError as e:  # a build recovers it from objects/; a wheel's room is restored
+        return [Problem("manifest", e.message, str(room.manifest_path), e.fix if room.built_here else room.fix_restore)]
     out = _source_problems(room, man)
     if proof:
         out += proof_problems(room)
@@ -129,7 +128,7 @@ def link_problem(room: Room, key: str, e, band: Band | None) -> Problem | None:
 
     The fix is the one that works: relink when the object was rebuilt
     after the link, rebuild when the entry no longer describes its object,
-    reinstall where there are no objects (a wheel's room)."""
+    restore where there are no objects (a wheel's room)."""
     if band is not None and band.entries[key] == e.sha256:
         return None
     what = (f"{key} (vLLM {room.release}) is in {room.manifest_path} but no library of {room.libs_path} links it"
@@ -138,7 +137,7 @@ def link_problem(room: Room, key: str, e, band: Band | None) -> Problem | None:
             f"{band.entries[key][:16]}, {room.manifest_path} records object sha256 {e.sha256[:16]}")
     problem = functools.partial(Problem, "link", file=str(room.libs_path), key=key, band=band and band.file)
     if not room.built_here:
-        return problem(f"{what}: the installed manifest and libraries disagree", fix=REINSTALL)
+        return problem(f"{what}: the installed manifest and libraries disagree", fix=room.fix_restore)
     try:
         actual = sha256_file(room.arch_dir / e.object)
     except OSError:

@@ -20,7 +20,7 @@ import pytest
 from _smoke import cli, copy_of
 
 from dsv41_aot.deployment import deployment, required
-from dsv41_aot.room import REINSTALL, Room
+from dsv41_aot.room import Room
 
 SHARED_FULL = Path("/work/shared/prebuilt-gfx950-tp4")
 TP4 = 768  # vLLM 0.33.0 gfx950 TP4, no draft: K1 480, K2 240, FFN 48
@@ -119,7 +119,7 @@ def test_a_corrupt_band_exit_1_names_the_band_and_the_fix(full, tmp_path):
     assert r.returncode == 1
     (fail,) = lines(r, "FAIL", "bands")
     assert band.file in fail and "sha256" in fail
-    assert f"fix: {REINSTALL}" in r.stdout  # a wheel's room: reinstall it
+    assert f"fix: {room.fix_restore}" in r.stdout and f"copy {d} again" in r.stdout  # a copied wheel's room
     # the keys of that band are refused, the rest served; nothing was bound
     (cov,) = lines(r, "FAIL", "coverage")
     ours = sum(1 for k in band.entries if k in set(map(str, required(deployment("gfx950", 4, release="0.33.0")))))

@@ -377,3 +377,25 @@ def test_a_stopped_build_from_another_tree_is_finished_by_verifys_fix(smoke_dir,
     code, doc = verify_json(d)
     assert code == 0, doc["failures"]
     assert {e.source for e in Room(d, "gfx950", NEWEST).manifest().entries.values()} == {entries[K2W].source}
+
+
+@pytest.mark.faults
+def test_a_copied_shipped_room_is_restored_by_copying_not_by_reinstalling(smoke_dir, tmp_path, monkeypatch):
+    """Q13 of the fault report at 3f0364f: a shipped room (no objects/) in a
+    folder of its own (a --dir copy, DSV41_AOT_PREBUILT) was told to
+    reinstall the dsv41-aot package, which restores the package's kernels,
+    not that folder. Only the installed package's own kernels are."""
+    from dsv41_aot import room as room_mod
+    from dsv41_aot import verdict
+    from dsv41_aot.room import REINSTALL, Room
+
+    d = copy_of(smoke_dir, tmp_path / "p")
+    for arch in ("gfx950", "gfx942"):
+        shutil.rmtree(d / arch / "objects")
+    flip_band(d, tmp_path)
+    code, doc = verify_json(d)
+    fixes = {f["fix"] for f in doc["failures"] if f["what"] == "band"}
+    assert code == 1 and fixes == {Room(d, "gfx950", NEWEST).fix_restore}, doc["failures"]
+    assert REINSTALL not in fixes.pop() and str(d) in Room(d, "gfx950", NEWEST).fix_restore
+    monkeypatch.setattr(room_mod, "PACKAGED", d.resolve())  # the same room, as the installed package's kernels
+    assert {p.fix for p in verdict.problems(Room(d, "gfx950", NEWEST)) if p.what == "band"} == {REINSTALL}

@@ -19,7 +19,7 @@ from .. import commands, pending, verdict
 from ..errors import AotError, ManifestError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import Manifest
-from ..room import REINSTALL, Room
+from ..room import Room
 from ..listing import built_rooms_or_error, folder_problems, rooms_in
 from ..proof import VERIFIED
 from .integrity import NOT_RESIDENT, KeyReport, ShippedCode, check_entry
@@ -305,7 +305,7 @@ def _fix_for(rep: KeyReport, room: Room, what: str) -> tuple[str, bool]:
         return (f"{rep.describe()} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from "
                 f"build_matrix.yaml"), False
     if what == "proof":  # the code is vLLM's: the recorded proof is not this run's
-        return (f"{room.prove_cmd} --key '{rep.key}'" if room.built_here else REINSTALL), False
+        return (f"{room.prove_cmd} --key '{rep.key}'" if room.built_here else room.fix_restore), False
     if not room.built_here:
         return room.fix_reinstall, False
     return commands.build(room.root, release=rep.release, keys=[rep.key]), True  # fixes() gathers them by release
