@@ -20,6 +20,7 @@ import pytest
 from _smoke import cli, copy_of
 
 from dsv41_aot.deployment import deployment, required
+from dsv41_aot.facts.arches import ARCHES
 from dsv41_aot.room import REINSTALL, Room
 
 SHARED_FULL = Path("/work/shared/prebuilt-gfx950-tp4")
@@ -159,7 +160,7 @@ def test_the_plugin_mode_and_what_stops_vllm_calling_it(full):
     ("DSV41_AOT_MODE", "STRICT", "mode strict"), ("DSV41_AOT_MODE", " Fallback ", "mode fallback"),
     ("DSV41_AOT_DISABLE", "false", "mode strict"), ("DSV41_AOT_DISABLE", " 0", "mode strict"),
     ("DSV41_AOT_DISABLE", "no", "mode strict"), ("DSV41_AOT_DISABLE", "TRUE", "disabled by"),
-    ("DSV41_AOT_ARCH", "GFX950", "gfx950 (MI355X"), ("DSV41_AOT_ARCH", " gfx950:sramecc+:xnack-", "gfx950 (MI355X"),
+    ("DSV41_AOT_ARCH", "GFX950", "gfx950 (MI355X"), ("DSV41_AOT_ARCH", " " + ARCHES["gfx950"].gcn_arch_name, "gfx950 (MI355X"),
 ])
 def test_the_plugins_variables_read_one_way_everywhere(full, var, value, read):
     """P9 of the fault report at 24a0152: case and spaces do not matter, a

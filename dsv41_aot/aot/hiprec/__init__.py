@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import AotError
+from ...facts.arches import ARCHES
 from ...manifest import atomic_write, user_cache_dir
 
 HERE = Path(__file__).resolve().parent
@@ -31,7 +32,7 @@ VERSION_SCRIPT = HERE / "recording_hip.map"
 SONAME = "libamdhip64.so.7"
 CC_FLAGS = ("-O2", "-g0", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror")
 ROCM_6_4_3 = 60443483  # hipRuntimeGetVersion of ROCm 6.4.3, which the loader accepts
-ARCH_NAMES = {"gfx950": "gfx950:sramecc+:xnack-", "gfx942": "gfx942:sramecc+:xnack-"}
+ARCH_NAMES = {a.name: a.gcn_arch_name for a in ARCHES.values()}  # what a device of each reports
 # the fields of a launch compared, in the order a difference is reported
 FIELDS = ("image_sha256", "kernel", "grid", "block", "shared", "stream", "kernarg")
 
