@@ -87,11 +87,13 @@ def env(lib: Path, log: Path | None, *, arch: str = "gfx950", devices: int = 1, 
         capturing: bool = False) -> dict:
     """The environment variables that make ``lib`` a process's HIP.
 
-    The loader finds it by DSV41_AOT_HIP_LIB, FlyDSL's JIT runtime by LD_LIBRARY_PATH."""
+    ``arch`` is each device's, comma-separated (a device past the list is the
+    last one's; "": none named). The loader finds the library by
+    DSV41_AOT_HIP_LIB, FlyDSL's JIT runtime by LD_LIBRARY_PATH."""
     out = {
         "DSV41_AOT_HIP_LIB": str(lib),
         "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(Path(lib).parent), os.environ.get("LD_LIBRARY_PATH")])),
-        "RECORDING_HIP_ARCH": ARCH_NAMES.get(arch, arch),
+        "RECORDING_HIP_ARCH": ",".join(ARCH_NAMES.get(a, a) for a in arch.split(",")),
         "RECORDING_HIP_DEVICES": str(devices),
         "RECORDING_HIP_VERSION": str(version),
         "RECORDING_HIP_CAPTURING": str(int(capturing)),
