@@ -19,14 +19,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, stand_in_entry
+from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, deployment, stand_in_entry
 
 from dsv41_aot import commands, linkrecord, source
 from dsv41_aot.aot import jit, matrix, verify
-from dsv41_aot.elf import exported_parts
+from dsv41_aot.elf import SHT_DYNAMIC, Elf, exported_parts
 from dsv41_aot.errors import ToolchainError
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, sha256_file
+from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, abi_id, sha256_file
 from dsv41_aot.room import Room, room_dir
 
 ALL = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # smoke keys of every release
@@ -626,3 +626,76 @@ def test_an_orphan_object_warning_carries_the_fix_that_removes_it(copy):
     subprocess.run(fix.split(), check=True)
     proc = cli("verify", "--dir", copy, "--json")
     assert proc.returncode == 0 and not [w for w in json.loads(proc.stdout)["warnings"] if orphan.name in w]
+
+
+# ---------------------------------------------------------------- a shipped room, changed where only one check looks
+
+
+def _shipped_room(tmp_path: Path) -> Room:
+    """A writable copy of one room of the shared gfx950 TP4 deployment (vLLM
+    0.32.0: bands and records, no objects/), with the bands it links."""
+    src = Room(deployment("gfx950-tp4"), "gfx950", "0.32.0")
+    room = Room(tmp_path / "prebuilt", "gfx950", "0.32.0")
+    room.dir.mkdir(parents=True)
+    room.lib.mkdir()
+    for f in src.dir.iterdir():
+        shutil.copyfile(f, room.dir / f.name)
+    for band in src.links().bands:
+        shutil.copyfile(src.lib / band.file, room.lib / band.file)
+    return room
+
+
+def _verify_json(root: Path) -> tuple[int, dict, str]:
+    proc = cli("verify", "--dir", root, "--json", "--no-progress")
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+@pytest.mark.faults
+def test_a_shipped_manifest_abi_its_band_s_kernel_does_not_take_fails(tmp_path):
+    """A shipped room's manifest gives a key an ABI (its id recomputed, so the
+    manifest parses) whose int32 slot is int64: only the kernargs of the
+    code object in the key's band can tell (S03), and verify fails naming
+    the key and the slot."""
+    room = _shipped_room(tmp_path)
+    key = "ffn@gfx950:s=1,tp=4,r=0"
+    path = room.dir / "manifest.json"
+    doc = json.loads(path.read_text())
+    abi = [dict(s) for s in doc["abis"][doc["entries"][key]["abi"]]]
+    i = next(i for i, s in enumerate(abi) if s["ctype"] == "int32")
+    abi[i].update(ctype="int64", size=8)
+    doc["abis"][abi_id(abi)] = abi
+    doc["entries"][key]["abi"] = abi_id(abi)
+    path.write_text(json.dumps(doc))
+    code, doc, _ = _verify_json(room.root)
+    assert code == 1, doc["failures"]
+    (f,) = doc["failures"]
+    assert f["key"] == key and f"slot {i} {abi[i]['name']}: ABI int64 (8 bytes), kernarg by_value 4 bytes" in f["error"]
+    assert doc["ok"] == doc["keys"] - 1
+
+
+@pytest.mark.faults
+def test_a_band_whose_dynamic_table_runs_past_its_end_fails_naming_it(tmp_path):
+    """A band (its digests in libs.json made to match) whose library's
+    dynamic table runs past the end of the file: verify fails naming the
+    band and its keys, exit 1, never an internal error (S20)."""
+    import lzma
+    import struct
+
+    room = _shipped_room(tmp_path)
+    path = room.dir / LIBS_JSON
+    doc = json.loads(path.read_text())
+    lib = doc["libraries"][0]
+    raw = bytearray(lzma.decompress((room.lib / lib["file"]).read_bytes()))
+    i = next(i for i, s in enumerate(Elf(bytes(raw)).sections) if s.type == SHT_DYNAMIC)
+    shoff, shentsize = struct.unpack_from("<Q", raw, 40)[0], struct.unpack_from("<H", raw, 58)[0]
+    struct.pack_into("<Q", raw, shoff + i * shentsize + 24, len(raw) - 8)  # its sh_offset: 8 bytes before the end
+    band = lzma.compress(bytes(raw), format=lzma.FORMAT_XZ, preset=0)
+    (room.lib / lib["file"]).write_bytes(band)
+    lib.update(sha256=hashlib.sha256(band).hexdigest(), bytes=len(band), raw_sha256=hashlib.sha256(raw).hexdigest(),
+               raw_bytes=len(raw))
+    path.write_text(json.dumps(doc))
+    code, report, err = _verify_json(room.root)
+    assert code == 1 and "Traceback" not in err, err
+    (f,) = [f for f in report["failures"] if f["file"] == str(room.lib / lib["file"])]
+    assert f["what"] == "band" and f["serving"] and sorted(f["keys"]) == sorted(lib["entries"]), f
+    assert report["ok"] == report["keys"] - len(lib["entries"])
