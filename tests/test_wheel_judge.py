@@ -236,3 +236,14 @@ def test_auditwheel_refuses_a_band_that_needs_an_external_library(prebuilt, tmp_
     path.write_text(json.dumps(doc))
     code, out = _gate(capsys, check_wheel.main, "--audit-prebuilt", other)
     assert code == 1 and "external libraries besides libamdhip64: libdsv41_ext.so.1" in out, out
+
+
+# ---------------------------------------------------------------- verify --wheel's options
+
+
+@pytest.mark.parametrize("option", [["--sample", "2"], ["--record"], ["--shard", "0/2"],
+                                    ["--key", "k1@gfx942:s=3,tp=4,r=0"], ["--release", RELEASE]])
+def test_an_option_that_picks_keys_is_refused_without_against_jit(wheel, capsys, option):
+    """Q7: the offline verdict judges the whole wheel; an option it would ignore is bad input, as with --dir."""
+    code, out = _verify(capsys, "--wheel", wheel, *option)
+    assert code == 2 and option[0] in out and "--against-jit" in out and "Traceback" not in out, out
