@@ -247,3 +247,15 @@ def test_an_option_that_picks_keys_is_refused_without_against_jit(wheel, capsys,
     """Q7: the offline verdict judges the whole wheel; an option it would ignore is bad input, as with --dir."""
     code, out = _verify(capsys, "--wheel", wheel, *option)
     assert code == 2 and option[0] in out and "--against-jit" in out and "Traceback" not in out, out
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("option", [["--key", "k1@gfx950:s=4,tp=4,r=1"], ["--release", "0.32.0"],
+                                    ["--shard", "0/2"]])
+def test_keys_the_wheel_does_not_hold_are_named_by_the_wheel(wheel, capsys, option):
+    """Q6: with --against-jit, keys the wheel lacks are bad input naming the
+    wheel, never verify's scratch copy, with no fix that builds into it."""
+    code, out = _verify(capsys, "--wheel", wheel, "--against-jit", "--no-progress", *option)
+    assert code == 2 and (f"{wheel} does not hold" in out or f"{wheel} holds no vLLM 0.32.0" in out), out
+    assert "dsv41-verify-shipped" not in out and "--out" not in out, out
+    assert f"fix: ask only for what it holds (dsv41-aot verify --wheel {wheel} lists it)" in out
