@@ -485,6 +485,24 @@ def test_a_flydsl_change_keeps_keys_whose_code_object_is_the_same(built_k1s, tmp
     assert "0.4.3" in _a_toolchain_change_keeps_the_same_code(out, env=env, cwd=pinned)
 
 
+@pytest.mark.faults
+def test_flydsl_metadata_and_module_that_disagree_are_bad_input_before_any_compile(tmp_path):
+    """Q12 of the fault report at 3f0364f: a dist-info of one FlyDSL release in
+    front of another's module failed every key (exit 1 each, no fix). Both are
+    supported releases: only their disagreement is refused, by the toolchain
+    check every command that compiles makes first."""
+    other = next(v for v in flydsl.FLYDSL if v != flydsl.installed().version)
+    info = tmp_path / "shadow" / f"flydsl-{other}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: flydsl\nVersion: {other}\n")
+    out = tmp_path / "out"
+    code, _, err = run_cli("build", "--key", CHEAP[0], "--out", out, "--no-cache", "--no-progress", check=False,
+                           env=dict(os.environ, PYTHONPATH=str(info.parent)))
+    assert code == 2 and f"FlyDSL's installed metadata says {other}" in err, err
+    assert f"is {flydsl.installed().version}" in err and "fix: reinstall FlyDSL" in err and "Traceback" not in err
+    assert not out.exists()
+
+
 def test_a_vllm_checkout_is_read_by_the_version_py_setuptools_scm_writes(tmp_path):
     """Q10 of the fault report at 3f0364f: ``__version__ = version = '0.33.0'``
     read as "version = '0.33.0", so the checkout was passed over for the
