@@ -192,8 +192,13 @@ def fetch(release: str, dest: Path | None = None, *, log=None) -> MonoSource:
     dest = Path(dest) if dest else trees_dir() / release
     if (dest / MONO_REL).is_dir() and MonoSource(dest).version == release:
         return MonoSource(dest.resolve())
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as tmp:
+    try:  # a folder that cannot be written: bad input, before anything is fetched
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        scratch = tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.")
+    except OSError as e:
+        raise ToolchainError(f"cannot unpack vLLM {release} into {dest} ({e.strerror or e})",
+                             fix=f"pass --dest DIR in a folder you can write (or set {ENV_TREES} to one)") from None
+    with scratch as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "-q", "-d", tmp, f"vllm=={release}"]
         if log:
