@@ -62,10 +62,17 @@ def test_build_list_and_bad_input():
     (("build", "--out", "", "--key", "k1@gfx950:s=4,tp=4,r=1"), "an empty folder name"),
     (("fetch-vllm", "0.32.0", "--dest", "{file}"), "not a folder to unpack into"),
     (("fetch-vllm", "0.32.0", "--dest", "{file}/v"), "cannot unpack vLLM 0.32.0 into {file}/v"),
+    (("build", "--jobs", "0", "--list"), "--jobs 0: must be at least 1"),
+    (("build", "--jobs", "-1", "--list"), "--jobs -1: must be at least 1"),
+    (("build", "--key-timeout", "-5", "--list"), "--key-timeout -5.0: must be a positive number"),
+    (("build", "--key-timeout", "nan", "--list"), "--key-timeout nan: must be a positive number"),
+    (("build", "--key", "k1@gfx950:s=4,tp=4,r=1", "--profile", "smoke", "--list"), "--key and --profile both choose"),
+    (("inspect", "--plot", ""), "--plot '': an empty file name"),
 ])
 def test_command_lines_that_would_be_ignored_or_misread_are_bad_input(tmp_path, args, says):
-    """P12 of the fault report at 24a0152, Q9 of the one at 3f0364f: each used
-    to exit 0 or 70 (a --dest under a file)."""
+    """P12 of the fault report at 24a0152, Q9 and Q14 of the one at 3f0364f:
+    each used to exit 0 (the options --list, or an empty --plot, left unread)
+    or 70 (a --dest under a file)."""
     (tmp_path / "a-file").write_text("x")
     doc = run_json(*(a.replace("{file}", str(tmp_path / "a-file")) for a in args), code=2)
     assert says.replace("{file}", str(tmp_path / "a-file")) in doc["error"] and doc["fix"], doc
