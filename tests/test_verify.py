@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, stand_in_entry
+from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, deployment, stand_in_entry
 
 from dsv41_aot import commands, linkrecord, source
 from dsv41_aot.aot import jit, matrix, verify
@@ -388,6 +388,29 @@ def test_keys_a_stopped_build_did_not_build_are_a_warning_naming_it(copy):
     assert "1 of the" in w and w.endswith(commands.build(copy.resolve(), release="0.33.0", keys=built + [extra], options=["--no-cache"]))
     pending.write(copy / "gfx942", {"0.33.0": built}, ["--no-cache"])  # every key it asked for is built: silent
     assert not [w for w in json.loads(cli("verify", "--dir", copy, "--json").stdout)["warnings"] if "stopped" in w]
+
+
+@pytest.fixture
+def shipped_copy(tmp_path) -> Path:
+    """A copy of the shared gfx942 TP4 deployment (one room, no objects) whose path needs quoting in a shell."""
+    return Path(shutil.copytree(deployment("gfx942-tp4"), tmp_path / "it's a copy"))
+
+
+@pytest.mark.faults
+def test_a_cache_that_is_a_file_is_no_folder_and_json_carries_every_warning(shipped_copy, tmp_path):
+    """Q15 of the fault report at 3f0364f: --cache <file> said each key's
+    record "does not match its blob", and --json's warnings lacked the
+    recording HIP's, which stderr showed. The JIT worker is stopped as it
+    starts (--key-timeout): only the warnings are looked at, no JIT build."""
+    afile = tmp_path / "afile"
+    afile.write_text("x\n")
+    proc = cli("verify", "--dir", shipped_copy, "--against-jit", "--key", "k1@gfx942:s=3,tp=4,r=0", "--cache", afile,
+               "--key-timeout", "0.01", "--jobs", "1", "--no-progress", "--json")
+    warnings = json.loads(proc.stdout)["warnings"]
+    assert proc.returncode == 1 and f"build cache {afile} is not a folder: nothing is stored there" in warnings[0]
+    assert f"build cache {afile} cannot hold the recording HIP" in warnings[1] and len(warnings) == 2, warnings
+    assert [line for line in proc.stderr.splitlines() if line.startswith("warning: ")] == \
+        [f"warning: {w}" for w in warnings], proc.stderr
 
 
 @pytest.mark.parametrize("room_folder", [False, True])

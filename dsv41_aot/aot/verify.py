@@ -85,7 +85,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         warned += store.say()
     shipped = {room: _room_proofs(man) for room, man in mans.items()}  # each run's proof is compared with it
     proofs = {room: _room_proofs(man, warned) for room, man in mans.items()} if record else {}
-    hip = hiprec.build(cache=cache) if todo or hits else None
+    hip = hiprec.build(cache=cache, warn=warned.append) if todo or hits else None
     launches: dict = {}  # key -> the prebuilt launch (hiprec.recorded_launch), or what went wrong
     bar = progress_bar(len(todo) + len(hits), "verify --against-jit", "key") if progress and (todo or hits) else None
 
