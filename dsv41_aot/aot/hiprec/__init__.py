@@ -42,13 +42,14 @@ def default_folder(cache: Path | None = None) -> Path:
     return (Path(cache) if cache else user_cache_dir()) / "recording-hip"
 
 
-def build(folder: Path | None = None, *, cache: Path | None = None) -> Path:
+def build(folder: Path | None = None, *, cache: Path | None = None,
+          warn=lambda why: print(f"warning: {why}", file=sys.stderr)) -> Path:
     """The recording HIP's path, compiled with ``cc`` once per source, script and flags.
 
     It is ``folder/<digest>/libamdhip64.so.7``, written atomically: a
     concurrent build renames the same bytes into place. A build cache
     (``cache``) it cannot write is a warning: the user's cache is used
-    instead, as a build cache that cannot be used never fails a command."""
+    instead, as a build cache that cannot be used never fails a command (``warn`` is given why)."""
     digest = hashlib.sha256(SOURCE.read_bytes() + b"\0" + VERSION_SCRIPT.read_bytes() + b"\0"
                             + " ".join(CC_FLAGS).encode()).hexdigest()[:16]
     out = Path(folder or default_folder(cache)) / digest / SONAME
@@ -65,8 +66,8 @@ def build(folder: Path | None = None, *, cache: Path | None = None) -> Path:
         if folder is not None or cache is None:
             raise AotError(f"cannot write the recording HIP into {out.parent} ({e.strerror or e})",
                            fix=f"make {out.parent.parent} writable, or set XDG_CACHE_HOME to a writable folder") from None
-        print(f"warning: build cache {cache} cannot hold the recording HIP ({e.strerror or e}): it is built in "
-              f"{default_folder()} instead", file=sys.stderr)
+        warn(f"build cache {cache} cannot hold the recording HIP ({e.strerror or e}): it is built in "
+             f"{default_folder()} instead")
         return build(default_folder())
     os.close(fd)
     try:
