@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -19,14 +20,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, stand_in_entry
+from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, deployment, stand_in_entry
 
 from dsv41_aot import commands, linkrecord, source, verdict
 from dsv41_aot.aot import jit, matrix, verify
-from dsv41_aot.elf import exported_parts
+from dsv41_aot.elf import SHT_DYNAMIC, Elf, exported_parts
 from dsv41_aot.errors import ToolchainError
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, sha256_file
+from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, abi_id, sha256_file
 from dsv41_aot.room import Room, room_dir
 
 ALL = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # smoke keys of every release
@@ -327,7 +328,7 @@ def test_a_mixed_room_left_by_a_stopped_build_carries_its_options(copy):
     man.entries[key] = man.entries[key].replace(source=replace(man.entries[key].source, mono_sources="0" * 16))
     man.write()
     matrix_file, tree = copy.parent / "m" / "build_matrix.yaml", copy.parent / "t" / "vllm-0.33.0"
-    tree.mkdir(parents=True)
+    (tree / source.MONO_REL).mkdir(parents=True)  # a vLLM tree: a record naming any other folder is not echoed
     matrix_file.parent.mkdir()
     matrix_file.write_text((REPO / "build_matrix.yaml").read_text())
     opts = ["--matrix", str(matrix_file), "--vllm-src", str(tree)]
@@ -368,7 +369,7 @@ def test_a_record_of_a_stopped_build_that_cannot_be_used_is_named_never_echoed(c
     proc = cli("verify", "--dir", copy, "--json")
     report = json.loads(proc.stdout)
     (w,) = [w for w in report["warnings"] if pending.PENDING in w]
-    assert w.endswith(f"remove it: rm '{arch_dir / pending.PENDING}'"), w
+    assert w.endswith(f"remove it: rm {shlex.quote(str(arch_dir / pending.PENDING))}"), w
     assert not any("9,tp=4" in f for f in report["fixes"]) and "stopped (or is running)" not in " ".join(
         report["warnings"])
     assert pending.asked(arch_dir) == {} and pending.options(arch_dir) == []
@@ -388,6 +389,57 @@ def test_keys_a_stopped_build_did_not_build_are_a_warning_naming_it(copy):
     assert "1 of the" in w and w.endswith(commands.build(copy.resolve(), release="0.33.0", keys=built + [extra], options=["--no-cache"]))
     pending.write(copy / "gfx942", {"0.33.0": built}, ["--no-cache"])  # every key it asked for is built: silent
     assert not [w for w in json.loads(cli("verify", "--dir", copy, "--json").stdout)["warnings"] if "stopped" in w]
+
+
+@pytest.fixture
+def shipped_copy(tmp_path) -> Path:
+    """A copy of the shared gfx942 TP4 deployment (one room, no objects) whose path needs quoting in a shell."""
+    return Path(shutil.copytree(deployment("gfx942-tp4"), tmp_path / "it's a copy"))
+
+
+@pytest.mark.faults
+def test_strays_and_a_record_naming_no_vllm_tree_get_fixes_that_run_word_for_word(shipped_copy, tmp_path):
+    """Q15 of the fault report at 3f0364f: a folder in lib/ is called a
+    folder (its fix rm -r); a stopped build's --vllm-src naming a folder that
+    holds no vLLM tree is never echoed into a "finish it" command; and each rm
+    fix is quoted for the shell (the path holds a space and a quote)."""
+    from dsv41_aot import pending
+
+    arch_dir = shipped_copy / "gfx942"
+    (arch_dir / LIB / "sub dir").mkdir()
+    (arch_dir / LIB / "sub dir" / "x").write_text("x\n")
+    (arch_dir / ".left.tmp").write_text("")  # what a killed atomic write leaves
+    # a key the room lacks (TP 8), and a folder that holds no vLLM tree
+    pending.write(arch_dir, {NEWEST: ["k1@gfx942:s=1,tp=8,r=0"]}, ["--any-key", "--vllm-src", str(tmp_path)])
+    proc = cli("verify", "--dir", shipped_copy, "--json")
+    report = json.loads(proc.stdout)
+    (f,) = [f for f in report["failures"] if "sub dir" in (f["file"] or "")]
+    assert proc.returncode == 1 and f"{arch_dir}/{LIB}/sub dir/ is a folder no room names" in f["error"], f
+    (w,) = [w for w in report["warnings"] if pending.PENDING in w]
+    assert f"--vllm-src {str(tmp_path)!r} names no vLLM tree" in w and "finish it" not in str(report["warnings"])
+    fixes = [f["fix"]] + [w.split("remove it: ")[1] for w in report["warnings"] if "remove it: " in w]
+    assert len(fixes) == 3 and fixes[0].startswith("rm -r "), fixes
+    for fix in fixes:
+        subprocess.run(fix, shell=True, check=True)
+    proc = cli("verify", "--dir", shipped_copy, "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["warnings"] == [], proc.stdout
+
+
+@pytest.mark.faults
+def test_a_cache_that_is_a_file_is_no_folder_and_json_carries_every_warning(shipped_copy, tmp_path):
+    """Q15 of the fault report at 3f0364f: --cache <file> said each key's
+    record "does not match its blob", and --json's warnings lacked the
+    recording HIP's, which stderr showed. The JIT worker is stopped as it
+    starts (--key-timeout): only the warnings are looked at, no JIT build."""
+    afile = tmp_path / "afile"
+    afile.write_text("x\n")
+    proc = cli("verify", "--dir", shipped_copy, "--against-jit", "--key", "k1@gfx942:s=3,tp=4,r=0", "--cache", afile,
+               "--key-timeout", "0.01", "--jobs", "1", "--no-progress", "--json")
+    warnings = json.loads(proc.stdout)["warnings"]
+    assert proc.returncode == 1 and f"build cache {afile} is not a folder: nothing is stored there" in warnings[0]
+    assert f"build cache {afile} cannot hold the recording HIP" in warnings[1] and len(warnings) == 2, warnings
+    assert [line for line in proc.stderr.splitlines() if line.startswith("warning: ")] == \
+        [f"warning: {w}" for w in warnings], proc.stderr
 
 
 @pytest.mark.parametrize("room_folder", [False, True])
@@ -626,3 +678,76 @@ def test_an_orphan_object_warning_carries_the_fix_that_removes_it(copy):
     subprocess.run(fix.split(), check=True)
     proc = cli("verify", "--dir", copy, "--json")
     assert proc.returncode == 0 and not [w for w in json.loads(proc.stdout)["warnings"] if orphan.name in w]
+
+
+# ---------------------------------------------------------------- a shipped room, changed where only one check looks
+
+
+def _shipped_room(tmp_path: Path) -> Room:
+    """A writable copy of one room of the shared gfx950 TP4 deployment (vLLM
+    0.32.0: bands and records, no objects/), with the bands it links."""
+    src = Room(deployment("gfx950-tp4"), "gfx950", "0.32.0")
+    room = Room(tmp_path / "prebuilt", "gfx950", "0.32.0")
+    room.dir.mkdir(parents=True)
+    room.lib.mkdir()
+    for f in src.dir.iterdir():
+        shutil.copyfile(f, room.dir / f.name)
+    for band in src.links().bands:
+        shutil.copyfile(src.lib / band.file, room.lib / band.file)
+    return room
+
+
+def _verify_json(root: Path) -> tuple[int, dict, str]:
+    proc = cli("verify", "--dir", root, "--json", "--no-progress")
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+@pytest.mark.faults
+def test_a_shipped_manifest_abi_its_band_s_kernel_does_not_take_fails(tmp_path):
+    """A shipped room's manifest gives a key an ABI (its id recomputed, so the
+    manifest parses) whose int32 slot is int64: only the kernargs of the
+    code object in the key's band can tell (S03), and verify fails naming
+    the key and the slot."""
+    room = _shipped_room(tmp_path)
+    key = "ffn@gfx950:s=1,tp=4,r=0"
+    path = room.dir / "manifest.json"
+    doc = json.loads(path.read_text())
+    abi = [dict(s) for s in doc["abis"][doc["entries"][key]["abi"]]]
+    i = next(i for i, s in enumerate(abi) if s["ctype"] == "int32")
+    abi[i].update(ctype="int64", size=8)
+    doc["abis"][abi_id(abi)] = abi
+    doc["entries"][key]["abi"] = abi_id(abi)
+    path.write_text(json.dumps(doc))
+    code, doc, _ = _verify_json(room.root)
+    assert code == 1, doc["failures"]
+    (f,) = doc["failures"]
+    assert f["key"] == key and f"slot {i} {abi[i]['name']}: ABI int64 (8 bytes), kernarg by_value 4 bytes" in f["error"]
+    assert doc["ok"] == doc["keys"] - 1
+
+
+@pytest.mark.faults
+def test_a_band_whose_dynamic_table_runs_past_its_end_fails_naming_it(tmp_path):
+    """A band (its digests in libs.json made to match) whose library's
+    dynamic table runs past the end of the file: verify fails naming the
+    band and its keys, exit 1, never an internal error (S20)."""
+    import lzma
+    import struct
+
+    room = _shipped_room(tmp_path)
+    path = room.dir / LIBS_JSON
+    doc = json.loads(path.read_text())
+    lib = doc["libraries"][0]
+    raw = bytearray(lzma.decompress((room.lib / lib["file"]).read_bytes()))
+    i = next(i for i, s in enumerate(Elf(bytes(raw)).sections) if s.type == SHT_DYNAMIC)
+    shoff, shentsize = struct.unpack_from("<Q", raw, 40)[0], struct.unpack_from("<H", raw, 58)[0]
+    struct.pack_into("<Q", raw, shoff + i * shentsize + 24, len(raw) - 8)  # its sh_offset: 8 bytes before the end
+    band = lzma.compress(bytes(raw), format=lzma.FORMAT_XZ, preset=0)
+    (room.lib / lib["file"]).write_bytes(band)
+    lib.update(sha256=hashlib.sha256(band).hexdigest(), bytes=len(band), raw_sha256=hashlib.sha256(raw).hexdigest(),
+               raw_bytes=len(raw))
+    path.write_text(json.dumps(doc))
+    code, report, err = _verify_json(room.root)
+    assert code == 1 and "Traceback" not in err, err
+    (f,) = [f for f in report["failures"] if f["file"] == str(room.lib / lib["file"])]
+    assert f["what"] == "band" and f["serving"] and sorted(f["keys"]) == sorted(lib["entries"]), f
+    assert report["ok"] == report["keys"] - len(lib["entries"])

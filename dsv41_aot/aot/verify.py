@@ -12,6 +12,7 @@ and failure carries its key's release.
 from __future__ import annotations
 
 import random
+import shlex
 import time
 from pathlib import Path
 
@@ -92,7 +93,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         warned += store.say()
     shipped = {room: _room_proofs(man) for room, man in mans.items()}  # each run's proof is compared with it
     proofs = {room: _room_proofs(man, warned) for room, man in mans.items()} if record else {}
-    hip = hiprec.build(cache=cache) if todo or hits else None
+    hip = hiprec.build(cache=cache, warn=warned.append) if todo or hits else None
     launches: dict = {}  # key -> the prebuilt launch (hiprec.recorded_launch), or what went wrong
     bar = progress_bar(len(todo) + len(hits), "verify --against-jit", "key") if progress and (todo or hits) else None
 
@@ -231,10 +232,10 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                 warnings[p.file] = f"{p.message}: {p.fix}"
         for left in sorted(arch_dir.glob(".*.tmp")) + sorted(arch_dir.glob("*/.*.tmp")):  # a killed atomic write's
             warnings[left] = (f"{left}: a temporary file a killed write left (the file it was for is whole); "
-                              f"remove it: rm '{left}'")
+                              f"remove it: rm {shlex.quote(str(left))}")
         if bad := pending.problem(arch_dir):  # never echoed into a fix, never silently dropped
             warnings[arch_dir / pending.PENDING] = (f"{bad}: its keys are not rebuilt by any printed fix; remove it: "
-                                                   f"rm '{arch_dir / pending.PENDING}'")
+                                                   f"rm {shlex.quote(str(arch_dir / pending.PENDING))}")
         for rel, ks in pending.asked(arch_dir).items():  # a killed build: the keys it did not get to
             built = next((m.entries for m in mans.values() if (m.arch, m.release) == (arch_dir.name, rel)), {})
             if missing := [k for k in ks if k not in built]:
