@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .elf import ElfError, dynamic_info
 from .errors import IntegrityError, ManifestError
-from .manifest import BAND_RE, LIBS_JSON, LIBS_SCHEMA, SHA256_RE, load_json
+from .manifest import BAND_RE, BAND_SUFFIX, LIBS_JSON, LIBS_SCHEMA, SHA256_RE, load_json
 
 
 def soname(chunk: str, members: dict) -> str:
@@ -25,6 +25,11 @@ def soname(chunk: str, members: dict) -> str:
     so a band linked from other objects has another SONAME."""
     digest = hashlib.sha256(json.dumps(members, sort_keys=True).encode()).hexdigest()[:12]
     return f"{chunk}.{digest}.so"
+
+
+def band_file(chunk: str, sha256: str) -> str:
+    """A band's file name: its chunk and the head of its xz bytes' sha256, which ``Band.unpack`` checks."""
+    return f"{chunk}.{sha256[:16]}{BAND_SUFFIX}"
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,9 @@ class Band:
         SONAME of the objects libs.json names for its keys."""
         import lzma  # only when a band is read: importing the room stays cheap
 
+        if self.file != (named := band_file(self.chunk, self.sha256)):  # link names each band by its bytes
+            raise IntegrityError(f"{where}: its name is not {named}, the one {LIBS_JSON}'s chunk and sha256 for it "
+                                 f"make (a renamed band, or an edited record)", fix=fix)
         if hashlib.sha256(data).hexdigest() != self.sha256:
             raise IntegrityError(f"{where} does not match the sha256 in {LIBS_JSON} (corrupt or altered)", fix=fix)
         try:

@@ -149,19 +149,23 @@ def test_a_room_relinked_under_a_running_process_says_restart(tmp_path):
     is gone because the room was relinked since it read it. The fix used to
     be link (which found everything up to date); it is now a restart."""
     import dataclasses
+    import lzma
     import os
 
     from _smoke import deployment
 
     from dsv41_aot.errors import IntegrityError
-    from dsv41_aot.linkrecord import LinkRecord
+    from dsv41_aot.linkrecord import LinkRecord, band_file
 
     root = Path(shutil.copytree(deployment("gfx942-tp4"), tmp_path / "prebuilt"))
     running = Room(root, "gfx942", "0.33.0")
     old = running.links().bands[0]  # what the running process read
-    # another process relinks the room: the band gets a new name, libs.json names it
-    new = dataclasses.replace(old, file=old.file.replace(old.file.split(".")[1], "0123456789abcdef"))
-    os.replace(running.lib / old.file, running.lib / new.file)
+    # another process relinks the room: the band gets other bytes and so a new name, libs.json names it
+    data = lzma.compress(running.read_band(old), format=lzma.FORMAT_XZ, preset=0)
+    sha = hashlib.sha256(data).hexdigest()
+    new = dataclasses.replace(old, file=band_file(old.chunk, sha), sha256=sha, bytes=len(data))
+    (running.lib / new.file).write_bytes(data)
+    os.unlink(running.lib / old.file)
     Room(root, "gfx942", "0.33.0").write_links(LinkRecord.of("gfx942", "0.33.0", [new, *running.links().bands[1:]]))
     with pytest.raises(IntegrityError) as e:
         running.read_band(old)

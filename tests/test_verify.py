@@ -477,10 +477,10 @@ def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = 
     man.write()
     if band is not None:
         (root / arch / LIB).mkdir(parents=True, exist_ok=True)
-        name = f"libdsv41_{arch}_{release.replace('.', '_')}.so.xz"
+        chunk = f"libdsv41_{arch}_{release.replace('.', '_')}"
         members = {k: man.entries[k].sha256 for k in keys}
-        so_name = linkrecord.soname(name.split(".")[0], members)
-        src = root / f".{name}.c"
+        so_name = linkrecord.soname(chunk, members)
+        src = root / f".{chunk}.c"
         src.write_text(f"const char dsv41_band_note[] = {json.dumps(band.decode())};\n"
                        + "".join(f"void {man.entries[k].entry}(void) {{}}\nint {man.entries[k].entry}__module_load(int d) "
                                  f"{{ return d; }}\n" for k in keys))
@@ -490,10 +490,12 @@ def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = 
         raw = lib.read_bytes()
         src.unlink()
         lib.unlink()
-        (root / arch / LIB / name).write_bytes(lzma.compress(raw, format=lzma.FORMAT_XZ))
+        data = lzma.compress(raw, format=lzma.FORMAT_XZ)
+        name = linkrecord.band_file(chunk, hashlib.sha256(data).hexdigest())
+        (root / arch / LIB / name).write_bytes(data)
         doc = {"schema": 2, "arch": arch, "release": release, "libraries": [
-            {"chunk": name.split(".")[0], "file": name, "sha256": sha256_file(root / arch / LIB / name),
-             "bytes": (root / arch / LIB / name).stat().st_size, "raw_sha256": hashlib.sha256(raw).hexdigest(),
+            {"chunk": chunk, "file": name, "sha256": sha256_file(root / arch / LIB / name),
+             "bytes": len(data), "raw_sha256": hashlib.sha256(raw).hexdigest(),
              "raw_bytes": len(raw), "entries": members}]}
         (man.room / LIBS_JSON).write_text(json.dumps(doc))
     return man

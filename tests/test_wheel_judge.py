@@ -26,8 +26,9 @@ from _smoke import REPO, deployment
 
 from ci import check_wheel
 from dsv41_aot import cli
-from dsv41_aot.linkrecord import soname
+from dsv41_aot.linkrecord import band_file, soname
 from dsv41_aot.manifest import folder_name
+from dsv41_aot.room import Room
 
 ARCH, RELEASE = "gfx942", "0.33.0"
 PKG = "dsv41_aot/kernels_prebuilt/"
@@ -230,12 +231,34 @@ def test_auditwheel_refuses_a_band_that_needs_an_external_library(prebuilt, tmp_
         assert r.returncode == 0, r.stderr
     raw = so.read_bytes()
     packed = lzma.compress(raw, format=lzma.FORMAT_XZ)
-    (other / ARCH / "lib" / band["file"]).write_bytes(packed)
+    (other / ARCH / "lib" / band["file"]).unlink()
     band.update(sha256=hashlib.sha256(packed).hexdigest(), bytes=len(packed),
                 raw_sha256=hashlib.sha256(raw).hexdigest(), raw_bytes=len(raw))
+    band["file"] = band_file(band["chunk"], band["sha256"])  # link names a band by its bytes
+    (other / ARCH / "lib" / band["file"]).write_bytes(packed)
     path.write_text(json.dumps(doc))
     code, out = _gate(capsys, check_wheel.main, "--audit-prebuilt", other)
     assert code == 1 and "external libraries besides libamdhip64: libdsv41_ext.so.1" in out, out
+
+
+# ---------------------------------------------------------------- a band's name
+
+
+@pytest.mark.faults
+def test_a_band_whose_name_is_not_its_content_hash_is_refused_naming_it(prebuilt, tmp_path, capsys):
+    """Q1 of the fault report at 3f0364f: link names each band by its xz
+    sha256; a band renamed (its record too) is refused, naming the file."""
+    d = Path(shutil.copytree(prebuilt, tmp_path / "renamed"))
+    room = Room(d, ARCH, RELEASE)
+    (band,) = room.links().bands
+    doc = json.loads(room.libs_path.read_text())
+    name = doc["libraries"][0]["file"] = band.file.replace(band.sha256[:16], "0" * 16)
+    room.libs_path.write_text(json.dumps(doc))
+    (room.lib / band.file).rename(room.lib / name)
+    capsys.readouterr()
+    code, report = cli.main(["verify", "--dir", str(d), "--json"]), json.loads(capsys.readouterr().out)
+    assert code == 1 and len(report["failures"]) == len(band.entries) + 1
+    assert all(f"{name}: its name is not {band.file}" in f["error"] for f in report["failures"])
 
 
 # ---------------------------------------------------------------- verify --wheel's options

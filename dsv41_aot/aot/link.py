@@ -25,8 +25,8 @@ from pathlib import Path
 from .. import commands
 from ..errors import AotError, IntegrityError, ManifestError, ToolchainError
 from ..keys import BuildKey
-from ..manifest import BAND_SUFFIX, Manifest, sha256_file
-from ..linkrecord import Band, LinkRecord, soname
+from ..manifest import Manifest, sha256_file
+from ..linkrecord import Band, LinkRecord, band_file, soname
 from ..room import Room
 from ..verdict import band_problems, library_problems
 from ..listing import built_rooms_or_error, folder_problems
@@ -161,7 +161,7 @@ def _link_chunk(room: Room, chunk: str, keys: list[str], man: Manifest, members:
         _check_library(raw, chunk, {k: man.entries[k].entry for k in keys})
         band = compress_band(raw)
         digest = hashlib.sha256(band).hexdigest()
-        name = f"{chunk}.{digest[:16]}{BAND_SUFFIX}"
+        name = band_file(chunk, digest)
         final = room.lib / name
         if final.is_symlink() or not final.is_file() or sha256_file(final) != digest:
             staged = Path(tmp) / name
