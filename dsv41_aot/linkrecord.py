@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .elf import ElfError, dynamic_info
+from .elf import ElfError, dynamic_info, kernel_names
 from .errors import IntegrityError, ManifestError
 from .manifest import BAND_RE, BAND_SUFFIX, LIBS_JSON, LIBS_SCHEMA, SHA256_RE, load_json
 
@@ -30,6 +30,25 @@ def soname(chunk: str, members: dict) -> str:
 def band_file(chunk: str, sha256: str) -> str:
     """A band's file name: its chunk and the head of its xz bytes' sha256, which ``Band.unpack`` checks."""
     return f"{chunk}.{sha256[:16]}{BAND_SUFFIX}"
+
+
+def kernel_problem(codes: dict, entry) -> str | None:
+    """Why a band holding GPU code objects ``codes`` (sha256 -> bytes) cannot launch manifest ``entry``; else None.
+
+    It must hold the entry's code object, defining the kernel the entry
+    names: the one the launcher asks HIP for at the key's first call."""
+    code = codes.get(entry.code_object_sha256)
+    if code is None:
+        return f"holds no GPU code object of sha256 {entry.code_object_sha256[:16]} (the manifest's for {entry.key})"
+    try:
+        kernels = kernel_names(code)
+    except ValueError as e:  # ElfError too
+        kernels = [f"unreadable ({e})"]
+    if entry.symbol not in kernels:
+        return (f"holds {entry.key}'s GPU code object {entry.code_object_sha256[:16]}, but it defines kernel "
+                f"{', '.join(kernels) or 'none'}, not {entry.symbol}, the one its manifest names: its first launch "
+                f"would fail")
+    return None
 
 
 @dataclass(frozen=True)

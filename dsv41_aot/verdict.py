@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import commands, pending
-from .elf import ElfError, dynamic_info
+from .elf import ElfError, dynamic_info, embedded_code_objects
 from .errors import AotError, IntegrityError, ManifestError
-from .linkrecord import Band
+from .linkrecord import Band, kernel_problem
 from .manifest import LIBS_JSON, Manifest, sha256_file
 from .proof import NO_EVIDENCE, PROVEN, STALE, VERIFIED, flydsl_text
 from .room import Room
@@ -111,7 +111,8 @@ def band_problems(room: Room, band: Band, man: Manifest) -> list[Problem]:
     path = str(room.lib / band.file)
     entries = {key: e.entry for key in band.entries if (e := man.entries.get(key))}
     try:
-        whole, lost = library_problems(room.read_band(band), entries)
+        raw = room.read_band(band)
+        whole, lost = library_problems(raw, entries)
     except (ManifestError, IntegrityError) as e:
         return [Problem("band", e.message, path, e.fix, band=band.file)]
     except ElfError:
@@ -120,6 +121,9 @@ def band_problems(room: Room, band: Band, man: Manifest) -> list[Problem]:
     out += [Problem("band", f"{key} (vLLM {room.release}): {room.libs_path} lists it under {band.file}, which "
                             f"does not export {what}", str(room.libs_path), room.fix_relink, key=key, band=band.file)
             for key, what in sorted(lost.items())]
+    codes = embedded_code_objects(raw)  # each key's code object must hold its kernel (kernel_problem)
+    out += [Problem("band", f"{key} (vLLM {room.release}): {path} {why}", path, room.fix_relink, key=key,
+                    band=band.file) for key in sorted(entries) if (why := kernel_problem(codes, man.entries[key]))]
     return out
 
 

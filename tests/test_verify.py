@@ -27,6 +27,7 @@ from dsv41_aot.aot import jit, matrix, verify
 from dsv41_aot.elf import SHT_DYNAMIC, Elf, exported_parts
 from dsv41_aot.errors import ToolchainError
 from dsv41_aot.facts.releases import NEWEST
+from dsv41_aot.keys import BuildKey
 from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, abi_id, sha256_file
 from dsv41_aot.room import Room, room_dir
 
@@ -461,19 +462,40 @@ def test_a_build_stopped_before_its_manifest_is_finished_by_the_fix(tmp_path, ro
     assert f"fix: {want}" in proc.stderr, proc.stderr
 
 
-def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = b"band") -> Manifest:
+def code_object(kernel: str) -> bytes:
+    """A stand-in GPU code object: an AMDGPU ELF whose only dynamic symbol is kernel ``kernel``'s descriptor."""
+    import struct
+
+    dynstr, shstr = f"\0{kernel}.kd\0".encode(), b"\0.dynsym\0.dynstr\0.shstrtab\0"
+    dynsym = bytes(24) + struct.pack("<IBBHQQ", 1, 0x11, 0, 1, 0, 64)
+    body = dynsym + dynstr + shstr
+    at = [64, 64 + len(dynsym), 64 + len(dynsym) + len(dynstr)]
+    head = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 224, 1, 0, 0, 64 + len(body), 0,
+                                                                  64, 0, 0, 64, 4, 3)
+    sections = [bytes(64)] + [struct.pack("<IIQQQQIIQQ", name, kind, 0, 0, off, size, link, 0, 1, ent)
+                              for name, kind, off, size, link, ent in ((1, 11, at[0], len(dynsym), 2, 24),
+                                                                       (9, 3, at[1], len(dynstr), 0, 0),
+                                                                       (17, 3, at[2], len(shstr), 0, 0))]
+    return head + body + b"".join(sections)
+
+
+def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = b"band", kernels=None) -> Manifest:
     """A room whose manifest names ``keys`` (objects/ there, its objects
     absent) and, with ``band``, a libs.json linking them all from one xz band
     in the arch's lib/: a stand-in shared library built by the C compiler
-    with the SONAME link gives a library of those objects and an empty
-    function of each key's entry name (what the room reads from a band),
-    holding ``band`` as a string so that two bands differ."""
+    with the SONAME link gives a library of those objects, an empty
+    function of each key's entry name and a stand-in GPU code object of its
+    kernel, or of ``kernels[key]`` (what the room reads from a band), holding
+    ``band`` as a string so that two bands differ."""
     import lzma
 
     man = Manifest(root / arch, arch, release=release)
     (root / arch / "objects").mkdir(parents=True, exist_ok=True)
+    codes = {}
     for text in keys:
-        man.put(stand_in_entry(text, release, sha256=f"{len(text):064x}"), [])
+        entry = stand_in_entry(text, release, sha256=f"{len(text):064x}")
+        codes[text] = code_object((kernels or {}).get(text, entry["symbol"]))
+        man.put(dict(entry, code_object_sha256=hashlib.sha256(codes[text]).hexdigest()), [])
     man.write()
     if band is not None:
         (root / arch / LIB).mkdir(parents=True, exist_ok=True)
@@ -483,7 +505,8 @@ def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = 
         src = root / f".{chunk}.c"
         src.write_text(f"const char dsv41_band_note[] = {json.dumps(band.decode())};\n"
                        + "".join(f"void {man.entries[k].entry}(void) {{}}\nint {man.entries[k].entry}__module_load(int d) "
-                                 f"{{ return d; }}\n" for k in keys))
+                                 f"{{ return d; }}\nconst unsigned char {man.entries[k].entry}__kernels_binary[] = "
+                                 f"{{{', '.join(map(str, codes[k]))}}};\n" for k in keys))
         lib = src.with_suffix(".so")
         subprocess.run(["cc", "-shared", "-fPIC", "-nostdlib", f"-Wl,-soname,{so_name}", "-o", str(lib), str(src)],
                        check=True, capture_output=True)
@@ -544,6 +567,20 @@ def test_libs_json_is_checked_per_room(tmp_path):
     path.unlink()
     (f,) = problems("0.32.0")
     assert "missing" in f.message and f.what == "libs"
+
+
+@pytest.mark.faults
+def test_a_band_whose_code_object_lacks_its_kernel_fails_the_rooms_verdict(tmp_path):
+    """Q1 of the fault report at 3f0364f, in a room built here: the band holds
+    the code object the manifest names for a key, but that code object
+    defines another kernel. The room's verdict (verify, the wheel gate, link,
+    doctor) names the key, the band and both kernels; the fix relinks."""
+    other = "_ZN5aiter34dsv41_mono_k1_s4_tp4_r2_tl0_f1_i0E"
+    _room(tmp_path, "gfx950", "0.33.0", KEYS, kernels={KEYS[0]: other})
+    (p,) = verdict.problems(Room(tmp_path, "gfx950", "0.33.0"), objects=False)
+    assert (p.what, p.key, p.serving) == ("band", KEYS[0], True) and p.file.endswith(p.band)
+    assert f"defines kernel {other}, not {BuildKey.parse(KEYS[0], NEWEST).kernel_symbol}" in p.message
+    assert p.fix.startswith("dsv41-aot link")
 
 
 def test_reports_and_failures_carry_the_release(tmp_path):

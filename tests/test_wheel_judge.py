@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 import lzma
+import os
 import shutil
 import subprocess
 import sys
@@ -22,9 +23,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, deployment
+from _smoke import REPO, deployment, replace_code_object
+from _smoke import cli as cli_process
 
 from ci import check_wheel
+from ci import prebuilt as gate
 from dsv41_aot import cli
 from dsv41_aot.linkrecord import band_file, soname
 from dsv41_aot.manifest import folder_name
@@ -241,7 +244,36 @@ def test_auditwheel_refuses_a_band_that_needs_an_external_library(prebuilt, tmp_
     assert code == 1 and "external libraries besides libamdhip64: libdsv41_ext.so.1" in out, out
 
 
-# ---------------------------------------------------------------- a band's name
+# ---------------------------------------------------------------- a band's code, judged by every reader
+
+
+@pytest.mark.faults
+def test_a_band_holding_another_keys_kernel_is_refused_by_every_reader(wheel, prebuilt, tmp_path, capsys):
+    """Q1 (S8) of the fault report at 3f0364f: in K's band, K's GPU code object
+    is swapped for another key's of the same size, every digest and the band's
+    name updated. The launcher would ask HIP for K's kernel in it and not find
+    it: verify (folder and wheel), check_wheel.py, the wheel gate and doctor
+    all refuse it, naming K and its band, and verify serves every other key."""
+    key, other = "k1@gfx942:s=42,tp=4,r=2,i=1", "k1@gfx942:s=42,tp=4,r=1,i=1"  # code objects of one size
+    d = Path(shutil.copytree(prebuilt, tmp_path / "swapped"))
+    entries = Room(d, ARCH, RELEASE).manifest().entries
+    band = replace_code_object(d, ARCH, RELEASE, key, lambda code, codes: codes[entries[other].code_object_sha256])
+    with zipfile.ZipFile(wheel) as z:
+        kernels = [n for n in z.namelist() if n.startswith(PKG)]
+    bad = _variant(wheel, tmp_path / "wheel", drop=kernels, extra=[
+        (PKG + f.relative_to(d).as_posix(), f.read_bytes()) for f in sorted(d.rglob("*")) if f.is_file()])
+    env = {k: v for k, v in os.environ.items() if k not in ("DSV41_AOT_MODE", "DSV41_AOT_DISABLE", "VLLM_PLUGINS")}
+    doctor = cli_process("doctor", env=dict(env, DSV41_AOT_PREBUILT=str(d), DSV41_AOT_ARCH=ARCH))
+    readers = {"verify --dir": _verify(capsys, "--dir", d), "verify --wheel": _verify(capsys, "--wheel", bad),
+               "check_wheel.py": _check(capsys, "--require-proofs", bad), "ci/prebuilt.py": _gate(capsys, gate.main, d),
+               "doctor": (doctor.returncode, doctor.stdout + doctor.stderr)}
+    for reader, (code, out) in readers.items():
+        assert code == 1 and f"not {entries[key].symbol}, the one its manifest names" in out, (reader, out[-3000:])
+        assert key in out and band.name in out and "Traceback" not in out, (reader, out[-3000:])
+    capsys.readouterr()
+    cli.main(["verify", "--dir", str(d), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert {f["key"] for f in doc["failures"]} == {key} and doc["ok"] == doc["keys"] - 1
 
 
 @pytest.mark.faults

@@ -230,7 +230,7 @@ def _bands(rep: Report, room: Room) -> list:
         rep.fail("bands", p.message, p.fix)
     if not problems:
         rep.add("bands", "ok", f"{bands} band(s) of {room.lib} sound (sha256, decompressed, raw sha256, every key's "
-                               f"entry exported); nothing bound")
+                               f"entry exported, its kernel in its code object); nothing bound")
     return problems
 
 
