@@ -114,6 +114,28 @@ def test_a_shipped_proof_that_is_not_this_runs_is_named_field_by_field(shipped, 
     assert own["what"] == "proof" and "evidence.artifact_sha256 (1212121212121212, " in own["error"]
 
 
+@pytest.mark.faults
+def test_a_proof_under_another_flydsl_is_compared_and_a_sample_compares_a_proof(shipped, tmp_path):
+    """Q2 of the fault report at 3f0364f: the room carries one proof, of
+    PICKED[1], labelled FlyDSL 0.5.0 and with a forged artifact digest. A
+    sample of one key (by its seed, PICKED[0], which has no proof) holds a
+    key the room carries a proof of instead, and that proof is compared
+    though this run's FlyDSL is another (the digests do not depend on it)."""
+    d = Path(shutil.copytree(shipped, tmp_path / "relabelled"))
+    path = Room(d, ARCH, RELEASE).verified_path
+    doc = json.loads(path.read_text())
+    proof = doc["keys"][PICKED[1]]
+    proof["jit"]["flydsl_version"] = "0.5.0"
+    proof["evidence"]["artifact_sha256"] = "12" * 32
+    doc["keys"], doc["flydsl"] = {PICKED[1]: proof}, {}
+    path.write_text(json.dumps(doc))
+    code, report = _verify("--dir", d, "--against-jit", "--sample", "1", "--seed", "9")
+    assert code == 1 and report["jit_checked"] == 1, report["failures"]
+    (own,) = [f for f in report["failures"] if f["key"] == PICKED[1]]
+    assert own["what"] == "proof" and "under FlyDSL 0.5.0" in own["error"]
+    assert "evidence.artifact_sha256 (1212121212121212, " in own["error"]
+
+
 def test_gfx950_tp2_covers_every_launch_vllm_can_ask_for():
     root = deployment("gfx950-tp2")
     for release, want in (("0.33.0", 768), ("0.32.0", 240)):

@@ -37,13 +37,20 @@ from .output import progress_bar, tally
 PROOF_DIFFERS = f"its proof in {VERIFIED} differs from this JIT run's"
 
 
-def choose_keys(man: Manifest, keys: list[str] | None, sample: int | None, seed: int) -> list[str]:
-    """The keys of this room to rebuild: the named ones, a seeded sample, or all."""
+def choose_keys(man: Manifest, keys: list[str] | None, sample: int | None, seed: int, proven=()) -> list[str]:
+    """The keys of this room to rebuild: the named ones, a seeded sample, or all.
+
+    A sample holds at least one of the ``proven`` keys (those the room
+    carries a proof of), so a sample run always compares a proof."""
     have = sorted(man.entries)
     if keys is not None:
         return [k for k in keys if k in man.entries]
     if sample is not None and sample < len(have):
-        return sorted(random.Random(f"dsv41-aot verify {man.arch} {man.release} {seed}").sample(have, sample))
+        rng = random.Random(f"dsv41-aot verify {man.arch} {man.release} {seed}")
+        picked = rng.sample(have, sample)
+        if proven and not set(picked) & set(proven):
+            picked[-1] = rng.choice(sorted(proven))
+        return sorted(picked)
     return have
 
 
@@ -91,7 +98,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         cached = {k for k, _ in hits}
         todo = [k for k in todo if k not in cached]
         warned += store.say()
-    shipped = {room: _room_proofs(man) for room, man in mans.items()}  # each run's proof is compared with it
+    shipped = {room: _room_proofs(man) for room, man in mans.items()}  # each run's proof is compared with them
     proofs = {room: _room_proofs(man, warned) for room, man in mans.items()} if record else {}
     hip = hiprec.build(cache=cache, warn=warned.append) if todo or hits else None
     launches: dict = {}  # key -> the prebuilt launch (hiprec.recorded_launch), or what went wrong
@@ -113,13 +120,14 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
             rep.checks.append("launch")
             rep.problems += _compare_launches(launches.get(key), msg["evidence"].get("launch"), code)
         mine = None
-        if rep.ok:  # this run's proof, compared with the one the room carries under the same FlyDSL
+        if rep.ok:  # this run's proof, compared with each the room carries (under any FlyDSL: KeyProof.differences)
             mine = verified_record(str(key), code, msg.get("identity"), msg["evidence"])
-            theirs = shipped[key.room].get((str(key), mine.flydsl))
-            if theirs is not None:
-                rep.checks.append("proof")
-                if diffs := theirs.differences(mine):
-                    rep.problems.append(f"{PROOF_DIFFERS} (recorded, now): {', '.join(diffs)}")
+            theirs = [p for (k, _), p in shipped[key.room].items() if k == str(key)]
+            rep.checks += ["proof"] if theirs else []
+            for p in theirs:
+                if diffs := p.differences(mine):
+                    why = f"{PROOF_DIFFERS} (recorded under FlyDSL {p.flydsl or '?'}, now): {', '.join(diffs)}"
+                    rep.problems.append(why)
                     mine = None
         if record:  # a key's proof under this run's FlyDSL; those under other FlyDSL releases are kept
             flydsl = (msg.get("identity") or {}).get("flydsl_version") or ""
@@ -257,7 +265,8 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             reports[parsed[k]], code = check_entry(man, k, shipped)
             codes[parsed[k]] = (man, code)
         if against_jit:
-            picked = choose_keys(man, None if wanted is None else names, sample, seed)
+            proven = {k for k, _ in _room_proofs(man)} if sample is not None else ()
+            picked = choose_keys(man, None if wanted is None else names, sample, seed, proven)
             chosen[room.name] = [parsed[k] for k in picked if codes[parsed[k]][1] is not None]
     if against_jit:
         said = _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, trees=vllm_src,
