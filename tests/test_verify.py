@@ -78,6 +78,31 @@ def test_against_jit_passes_on_smoke(copy):
 
 
 @pytest.mark.slow
+@pytest.mark.faults
+def test_the_fix_for_a_proof_that_differs_works_the_first_time(copy):
+    """Q8 of the fault report at 3f0364f: a key's recorded proof carries a
+    forged artifact digest. verify --against-jit fails it and prints a fix;
+    that fix, run once word for word, records this run's proof in its place,
+    names the one it replaced in a warning, and exits 0."""
+    key = "k1@gfx950:s=4,tp=4,r=1"  # its JIT answer is in the session's build cache (smoke_jit)
+    cli("verify", "--dir", copy, "--against-jit", "--record", "--key", key, check=True)
+    path = Room(copy, "gfx950", NEWEST).verified_path
+    doc = json.loads(path.read_text())
+    doc["keys"][key]["evidence"]["artifact_sha256"] = "12" * 32
+    path.write_text(json.dumps(doc))
+    r = cli("verify", "--dir", copy, "--against-jit", "--key", key)
+    assert r.returncode == 1 and "evidence.artifact_sha256 (1212121212121212, " in r.stdout, r.stdout + r.stderr
+    (fix,) = [line[len("fix: "):] for line in r.stderr.splitlines() if line.startswith("fix: ")]
+    argv = shlex.split(fix)
+    assert argv[:2] == ["dsv41-aot", "verify"] and "--record" in argv
+    r = cli(*argv[1:])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{key} (vLLM {NEWEST}): its proof in verified.json differs" in r.stderr
+    assert "replaced by this run's proof" in r.stderr
+    assert Room(copy, "gfx950", NEWEST).proof().keys[key].evidence.artifact_sha256 != "12" * 32
+
+
+@pytest.mark.slow
 def test_flipped_byte_fails_with_its_key(copy):
     man = Room(copy, "gfx942", "0.33.0").manifest()
     key = "k2@gfx942:s=4,tp=4,r=1"

@@ -99,6 +99,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         todo = [k for k in todo if k not in cached]
         warned += store.say()
     shipped = {room: _room_proofs(man) for room, man in mans.items()}  # each run's proof is compared with them
+    here = {room: Room(m.dir.parent, m.arch, m.release).built_here for room, m in mans.items()}
     proofs = {room: _room_proofs(man, warned) for room, man in mans.items()} if record else {}
     hip = hiprec.build(cache=cache, warn=warned.append) if todo or hits else None
     launches: dict = {}  # key -> the prebuilt launch (hiprec.recorded_launch), or what went wrong
@@ -127,8 +128,12 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
             for p in theirs:
                 if diffs := p.differences(mine):
                     why = f"{PROOF_DIFFERS} (recorded under FlyDSL {p.flydsl or '?'}, now): {', '.join(diffs)}"
-                    rep.problems.append(why)
-                    mine = None
+                    if record and here[key.room]:  # where the fix is this command: this run's proof replaces it
+                        warned.append(f"{key.describe()}: {why}; replaced by this run's proof")
+                        proofs[key.room].pop((str(key), p.flydsl), None)
+                    else:
+                        rep.problems.append(why)
+                        mine = None
         if record:  # a key's proof under this run's FlyDSL; those under other FlyDSL releases are kept
             flydsl = (msg.get("identity") or {}).get("flydsl_version") or ""
             if mine is not None:
