@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, cli, deployment
+from _smoke import REPO, cli, deployment, replace_code_object
 
 from dsv41_aot.room import Room, room_name
 
@@ -134,6 +135,32 @@ def test_a_proof_under_another_flydsl_is_compared_and_a_sample_compares_a_proof(
     (own,) = [f for f in report["failures"] if f["key"] == PICKED[1]]
     assert own["what"] == "proof" and "under FlyDSL 0.5.0" in own["error"]
     assert "evidence.artifact_sha256 (1212121212121212, " in own["error"]
+
+
+@pytest.mark.faults
+def test_a_code_object_the_cached_jit_answer_disagrees_with_is_blamed_not_the_cache(shipped, tmp_path):
+    """Q11 of the fault report at 3f0364f: PICKED[0]'s GPU code object altered
+    in its band (one byte of its code, every digest updated: the offline checks
+    pass). Its JIT answer is in the build cache; the JIT runs again to decide
+    (a cache only saves work), agrees with the cache, and the prebuilt code
+    object is what fails: the cache record is kept and not blamed."""
+    code, _ = _verify("--dir", shipped, "--against-jit", "--key", PICKED[0])  # the JIT answer, now in the cache
+    assert code == 0
+    cache = Path(os.environ["DSV41_AOT_BUILD_CACHE"]) / "v1" / "jit"
+    records = {p: p.read_bytes() for p in cache.rglob("*.json") if json.loads(p.read_bytes())["key"] == PICKED[0]}
+    d = Path(shutil.copytree(shipped, tmp_path / "altered"))
+
+    def flipped(code: bytes, codes) -> bytes:  # one byte of its machine code
+        return code[:len(code) // 2] + bytes([code[len(code) // 2] ^ 1]) + code[len(code) // 2 + 1:]
+
+    replace_code_object(d, ARCH, RELEASE, PICKED[0], flipped)
+    code, report = _verify("--dir", d, "--against-jit", "--key", PICKED[0])
+    assert code == 1
+    (own,) = [f for f in report["failures"] if f["key"] == PICKED[0]]
+    assert own["error"].startswith("GPU code object differs: prebuilt") and own["what"] == "entry"
+    assert not [w for w in report["warnings"] if "cache record" in w], report["warnings"]
+    assert all(p.is_file() and json.loads(p.read_bytes())["sha256"] == json.loads(b)["sha256"]
+               for p, b in records.items()) and records
 
 
 def test_gfx950_tp2_covers_every_launch_vllm_can_ask_for():

@@ -84,7 +84,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
                                  f"{k.release} tree found ({sources[k.release].root}) has {have[k.release]}, so its "
                                  f"JIT build cannot prove it", fix=f"pass --vllm-src with the vLLM {k.release} tree "
                                  f"whose mono sources are {built}, and --matrix with a build matrix recording it")
-    store, idents, hits, warned = None, {}, [], []
+    store, idents, hits, warned, doubted = None, {}, [], [], {}  # doubted: key -> its cached code object
     if cache is not None and todo:
         from .compiler import source_identity
 
@@ -112,7 +112,10 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         rep.jit_seconds = msg.get("seconds")
         rep.jit_cached = bool(msg.get("cached"))
         if store is not None and msg.get("ok") and not msg.get("cached"):
-            store.put(JIT, key, idents[key.release], Path(msg["code"]).read_bytes(), params=msg["params"],
+            data = Path(msg["code"]).read_bytes()
+            if doubted.get(key, data) != data:  # the cached answer was not the JIT's: the cache was wrong
+                store.reject(JIT, key, idents[key.release], "disagrees with this JIT run's answer")
+            store.put(JIT, key, idents[key.release], data, params=msg["params"],
                       identity=msg.get("identity") or {}, evidence=msg.get("evidence"), seconds=msg.get("seconds"))
         rep.problems += compare_jit(man, str(key), code, msg)
         if "error" not in msg and not isinstance(msg.get("evidence"), dict):
@@ -156,8 +159,8 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
                        "identity": rec.get("identity"), "evidence": rec["evidence"],
                        "seconds": rec.get("seconds"), "cached": True}
                 if compare_jit(codes[k][0], str(k), codes[k][1], msg):  # never fail a key on a cached answer
-                    store.reject(JIT, k, idents[k.release], "disagrees with the prebuilt code object")
-                    todo.append(k)  # the JIT runs for real: its answer decides
+                    doubted[k] = data  # the JIT runs for real: its answer decides which side is wrong
+                    todo.append(k)
                     continue
                 on_answer(k, msg)
         if todo:
