@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,22 @@ def test_a_proof_under_another_flydsl_is_compared_and_a_sample_compares_a_proof(
     (own,) = [f for f in report["failures"] if f["key"] == PICKED[1]]
     assert own["what"] == "proof" and "under FlyDSL 0.5.0" in own["error"]
     assert "evidence.artifact_sha256 (1212121212121212, " in own["error"]
+
+
+def test_record_never_rewrites_another_pythons_pip_installation(shipped, wheel, tmp_path):
+    """Q3 of the fault report at 3f0364f: the wheel installed with ``pip install
+    --target T`` (unpacked with its RECORD beside the package), proven and
+    recorded by this checkout's dsv41-aot: the run prints the record and
+    writes nothing into T."""
+    target = tmp_path / "T"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(target)
+    before = {f: f.read_bytes() for f in target.rglob("*") if f.is_file()}
+    code, doc = _verify("--dir", target / "dsv41_aot" / "kernels_prebuilt", "--against-jit", "--record",
+                        "--key", PICKED[0])
+    assert code == 0, doc["failures"]
+    assert PICKED[0] in doc["recorded"][room_name(ARCH, RELEASE)]["keys"]
+    assert {f: f.read_bytes() for f in target.rglob("*") if f.is_file()} == before
 
 
 @pytest.mark.faults

@@ -18,15 +18,20 @@ from .verify import fixes, verify
 
 
 def installed_kernels(root: Path) -> bool:
-    """Whether ``root`` is the kernels folder of a dsv41-aot installed from a wheel (pip's RECORD lists it)."""
-    from importlib import metadata
+    """Whether pip installed ``root``'s files: a ``*.dist-info/RECORD`` in a folder above it lists them.
 
-    try:
-        dist = metadata.distribution("dsv41-aot")
-    except metadata.PackageNotFoundError:
-        return False
-    files = [f for f in dist.files or () if str(f).startswith("dsv41_aot/kernels_prebuilt/")]
-    return bool(files) and Path(dist.locate_file("dsv41_aot/kernels_prebuilt")).resolve() == Path(root).resolve()
+    Whichever installation it is (this one, another venv's, ``pip install
+    --target``): pip's files are never rewritten."""
+    root = Path(root).resolve()
+    for top in root.parents:
+        inside = "\n" + root.relative_to(top).as_posix() + "/"  # a RECORD line naming a file in root
+        for record in top.glob("*.dist-info/RECORD"):
+            try:
+                if inside in "\n" + record.read_text(errors="replace"):
+                    return True
+            except OSError:  # unreadable: it says nothing
+                pass
+    return False
 
 
 def verify_shipped(*, wheel: Path | None = None, folder: Path | None = None, **kw) -> dict:
