@@ -12,7 +12,8 @@ each refusal that names neither the file nor the key; then
     tamperings N, readers M, agree A, disagree D
 
 (A + D cases: a case is one tampering in one form) and the KNOWN_OPEN
-entries no case needs any more. Exit 1 when a case is unexplained.
+entries no case needs any more. Exit 1 when a case is unexplained, 2 when
+a reader refuses the base itself.
 
     .venv/bin/python bench/faults.py [--jobs N] [--prebuilt DIR] [-k TEXT] [--fixes]
     .venv/bin/python bench/faults.py --suite [-k EXPR]   (the tests marked faults, tallied)
@@ -74,6 +75,12 @@ def matrix(args) -> int:
         os.environ["DSV41_AOT_BUILD_CACHE"] = str(work / "build-cache")  # the fixes' builds: each key once
         base = R.make_base(smoke(args.prebuilt or os.environ.get("DSV41_AOT_TEST_PREBUILT"), work), work / "base",
                            hiprec.build(work / "hip"))
+        refused = {(f, r): text for f, res in R.check_base(base, work / "check").items()
+                   for r, (ok, text) in res.items() if not ok}
+        for (f, r), text in refused.items():
+            print(f"the base itself is refused by {r} [{f}]:\n{text.strip()[-1500:]}\n", file=sys.stderr)
+        if refused:
+            return 2
         tamperings = [t for t in T.generate(base.built, base.members) if not args.k or args.k in t.name]
         cases = [(t, f) for t in tamperings for f in R.forms_of(base, t)]
         _JOB.update(base=base, cases=cases, scratch=work / "cases")
