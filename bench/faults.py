@@ -109,7 +109,7 @@ def report(args, tamperings, cases, done, t0, load0) -> int:
 
     verdicts = [T.judge(t, f, done[i], R.QUIET) for i, (t, f) in enumerate(cases)]
     differ = [v for v in verdicts if v.differ]
-    unnamed = [v for v in verdicts if v.status == "UNNAMED" or (not v.differ and v.status == "known open")]
+    unnamed = [v for v in verdicts if v.status in ("UNNAMED", "CRASH") or (not v.differ and v.status == "known open")]
     for v in sorted(differ + unnamed, key=lambda v: (v.status, v.tampering.name, v.form)):
         print(v.line())
     used = {p for v in verdicts if v.status == "known open" for p in T.KNOWN_OPEN
@@ -121,7 +121,8 @@ def report(args, tamperings, cases, done, t0, load0) -> int:
     print(f"  {len(verdicts)} cases (a tampering in one form); of the {len(differ)} disagreements: "
           f"{count['by design']} by design, {count['known open']} known open, {count['DISAGREE']} unexplained; "
           f"{sum(v.status == 'UNNAMED' for v in verdicts)} refusals name neither the file nor the key "
-          f"(+{sum(v.status == 'known open' and not v.differ for v in verdicts)} known open)")
+          f"(+{sum(v.status == 'known open' and not v.differ for v in verdicts)} known open); "
+          f"{sum(v.status == 'CRASH' for v in verdicts)} tracebacks")
     for p in sorted(set(T.KNOWN_OPEN) - used) if not args.k else ():
         print(f"  KNOWN_OPEN {p!r} is needed by no case: remove it")
     print("\nby design:")
@@ -135,7 +136,7 @@ def report(args, tamperings, cases, done, t0, load0) -> int:
     load1 = os.getloadavg()
     print(f"  wall {time.perf_counter() - t0:.0f} s with {args.jobs} worker(s) on {os.cpu_count()} cores; load "
           f"average {load0[0]:.1f} before, {load1[0]:.1f} after")
-    return 1 if count["DISAGREE"] or failed or any(v.status == "UNNAMED" for v in verdicts) else 0
+    return 1 if count["DISAGREE"] or failed or any(v.status in ("UNNAMED", "CRASH") for v in verdicts) else 0
 
 
 def suite(args) -> int:

@@ -806,7 +806,8 @@ class Verdict:
     """What the readers said of one case and what the matrix makes of it.
 
     ``status``: agree, by design, known open, DISAGREE (readers that count
-    differ) or UNNAMED (a refusal names neither the file nor the key)."""
+    differ), UNNAMED (a refusal names neither the file nor the key) or CRASH
+    (a reader failed with a traceback: exit 70, a bug whatever the input)."""
 
     tampering: Tampering
     form: str
@@ -834,6 +835,10 @@ class Verdict:
 def judge(t: Tampering, form: str, results: dict, quiet=()) -> Verdict:
     """One case's verdict. ``quiet``: readers whose refusal is an act, not a message (build, link)."""
     where = f"{t.kind} @{form}"
+    crashed = [r for r, (ok, text) in results.items() if "Traceback (most recent call last)" in text
+               or text.startswith("crash:") or "\ncrash:" in text]
+    if crashed:
+        return Verdict(t, form, results, "CRASH", f"a traceback from {', '.join(crashed)}")
     excused = set().union(*(rs for pat, (rs, _) in BY_DESIGN.items() if fnmatch.fnmatchcase(where, pat)))
     counted = {r: ok for r, (ok, _) in results.items() if r not in excused}
     known = matches(KNOWN_OPEN, where)

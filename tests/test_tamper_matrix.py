@@ -59,7 +59,7 @@ def test_every_reader_gives_one_verdict_on_a_seeded_sample_of_tamperings(base, t
     for i, (t, form) in enumerate(cases):
         results = run(base, t, form, tmp_path / f"case-{i}")
         verdict = judge(t, form, results, QUIET)
-        if verdict.status in ("DISAGREE", "UNNAMED"):
+        if verdict.status in ("DISAGREE", "UNNAMED", "CRASH"):
             texts = "\n".join(f"--- {r}: {text.strip()[-600:]}" for r, (ok, text) in sorted(results.items()))
             wrong.append(f"{verdict.line()}\n{texts}")
         fix = first_fix(results["verify --dir"][1]) if form == "built" and not results["verify --dir"][0] else None
