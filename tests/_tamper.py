@@ -453,7 +453,7 @@ def room_tamperings(docs: dict, room, rooms: list, field_rooms: set) -> list[Tam
         if theirs_e is not None and theirs_e.sha256 != entry.sha256:
             out.append(Tampering("copy", "object", obj, _write(obj, o.manifest().object_path(key).read_bytes()),
                                  detail=whence, key=key, room=room.name))
-    out.append(codeswap(room, key))
+    out += [codeswap(room, key, rename) for rename in (False, True)]
     return out
 
 
@@ -520,10 +520,10 @@ def donor(room, key: str) -> bytes:
     return own.replace(entry.symbol.encode(), renamed.encode())
 
 
-def codeswap(room, key: str) -> Tampering:
+def codeswap(room, key: str, rename: bool) -> Tampering:
     """In ``key``'s band, its GPU code object replaced by another key's of the same size, every digest updated:
-    the band's sha256s and size in libs.json, the key's code_object_sha256 in manifest.json and verified.json.
-    The band keeps its file name; the stored object stays the key's own."""
+    the band's sha256s and size in libs.json, the key's code_object_sha256 in manifest.json and verified.json,
+    and with ``rename`` the band's file name (its content hash). The stored object stays the key's own."""
     from dsv41_aot.aot.link import compress_band
     from dsv41_aot.elf import embedded_code_objects
 
@@ -537,17 +537,22 @@ def codeswap(room, key: str) -> Tampering:
         old = embedded_code_objects(raw)[entry.code_object_sha256]
         raw = raw.replace(old, code)
         xz = compress_band(raw)
-        tree.write(bpath, xz)
+        digest = hashlib.sha256(xz).hexdigest()
+        name = f"{band.chunk}.{digest[:16]}.so.xz" if rename else band.file
+        if rename:
+            tree.remove(bpath)
+        tree.write(f"{room.arch}/lib/{name}", xz)
 
         def relink(doc):
             b = next(b for b in doc["libraries"] if b["file"] == band.file)
-            b.update(sha256=hashlib.sha256(xz).hexdigest(), bytes=len(xz), raw_sha256=hashlib.sha256(raw).hexdigest())
+            b.update(file=name, sha256=digest, bytes=len(xz), raw_sha256=hashlib.sha256(raw).hexdigest())
         _edit(f"{rel}/libs.json", relink)(tree)
         _edit(f"{rel}/manifest.json", lambda doc: doc["entries"][key].update(code_object_sha256=sha))(tree)
         if tree.read(f"{rel}/verified.json") is not None:
             _edit(f"{rel}/verified.json", lambda doc: doc["keys"][key].update(code_object_sha256=sha))(tree)
-    return Tampering("codeswap", "band", bpath, apply, detail="code object of another key, digests updated",
-                     key=key, room=rel)
+    what = "every digest and the band's name updated" if rename else "every digest updated, the band's name kept"
+    return Tampering("codeswap", "band", bpath, apply, detail=f"code object of another key, {what}", key=key,
+                     room=rel)
 
 
 def arch_tamperings(base: Path, arch: str, rooms: list) -> list[Tampering]:
@@ -711,8 +716,8 @@ PROOFS_COUNTED = ("verify --dir, the gate and doctor count proofs (a stale or mi
                   "release gates (verify --wheel, check_wheel --require-proofs, merge --require-verified) require "
                   "a proof of every key")
 NOT_SERVED = ("the loader launches each key through its band's own compiled-in entry and never reads objects/: an "
-              "entry's descriptive fields (object, sizes, kind, fields, symbol, resources, code object digest) are "
-              "builder records, compared with the object by verify, build and link")
+              "entry's descriptive fields (object, sizes, kind, fields, resources) are builder records, compared "
+              "with the object by verify, build and link")
 BY_DESIGN = {
     "* verified.json*": ({"verify --dir", "gate", "doctor"}, PROOFS_COUNTED),
     "stray foreign *": ({"verify --dir", "doctor", "loader"},
@@ -728,9 +733,8 @@ BY_DESIGN = {
     "field manifest.json entries.<key>.object *": ({"doctor", "loader"}, NOT_SERVED),
     "field manifest.json entries.<key>.fields.* @*": ({"doctor", "loader"}, NOT_SERVED),
     "field manifest.json entries.<key>.kind *": ({"doctor", "loader"}, NOT_SERVED),
-    "field manifest.json entries.<key>.symbol *": ({"doctor", "loader"}, NOT_SERVED),
     "field manifest.json entries.<key>.resources.* @*": ({"doctor", "loader"}, NOT_SERVED),
-    "field manifest.json entries.<key>.code_object_* *": ({"doctor", "loader"}, NOT_SERVED),
+    "field manifest.json entries.<key>.code_object_bytes *": ({"doctor", "loader"}, NOT_SERVED),
     "field manifest.json entries.<key>.abi *": ({"link"}, "link refuses only entries that do not describe their "
                                                           "object; an ABI its kernargs disagree with stays verify's"),
     "field manifest.json entries.<key>.source.* @built": ({"build", "link"},
@@ -746,11 +750,12 @@ BY_DESIGN = {
 KNOWN_OPEN = {
     "codeswap band *": "Q1 a band's code object swapped for another key's passes every offline reader of a shipped "
                        "room; only the loader's first launch refuses it, naming no file",
-    "field manifest.json entries.<key>.code_object_sha256 *": "Q1 the gate and doctor never look for a key's code "
-                                                              "object in its band (verify does, by sha256)",
+    "field manifest.json entries.<key>.code_object_sha256 *": "Q1 T6 the loader, the gate and doctor never look "
+                                                              "for a key's code object in its band (verify does)",
     "field manifest.json entries.<key>.fields.* @built": "T1 entry vs object: not compared by the gate and merge",
     "field manifest.json entries.<key>.kind @built": "T1 entry vs object: not compared by the gate and merge",
-    "field manifest.json entries.<key>.symbol @built": "T1 entry vs object: not compared by the gate and merge",
+    "field manifest.json entries.<key>.symbol *": "T1 T6 the kernel an entry names: not compared by the gate, "
+                                                  "merge and the loader",
     "field manifest.json entries.<key>.resources.* @built": "T1 entry vs object: not compared by the gate and merge",
     "field manifest.json entries.<key>.code_object_bytes @built": "T1 entry vs object: not compared by the gate and "
                                                                   "merge",
@@ -777,6 +782,9 @@ DEFECTS = {  # the defects this matrix found (issue 47), beside the fault report
     "T5": "a room whose manifest.json is gone (its libs.json, verified.json and bands left) is passed over by the "
           "gate (a whole arch, when it was the arch's only room) and by merge; doctor and the loader then name "
           "no missing manifest",
+    "T6": "the loader never asks the room's verdict for the key it binds: an entry whose kernel (symbol) or code "
+          "object digest is not its band's is served through the band's compiled-in entry, while verify (and, with "
+          "Q1's fix, the gate and doctor) refuse that room",
 }
 
 NAMES = {"manifest.json": ("manifest",), "verified.json": ("proof", "proven"), "timings.json": ("timings",),
