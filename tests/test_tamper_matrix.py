@@ -13,12 +13,12 @@ defects still open in ``KNOWN_OPEN``, by defect id.
 
 Here a seeded sample runs: of every kind of damage (action and record), a
 case in the wheel and two in folder forms (the first drawn by how many
-readers read it there), and every reader at least once. The seed is printed at the end of
-the run; ``DSV41_AOT_TAMPER_SEED=N`` replays it and ``DSV41_AOT_TAMPER_CASES=N``
-adds N more cases. Where verify's first printed fix compiles nothing (rm,
-link), it is run word for word on a fresh copy of the case, and every reader
-must then accept the tree. ``bench/faults.py`` runs every case (``--fixes``:
-every fix).
+readers read it there), and every reader at least once. The seed is
+printed at the end of the run; ``DSV41_AOT_TAMPER_SEED=N`` replays it and
+``DSV41_AOT_TAMPER_CASES=N`` adds N more cases. Where verify's first printed
+fix compiles nothing (rm, link), it is run word for word on a fresh copy of
+the case, and every reader must then accept the tree. ``bench/faults.py``
+runs every case (``--fixes``: every fix).
 """
 
 from __future__ import annotations
