@@ -559,6 +559,7 @@ def arch_tamperings(base: Path, arch: str, rooms: list) -> list[Tampering]:
     """What an arch folder can hold besides its rooms' records: strays, a foreign room, a stopped build's record."""
     from dsv41_aot import pending
     from dsv41_aot.facts.releases import version_order
+    from dsv41_aot.room import folder_name
 
     newest = max(rooms, key=lambda r: version_order(r.release))
     key, _ = target_keys(newest.manifest())
@@ -589,7 +590,7 @@ def arch_tamperings(base: Path, arch: str, rooms: list) -> list[Tampering]:
                   _write(f"{newest.name}/.manifest.json.k2x9.tmp", raw(f"{newest.name}/manifest.json")),
                   detail="a killed write's temporary file", needs=newest.name, room=newest.name),
     ]
-    foreign = f"{arch}/vllm-9.9.9"
+    foreign = f"{arch}/{folder_name('9.9.9')}"
     copies = [_write(f"{foreign}/{p.name}", p.read_bytes()) for p in sorted(newest.dir.iterdir())
               if p.name != "timings.json"]
     out.append(Tampering("stray", "foreign", foreign, _all(*copies), detail="room of an unknown release (a copy)",
