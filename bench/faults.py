@@ -74,7 +74,7 @@ def matrix(args) -> int:
         work = Path(tmp)
         os.environ["DSV41_AOT_BUILD_CACHE"] = str(work / "build-cache")  # the fixes' builds: each key once
         base = R.make_base(smoke(args.prebuilt or os.environ.get("DSV41_AOT_TEST_PREBUILT"), work), work / "base",
-                           hiprec.build(work / "hip"))
+                           hiprec.build(work / "hip"), prove=args.fixes)
         refused = {(f, r): text for f, res in R.check_base(base, work / "check").items()
                    for r, (ok, text) in res.items() if not ok}
         for (f, r), text in refused.items():
@@ -95,12 +95,17 @@ def fixes(args, tamperings: list) -> int:
     _JOB["fixes"] = tamperings
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
         done = dict(pool.imap_unordered(_fix_case, range(len(tamperings))))
+    import _tamper as T
+
     bad = [(tamperings[i], why) for i, why in sorted(done.items()) if why]
+    known = [t for t, _ in bad if T.matches(T.FIX_OPEN, f"{t.kind} @built")]
     for t, why in bad:
-        print(f"FIX FAILS: {t.name} [built]: {why[:600]}")
+        print(f"FIX FAILS{' (known open: ' + T.matches(T.FIX_OPEN, t.kind + ' @built')[:2] + ')' if t in known else ''}"
+              f": {t.name} [built]: {why[:600]}")
     print(f"fixes: {len(tamperings)} first fixes verify printed (built form) run word for word: "
-          f"{len(tamperings) - len(bad)} left a tree every reader accepts, {len(bad)} did not")
-    return len(bad)
+          f"{len(tamperings) - len(bad)} left a tree every reader accepts, {len(bad)} did not "
+          f"({len(known)} known open: FIX_OPEN)")
+    return len(bad) - len(known)
 
 
 def report(args, tamperings, cases, done, t0, load0) -> int:
@@ -175,7 +180,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--fixes", action="store_true",
                     help="also run, word for word on a fresh copy, the first fix verify prints for each case of the "
-                         "built form, and check every reader accepts the tree it leaves (builds; JIT for proofs)")
+                         "built form, and check every reader accepts the tree it leaves (builds; JIT for proofs: the "
+                         "base is then proven by vLLM's JIT first)")
     ap.add_argument("--prebuilt", help="a built and linked smoke prebuilt dir (default $DSV41_AOT_TEST_PREBUILT)")
     args = ap.parse_args(argv)
     return suite(args) if args.suite else matrix(args)

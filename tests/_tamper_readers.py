@@ -96,8 +96,11 @@ def _output_to(log: Path):
             os.close(saved[0]), os.close(saved[1])
 
 
-def make_base(smoke: Path, work: Path, hip: Path) -> Base:
-    """The base in every form, made in ``work`` from a built and linked smoke dir (copied, never changed)."""
+def make_base(smoke: Path, work: Path, hip: Path, prove: bool = False) -> Base:
+    """The base in every form, made in ``work`` from a built and linked smoke dir (copied, never changed).
+
+    ``prove``: its proofs made by vLLM's JIT (``verify --against-jit
+    --record``, minutes), for fixes that prove keys again to compare with."""
     from ci.release import build_wheel
     from dsv41_aot import source
     from dsv41_aot.aot import matrix, toolchain
@@ -105,8 +108,12 @@ def make_base(smoke: Path, work: Path, hip: Path) -> Base:
     from dsv41_aot.listing import built_rooms
 
     built = work / "built"
-    shutil.copytree(smoke, built, ignore=shutil.ignore_patterns(".build.lock"))
-    write_proofs(built)
+    shutil.copytree(smoke, built, ignore=shutil.ignore_patterns(".build.lock", "verified.json"))
+    if prove:
+        rc, text = _cli(["verify", "--dir", built, "--against-jit", "--record", "--no-progress"])
+        assert rc == 0, text[-3000:]
+    else:
+        write_proofs(built)
     shipped = work / "shipped"
     shutil.copytree(built, shipped, ignore=shutil.ignore_patterns("objects"))
     with _output_to(work / "wheel-build.log"):
