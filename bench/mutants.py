@@ -19,12 +19,16 @@ tests into ``mutants/`` there and mutates that copy); ``--workdir DIR`` keeps
 it, for ``mutmut browse`` / ``mutmut show NAME`` in DIR. Exit 0: no survivor;
 1: survivors; 2: bad input or mutmut could not run.
 
-mutmut records which tests reach a function only inside pytest's process,
-and these tests mostly reach the package through ``python -m dsv41_aot.cli``
-in a subprocess (which does see the mutant: it runs in the copy, with
-mutmut's ``MUTANT_UNDER_TEST`` inherited). So the run has two passes: mutmut's
-own, each mutant against the tests it saw reach the function; then each
-mutant that pass left unkilled again, against every test of its module.
+The tests mostly reach the package through ``python -m dsv41_aot.cli`` in a
+subprocess, which runs the mutant (its cwd is the mutated copy, and it
+inherits mutmut's ``MUTANT_UNDER_TEST``). mutmut's own record of which tests
+reach which function (its stats run) sees only pytest's process, and breaks
+those subprocesses (a mutated function records its call by reading mutmut's
+settings from the cwd, which a subprocess elsewhere does not have). So the
+bench writes that record itself: each function of a module is reached by
+every test of the module, with the seconds each test took on the copy with
+no mutant selected; mutmut runs them fastest first and stops at the first
+failure.
 """
 
 from __future__ import annotations
@@ -82,8 +86,8 @@ def trust_modules(cfg: dict) -> dict[str, list[str]]:
     """Each trust module file of the checkout and the test files that check it."""
     out: dict[str, set] = {}
     for f in checkout_files():
-        for pattern, tests in cfg["tests"].items():
-            if fnmatch.fnmatch(f, pattern):
+        for patterns, tests in cfg["tests"].items():
+            if any(fnmatch.fnmatch(f, p) for p in patterns.split()):
                 out.setdefault(f, set()).update(tests)
     return {f: sorted(t) for f, t in sorted(out.items())}
 
@@ -187,22 +191,19 @@ def module_of(name: str, files: list[str]) -> str:
     return max((f for f in files if name.startswith(f[:-3].replace("/", ".") + ".")), key=len)
 
 
-def retry_with_module_tests(work: Path, names: list[str], files: list[str], tests_of: dict) -> list[str]:
-    """Give each mutant in ``names`` every test of its module (mutmut's stats
-    file maps each function to the tests that reach it); the ones that gained a test."""
-    path = work / "mutants" / "mutmut-stats.json"
-    stats = json.loads(path.read_text())
-    known, by_function = stats["duration_by_test"], stats["tests_by_mangled_function_name"]
-    todo = []
-    for name in names:
-        function = name.rsplit("__mutmut_", 1)[0]
-        have = set(by_function.get(function, []))
-        more = {t for t in tests_of[module_of(name, files)] if t in known} - have
-        if more:
-            by_function[function] = sorted(have | more)
-            todo.append(name)
-    path.write_text(json.dumps(stats, indent=1))
-    return todo
+def timings(work: Path, env: dict, ids: list[str]) -> dict[str, float]:
+    """Each test's seconds (setup to teardown), from one run of them all on the
+    mutated copy with no mutant selected: the proof that they pass there, too."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+                        "--durations=0", "--durations-min=0", *ids], cwd=work / "mutants",
+                       env=dict(env, MUTANT_UNDER_TEST=""), capture_output=True, text=True)
+    if r.returncode:
+        fail(f"the tests fail on the copy with no mutant (exit {r.returncode}):\n{r.stdout[-4000:]}{r.stderr[-2000:]}")
+    seconds = dict.fromkeys(ids, 0.0)
+    for m in re.finditer(r"(?m)^([\d.]+)s (?:setup|call|teardown) +(\S.*?)\s*$", r.stdout):
+        if m[2] in seconds:
+            seconds[m[2]] += float(m[1])
+    return seconds
 
 
 def where(work: Path, name: str, diff: str) -> tuple[str, str]:
@@ -255,7 +256,7 @@ def measure_map(args) -> int:
     bodies (coverage, the tests' subprocesses included): what
     ``[tool.dsv41-aot.mutation.tests]`` should say."""
     cfg, _ = settings()
-    trust = [f for f in checkout_files() if any(fnmatch.fnmatch(f, p) for p in cfg["tests"])]
+    trust = list(trust_modules(cfg))
     test_files = sorted(f for f in checkout_files() if re.fullmatch(r"tests/test_\w+\.py", f))
     work = Path(tempfile.mkdtemp(prefix="dsv41-mutants-map-"))
     start = time.monotonic()
@@ -335,25 +336,25 @@ def run(args) -> int:
         env[ENV_BUILD_CACHE] = str(work / "session" / "cache")
         (work / "session").mkdir()
         jobs = ("--max-children", str(args.jobs))
+        stats_file = work / "mutants" / "mutmut-stats.json"
+        stats_file.parent.mkdir()
+        stats_file.write_text(json.dumps({"tests_by_mangled_function_name": {}, "duration_by_test": dict.fromkeys(ids, 1.0),
+                                          "stats_time": 0.0}))
+        # a run that selects no mutant makes them all, then stops
+        mutmut(work, env, "run", *jobs, "no-mutant-has-this-name", expect="nothing matches")
+        names = sorted(statuses(work, env))
+        stats = json.loads(stats_file.read_text())
+        stats["duration_by_test"] = timings(work, env, ids)
+        stats["tests_by_mangled_function_name"] = {n.rsplit("__mutmut_", 1)[0]: tests_of[module_of(n, files)] for n in names}
+        stats_file.write_text(json.dumps(stats, indent=1))
+        print(f"{len(names)} mutants; the tests take {sum(stats['duration_by_test'].values()):.0f} s with none")
         if args.sample:
-            # mutmut lists mutants only after making them: a run that selects
-            # no mutant makes them (and the stats), then stops
-            mutmut(work, env, "run", *jobs, "no-mutant-has-this-name", expect="nothing matches")
-            names = sorted(statuses(work, env))
-            if not names:
-                fail(f"mutmut made no mutant; see {work / 'mutmut.log'}")
             names = sorted(random.Random(args.seed).sample(names, min(args.sample, len(names))))
             print(f"sample: {len(names)} mutants (seed {args.seed})")
             mutmut(work, env, "run", *jobs, *names)
         else:
             mutmut(work, env, "run", *jobs)
-            names = sorted(statuses(work, env))
         status = statuses(work, env)
-        again = retry_with_module_tests(work, [n for n in names if status.get(n) not in CAUGHT], files, tests_of)
-        if again:
-            print(f"second pass: {len(again)} mutants, against every test of their module")
-            mutmut(work, env, "run", *jobs, *again)
-            status = statuses(work, env)
         return max(report(work, env, files, names, status, start, load), 1 if untested else 0)
     finally:
         if not args.workdir:
