@@ -1,0 +1,411 @@
+"""Mutation testing of the trust modules (mutmut): each module's score and every survivor.
+
+A mutant is one small change to one function of a trust module (``<`` made
+``<=``, a constant moved by one, a condition negated, an argument dropped).
+The tests that check the module run against it, and one of them should fail.
+A mutant they all pass (a survivor) is a bug no test would notice. The trust
+modules and the test files that check each one are
+``[tool.dsv41-aot.mutation]`` in pyproject.toml; docs/mutation.md says how to
+read a survivor.
+
+    .venv/bin/python bench/mutants.py                                  # every trust module
+    .venv/bin/python bench/mutants.py --modules elf.py runtime/host.py
+    .venv/bin/python bench/mutants.py --changed [REV]                  # the ones changed since REV (main)
+    .venv/bin/python bench/mutants.py --sample 40 --seed 1             # a quick estimate
+    .venv/bin/python bench/mutants.py --map                            # measure which tests reach which module
+
+It runs in a scratch copy of the checkout (mutmut copies the sources and the
+tests into ``mutants/`` there and mutates that copy); ``--workdir DIR`` keeps
+it, for ``mutmut browse`` / ``mutmut show NAME`` in DIR. Exit 0: no survivor;
+1: survivors; 2: bad input or mutmut could not run.
+
+The tests mostly reach the package through ``python -m dsv41_aot.cli`` in a
+subprocess, which runs the mutant (its cwd is the mutated copy, and it
+inherits mutmut's ``MUTANT_UNDER_TEST``). mutmut's own record of which tests
+reach which function (its stats run) sees only pytest's process, and breaks
+those subprocesses (a mutated function records its call by reading mutmut's
+settings from the cwd, which a subprocess elsewhere does not have). So the
+bench writes that record itself: each function of a module is reached by
+every test of the module, with the seconds each test took on the copy with
+no mutant selected; mutmut runs them fastest first and stops at the first
+failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import fnmatch
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from dsv41_aot.aot.cache import ENV_BUILD_CACHE  # noqa: E402
+
+MUTMUT = Path(sys.executable).parent / "mutmut"
+SHARED = "DSV41_AOT_TEST_SHARED"  # tests/conftest.py: the test session's folder
+PREBUILT = "DSV41_AOT_TEST_PREBUILT"  # tests/_smoke.py: a built smoke dir, copied instead of compiled
+CAUGHT = {"killed", "timeout"}  # a mutant that hangs the tests is caught too: the run fails
+
+
+def fail(msg: str):
+    """Bad input, or a tool that could not run: exit 2."""
+    print(msg, file=sys.stderr)
+    sys.exit(2)
+
+
+def settings() -> tuple[dict, dict]:
+    """pyproject.toml's ``[tool.dsv41-aot.mutation]`` and ``[tool.mutmut]``."""
+    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]
+    return tool["dsv41-aot"]["mutation"], tool.get("mutmut", {})
+
+
+def git(*args: str) -> list[str]:
+    out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+    if out.returncode:
+        fail(f"git {' '.join(args)}: {out.stderr.strip()}")
+    return [line for line in out.stdout.split("\0" if "-z" in args else "\n") if line]
+
+
+def checkout_files() -> list[str]:
+    """The checkout's files as a commit would see them: tracked and new, not ignored."""
+    return [f for f in git("ls-files", "-z", "--cached", "--others", "--exclude-standard") if (REPO / f).is_file()]
+
+
+def trust_modules(cfg: dict) -> dict[str, list[str]]:
+    """Each trust module file of the checkout and the test files that check it."""
+    out: dict[str, set] = {}
+    for f in checkout_files():
+        for patterns, tests in cfg["tests"].items():
+            if any(fnmatch.fnmatch(f, p) for p in patterns.split()):
+                out.setdefault(f, set()).update(tests)
+    return {f: sorted(t) for f, t in sorted(out.items())}
+
+
+def chosen(args, trust: dict) -> list[str]:
+    if args.changed is not None:  # since the branch left REV, uncommitted edits included
+        (base,) = git("merge-base", args.changed, "HEAD")
+        return sorted(set(git("diff", "--name-only", base, "--")) & set(trust))
+    if not args.modules:
+        return sorted(trust)
+    out = []
+    for m in args.modules:
+        hits = [f for f in trust if f == m or f.endswith("/" + m.lstrip("./"))]
+        if len(hits) != 1:
+            why = "is not a trust module" if not hits else f"names {len(hits)} of them"
+            fail(f"--modules {m} {why}; the trust modules ([tool.dsv41-aot.mutation] in pyproject.toml):\n  "
+                     + "\n  ".join(trust))
+        out += hits
+    return sorted(set(out))
+
+
+def named(nodeid: str, names: list) -> bool:
+    """Whether a test id is one of ``names`` (test files or test ids)."""
+    return any(nodeid == n or nodeid.startswith((n + "::", n + "[")) for n in names)
+
+
+class Keep:
+    """pytest plugin: the tests a mutant may run: the fast ones (not slow) and
+    the slow ones listed as cheap (those of the smoke build only when a
+    prebuilt smoke dir stands in for it)."""
+
+    def __init__(self, cfg: dict, prebuilt: bool):
+        self.slow_ok, self.prebuilt, self.ids = cfg.get("cheap_slow_tests", []), prebuilt, []
+        self.never = cfg.get("never_under_a_mutant", [])
+
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            smoke = "smoke_dir" in getattr(item, "fixturenames", ())  # tests/conftest.py marks these slow too
+            slow = bool(item.get_closest_marker("slow")) or smoke
+            ok = not slow or (named(item.nodeid, self.slow_ok) and (self.prebuilt or not smoke))
+            if ok and not named(item.nodeid, self.never) and not item.get_closest_marker("rocm"):
+                self.ids.append(item.nodeid)
+
+
+def collect(files: list[str], out: str) -> int:
+    """(In a child process.) Write the ids of the tests of ``files`` a mutant may run."""
+    import pytest
+
+    keep = Keep(settings()[0], bool(os.environ.get(PREBUILT)))
+    code = pytest.main(["--collect-only", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", *files], plugins=[keep])
+    Path(out).write_text(json.dumps(keep.ids))
+    return int(code)
+
+
+def test_ids(files: list[str], work: Path) -> list[str]:
+    out = work / "test-ids.json"
+    r = subprocess.run([sys.executable, __file__, "--collect-into", str(out), *files], cwd=REPO,
+                       capture_output=True, text=True)
+    if r.returncode:
+        fail(f"collecting {' '.join(files)} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def scratch(work: Path, files: list[str], ids: list[str], base: dict) -> None:
+    """A copy of the checkout in ``work`` whose pyproject.toml tells mutmut this run."""
+    tree = checkout_files()
+    for f in tree:
+        (work / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, work / f)
+    sources = {Path(p).parts[0] for p in base.get("source_paths", [])}
+    top = sorted({Path(f).parts[0] for f in tree} - sources - {"tests"})
+    table = dict(base, only_mutate=files, pytest_add_cli_args_test_selection=ids, also_copy=top)
+    text = re.sub(r"(?m)^\[tool\.mutmut\]\n(?:(?!\[).*\n)*", "", (work / "pyproject.toml").read_text())
+    text += "\n[tool.mutmut]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items())
+    (work / "pyproject.toml").write_text(text)
+
+
+def mutmut(work: Path, env: dict, *args: str, expect: str = "") -> None:
+    """Run ``mutmut ARGS`` in ``work``, its output appended to work/mutmut.log;
+    exit 2 with the log's end unless it exits 0 (or prints ``expect``)."""
+    log = work / "mutmut.log"
+    with open(log, "a") as f:
+        f.write(f"\n$ mutmut {' '.join(args[:8])}{' ...' if len(args) > 8 else ''}\n")
+        f.flush()
+        before = f.tell()
+        code = subprocess.run([str(MUTMUT), *args], cwd=work, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    if code and not (expect and expect in log.read_bytes()[before:].decode(errors="replace")):
+        tail = log.read_text(errors="replace").splitlines()[-40:]
+        fail(f"mutmut {args[0]} failed (exit {code}); the end of {log}:\n" + "\n".join(tail))
+
+
+def statuses(work: Path, env: dict) -> dict[str, str]:
+    r = subprocess.run([str(MUTMUT), "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True)
+    if r.returncode:
+        fail(f"mutmut results failed (exit {r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return dict(line.strip().rsplit(": ", 1) for line in r.stdout.splitlines() if ": " in line)
+
+
+def module_of(name: str, files: list[str]) -> str:
+    """The trust module file of mutant ``name`` (``dsv41_aot.elf.x_f__mutmut_3``)."""
+    return max((f for f in files if name.startswith(f[:-3].replace("/", ".") + ".")), key=len)
+
+
+def timings(work: Path, env: dict, ids: list[str]) -> dict[str, float]:
+    """Each test's seconds (setup to teardown), from one run of them all on the
+    mutated copy with no mutant selected: the proof that they pass there, too."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+                        "--durations=0", "--durations-min=0", *ids], cwd=work / "mutants",
+                       env=dict(env, MUTANT_UNDER_TEST=""), capture_output=True, text=True)
+    if r.returncode:
+        fail(f"the tests fail on the copy with no mutant (exit {r.returncode}):\n{r.stdout[-4000:]}{r.stderr[-2000:]}")
+    seconds = dict.fromkeys(ids, 0.0)
+    for m in re.finditer(r"(?m)^([\d.]+)s (?:setup|call|teardown) +(\S.*?)\s*$", r.stdout):
+        if m[2] in seconds:
+            seconds[m[2]] += float(m[1])
+    return seconds
+
+
+def where(work: Path, name: str, diff: str) -> tuple[str, str]:
+    """``file:line`` of a mutant and its change (``old -> new``), from ``mutmut show``'s diff,
+    whose line numbers count from the function's first line."""
+    lines = diff.splitlines()
+    path = next((ln[4:].strip() for ln in lines if ln.startswith("--- ")), "?")
+    old = [ln[1:] for ln in lines if ln.startswith("-") and not ln.startswith("---")]
+    new = [ln[1:] for ln in lines if ln.startswith("+") and not ln.startswith("+++")]
+    change = " / ".join(s.strip() for s in old) + "  ->  " + " / ".join(s.strip() for s in new)
+    hunk = next((ln for ln in lines if ln.startswith("@@")), None)
+    if not old or not hunk or not (work / path).is_file():
+        return path, change
+    rel = int(hunk.split()[1].lstrip("-").split(",")[0])  # the hunk's first line, in the function
+    for ln in lines[lines.index(hunk) + 1:]:
+        if ln.startswith("-"):
+            break
+        rel += ln.startswith(" ")
+    source = (work / path).read_text().splitlines()
+    function = name.rsplit("__mutmut_", 1)[0].rsplit(".", 1)[-1].split("ǁ")[-1].removeprefix("x_")
+    starts = [min([n.lineno] + [d.lineno for d in n.decorator_list]) for n in ast.walk(ast.parse("\n".join(source)))
+              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function]
+    found = [i + 1 for i, s in enumerate(source) if s.strip() == old[0].strip()]
+    if not found:
+        return path, change
+    # the line of that text nearest to where the function's text puts it
+    guess = [s + rel - 1 for s in starts] or [found[0]]
+    line = min(found, key=lambda i: min(abs(i - g) for g in guess))
+    return f"{path}:{line}", change
+
+
+def function_bodies(path: Path) -> dict[str, set]:
+    """Each function of a module (``Class.method``) and the lines of its body's statements."""
+    out = {}
+
+    def walk(node, prefix=""):
+        for n in ast.iter_child_nodes(node):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = n.body[1:] if ast.get_docstring(n) is not None and len(n.body) > 1 else n.body
+                out[prefix + n.name] = {s.lineno for b in body for s in ast.walk(b) if isinstance(s, ast.stmt)}
+                walk(n, prefix + n.name + ".")
+            elif isinstance(n, ast.ClassDef):
+                walk(n, prefix + n.name + ".")
+    walk(ast.parse(path.read_text()))
+    return out
+
+
+def measure_map(args) -> int:
+    """Print, per trust module, the test files whose tests run its functions'
+    bodies (coverage, the tests' subprocesses included): what
+    ``[tool.dsv41-aot.mutation.tests]`` should say."""
+    cfg, _ = settings()
+    trust = list(trust_modules(cfg))
+    test_files = sorted(f for f in checkout_files() if re.fullmatch(r"tests/test_\w+\.py", f))
+    work = Path(tempfile.mkdtemp(prefix="dsv41-mutants-map-"))
+    start = time.monotonic()
+    try:
+        ids = test_ids(test_files, work)
+        rc = work / "coveragerc"
+        rc.write_text(f"[run]\npatch = subprocess\nsource = {REPO}/dsv41_aot, {REPO}/ci\n")
+        bodies = {f: function_bodies(REPO / f) for f in trust}
+        reach: dict[str, dict[str, int]] = {f: {} for f in trust}
+        for tf in test_files:
+            mine = [i for i in ids if i.split("::")[0] == tf]
+            if not mine:
+                continue
+            data = work / (Path(tf).stem + ".coverage")
+            env = dict(os.environ, COVERAGE_FILE=str(data))
+            t0 = time.monotonic()
+            subprocess.run([sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q", "-p",
+                            "no:randomly", "-p", "no:cacheprovider", *mine], cwd=REPO, env=env, capture_output=True)
+            subprocess.run([sys.executable, "-m", "coverage", "combine", f"--rcfile={rc}", "-q"], cwd=REPO, env=env,
+                           capture_output=True)
+            out = work / "cov.json"
+            subprocess.run([sys.executable, "-m", "coverage", "json", f"--rcfile={rc}", "-q", "-o", str(out)],
+                           cwd=REPO, env=env, capture_output=True)
+            ran = {str(Path(k).resolve()): set(v["executed_lines"]) for k, v in json.loads(out.read_text())["files"].items()}
+            for f in trust:
+                hit = sum(bool(lines & ran.get(str(REPO / f), set())) for lines in bodies[f].values())
+                if hit:
+                    reach[f][tf] = hit
+            print(f"  {tf}: {len(mine)} tests, {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        for f in trust:
+            print(f"# {f}: {len(bodies[f])} functions; " + ", ".join(f"{Path(t).stem} {n}" for t, n in
+                                                                     sorted(reach[f].items(), key=lambda x: -x[1])))
+            print(f'"{f}" = {json.dumps(sorted(reach[f]))}')
+        print(f"# measured in {time.monotonic() - start:.0f} s", file=sys.stderr)
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args) -> int:
+    cfg, base = settings()
+    trust = trust_modules(cfg)
+    files = chosen(args, trust)
+    if not files:
+        print(f"no trust module changed since {args.changed}" if args.changed is not None else "no trust module chosen")
+        return 0
+    if not MUTMUT.is_file():
+        fail(f"{MUTMUT} is missing: pip install -e '.[mutation]'")
+    prebuilt = args.prebuilt or os.environ.get(PREBUILT)
+    if not prebuilt:
+        print(f"note: {PREBUILT} is not set, so no test of the smoke build runs (it would compile per mutant)")
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dsv41-mutants-"))
+    if args.workdir and work.exists() and any(work.iterdir()):
+        fail(f"--workdir {work} is not empty")
+    work.mkdir(parents=True, exist_ok=True)
+    start, load = time.monotonic(), os.getloadavg()
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("MUTANT_UNDER_TEST", "DSV41_AOT_TEST_FAST", PREBUILT)}
+        if prebuilt:
+            env[PREBUILT] = str(Path(prebuilt).resolve())
+        test_files = sorted({t for f in files for t in trust[f]})
+        ids = test_ids(test_files, work) if test_files else []
+        tests_of = {f: [i for i in ids if i.split("::")[0] in trust[f]] for f in files}
+        untested = [f for f in files if not tests_of[f]]
+        if untested:
+            print("not mutated, as no test of it runs under a mutant ([tool.dsv41-aot.mutation.tests] in "
+                  "pyproject.toml; bench/mutants.py --map): " + ", ".join(untested))
+            files = [f for f in files if tests_of[f]]
+            if not files:
+                return 1
+        print(f"{len(files)} module(s), {len(ids)} tests: " + ", ".join(f"{f} ({len(tests_of[f])})" for f in files))
+        scratch(work, files, ids, base)
+        # the test session's folder and build cache: one for the whole run
+        # (mutmut runs pytest several times in one process; the suite's own
+        # folder would be gone after the first session)
+        env[SHARED] = str(work / "session")
+        env[ENV_BUILD_CACHE] = str(work / "session" / "cache")
+        (work / "session").mkdir()
+        jobs = ("--max-children", str(args.jobs))
+        stats_file = work / "mutants" / "mutmut-stats.json"
+        stats_file.parent.mkdir()
+        stats_file.write_text(json.dumps({"tests_by_mangled_function_name": {}, "duration_by_test": dict.fromkeys(ids, 1.0),
+                                          "stats_time": 0.0}))
+        # a run that selects no mutant makes them all, then stops
+        mutmut(work, env, "run", *jobs, "no-mutant-has-this-name", expect="nothing matches")
+        names = sorted(statuses(work, env))
+        stats = json.loads(stats_file.read_text())
+        stats["duration_by_test"] = timings(work, env, ids)
+        stats["tests_by_mangled_function_name"] = {n.rsplit("__mutmut_", 1)[0]: tests_of[module_of(n, files)] for n in names}
+        stats_file.write_text(json.dumps(stats, indent=1))
+        print(f"{len(names)} mutants; the tests take {sum(stats['duration_by_test'].values()):.0f} s with none")
+        if args.sample:
+            names = sorted(random.Random(args.seed).sample(names, min(args.sample, len(names))))
+            print(f"sample: {len(names)} mutants (seed {args.seed})")
+            mutmut(work, env, "run", *jobs, *names)
+        else:
+            mutmut(work, env, "run", *jobs)
+        status = statuses(work, env)
+        return max(report(work, env, files, names, status, start, load), 1 if untested else 0)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def report(work: Path, env: dict, files: list[str], names: list[str], status: dict, start: float, load) -> int:
+    print(f"\n{'module':36} {'killed':>6} {'timeout':>7} {'total':>5} {'score':>5}  survived  untested  other")
+    survivors = []
+    for f in files:
+        mine = [n for n in names if module_of(n, files) == f]
+        got = [status.get(n, "not checked") for n in mine]
+        count = {k: got.count(k) for k in ("killed", "timeout", "survived", "no tests")}
+        score = f"{100 * (count['killed'] + count['timeout']) / len(got):.0f}%" if got else "-"
+        print(f"{f:36} {count['killed']:6} {count['timeout']:7} {len(got):5} {score:>5}  {count['survived']:8}  "
+              f"{count['no tests']:8}  {len(got) - sum(count.values()):5}")
+        survivors += [(n, s) for n, s in zip(mine, got) if s not in CAUGHT]
+    if survivors:
+        print("\nnot caught (file:line  old -> new  [mutant: status]):")
+        for n, s in survivors:
+            shown = subprocess.run([str(MUTMUT), "show", n], cwd=work, env=env, capture_output=True, text=True).stdout
+            at, change = where(work, n, shown)
+            print(f"  {at}  {change}  [{n}: {s}]")
+    print(f"\nwall {time.monotonic() - start:.0f} s; load average {load[0]:.2f} at the start, "
+          f"{os.getloadavg()[0]:.2f} at the end")
+    return 1 if survivors else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--modules", nargs="+", metavar="FILE", help="trust modules to mutate (a path, or its end: elf.py)")
+    which.add_argument("--changed", nargs="?", const="main", metavar="REV",
+                       help="the trust modules `git diff REV` touches (default REV: main)")
+    ap.add_argument("--sample", type=int, metavar="N", help="run N mutants drawn at random (a quick estimate)")
+    ap.add_argument("--seed", type=int, default=0, help="the draw's seed (default 0)")
+    ap.add_argument("--jobs", type=int, default=1, help="mutants tested side by side (default 1)")
+    ap.add_argument("--prebuilt", help=f"a built smoke dir for the smoke-build tests (default: ${PREBUILT})")
+    ap.add_argument("--workdir", help="run in this (new or empty) folder and keep it")
+    which.add_argument("--map", action="store_true",
+                       help="measure which test files run each trust module's functions (coverage, subprocesses too)")
+    ap.add_argument("--collect-into", help=argparse.SUPPRESS)
+    args, rest = ap.parse_known_args(argv)
+    if args.collect_into:
+        return collect(rest, args.collect_into)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.prebuilt:
+        os.environ[PREBUILT] = str(Path(args.prebuilt).resolve())
+    return measure_map(args) if args.map else run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
