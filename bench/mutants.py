@@ -362,15 +362,15 @@ def run(args) -> int:
 
 
 def report(work: Path, env: dict, files: list[str], names: list[str], status: dict, start: float, load) -> int:
-    print(f"\n{'module':36} {'killed':>6} {'timeout':>7} {'total':>5} {'score':>5}  survived  untested  other")
+    print(f"\n{'module':36} {'killed':>6} {'timeout':>7} {'total':>5} {'score':>5}  survived  other")
     survivors = []
     for f in files:
         mine = [n for n in names if module_of(n, files) == f]
         got = [status.get(n, "not checked") for n in mine]
-        count = {k: got.count(k) for k in ("killed", "timeout", "survived", "no tests")}
+        count = {k: got.count(k) for k in ("killed", "timeout", "survived")}
         score = f"{100 * (count['killed'] + count['timeout']) / len(got):.0f}%" if got else "-"
         print(f"{f:36} {count['killed']:6} {count['timeout']:7} {len(got):5} {score:>5}  {count['survived']:8}  "
-              f"{count['no tests']:8}  {len(got) - sum(count.values()):5}")
+              f"{len(got) - sum(count.values()):5}")
         survivors += [(n, s) for n, s in zip(mine, got) if s not in CAUGHT]
     if survivors:
         print("\nnot caught (file:line  old -> new  [mutant: status]):")
