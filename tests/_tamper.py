@@ -749,14 +749,12 @@ BY_DESIGN = {
 # entries no case needs any more). "unnamed <reader> <kind> @<form>" patterns
 # excuse only a refusal that does not name the file or key.
 KNOWN_OPEN = {
-    "codeswap band *": "Q1 a band's code object swapped for another key's passes every offline reader of a shipped "
-                       "room; only the loader's first launch refuses it, naming no file",
-    "field manifest.json entries.<key>.code_object_sha256 *": "Q1 T6 the loader, the gate and doctor never look "
-                                                              "for a key's code object in its band (verify does)",
+    "field manifest.json entries.<key>.code_object_sha256 *": "T6 the loader never looks for a key's code object "
+                                                              "in its band (the offline readers do, since Q1)",
     "field manifest.json entries.<key>.fields.* @built": "T1 entry vs object: not compared by the gate and merge",
     "field manifest.json entries.<key>.kind @built": "T1 entry vs object: not compared by the gate and merge",
-    "field manifest.json entries.<key>.symbol *": "T1 T6 the kernel an entry names: not compared by the gate, "
-                                                  "merge and the loader",
+    "field manifest.json entries.<key>.symbol *": "T1 T6 the kernel an entry names: not compared by merge and "
+                                                  "the loader (the offline readers do, since Q1)",
     "field manifest.json entries.<key>.resources.* @built": "T1 entry vs object: not compared by the gate and merge",
     "field manifest.json entries.<key>.code_object_bytes @built": "T1 entry vs object: not compared by the gate and "
                                                                   "merge",
