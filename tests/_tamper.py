@@ -559,7 +559,7 @@ def arch_tamperings(base: Path, arch: str, rooms: list) -> list[Tampering]:
     """What an arch folder can hold besides its rooms' records: strays, a foreign room, a stopped build's record."""
     from dsv41_aot import pending
     from dsv41_aot.facts.releases import version_order
-    from dsv41_aot.room import folder_name
+    from dsv41_aot.manifest import folder_name
 
     newest = max(rooms, key=lambda r: version_order(r.release))
     key, _ = target_keys(newest.manifest())
