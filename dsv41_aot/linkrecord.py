@@ -14,8 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .elf import ElfError, dynamic_info, kernel_names
-from .errors import IntegrityError, KeyFormatError, ManifestError
-from .keys import BuildKey
+from .errors import IntegrityError, ManifestError
 from .manifest import BAND_RE, BAND_SUFFIX, LIBS_JSON, LIBS_SCHEMA, SHA256_RE, load_json
 
 
@@ -37,14 +36,7 @@ def kernel_problem(codes: dict, entry) -> str | None:
     """Why a band holding GPU code objects ``codes`` (sha256 -> bytes) cannot launch manifest ``entry``; else None.
 
     It must hold the entry's code object, defining the kernel the entry
-    names: the one the launcher asks HIP for at the key's first call, which
-    must be the key's own (else it would launch another key's kernel)."""
-    try:
-        own = BuildKey.parse(entry.key, entry.source.vllm_version).kernel_symbol
-    except KeyFormatError as e:
-        return f"its manifest key does not parse: {e.message}"
-    if entry.symbol != own:
-        return f"its manifest names kernel {entry.symbol} for {entry.key}, whose kernel is {own}"
+    names: the one the launcher asks HIP for at the key's first call."""
     code = codes.get(entry.code_object_sha256)
     if code is None:
         return f"holds no GPU code object of sha256 {entry.code_object_sha256[:16]} (the manifest's for {entry.key})"
