@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import fnmatch
 import json
 import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -173,7 +175,16 @@ def mutmut(work: Path, env: dict, *args: str, expect: str = "") -> None:
         f.write(f"\n$ mutmut {' '.join(args[:8])}{' ...' if len(args) > 8 else ''}\n")
         f.flush()
         before = f.tell()
-        code = subprocess.run([str(MUTMUT), *args], cwd=work, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        # its own process group: a mutant's test that mutmut stops at its time
+        # limit can leave a CLI subprocess behind (a loop that never ends),
+        # which goes with the group when mutmut is done
+        proc = subprocess.Popen([str(MUTMUT), *args], cwd=work, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            code = proc.wait()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     if code and not (expect and expect in log.read_bytes()[before:].decode(errors="replace")):
         tail = log.read_text(errors="replace").splitlines()[-40:]
         fail(f"mutmut {args[0]} failed (exit {code}); the end of {log}:\n" + "\n".join(tail))
@@ -362,15 +373,15 @@ def run(args) -> int:
 
 
 def report(work: Path, env: dict, files: list[str], names: list[str], status: dict, start: float, load) -> int:
-    print(f"\n{'module':36} {'killed':>6} {'timeout':>7} {'total':>5} {'score':>5}  survived  untested  other")
+    print(f"\n{'module':36} {'killed':>6} {'timeout':>7} {'total':>5} {'score':>5}  survived  other")
     survivors = []
     for f in files:
         mine = [n for n in names if module_of(n, files) == f]
         got = [status.get(n, "not checked") for n in mine]
-        count = {k: got.count(k) for k in ("killed", "timeout", "survived", "no tests")}
+        count = {k: got.count(k) for k in ("killed", "timeout", "survived")}
         score = f"{100 * (count['killed'] + count['timeout']) / len(got):.0f}%" if got else "-"
         print(f"{f:36} {count['killed']:6} {count['timeout']:7} {len(got):5} {score:>5}  {count['survived']:8}  "
-              f"{count['no tests']:8}  {len(got) - sum(count.values()):5}")
+              f"{len(got) - sum(count.values()):5}")
         survivors += [(n, s) for n, s in zip(mine, got) if s not in CAUGHT]
     if survivors:
         print("\nnot caught (file:line  old -> new  [mutant: status]):")
