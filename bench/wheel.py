@@ -160,7 +160,8 @@ def first_launcher(venv: Path, key: str, release: str) -> dict:
 
 
 def main(argv=None) -> int:
-    from dsv41_aot.room import Room, folder_name
+    from dsv41_aot.manifest import folder_name
+    from dsv41_aot.room import Room
     from dsv41_aot.listing import built_rooms
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -31,6 +31,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     import dsv41_aot
+    from dsv41_aot import verdict
     from dsv41_aot.runtime import hip, loader
     from dsv41_aot.errors import AotError, HipUnavailableError
     from dsv41_aot.listing import built_rooms
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
             except AotError as e:
                 out["problems"].append(f"{key} (vLLM {release}): {e}")
         if not have_hip:  # nothing to dlopen against: the room's verdict reads and checks each band
-            out["problems"] += [f"{room.name}: {p.message}" for p in room.problems(objects=False, proof=False)]
+            out["problems"] += [f"{room.name}: {p.message}" for p in verdict.problems(room, objects=False, proof=False)]
         out["arches"].setdefault(arch, {})[release] = {"keys": len(keys), "bands": len(bands), "bound": bound}
     out["mapped_from_memory"] = have_hip and not any(
         str(packaged) in line for line in Path("/proc/self/maps").read_text().splitlines())

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -63,7 +64,8 @@ def _plans(shards: list[Path]) -> dict:
                 sound = False
             if not sound:
                 raise MergeError(f"{p}: not a shard plan ci/build_shard.py writes (an arch, an index below its "
-                                 f"count)", fix=f"rm {p}  # then merge again: it names the shard to rebuild")
+                                 f"count)", fix=f"rm {shlex.quote(str(p))}  # then merge again: it names the shard "
+                                                f"to rebuild")
             plan["_file"], plan["_dir"] = str(p), d
             out.setdefault(plan["arch"], []).append(plan)
     return out

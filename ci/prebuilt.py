@@ -6,7 +6,7 @@ folder, room or key and the fix command:
 
 - a missing or empty arch folder, or a room with no entries;
 - a room of a release the build matrix does not build;
-- a room its own verdict (``Room.problems``) finds unsound;
+- a room its own verdict (``verdict.problems``) finds unsound;
 - a room whose mono sources digest is not its release's in
   build_matrix.yaml (no installed vLLM of that release could match it);
 - whatever the arch folder's verdict (``listing.folder_problems``) finds:
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dsv41_aot import commands  # noqa: E402
+from dsv41_aot import commands, verdict  # noqa: E402
 from dsv41_aot.errors import AotError, ManifestError  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
 from dsv41_aot.facts.releases import deployed_arches, version_order  # noqa: E402
@@ -53,7 +53,7 @@ def fix_for(root: Path, arch, release: str | None = None) -> str:
 
 
 def refuse(problems: list, root: Path, where: str = "") -> None:
-    """Raise the first of ``problems`` (``room.Problem``) as its own error, counting the rest, with every fix."""
+    """Raise the first of ``problems`` (``verdict.Problem``) as its own error, counting the rest, with every fix."""
     if problems:
         more = f" (and {len(problems) - 1} more: dsv41-aot verify --dir {root})" if len(problems) > 1 else ""
         raise type(problems[0].error())(f"{where}{problems[0].message}{more}",
@@ -70,7 +70,7 @@ def matrix_digests(matrix_path=None) -> dict:
 def _check_room(root: Path, arch: str, release: str, digests: dict) -> Room:
     """Check one room: its own verdict, then the build matrix's digest; return it.
 
-    The verdict (``Room.problems``) allows no problem, serving or builder's.
+    The verdict (``verdict.problems``) allows no problem, serving or builder's.
     """
     fix = fix_for(root, arch, release)
     room = Room(root, arch, release)
@@ -82,7 +82,7 @@ def _check_room(root: Path, arch: str, release: str, digests: dict) -> Room:
     if not man.entries:
         raise ManifestError(f"{man.path} has no entries: refusing to build a wheel with an empty room {room.name}",
                             fix=fix)
-    refuse(room.problems(), root, f"room {room.name}: ")  # what the loader refuses, missing or altered objects
+    refuse(verdict.problems(room), root, f"room {room.name}: ")  # what the loader refuses, missing or altered objects
     source = next(iter(man.entries.values())).source  # one identity: problems() found no "sources" problem
     digest = man.mono_sources
     if digest != digests[release]:

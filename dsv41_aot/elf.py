@@ -167,3 +167,11 @@ def embedded_code_objects(data: bytes) -> dict[str, bytes]:
                 out[hashlib.sha256(image).hexdigest()] = image
         at = data.find(head, at + 1)
     return out
+
+
+def kernel_names(code: bytes) -> list[str]:
+    """The kernels a GPU code object defines: its kernel descriptors (``<name>.kd``), which HIP finds by name."""
+    try:
+        return sorted(s.name[:-3] for s in Elf(code).symbols(SHT_DYNSYM) if s.name.endswith(".kd") and s.shndx)
+    except (IndexError, struct.error) as e:  # an offset past the end of the bytes
+        raise ElfError(f"not a whole GPU code object ({e})") from None

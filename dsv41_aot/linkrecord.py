@@ -13,9 +13,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .elf import ElfError, dynamic_info
-from .errors import IntegrityError, ManifestError
-from .manifest import BAND_RE, LIBS_JSON, LIBS_SCHEMA, SHA256_RE, load_json
+from .elf import ElfError, dynamic_info, kernel_names
+from .errors import IntegrityError, KeyFormatError, ManifestError
+from .keys import BuildKey
+from .manifest import BAND_RE, BAND_SUFFIX, LIBS_JSON, LIBS_SCHEMA, SHA256_RE, load_json
 
 
 def soname(chunk: str, members: dict) -> str:
@@ -25,6 +26,37 @@ def soname(chunk: str, members: dict) -> str:
     so a band linked from other objects has another SONAME."""
     digest = hashlib.sha256(json.dumps(members, sort_keys=True).encode()).hexdigest()[:12]
     return f"{chunk}.{digest}.so"
+
+
+def band_file(chunk: str, sha256: str) -> str:
+    """A band's file name: its chunk and the head of its xz bytes' sha256, which ``Band.unpack`` checks."""
+    return f"{chunk}.{sha256[:16]}{BAND_SUFFIX}"
+
+
+def kernel_problem(codes: dict, entry) -> str | None:
+    """Why a band holding GPU code objects ``codes`` (sha256 -> bytes) cannot launch manifest ``entry``; else None.
+
+    It must hold the entry's code object, defining the kernel the entry
+    names: the one the launcher asks HIP for at the key's first call, which
+    must be the key's own (else it would launch another key's kernel)."""
+    try:
+        own = BuildKey.parse(entry.key, entry.source.vllm_version).kernel_symbol
+    except KeyFormatError as e:
+        return f"its manifest key does not parse: {e.message}"
+    if entry.symbol != own:
+        return f"its manifest names kernel {entry.symbol} for {entry.key}, whose kernel is {own}"
+    code = codes.get(entry.code_object_sha256)
+    if code is None:
+        return f"holds no GPU code object of sha256 {entry.code_object_sha256[:16]} (the manifest's for {entry.key})"
+    try:
+        kernels = kernel_names(code)
+    except ValueError as e:  # ElfError too
+        kernels = [f"unreadable ({e})"]
+    if entry.symbol not in kernels:
+        return (f"holds {entry.key}'s GPU code object {entry.code_object_sha256[:16]}, but it defines kernel "
+                f"{', '.join(kernels) or 'none'}, not {entry.symbol}, the one its manifest names: its first launch "
+                f"would fail")
+    return None
 
 
 @dataclass(frozen=True)
@@ -46,6 +78,9 @@ class Band:
         SONAME of the objects libs.json names for its keys."""
         import lzma  # only when a band is read: importing the room stays cheap
 
+        if self.file != (named := band_file(self.chunk, self.sha256)):  # link names each band by its bytes
+            raise IntegrityError(f"{where}: its name is not {named}, the one {LIBS_JSON}'s chunk and sha256 for it "
+                                 f"make (a renamed band, or an edited record)", fix=fix)
         if hashlib.sha256(data).hexdigest() != self.sha256:
             raise IntegrityError(f"{where} does not match the sha256 in {LIBS_JSON} (corrupt or altered)", fix=fix)
         try:

@@ -20,7 +20,8 @@ from .facts.arches import arch_facts
 from .facts.releases import RELEASES, release_facts, version_order
 from .manifest import BAND_SUFFIX, LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX
 from .proof import VERIFIED
-from .room import ROOM_RE, Problem, Room
+from .room import ROOM_RE, Room
+from .verdict import Problem
 
 
 def rooms_in_members(names, prefix: str) -> list[tuple[str, str]]:
@@ -94,7 +95,7 @@ def is_band_file(name: str) -> bool:
 
 def arch_problems(rooms: list[Room], members: list[str], where: str, *, shipped: bool,
                   fix_band: str = "", remove=None) -> list[Problem]:
-    """What an arch folder holds that no room names: the one verdict on an arch folder, beside ``Room.problems``.
+    """What an arch folder holds that no room names: the one verdict on an arch folder, beside ``verdict.problems``.
 
     ``rooms`` are the folder's room folders, foreign ones included, each
     reading through its reader (a folder's or a wheel's); ``members`` the
@@ -140,7 +141,7 @@ def arch_problems(rooms: list[Room], members: list[str], where: str, *, shipped:
         elif m.startswith(LIB + "/") and is_band_file(m[len(LIB) + 1:]):
             what, msg = "band", f"{where}/{m} is named by no room's {LIBS_JSON}"
         else:
-            what, msg = "file", f"{where}/{m} is a file no room names"
+            what, msg = "file", f"{where}/{m} is a {'folder' if m.endswith('/') else 'file'} no room names"
         out.append(Problem(what, msg, f"{where}/{m}", fix=fix_band if what == "band" else
                            (remove(m) if remove else ""), serving=False))
     return out
@@ -153,11 +154,10 @@ def folder_problems(arch_dir: Path, root: Path | None = None) -> list[Problem]:
     members = [f"{OBJECTS}/{p.name}" for p in sorted((arch_dir / OBJECTS).glob("*.o"))]
     lib = arch_dir / LIB
     if lib.is_dir():
-        members += [f"{LIB}/{p.name}" for p in sorted(lib.iterdir()) if not p.name.startswith(".")]
+        members += [f"{LIB}/{p.name}" + ("/" if p.is_dir() and not p.is_symlink() else "")  # a folder: its rm -r
+                    for p in sorted(lib.iterdir()) if not p.name.startswith(".")]
 
-    def remove(member: str) -> str:
-        path = arch_dir / member.rstrip("/")
-        return f"rm -r {shlex.quote(str(path))}" if path.is_dir() and not path.is_symlink() else \
-            f"rm {shlex.quote(str(path))}"
+    def remove(member: str) -> str:  # a member ending in / is a folder
+        return f"rm {'-r ' if member.endswith('/') else ''}{shlex.quote(str(arch_dir / member.rstrip('/')))}"
     return arch_problems(rooms_of(arch_dir), members, str(arch_dir), shipped=False, remove=remove,
                          fix_band=commands.relink(root, arch=arch_dir.name))

@@ -49,6 +49,7 @@ SHA256_RE = re.compile(r"[0-9a-f]{64}")  # a sha256 digest as the records write 
 TIMINGS = "timings.json"  # <arch>/vllm-<release>/timings.json: {key: compile seconds}, never shipped
 PREFIX = "vllm-"  # a room's folder is PREFIX + its release (folder_name): spelled here only
 ENV_PREBUILT = "DSV41_AOT_PREBUILT"  # the one variable naming a prebuilt directory
+PACKAGED = Path(__file__).resolve().parent / "kernels_prebuilt"  # the kernels an installed wheel carries
 
 
 @dataclass(frozen=True)
@@ -150,9 +151,7 @@ def prebuilt_dir() -> Path:
     env = os.environ.get(ENV_PREBUILT)
     if env:
         return Path(env).resolve()
-    here = Path(__file__).resolve().parent
-    packaged = here / "kernels_prebuilt"
-    return packaged if packaged.is_dir() else here.parent / "kernels_prebuilt"
+    return PACKAGED if PACKAGED.is_dir() else PACKAGED.parents[1] / "kernels_prebuilt"
 
 
 def user_cache_dir(sub: str = "", env: str | None = None) -> Path:

@@ -80,6 +80,7 @@ def _read(arch_dir: Path) -> tuple[dict | None, str | None]:
     from .errors import AotError
     from .facts.releases import RELEASES
     from .keys import BuildKey
+    from .source import MONO_REL
 
     path = Path(arch_dir) / PENDING
     try:
@@ -111,7 +112,9 @@ def _read(arch_dir: Path) -> tuple[dict | None, str | None]:
             return None, f"{path}: {word!r} is not an option a build records ({', '.join(OPTIONS)})"
         if OPTIONS[word]:
             value = next(words, None)
-            exists = value is not None and (Path(value).is_file() if word == "--matrix" else Path(value).is_dir())
+            tree = MONO_REL if word == "--vllm-src" else ""  # a folder holding no vLLM tree would fail the fix
+            exists = value is not None and (Path(value).is_file() if word == "--matrix"
+                                            else (Path(value) / tree).is_dir())
             if not exists and word != "--cache":
-                return None, f"{path}: {word} {value!r} names nothing on this host"
+                return None, f"{path}: {word} {value!r} names no {'vLLM tree' if tree else 'such file'} on this host"
     return doc, None

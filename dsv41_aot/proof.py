@@ -106,11 +106,14 @@ class KeyProof:
         """The fields in which ``other``, a proof of the same key, differs from this one.
 
         Each is named with both values; a field only one of them carries (an
-        older proof's) is not compared, nor the run's time."""
+        older proof's) is not compared, nor the run's time, nor the FlyDSL:
+        a key's evidence digests are the same under every FlyDSL that builds
+        the same code object (docs/releases.md), so a proof under another
+        FlyDSL is compared too."""
         out = []
         if other.code_object_sha256 != self.code_object_sha256:
             out.append(f"code_object_sha256 ({self.code_object_sha256[:16]}, {other.code_object_sha256[:16]})")
-        for f in ("release", "vllm_version", "mono_sources", "flydsl_version"):
+        for f in ("release", "vllm_version", "mono_sources"):
             a, b = self.jit.get(f), other.jit.get(f)
             if a is not None and b is not None and a != b:
                 out.append(f"jit.{f} ({a}, {b})")

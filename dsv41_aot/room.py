@@ -1,102 +1,29 @@
-"""A room, ``<dir>/<arch>/vllm-<release>/``: its paths, its records and its verdict.
+"""A room, ``<dir>/<arch>/vllm-<release>/``: its paths, its records and the commands that fix it.
 
-A room reads each of its records once, through that record's one parser.
-:meth:`Room.problems` is the one judge of whether a room is sound: the
-loader, verify, link, build, the wheel gate and ``ci/check_wheel.py`` all ask
-it. A room of a release this dsv41-aot does not know (written by a newer
-version) is *foreign*: nothing judges, rewrites or deletes it.
+A room reads each of its records once, through that record's one parser;
+``verdict.problems`` judges it. A room of a release this dsv41-aot does not
+know (written by a newer version) is *foreign*: nothing judges, rewrites or
+deletes it.
 
 Shared core: standard library only.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import commands, pending
-from .elf import ElfError, dynamic_info
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
-from .manifest import (LIB, LIBS_JSON, MANIFEST, OBJECTS, PREFIX, TIMINGS, Manifest, atomic_write, read_timings,
-                       room_dir, room_name, sha256_file)
-from .manifest import folder_name  # noqa: F401 - tests and benches take a room folder's name from here
+from .manifest import (LIB, LIBS_JSON, MANIFEST, OBJECTS, PACKAGED, PREFIX, TIMINGS, Manifest, atomic_write,
+                       read_timings, room_dir, room_name)
 from .linkrecord import Band, LinkRecord
-from .proof import NO_EVIDENCE, PROVEN, STALE, VERIFIED, Proof, flydsl_text
+from .proof import VERIFIED, Proof
 
-REINSTALL = "pip install --force-reinstall --no-deps dsv41-aot"  # a wheel's room: no objects/ to relink from
+REINSTALL = "pip install --force-reinstall --no-deps dsv41-aot"  # the installed package's kernels: no objects/
 ROOM_RE = re.compile(re.escape(PREFIX) + r"(\d+\.\d+\.\d+)")
-
-
-def _installed_digest() -> str | None:
-    """The installed vLLM's mono sources digest (None: no vLLM with the mono package)."""
-    from . import source
-
-    try:
-        return source.find().digest
-    except AotError:
-        return None
-
-
-# the symbols a band may leave undefined besides hip*: what the ROCm host
-# process (glibc, the C++ runtime's TLS) provides when the loader dlopens it
-HOST_SYMBOLS = frozenset(
-    "__tls_get_addr calloc malloc free realloc dlsym dlopen dlerror fprintf stderr abort memcpy memset "
-    "strlen strcmp getenv pthread_mutex_init pthread_mutex_destroy pthread_mutex_lock pthread_mutex_unlock "
-    "pthread_rwlock_rdlock pthread_rwlock_wrlock pthread_rwlock_unlock pthread_once __cxa_finalize "
-    "_ITM_registerTMCloneTable _ITM_deregisterTMCloneTable __gmon_start__".split()
-)
-
-
-def library_problems(raw: bytes, entries: dict) -> tuple[list[str], dict]:
-    """What the loader could not bind in a band's library: the one judge of a band's exports.
-
-    ``entries`` maps a key to the entry symbol it launches. Returns
-    (problems of the whole library: a DT_NEEDED, an undefined symbol no
-    ROCm host provides; {key: what it lacks}: its entry or the entry's
-    ``__module_load``, both of which the launcher binds). ElfError when
-    the bytes are no ELF this reader knows."""
-    info = dynamic_info(raw)
-    whole = []
-    if info["needed"]:
-        whole.append(f"records DT_NEEDED {info['needed']}: it would tie users to this build machine's libraries")
-    stray = sorted(s for s in info["undefined"] if not s.startswith("hip") and s not in HOST_SYMBOLS)
-    if stray:
-        whole.append(f"leaves undefined symbols no ROCm host provides: {', '.join(stray[:10])}")
-    defined = set(info["defined"])
-    lost = {key: " and ".join(s for s in (entry, f"{entry}__module_load") if s not in defined)
-            for key, entry in entries.items() if entry}
-    return whole, {k: v for k, v in lost.items() if v}
-
-
-# ---------------------------------------------------------------- problems
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a room, naming its file, key and fix.
-
-    ``serving``: the loader refuses the room for it. Otherwise only a
-    builder cares (a missing object, an unreadable proof)."""
-
-    what: str  # a stable name: "manifest", "libs", "band", "link", "sources", "object", ...
-    message: str
-    file: str | None
-    fix: str
-    key: str | None = None
-    band: str | None = None  # the band file it concerns (the loader checks only the one it binds)
-    serving: bool = True
-
-    def error(self) -> AotError:
-        cls = IntegrityError if self.what in ("band", "object") else ManifestError
-        return cls(self.message, fix=self.fix)
-
-    def as_dict(self) -> dict:
-        return {"what": self.what, "key": self.key, "file": self.file, "error": self.message, "fix": self.fix,
-                "serving": self.serving}
 
 
 # ---------------------------------------------------------------- reading a room's files
@@ -209,19 +136,21 @@ class Room:
         return f"dsv41-aot verify --against-jit --record --dir {self.root} --release {self.release}"
 
     @property
-    def fix_proof(self) -> str:
-        """The fix for a proof problem: prove again where the room was built (objects/ present), else reinstall."""
-        return self.prove_cmd if self.built_here else REINSTALL
+    def fix_restore(self) -> str:
+        """The fix of a room not built here: reinstall the package whose kernels it is, else copy it again."""
+        packaged = not self.reader.folder or Path(os.path.realpath(self.root)) == PACKAGED
+        return REINSTALL if packaged else (f"copy {self.root} again from the wheel's dsv41_aot/kernels_prebuilt/ or "
+                                           f"the prebuilt dir it came from: without objects/ nothing relinks it here")
 
     @property
     def fix_relink(self) -> str:
-        """The fix for a band or link problem: relink where the room was built, else reinstall the wheel."""
-        return self.link_cmd if self.built_here else REINSTALL
+        """The fix for a band or link problem: relink where the room was built, else restore it."""
+        return self.link_cmd if self.built_here else self.fix_restore
 
     @property
     def fix_reinstall(self) -> str:
-        """The fix for records and libraries that disagree: rebuild and relink where built, else reinstall."""
-        return f"{self.build_cmd} && {self.link_cmd}" if self.built_here else REINSTALL
+        """The fix for records and libraries that disagree: rebuild and relink where built, else restore."""
+        return f"{self.build_cmd} && {self.link_cmd}" if self.built_here else self.fix_restore
 
     # records, parsed once
 
@@ -264,7 +193,8 @@ class Room:
             if data is None:
                 self._proof = Proof(self.arch, self.release, {})
             else:
-                self._proof = Proof.parse(data, where, self.arch, self.release, self.fix_proof)
+                fix = self.prove_cmd if self.built_here else self.fix_restore  # prove again where it was built
+                self._proof = Proof.parse(data, where, self.arch, self.release, fix)
         return self._proof
 
     def has(self, name: str) -> bool:
@@ -325,170 +255,3 @@ class Room:
                                   f"now names other bands); a process reads its rooms once",
                                   fix="restart the process (vLLM): its next start serves the new bands")
         return IntegrityError(f"{path} is missing", fix=self.fix_relink)
-
-    # the verdict
-
-    def problems(self, *, objects: bool = True, proof: bool = True) -> list[Problem]:
-        """Every problem of this room; empty for a sound room.
-
-        Always the manifest's, the link record's against it and each band's;
-        ``objects`` the stored objects and ``proof`` verified.json (both
-        builder-only problems)."""
-        if not self.known:
-            return []
-        try:
-            man = self.manifest()
-        except ManifestError as e:  # a build recovers it from objects/; a wheel's room is reinstalled
-            return [Problem("manifest", e.message, str(self.manifest_path),
-                            e.fix if self.built_here else REINSTALL)]
-        out = self._source_problems(man)
-        if proof:
-            out += self.proof_problems()
-        if not self.has(LIBS_JSON) and not man.entries:
-            return out  # nothing built here (only refused keys): nothing to link or load
-        try:
-            links = self.links()
-        except ManifestError as e:
-            return out + [Problem("libs", e.message, str(self.libs_path), e.fix)]
-        out += [p for key, e in sorted(man.entries.items()) if (p := self.link_problem(key, e, links.band_of.get(key)))]
-        for key in sorted(set(links.band_of) - set(man.entries)):
-            out.append(Problem("link", f"{key} is linked (in {links.band_of[key].file}) but not in {man.path}",
-                               str(self.libs_path), self.fix_relink, key=key))
-        for band in links.bands:
-            out += self.band_problems(band, man)
-        if objects and self.built_here:
-            out += self.object_problems(man)
-        return out
-
-    def band_problems(self, band: Band, man: Manifest) -> list[Problem]:
-        """What is wrong with ``band``: its path, its bytes, what :func:`library_problems` finds of its entries."""
-        path = str(self.lib / band.file)
-        entries = {key: e.entry for key in band.entries if (e := man.entries.get(key))}
-        try:
-            whole, lost = library_problems(self.read_band(band), entries)
-        except (ManifestError, IntegrityError) as e:
-            return [Problem("band", e.message, path, e.fix, band=band.file)]
-        except ElfError:
-            return []  # not an ELF this reader knows: dlopen judges it
-        out = [Problem("band", f"{path} {what}", path, self.fix_relink, band=band.file) for what in whole]
-        out += [Problem("band", f"{key} (vLLM {self.release}): {self.libs_path} lists it under {band.file}, which "
-                                f"does not export {what}", str(self.libs_path), self.fix_relink, key=key, band=band.file)
-                for key, what in sorted(lost.items())]
-        return out
-
-    def link_problem(self, key: str, e, band: Band | None) -> Problem | None:
-        """Why ``band`` (libs.json's for ``key``, None: no band) does not link the object entry ``e`` names; else None.
-
-        The fix is the one that works: relink when the object was rebuilt
-        after the link, rebuild when the entry no longer describes its object,
-        reinstall where there are no objects (a wheel's room)."""
-        if band is not None and band.entries[key] == e.sha256:
-            return None
-        what = (f"{key} (vLLM {self.release}) is in {self.manifest_path} but no library of {self.libs_path} links it"
-                if band is None else
-                f"{key} (vLLM {self.release}): not linked from its object: {self.libs_path} links it from object "
-                f"{band.entries[key][:16]}, {self.manifest_path} records object sha256 {e.sha256[:16]}")
-        problem = functools.partial(Problem, "link", file=str(self.libs_path), key=key, band=band and band.file)
-        if not self.built_here:
-            return problem(f"{what}: the installed manifest and libraries disagree", fix=REINSTALL)
-        try:
-            actual = sha256_file(self.arch_dir / e.object)
-        except OSError:
-            actual = None
-        if actual == e.sha256:
-            return problem(f"{what}: the object was rebuilt after the last link", fix=self.link_cmd)
-        stored = "is missing" if actual is None else f"has sha256 {actual[:16]}, not the manifest's"
-        rebuild = commands.build(self.root, release=self.release, keys=[key])
-        return problem(f"{what}; the stored object {e.object} {stored}: the manifest entry no longer describes its "
-                       f"object", fix=f"{rebuild} && {self.link_cmd}")
-
-    def problem_keys(self, p: Problem) -> list[str]:
-        """The keys problem ``p`` of this room concerns: its own, its band's, else every key (the room's records).
-
-        AotError when the room's records cannot say (an unreadable manifest or libs.json)."""
-        if p.key:
-            return [p.key]
-        if p.band:
-            return sorted(k for k, band in self.links().band_of.items() if band.file == p.band)
-        return sorted(self.manifest().entries)
-
-    def proof_problems(self) -> list[Problem]:
-        """An unreadable verified.json (its fix proves the room again)."""
-        try:
-            self.proof()
-        except ManifestError as e:
-            return [Problem("proof", e.message, str(self.verified_path), e.fix, serving=False)]
-        return []
-
-    def object_problems(self, man: Manifest) -> list[Problem]:
-        """Stored objects missing or altered (the room still serves from its bands)."""
-        out = []
-        for key in sorted(man.entries):
-            try:
-                man.check_object(key)
-            except IntegrityError as e:
-                out.append(Problem("object", e.message, str(man.object_path(key)), e.fix,
-                                   key=key, serving=False))
-        return out
-
-    def _source_problems(self, man: Manifest) -> list[Problem]:
-        """The problem of a room whose entries mix source identities (no installed vLLM matches a mix), else [].
-
-        Entries that differ only in FlyDSL or linker (``SourceIdentity.served``) are of one source: each kept its
-        object because its GPU code object is unchanged."""
-        sources: dict = {}
-        for key, e in sorted(man.entries.items()):
-            sources.setdefault(e.source.served, []).append(key)
-        if len(sources) < 2:
-            return []
-        options = pending.options(self.arch_dir)  # a stopped build's own --matrix / --vllm-src: its source wins
-        installed = None if options else _installed_digest()
-        keep = next((ks for ks in sources.values() if installed
-                     and man.entries[ks[0]].source.mono_sources == installed), None)
-        rebuild = sorted(k for ks in sources.values() if ks is not keep for k in ks) if keep else \
-            min(sources.values(), key=len)
-        how = "" if options else (
-            f"; the fix rebuilds them from the installed vLLM (mono sources {installed}); to keep theirs instead, "
-            f"build the other keys with --vllm-src and --matrix naming their tree" if keep else
-            "; no source is the installed vLLM's: the fix rebuilds the fewest from it; pass --vllm-src and "
-            "--matrix to build from another tree")
-        return [Problem("sources", f"{man.path} mixes {len(sources)} source identities ({len(rebuild)} key(s) "
-                                   f"differ from the rest, e.g. {rebuild[0]}){how}", str(man.path),
-                        commands.build(self.root, release=self.release, keys=rebuild, options=options))]
-
-
-def proof_counts(root: Path, man: Manifest) -> tuple[dict, list, str | None]:
-    """Count one room's keys by proof state: (``proofs`` entry, problems, warning).
-
-    The one count build, list and verify report. An unreadable verified.json
-    gives its problem instead of counts; the file is read anew (a fresh Room),
-    so counts made after a record see what it wrote."""
-    room = Room(root, man.arch, man.release)
-    head = {"arch": man.arch, "release": man.release}
-    bad = room.proof_problems()
-    if bad:
-        return dict(head, keys=len(man.entries), error=bad[0].message), bad, None
-    proof = room.proof()
-    counts = dict(proof.counts(man.entries), by_flydsl=proof.flydsl_counts(man.entries))
-    notes = []
-    if counts[NO_EVIDENCE]:
-        notes.append(f"{counts[NO_EVIDENCE]} proof(s) carry no evidence only a JIT run produced (verified.json "
-                     f"version 1, written by an older dsv41-aot, or copied)")
-    if counts[STALE]:
-        why = ", ".join(f"{what} changed ({n})" for what, n in sorted(proof.changes(man.entries).items()))
-        notes.append(f"{counts[STALE]} proof(s) are stale: {why}")
-    how = (f"prove them again: {room.prove_cmd}" if room.built_here else
-           f"the room ships without objects/: prove them from its bands, {room.prove_cmd}")
-    warning = f"{room.verified_path}: {'; '.join(notes)}; {how}" if notes else None
-    return dict(head, **counts), [], warning
-
-
-def proofs_line(counted: dict) -> str:
-    """A :func:`proof_counts` entry as the one line build, list and verify print."""
-    head = f"proofs {counted['arch']} vLLM {counted['release']}"
-    if "error" in counted:
-        return f"{head}: {VERIFIED} unreadable ({counted['error']})"
-    more = "".join(f", {counted[f]} {what}" for f, what in (
-        (NO_EVIDENCE, "without JIT-only evidence (old format)"), (STALE, "stale")) if counted[f])
-    return (f"{head}: {counted[PROVEN]} of {counted['keys']} keys carry a proof against vLLM's JIT matching their "
-            f"entry{more}{flydsl_text(counted.get('by_flydsl') or {})}")

@@ -10,6 +10,7 @@ Shared core: standard library only.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib.util
@@ -66,12 +67,7 @@ class MonoSource:
                 for line in meta.read_text(errors="replace").splitlines():
                     if line.startswith("Version:"):
                         return line.split(":", 1)[1].strip()
-        ver = self.root / "vllm" / "_version.py"
-        if ver.is_file():
-            for line in ver.read_text().splitlines():
-                if line.startswith(("__version__", "version")) and "=" in line:
-                    return line.split("=", 1)[1].strip().strip("'\"")
-        return "unknown"
+        return assigned(self.root / "vllm" / "_version.py", "__version__") or "unknown"
 
     @property
     def mono_dir(self) -> Path:
@@ -81,6 +77,19 @@ class MonoSource:
     @property
     def digest(self) -> str:
         return mono_digest(self.mono_dir)
+
+
+def assigned(path: Path, name: str) -> str | None:
+    """The string a Python file last assigns to ``name`` at its top level (read, never run); None if none.
+
+    ``__version__ = version = '0.33.0'``, as setuptools-scm writes ``_version.py``, reads as 0.33.0."""
+    try:
+        body = ast.parse(path.read_bytes()).body
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return next((n.value.value for n in reversed(body) if isinstance(n, ast.Assign)
+                 and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                 and any(getattr(t, "id", None) == name for t in n.targets)), None)
 
 
 def mono_digest(mono_dir: Path) -> str:
@@ -183,8 +192,13 @@ def fetch(release: str, dest: Path | None = None, *, log=None) -> MonoSource:
     dest = Path(dest) if dest else trees_dir() / release
     if (dest / MONO_REL).is_dir() and MonoSource(dest).version == release:
         return MonoSource(dest.resolve())
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as tmp:
+    try:  # a folder that cannot be written: bad input, before anything is fetched
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        scratch = tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.")
+    except OSError as e:
+        raise ToolchainError(f"cannot unpack vLLM {release} into {dest} ({e.strerror or e})",
+                             fix=f"pass --dest DIR in a folder you can write (or set {ENV_TREES} to one)") from None
+    with scratch as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "-q", "-d", tmp, f"vllm=={release}"]
         if log:

@@ -139,3 +139,37 @@ def smoke_dir(tmp_path_factory) -> Path:
 def copy_of(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".build.lock"))
     return dst
+
+
+def replace_code_object(root: Path, arch: str, release: str, key: str, change) -> Path:
+    """Put ``change(code, codes)`` (bytes of the same size; ``codes``: the band's code objects by sha256) in
+    place of ``key``'s GPU code object in its band, and update every record naming it: libs.json (sha256,
+    sizes, the band's file name), the manifest's and the proof's code_object_sha256. Returns the new band."""
+    import hashlib
+
+    from dsv41_aot import elf
+    from dsv41_aot.aot.link import compress_band
+    from dsv41_aot.linkrecord import band_file
+    from dsv41_aot.room import Room
+
+    r = Room(root, arch, release)
+    band = r.links().band_of[key]
+    raw = r.read_band(band)
+    codes = elf.embedded_code_objects(raw)
+    old = codes[r.manifest().entries[key].code_object_sha256]
+    new = change(old, codes)
+    assert len(new) == len(old) and raw.count(old) == 1
+    raw = raw.replace(old, new)
+    data = compress_band(raw)
+    (r.lib / band.file).unlink()
+    doc = json.loads(r.libs_path.read_text())
+    lib = next(lib for lib in doc["libraries"] if lib["file"] == band.file)
+    lib.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), raw_sha256=hashlib.sha256(raw).hexdigest())
+    lib["file"] = band_file(lib["chunk"], lib["sha256"])
+    (r.lib / lib["file"]).write_bytes(data)
+    r.libs_path.write_text(json.dumps(doc))
+    for path, field in ((r.manifest_path, "entries"), (r.verified_path, "keys")):
+        doc = json.loads(path.read_text())
+        doc[field][key]["code_object_sha256"] = hashlib.sha256(new).hexdigest()
+        path.write_text(json.dumps(doc))
+    return r.lib / lib["file"]

@@ -17,8 +17,9 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "dsv41_aot"
 HEAVY = ("flydsl", "torch", "vllm", "yaml", "tqdm", "matplotlib", "msgpack", "elftools", "numpy")
-SHARED = ("dsv41_aot", "dsv41_aot.errors", "dsv41_aot.keys", "dsv41_aot.manifest", "dsv41_aot.room", "dsv41_aot.listing",
-          "dsv41_aot.pending", "dsv41_aot.commands", "dsv41_aot.linkrecord", "dsv41_aot.proof", "dsv41_aot.source", "dsv41_aot.elf",
+SHARED = ("dsv41_aot", "dsv41_aot.errors", "dsv41_aot.keys", "dsv41_aot.manifest", "dsv41_aot.room",
+          "dsv41_aot.verdict", "dsv41_aot.listing", "dsv41_aot.pending", "dsv41_aot.commands", "dsv41_aot.linkrecord",
+          "dsv41_aot.proof", "dsv41_aot.source", "dsv41_aot.elf",
           "dsv41_aot.facts", "dsv41_aot.facts.arches", "dsv41_aot.facts.kinds", "dsv41_aot.facts.releases",
           "dsv41_aot.deployment", "dsv41_aot.facts.flydsl")
 
@@ -272,7 +273,7 @@ def test_the_private_name_check_catches_a_slip(tmp_path):
 
 # ---------------------------------------------------------------- one verdict on a room
 
-VERDICT_OWNER = PKG / "room.py"  # Room.problems: the one judge of a key's link and a band's exports
+VERDICT_OWNER = PKG / "verdict.py"  # verdict.problems: the one judge of a key's link and a band's exports
 BYTE_SEARCH = ("find", "rfind", "index", "count", "startswith", "endswith")
 
 
@@ -288,7 +289,7 @@ def _looked_up(node: ast.AST) -> bool:
 
 
 def second_verdicts(paths) -> list[str]:
-    """Functions outside room.py that judge a key's link (a looked-up value
+    """Functions outside verdict.py that judge a key's link (a looked-up value
     compared with an entry's ``.sha256``) or a band's exports (an entry name
     searched for in a library's bytes): ``path:line function``."""
     out = []
@@ -317,13 +318,13 @@ def second_verdicts(paths) -> list[str]:
 
 def test_only_the_room_judges_links_and_exports():
     """Whether a key is linked from its own object and whether its band
-    exports its entry is decided by Room.problems alone: verify, link, the
+    exports its entry is decided by verdict.problems alone: verify, link, the
     wheel gate, verify --wheel and ci/check_wheel.py ask it."""
     assert second_verdicts(_sources("dsv41_aot", "ci")) == []
 
 
 def test_the_verdict_check_catches_a_slip(tmp_path):
-    """A second judge planted outside room.py, the way the wheel checks once
+    """A second judge planted outside verdict.py, the way the wheel checks once
     judged, is found: the link comparison and the byte search both."""
     slip = tmp_path / "slip.py"
     slip.write_text("def check(man, links, raw):\n"

@@ -19,6 +19,7 @@ from _smoke import OLD, REPO, SMOKE_KEYS, SMOKE_RELEASE_KEYS, copy_of, room, run
 
 from dsv41_aot import cli, elf, source
 from dsv41_aot.aot import buildroom, matrix, toolchain
+from dsv41_aot.errors import ToolchainError
 from dsv41_aot.facts import flydsl
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.keys import BuildKey
@@ -482,6 +483,45 @@ def test_a_flydsl_change_keeps_keys_whose_code_object_is_the_same(built_k1s, tmp
 
     pinned = _project_copy(tmp_path, pin)
     assert "0.4.3" in _a_toolchain_change_keeps_the_same_code(out, env=env, cwd=pinned)
+
+
+@pytest.mark.faults
+def test_flydsl_metadata_and_module_that_disagree_are_bad_input_before_any_compile(tmp_path):
+    """Q12 of the fault report at 3f0364f: a dist-info of one FlyDSL release in
+    front of another's module failed every key (exit 1 each, no fix). Both are
+    supported releases: only their disagreement is refused, by the toolchain
+    check every command that compiles makes first."""
+    other = next(v for v in flydsl.FLYDSL if v != flydsl.installed().version)
+    info = tmp_path / "shadow" / f"flydsl-{other}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: flydsl\nVersion: {other}\n")
+    out = tmp_path / "out"
+    code, _, err = run_cli("build", "--key", CHEAP[0], "--out", out, "--no-cache", "--no-progress", check=False,
+                           env=dict(os.environ, PYTHONPATH=str(info.parent)))
+    assert code == 2 and f"FlyDSL's installed metadata says {other}" in err, err
+    assert f"is {flydsl.installed().version}" in err and "fix: reinstall FlyDSL" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_vllm_checkout_is_read_by_the_version_py_setuptools_scm_writes(tmp_path):
+    """Q10 of the fault report at 3f0364f: ``__version__ = version = '0.33.0'``
+    read as "version = '0.33.0", so the checkout was passed over for the
+    installed vLLM, or, patched, refused as no release instead of naming its
+    digest. The installed vLLM's own _version.py (version_tuple lines too),
+    no dist-info beside it."""
+    installed = source.find()
+    tree = tmp_path / "checkout"
+    shutil.copytree(installed.mono_dir, tree / source.MONO_REL, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(installed.root / "vllm" / "_version.py", tree / "vllm" / "_version.py")
+    assert "version_tuple = (" in (tree / "vllm" / "_version.py").read_text()
+    src = source.release_trees({NEWEST}, DIGESTS, [tree])[NEWEST]
+    assert (src.root, src.version) == (tree.resolve(), NEWEST)
+    layer = tree / source.MONO_REL / "layer.py"
+    layer.write_text(layer.read_text() + "\n# patched\n")
+    with pytest.raises(ToolchainError) as e:
+        source.release_trees({NEWEST}, DIGESTS, [tree])
+    assert f"is vLLM {NEWEST}, but its mono sources digest is {source.mono_digest(layer.parent)}" in e.value.message
+    assert str(tree) in e.value.message
 
 
 def test_identity_change_makes_a_key_stale(smoke_dir):

@@ -391,7 +391,9 @@ def test_an_empty_prebuilt_dir_is_refused_with_a_fix_that_builds_every_deployed_
     with pytest.raises(ManifestError, match="no prebuilt kernels in") as e:
         prebuilt.check_dir(tmp_path)
     deployed = releases.deployed_arches()
-    assert len(deployed) > 1 and all(f"--arch {a}" in e.value.fix for a in deployed), e.value.fix
+    build, link = e.value.fix.split(" && ")  # each names every arch (S24: the link named only the first)
+    every = " ".join(f"--arch {a}" for a in deployed)
+    assert len(deployed) > 1 and every in build and link == f"dsv41-aot link --dir {tmp_path} {every}", e.value.fix
     # an arch no release runs on any more is not one to build
     gone = deployed[-1]
     for v, rel in releases.RELEASES.items():
@@ -399,7 +401,8 @@ def test_an_empty_prebuilt_dir_is_refused_with_a_fix_that_builds_every_deployed_
             rel, arches={a: d for a, d in rel.arches.items() if a != gone}))
     with pytest.raises(ManifestError) as e:
         prebuilt.check_dir(tmp_path)
-    assert f"--arch {gone}" not in e.value.fix and f"--arch {deployed[0]}" in e.value.fix
+    assert f"--arch {gone}" not in e.value.fix and e.value.fix.endswith(f" && dsv41-aot link --dir {tmp_path} "
+                                                                       + " ".join(f"--arch {a}" for a in deployed[:-1]))
 
 
 def test_the_vllm_extra_is_read_from_pyproject_and_matched_by_pep_440():

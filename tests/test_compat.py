@@ -74,12 +74,13 @@ def test_kernel_signature_gives_the_mono_symbol():
 
 def test_descriptor_word_is_the_cdna_word_on_both_targets(monkeypatch):
     from dsv41_aot.aot.compat import buffer_ops
+    from dsv41_aot.facts.arches import ARCHES
 
     # DATA_FORMAT 7 (bits 14:12), NUM_FORMAT 4 (bits 18:15); the golden code
     # objects of both arches carry this same word
     assert buffer_ops.descriptor_flags("gfx942") == 0x27000
     assert buffer_ops.descriptor_flags("gfx950") == 0x27000
-    monkeypatch.setenv("ARCH", "gfx942:sramecc+:xnack-")
+    monkeypatch.setenv("ARCH", ARCHES["gfx942"].gcn_arch_name)  # as HIP names it
     assert buffer_ops.descriptor_flags() == 0x27000  # ARCH read at call time
     monkeypatch.setenv("ARCH", "gfx1100")
     with pytest.raises(ValueError, match="gfx1100"):

@@ -20,7 +20,8 @@ import pytest
 from _smoke import cli, copy_of
 
 from dsv41_aot.deployment import deployment, required
-from dsv41_aot.room import REINSTALL, Room
+from dsv41_aot.facts.arches import ARCHES
+from dsv41_aot.room import Room
 
 SHARED_FULL = Path("/work/shared/prebuilt-gfx950-tp4")
 TP4 = 768  # vLLM 0.33.0 gfx950 TP4, no draft: K1 480, K2 240, FFN 48
@@ -119,7 +120,7 @@ def test_a_corrupt_band_exit_1_names_the_band_and_the_fix(full, tmp_path):
     assert r.returncode == 1
     (fail,) = lines(r, "FAIL", "bands")
     assert band.file in fail and "sha256" in fail
-    assert f"fix: {REINSTALL}" in r.stdout  # a wheel's room: reinstall it
+    assert f"fix: {room.fix_restore}" in r.stdout and f"copy {d} again" in r.stdout  # a copied wheel's room
     # the keys of that band are refused, the rest served; nothing was bound
     (cov,) = lines(r, "FAIL", "coverage")
     ours = sum(1 for k in band.entries if k in set(map(str, required(deployment("gfx950", 4, release="0.33.0")))))
@@ -159,7 +160,7 @@ def test_the_plugin_mode_and_what_stops_vllm_calling_it(full):
     ("DSV41_AOT_MODE", "STRICT", "mode strict"), ("DSV41_AOT_MODE", " Fallback ", "mode fallback"),
     ("DSV41_AOT_DISABLE", "false", "mode strict"), ("DSV41_AOT_DISABLE", " 0", "mode strict"),
     ("DSV41_AOT_DISABLE", "no", "mode strict"), ("DSV41_AOT_DISABLE", "TRUE", "disabled by"),
-    ("DSV41_AOT_ARCH", "GFX950", "gfx950 (MI355X"), ("DSV41_AOT_ARCH", " gfx950:sramecc+:xnack-", "gfx950 (MI355X"),
+    ("DSV41_AOT_ARCH", "GFX950", "gfx950 (MI355X"), ("DSV41_AOT_ARCH", " " + ARCHES["gfx950"].gcn_arch_name, "gfx950 (MI355X"),
 ])
 def test_the_plugins_variables_read_one_way_everywhere(full, var, value, read):
     """P9 of the fault report at 24a0152: case and spaces do not matter, a
@@ -294,8 +295,9 @@ def test_doctor_imports_nothing_heavy(full):
     assert r.stdout.split("\n")[0] == "0 []", r.stdout + r.stderr
 
 
-def test_in_process_sources_accepted_by_the_allowance_warn(full, fresh, monkeypatch):
-    from dsv41_aot.runtime import doctor as dr
+def _sources_edited(full: Path, monkeypatch) -> None:
+    """This process serves ``full`` on gfx950, none of the plugin's variables
+    set, and its vLLM 0.33.0's mono sources edited: no room matches them."""
     from dsv41_aot.runtime import host, rooms
 
     monkeypatch.setenv("DSV41_AOT_PREBUILT", str(full))
@@ -303,8 +305,15 @@ def test_in_process_sources_accepted_by_the_allowance_warn(full, fresh, monkeypa
     for name in ("DSV41_AOT_DISABLE", "DSV41_AOT_MODE", "VLLM_PLUGINS", "ARCH"):
         monkeypatch.delenv(name, raising=False)
     _, src, mono = host.installed_vllm()
-    for module in (host, rooms):  # a vLLM 0.33.0 whose mono sources were edited
+    for module in (host, rooms):
         monkeypatch.setattr(module, "installed_vllm", lambda: ("0" * 16, src, mono))
+
+
+def test_in_process_sources_accepted_by_the_allowance_warn(full, fresh, monkeypatch):
+    from dsv41_aot.runtime import doctor as dr
+    from dsv41_aot.runtime import rooms
+
+    _sources_edited(full, monkeypatch)
     by = {c.name: c for c in dr.diagnose().checks}
     assert by["room"].status == "fail" and "matches no prebuilt release" in by["room"].text
     assert "DSV41_AOT_ALLOW_SOURCE_MISMATCH=1" in by["room"].fix
@@ -315,3 +324,22 @@ def test_in_process_sources_accepted_by_the_allowance_warn(full, fresh, monkeypa
     assert by["room"].status == "warn" and "only because DSV41_AOT_ALLOW_SOURCE_MISMATCH=1" in by["room"].text
     assert by["room"].fix == "install the vLLM they were built from: pip install --no-deps vllm==0.33.0"
     assert by["coverage"].status == "ok" and rep.exit_code == 0  # served, with a warning
+
+
+@pytest.mark.faults
+def test_a_boolean_the_plugin_cannot_read_keeps_every_check(full, fresh, monkeypatch):
+    """DSV41_AOT_DISABLE=maybe does not disable and DSV41_AOT_ALLOW_SOURCE_MISMATCH=perhaps
+    does not allow (S08): each reads as unset, the reading that keeps every
+    check, and is reported as bad input (exit 2)."""
+    from dsv41_aot.runtime import doctor as dr
+
+    _sources_edited(full, monkeypatch)
+    monkeypatch.setenv("DSV41_AOT_DISABLE", "maybe")
+    monkeypatch.setenv("DSV41_AOT_ALLOW_SOURCE_MISMATCH", "perhaps")
+    rep = dr.diagnose(4)
+    bad = [c.text for c in rep.checks if c.status == "bad"]
+    assert rep.exit_code == 2 and len(bad) == 2, bad
+    assert "DSV41_AOT_DISABLE='maybe'" in bad[0] and "DSV41_AOT_ALLOW_SOURCE_MISMATCH='perhaps'" in bad[1], bad
+    by = {c.name: c for c in rep.checks}
+    assert by["plugin"].status == "ok" and "mode strict" in by["plugin"].text, by["plugin"]  # not disabled
+    assert by["room"].status == "fail" and "matches no prebuilt release" in by["room"].text, by["room"]  # not allowed

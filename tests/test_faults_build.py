@@ -25,11 +25,11 @@ import pytest
 from _smoke import OLD, REPO, cli, copy_of, libdir, room
 
 from dsv41_aot.aot import verify as verify_mod
-from dsv41_aot.room import Room, folder_name
+from dsv41_aot.room import Room
 from dsv41_aot.aot.lock import LOCK_FILE, arch_lock
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, Manifest
+from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, Manifest, folder_name
 from dsv41_aot.listing import built_rooms
 
 pytestmark = pytest.mark.faults

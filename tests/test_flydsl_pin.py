@@ -62,14 +62,17 @@ def test_the_build_extra_pins_a_supported_flydsl_and_bootstrap_installed_it():
     assert installed().version == INSTALLED
 
 
-def test_a_flydsl_not_in_the_table_is_refused_naming_the_supported_ones(monkeypatch):
+@pytest.mark.parametrize("have", ["0.3.9", "0.4.20", "0.5.0rc1"])
+def test_a_flydsl_not_in_the_table_is_refused_naming_the_supported_ones(monkeypatch, have):
+    """A release is supported by its whole version: one that only starts like
+    a supported one (a later patch, a release candidate) is refused too (S04)."""
     import importlib.metadata
 
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.3.9" if name == "flydsl" else version(name))
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: have if name == "flydsl" else version(name))
     with pytest.raises(ToolchainError) as e:
         installed().version
     msg = str(e.value)
-    assert e.value.exit_code == 2 and "FlyDSL 0.3.9 is installed" in msg and f"FlyDSL {supported()}" in msg, msg
+    assert e.value.exit_code == 2 and f"FlyDSL {have} is installed" in msg and f"FlyDSL {supported()}" in msg, msg
     assert all(f"pip install flydsl=={v}" in e.value.fix for v in FLYDSL), e.value.fix
 
 

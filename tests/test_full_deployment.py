@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv41_aot.room import folder_name
+from dsv41_aot.manifest import folder_name
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_DEPLOYMENT = "DSV41_AOT_FULL_DEPLOYMENT"

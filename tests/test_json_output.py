@@ -6,6 +6,8 @@ Human lines (FAILED, warnings, progress) go to stderr."""
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -59,13 +61,43 @@ def test_build_list_and_bad_input():
     (("build", "--key", "k1@gfx950:s=4,tp=4,r=1", "--shard", "0/2", "--list"), "--key and --shard both choose"),
     (("build", "--out", "", "--key", "k1@gfx950:s=4,tp=4,r=1"), "an empty folder name"),
     (("fetch-vllm", "0.32.0", "--dest", "{file}"), "not a folder to unpack into"),
+    (("fetch-vllm", "0.32.0", "--dest", "{file}/v"), "cannot unpack vLLM 0.32.0 into {file}/v"),
+    (("build", "--jobs", "0", "--list"), "--jobs 0: must be at least 1"),
+    (("build", "--jobs", "-1", "--list"), "--jobs -1: must be at least 1"),
+    (("build", "--key-timeout", "-5", "--list"), "--key-timeout -5.0: must be a positive number"),
+    (("build", "--key-timeout", "nan", "--list"), "--key-timeout nan: must be a positive number"),
+    (("build", "--key", "k1@gfx950:s=4,tp=4,r=1", "--profile", "smoke", "--list"), "--key and --profile both choose"),
+    (("inspect", "--plot", ""), "--plot '': an empty file name"),
 ])
 def test_command_lines_that_would_be_ignored_or_misread_are_bad_input(tmp_path, args, says):
-    """P12 of the fault report at 24a0152: each used to exit 0 or 70."""
+    """P12 of the fault report at 24a0152, Q9 and Q14 of the one at 3f0364f:
+    each used to exit 0 (the options --list, or an empty --plot, left unread)
+    or 70 (a --dest under a file)."""
     (tmp_path / "a-file").write_text("x")
     doc = run_json(*(a.replace("{file}", str(tmp_path / "a-file")) for a in args), code=2)
-    assert says in doc["error"] and doc["fix"], doc
+    assert says.replace("{file}", str(tmp_path / "a-file")) in doc["error"] and doc["fix"], doc
     assert not (REPO / "gfx950").exists()  # --out '' built nothing into the current folder
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_fetch_vllm_into_a_read_only_file_system_is_bad_input_before_fetching(tmp_path, json_flag):
+    """Q9 of the fault report at 3f0364f: exit 70 and a traceback (the scratch
+    folder's mkdtemp). A read-only bind mount, in a mount namespace of the
+    command's own (root writes any folder chmod makes read-only)."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("no unshare -rm here: cannot mount a read-only folder")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mount = f"mount --bind -o ro {shlex.quote(str(ro))} {shlex.quote(str(ro))} && exec \"$@\""
+    p = subprocess.run(["unshare", "-rm", "sh", "-c", mount, "sh", sys.executable, "-m", "dsv41_aot.cli", "fetch-vllm",
+                        "0.32.0", "--dest", str(ro / "v"), *json_flag], cwd=REPO, capture_output=True, text=True)
+    said = f"error: cannot unpack vLLM 0.32.0 into {ro / 'v'} (Read-only file system)\n  fix: pass --dest DIR"
+    assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, p.stdout + p.stderr
+    assert "fetching" not in p.stderr and not list(ro.iterdir())  # refused before pip download, nothing left
+    if json_flag:
+        doc = json.loads(p.stdout)
+        assert doc["exit_code"] == 2 and str(ro / "v") in doc["error"] and doc["fix"], doc
 
 
 @pytest.mark.slow

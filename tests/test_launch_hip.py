@@ -7,7 +7,8 @@ and each test reads back the calls it made, by process.
 - fork: a child of a process that had used HIP refuses with ForkError (HIP
   does not survive fork; docs/loader.md says why this and not a reload),
   making no HIP call at all; a child forked before any HIP use loads its own.
-- devices: a Launcher used on another device loads its module there first.
+- devices: a Launcher used on another device loads its module there first,
+  after reading that device's own arch (the recording HIP gives each its own).
 - errors: a failing hipModuleLoadData, hipModuleGetFunction or
   hipModuleLaunchKernel is named, with its status and a fix that fits.
 - wrong arguments: refused before any launch, naming the argument.
@@ -139,41 +140,53 @@ def test_a_launcher_used_on_another_device_loads_its_module_there_first(smoke, r
 
 _DEVICE_ARCH = """
 from dsv41_aot.errors import ArchMismatchError
-l = launcher()
-launch(l)                                   # device 0 reports gfx950: loaded
-os.environ["RECORDING_HIP_ARCH"] = "gfx942:sramecc+:xnack-"   # what device 1 reports
-set_device(1)
-try:
-    launch(l)
-    print(json.dumps(None))
-except ArchMismatchError as e:
-    print(json.dumps([type(e).__name__, str(e), sorted(l._devices)]))
+l, out = launcher(), []
+for d in (1, 0):  # device 1 first: its arch is read before device 0's
+    set_device(d)
+    try:
+        launch(l)
+        out.append(None)
+    except ArchMismatchError as e:
+        out.append(str(e))
+print(json.dumps([out, sorted(l._devices)]))
 """
 
 
-def test_each_device_s_arch_is_read_for_its_first_load(smoke, recording_hip, tmp_path):
-    """A second device of another arch refuses the load (P13d of the fault
-    report at 24a0152: the arch was read once per process)."""
-    out, calls = run(_DEVICE_ARCH, smoke, recording_hip, tmp_path, devices=2)
-    assert out[0] == "ArchMismatchError" and "the current device is gfx942 (device 1)" in out[1], out
-    assert out[2] == [0]
-    assert [c["device"] for c in calls if c.name == "hipModuleLoadData"] == ["0"]
+@pytest.mark.parametrize("archs", ["gfx950,gfx942", "gfx942,gfx950"], ids=["device-1-other", "device-0-other"])
+def test_each_device_s_arch_is_read_for_its_first_load(smoke, recording_hip, tmp_path, archs):
+    """A gfx950 key loads only on the device that is gfx950, whichever of two
+    it is: each device's own arch is read (P13d of the fault report at
+    24a0152: once per process; S07: device 0's for every device)."""
+    out, calls = run(_DEVICE_ARCH, smoke, recording_hip, tmp_path, devices=2, arch=archs)
+    ours = archs.split(",").index("gfx950")
+    for d, got in zip((1, 0), out[0]):
+        if d == ours:
+            assert got is None, out
+        else:
+            assert f"built for gfx950, but the current device is gfx942 (device {d})" in got, out
+    assert out[1] == [ours]
+    assert [c["device"] for c in calls if c.name == "hipModuleLoadData"] == [str(ours)]
 
 
-def test_a_device_whose_arch_cannot_be_read_loads_nothing(smoke, recording_hip, tmp_path):
-    """A failing hipGetDeviceProperties is no answer: the load is refused
-    naming the call, never taken for a device of the key's arch (P13d)."""
+@pytest.mark.parametrize("opts,why,status", [
+    (dict(fail="hipGetDevicePropertiesR0600=100"), "hipGetDeviceProperties failed", 100),
+    (dict(arch=""), "its properties name no gfx arch", 0),
+], ids=["call-failed", "no-arch-named"])
+def test_a_device_whose_arch_cannot_be_read_loads_nothing(smoke, recording_hip, tmp_path, opts, why, status):
+    """A failing hipGetDeviceProperties, or properties that name no gfx arch,
+    are no answer: the load is refused naming why, never taken for a device
+    of the key's arch (P13d), nor for one of another arch (S06)."""
     code = """
 try:
     launch(launcher())
     print(json.dumps(None))
 except LaunchError as e:
-    print(json.dumps([str(e), e.fix, e.status]))
+    print(json.dumps([str(e), e.fix, e.status, type(e).__name__]))
 """
-    out, calls = run(code, smoke, recording_hip, tmp_path, fail="hipGetDevicePropertiesR0600=100")
+    out, calls = run(code, smoke, recording_hip, tmp_path, **opts)
     assert out is not None, "launched on a device whose arch it could not read"
-    assert "cannot tell the arch of device 0" in out[0] and "hipGetDeviceProperties failed" in out[0], out
-    assert out[0].startswith(K1) and out[2] == 100 and "rocm-smi" in out[1]
+    assert "cannot tell the arch of device 0" in out[0] and why in out[0], out
+    assert out[0].startswith(K1) and out[2] == status and "rocm-smi" in out[1] and out[3] == "LaunchError"
     assert not [c for c in calls if c.name.startswith("hipModule")]
 
 

@@ -362,7 +362,7 @@ def _library(tmp_path: Path, c_source: str) -> bytes:
 def test_link_and_the_room_judge_a_band_library_by_one_rule(tmp_path):
     # the launcher binds an entry and its __module_load: a band exporting only
     # the entry is refused by the room's verdict and by link alike
-    from dsv41_aot.room import library_problems
+    from dsv41_aot.verdict import library_problems
 
     raw = _library(tmp_path, "void k1_entry(void) {}\nextern int not_on_any_host(void);\n"
                              "int k2_entry(void) { return not_on_any_host(); }\n"

@@ -12,7 +12,7 @@ import pytest
 from _smoke import OLD, REPO, run_cli
 
 from dsv41_aot.aot import matrix
-from dsv41_aot.room import folder_name
+from dsv41_aot.manifest import folder_name
 from dsv41_aot.aot.shards import shard
 from dsv41_aot.errors import MatrixError
 from dsv41_aot.facts.releases import NEWEST

@@ -16,7 +16,7 @@ import pytest
 
 from _smoke import REPO, copy_of, run_cli
 from dsv41_aot import source
-from dsv41_aot.room import folder_name
+from dsv41_aot.manifest import folder_name
 
 NEW, LIKE = "0.33.1", "0.33.0"
 

@@ -57,7 +57,7 @@ import _workflow
 from _smoke import SMOKE_RELEASE_KEYS
 from ci import release, stages
 from dsv41_aot.aot.cache import ENV_BUILD_CACHE
-from dsv41_aot.room import folder_name
+from dsv41_aot.manifest import folder_name
 from dsv41_aot.facts.releases import NEWEST
 
 REPO = _workflow.REPO

@@ -306,3 +306,96 @@ def test_fault_table(smoke_dir, tmp_path, fault, kind, loader):
     code, doc = verify_json(d)
     assert code == 0, doc["failures"]
     assert loader_verdict(d, release) == "ok"
+
+
+# ---------------------------------------------------------------- rooms of another vLLM tree
+
+
+def _set_sources(d: Path, digest: str, keys) -> None:
+    """Record ``keys`` of gfx950's room as built from mono sources ``digest`` (a room of two sources records none)."""
+    path = room(d, "gfx950") / "manifest.json"
+    doc = json.loads(path.read_text())
+    for k in keys:
+        doc["entries"][k]["source"]["mono_sources"] = digest
+    digests = {e["source"]["mono_sources"] for e in doc["entries"].values()}
+    doc["mono_sources"] = digests.pop() if len(digests) == 1 else None
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.faults
+def test_proving_a_room_of_another_tree_is_refused_at_once_naming_the_tree(smoke_dir, tmp_path):
+    """Q4 of the fault report at 3f0364f: the stale-proof warning's command
+    (``Room.prove_cmd``) on a room built from another vLLM tree JIT-built
+    every key from the installed vLLM for minutes, then failed each key's
+    launch. It now stops before any JIT build (exit 2), naming the room's
+    mono sources and the options that name its tree."""
+    from dsv41_aot.room import Room
+
+    d = copy_of(smoke_dir, tmp_path / "p")
+    other = "0123456789abcdef"
+    _set_sources(d, other, json.loads((room(d, "gfx950") / "manifest.json").read_text())["entries"])
+    prove = shlex.split(Room(d, "gfx950", NEWEST).prove_cmd)
+    code, out, err = run_cli(*prove[1:], "--key", K1, "--no-progress", check=False)
+    assert code == 2, out + err
+    assert other in err and K1 in err and "--vllm-src" in err and "--matrix" in err, err
+    assert not (room(d, "gfx950") / "verified.json").exists()
+
+
+@pytest.mark.faults
+def test_a_stopped_build_from_another_tree_is_finished_by_verifys_fix(smoke_dir, tmp_path):
+    """Q5 of the fault report at 3f0364f: a build from another tree (here
+    the installed vLLM, named by --vllm-src, over keys of an older tree) was
+    killed after one key. verify's fix rebuilt that one key, the build
+    refused it (two sources, exit 2) and verify printed the same fix again.
+    The fix now builds every key with the stopped build's options, and runs
+    word for word. The keys of the older tree come from a build cache that
+    holds their objects under the new tree's identity (their GPU code did not
+    change), so nothing compiles."""
+    from dsv41_aot import pending, source
+    from dsv41_aot.aot import toolchain
+    from dsv41_aot.aot.cache import COMPILE, BuildCache
+    from dsv41_aot.keys import BuildKey
+    from dsv41_aot.room import Room
+
+    d, cache = copy_of(smoke_dir, tmp_path / "p"), tmp_path / "cache"
+    r = Room(d, "gfx950", NEWEST)
+    entries = r.manifest().entries
+    store = BuildCache(cache, toolchain.find())
+    for k, e in entries.items():
+        store.put(COMPILE, BuildKey.parse(k, NEWEST), entries[K2W].source, (r.arch_dir / e.object).read_bytes(),
+                  export_bytes=e.export_bytes, seconds=1)
+    old = sorted(k for k in entries if k != K2W)
+    _set_sources(d, "0" * 16, old)  # K2W was rebuilt from the new tree before the kill; the rest are the old tree's
+    pending.write(r.arch_dir, {NEWEST: sorted(entries)}, ["--vllm-src", str(source.find().root), "--cache", str(cache)])
+
+    code, doc = verify_json(d)
+    (mixed,) = [f for f in doc["failures"] if f["what"] == "sources"]
+    assert code == 1 and "mixes 2 source identities" in mixed["error"], mixed
+    for command in mixed["fix"].split(" && "):
+        code, out, err = run_cli(*shlex.split(command)[1:], check=False)
+        assert code == 0, f"{mixed['fix']}\n{out}\n{err}"
+    code, doc = verify_json(d)
+    assert code == 0, doc["failures"]
+    assert {e.source for e in Room(d, "gfx950", NEWEST).manifest().entries.values()} == {entries[K2W].source}
+
+
+@pytest.mark.faults
+def test_a_copied_shipped_room_is_restored_by_copying_not_by_reinstalling(smoke_dir, tmp_path, monkeypatch):
+    """Q13 of the fault report at 3f0364f: a shipped room (no objects/) in a
+    folder of its own (a --dir copy, DSV41_AOT_PREBUILT) was told to
+    reinstall the dsv41-aot package, which restores the package's kernels,
+    not that folder. Only the installed package's own kernels are."""
+    from dsv41_aot import room as room_mod
+    from dsv41_aot import verdict
+    from dsv41_aot.room import REINSTALL, Room
+
+    d = copy_of(smoke_dir, tmp_path / "p")
+    for arch in ("gfx950", "gfx942"):
+        shutil.rmtree(d / arch / "objects")
+    flip_band(d, tmp_path)
+    code, doc = verify_json(d)
+    fixes = {f["fix"] for f in doc["failures"] if f["what"] == "band"}
+    assert code == 1 and fixes == {Room(d, "gfx950", NEWEST).fix_restore}, doc["failures"]
+    assert REINSTALL not in fixes.pop() and str(d) in Room(d, "gfx950", NEWEST).fix_restore
+    monkeypatch.setattr(room_mod, "PACKAGED", d.resolve())  # the same room, as the installed package's kernels
+    assert {p.fix for p in verdict.problems(Room(d, "gfx950", NEWEST)) if p.what == "band"} == {REINSTALL}

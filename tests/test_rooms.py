@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from _smoke import REPO, copy_of, run_cli
+from dsv41_aot import verdict
 from dsv41_aot.room import Room
 from dsv41_aot.listing import rooms_of
 
@@ -55,7 +56,7 @@ def test_a_room_of_an_unknown_release_is_never_deleted(smoke_dir, tmp_path):
             for n in named} == named
     # the room itself says what it is, and judges nothing of it
     (room,) = [r for r in rooms_of(arch) if r.release == "0.34.0"]
-    assert not room.known and room.problems() == []
+    assert not room.known and verdict.problems(room) == []
     assert [r.release for r in rooms_of(arch)] == ["0.33.0", "0.34.0"]
 
 
@@ -148,26 +149,30 @@ def test_a_room_relinked_under_a_running_process_says_restart(tmp_path):
     is gone because the room was relinked since it read it. The fix used to
     be link (which found everything up to date); it is now a restart."""
     import dataclasses
+    import lzma
     import os
 
     from _smoke import deployment
 
     from dsv41_aot.errors import IntegrityError
-    from dsv41_aot.linkrecord import LinkRecord
+    from dsv41_aot.linkrecord import LinkRecord, band_file
 
     root = Path(shutil.copytree(deployment("gfx942-tp4"), tmp_path / "prebuilt"))
     running = Room(root, "gfx942", "0.33.0")
     old = running.links().bands[0]  # what the running process read
-    # another process relinks the room: the band gets a new name, libs.json names it
-    new = dataclasses.replace(old, file=old.file.replace(old.file.split(".")[1], "0123456789abcdef"))
-    os.replace(running.lib / old.file, running.lib / new.file)
+    # another process relinks the room: the band gets other bytes and so a new name, libs.json names it
+    data = lzma.compress(running.read_band(old), format=lzma.FORMAT_XZ, preset=0)
+    sha = hashlib.sha256(data).hexdigest()
+    new = dataclasses.replace(old, file=band_file(old.chunk, sha), sha256=sha, bytes=len(data))
+    (running.lib / new.file).write_bytes(data)
+    os.unlink(running.lib / old.file)
     Room(root, "gfx942", "0.33.0").write_links(LinkRecord.of("gfx942", "0.33.0", [new, *running.links().bands[1:]]))
     with pytest.raises(IntegrityError) as e:
         running.read_band(old)
     assert "was relinked after this process read it" in e.value.message and e.value.fix.startswith("restart")
     assert Room(root, "gfx942", "0.33.0").read_band(new)  # a new process serves the new band
-    # a band that is simply missing is still the room's own problem (a wheel's room: reinstalled)
+    # a band that is simply missing is still the room's own problem (a copied wheel's room: copied again)
     (running.lib / new.file).unlink()
     with pytest.raises(IntegrityError) as e:
         Room(root, "gfx942", "0.33.0").read_band(new)
-    assert e.value.message.endswith("is missing") and e.value.fix.startswith("pip install --force-reinstall")
+    assert e.value.message.endswith("is missing") and e.value.fix.startswith(f"copy {root} again")

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, cli, deployment
+from _smoke import REPO, cli, deployment, replace_code_object
 
 from dsv41_aot.room import Room, room_name
 
@@ -96,7 +98,7 @@ def test_an_edited_band_fails_naming_the_key_and_nothing_is_checked(shipped, tmp
     code, doc = _verify("--dir", d, "--against-jit", "--key", key)
     assert code == 1 and doc["jit_checked"] == 0
     (own,) = [f for f in doc["failures"] if f["key"] == key]
-    assert "band" in own["error"] and own["fix"].startswith("pip install --force-reinstall")
+    assert "band" in own["error"] and own["fix"].startswith(f"copy {d} again")
     assert any("asked to check against vLLM's JIT, but no key was checked" in f["error"] for f in doc["failures"])
 
 
@@ -112,6 +114,70 @@ def test_a_shipped_proof_that_is_not_this_runs_is_named_field_by_field(shipped, 
     assert code == 1
     (own,) = [f for f in report["failures"] if f["key"] == key]
     assert own["what"] == "proof" and "evidence.artifact_sha256 (1212121212121212, " in own["error"]
+
+
+@pytest.mark.faults
+def test_a_proof_under_another_flydsl_is_compared_and_a_sample_compares_a_proof(shipped, tmp_path):
+    """Q2 of the fault report at 3f0364f: the room carries one proof, of
+    PICKED[1], labelled FlyDSL 0.5.0 and with a forged artifact digest. A
+    sample of one key (by its seed, PICKED[0], which has no proof) holds a
+    key the room carries a proof of instead, and that proof is compared
+    though this run's FlyDSL is another (the digests do not depend on it)."""
+    d = Path(shutil.copytree(shipped, tmp_path / "relabelled"))
+    path = Room(d, ARCH, RELEASE).verified_path
+    doc = json.loads(path.read_text())
+    proof = doc["keys"][PICKED[1]]
+    proof["jit"]["flydsl_version"] = "0.5.0"
+    proof["evidence"]["artifact_sha256"] = "12" * 32
+    doc["keys"], doc["flydsl"] = {PICKED[1]: proof}, {}
+    path.write_text(json.dumps(doc))
+    code, report = _verify("--dir", d, "--against-jit", "--sample", "1", "--seed", "9")
+    assert code == 1 and report["jit_checked"] == 1, report["failures"]
+    (own,) = [f for f in report["failures"] if f["key"] == PICKED[1]]
+    assert own["what"] == "proof" and "under FlyDSL 0.5.0" in own["error"]
+    assert "evidence.artifact_sha256 (1212121212121212, " in own["error"]
+
+
+def test_record_never_rewrites_another_pythons_pip_installation(shipped, wheel, tmp_path):
+    """Q3 of the fault report at 3f0364f: the wheel installed with ``pip install
+    --target T`` (unpacked with its RECORD beside the package), proven and
+    recorded by this checkout's dsv41-aot: the run prints the record and
+    writes nothing into T."""
+    target = tmp_path / "T"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(target)
+    before = {f: f.read_bytes() for f in target.rglob("*") if f.is_file()}
+    code, doc = _verify("--dir", target / "dsv41_aot" / "kernels_prebuilt", "--against-jit", "--record",
+                        "--key", PICKED[0])
+    assert code == 0, doc["failures"]
+    assert PICKED[0] in doc["recorded"][room_name(ARCH, RELEASE)]["keys"]
+    assert {f: f.read_bytes() for f in target.rglob("*") if f.is_file()} == before
+
+
+@pytest.mark.faults
+def test_a_code_object_the_cached_jit_answer_disagrees_with_is_blamed_not_the_cache(shipped, tmp_path):
+    """Q11 of the fault report at 3f0364f: PICKED[0]'s GPU code object altered
+    in its band (one byte of its code, every digest updated: the offline checks
+    pass). Its JIT answer is in the build cache; the JIT runs again to decide
+    (a cache only saves work), agrees with the cache, and the prebuilt code
+    object is what fails: the cache record is kept and not blamed."""
+    code, _ = _verify("--dir", shipped, "--against-jit", "--key", PICKED[0])  # the JIT answer, now in the cache
+    assert code == 0
+    cache = Path(os.environ["DSV41_AOT_BUILD_CACHE"]) / "v1" / "jit"
+    records = {p: p.read_bytes() for p in cache.rglob("*.json") if json.loads(p.read_bytes())["key"] == PICKED[0]}
+    d = Path(shutil.copytree(shipped, tmp_path / "altered"))
+
+    def flipped(code: bytes, codes) -> bytes:  # one byte of its machine code
+        return code[:len(code) // 2] + bytes([code[len(code) // 2] ^ 1]) + code[len(code) // 2 + 1:]
+
+    replace_code_object(d, ARCH, RELEASE, PICKED[0], flipped)
+    code, report = _verify("--dir", d, "--against-jit", "--key", PICKED[0])
+    assert code == 1
+    (own,) = [f for f in report["failures"] if f["key"] == PICKED[0]]
+    assert own["error"].startswith("GPU code object differs: prebuilt") and own["what"] == "entry"
+    assert not [w for w in report["warnings"] if "cache record" in w], report["warnings"]
+    assert all(p.is_file() and json.loads(p.read_bytes())["sha256"] == json.loads(b)["sha256"]
+               for p, b in records.items()) and records
 
 
 def test_gfx950_tp2_covers_every_launch_vllm_can_ask_for():

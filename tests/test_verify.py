@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -19,14 +20,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, stand_in_entry
+from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, deployment, stand_in_entry
 
-from dsv41_aot import commands, linkrecord, source
+from dsv41_aot import commands, linkrecord, source, verdict
 from dsv41_aot.aot import jit, matrix, verify
-from dsv41_aot.elf import exported_parts
+from dsv41_aot.elf import SHT_DYNAMIC, Elf, exported_parts
 from dsv41_aot.errors import ToolchainError
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, sha256_file
+from dsv41_aot.keys import BuildKey
+from dsv41_aot.manifest import LIB, LIBS_JSON, Manifest, abi_id, sha256_file
 from dsv41_aot.room import Room, room_dir
 
 ALL = sum(map(len, SMOKE_RELEASE_KEYS.values()))  # smoke keys of every release
@@ -73,6 +75,31 @@ def test_against_jit_passes_on_smoke(copy):
     # each compile's own evidence: no two keys (two K2 of one arch and kind included) share a module digest
     assert len(set(modules)) == len(modules) == ALL and None not in modules
     assert not (copy / "gfx950" / jit.VERIFIED).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_the_fix_for_a_proof_that_differs_works_the_first_time(copy):
+    """Q8 of the fault report at 3f0364f: a key's recorded proof carries a
+    forged artifact digest. verify --against-jit fails it and prints a fix;
+    that fix, run once word for word, records this run's proof in its place,
+    names the one it replaced in a warning, and exits 0."""
+    key = "k1@gfx950:s=4,tp=4,r=1"  # its JIT answer is in the session's build cache (smoke_jit)
+    cli("verify", "--dir", copy, "--against-jit", "--record", "--key", key, check=True)
+    path = Room(copy, "gfx950", NEWEST).verified_path
+    doc = json.loads(path.read_text())
+    doc["keys"][key]["evidence"]["artifact_sha256"] = "12" * 32
+    path.write_text(json.dumps(doc))
+    r = cli("verify", "--dir", copy, "--against-jit", "--key", key)
+    assert r.returncode == 1 and "evidence.artifact_sha256 (1212121212121212, " in r.stdout, r.stdout + r.stderr
+    (fix,) = [line[len("fix: "):] for line in r.stderr.splitlines() if line.startswith("fix: ")]
+    argv = shlex.split(fix)
+    assert argv[:2] == ["dsv41-aot", "verify"] and "--record" in argv
+    r = cli(*argv[1:])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{key} (vLLM {NEWEST}): its proof in verified.json differs" in r.stderr
+    assert "replaced by this run's proof" in r.stderr
+    assert Room(copy, "gfx950", NEWEST).proof().keys[key].evidence.artifact_sha256 != "12" * 32
 
 
 @pytest.mark.slow
@@ -319,7 +346,7 @@ def test_an_entry_naming_another_flydsl_than_its_export_fails(copy):
 
 def test_a_mixed_room_left_by_a_stopped_build_carries_its_options(copy):
     """The mixed-source fix carries the options (--matrix, --vllm-src) the
-    arch's unfinished build recorded (N9d)."""
+    arch's unfinished build recorded (N9d), and builds every key with them."""
     from dsv41_aot import pending
 
     man = Room(copy, "gfx942", "0.33.0").manifest()
@@ -327,13 +354,14 @@ def test_a_mixed_room_left_by_a_stopped_build_carries_its_options(copy):
     man.entries[key] = man.entries[key].replace(source=replace(man.entries[key].source, mono_sources="0" * 16))
     man.write()
     matrix_file, tree = copy.parent / "m" / "build_matrix.yaml", copy.parent / "t" / "vllm-0.33.0"
-    tree.mkdir(parents=True)
+    (tree / source.MONO_REL).mkdir(parents=True)  # a vLLM tree: a record naming any other folder is not echoed
     matrix_file.parent.mkdir()
     matrix_file.write_text((REPO / "build_matrix.yaml").read_text())
     opts = ["--matrix", str(matrix_file), "--vllm-src", str(tree)]
     pending.write(copy / "gfx942", {"0.33.0": sorted(man.entries)}, opts)
     (f,) = json.loads(cli("verify", "--dir", copy, "--json").stdout)["failures"]
-    assert f["fix"] == f"dsv41-aot build --release 0.33.0 --out {copy} --key {key} " + " ".join(opts)
+    # every key from the stopped build's tree: those already of it are up to date and kept (Q5)
+    assert f["fix"] == commands.build(copy, release="0.33.0", keys=sorted(man.entries), options=opts)
 
 
 @pytest.mark.faults
@@ -368,7 +396,7 @@ def test_a_record_of_a_stopped_build_that_cannot_be_used_is_named_never_echoed(c
     proc = cli("verify", "--dir", copy, "--json")
     report = json.loads(proc.stdout)
     (w,) = [w for w in report["warnings"] if pending.PENDING in w]
-    assert w.endswith(f"remove it: rm '{arch_dir / pending.PENDING}'"), w
+    assert w.endswith(f"remove it: rm {shlex.quote(str(arch_dir / pending.PENDING))}"), w
     assert not any("9,tp=4" in f for f in report["fixes"]) and "stopped (or is running)" not in " ".join(
         report["warnings"])
     assert pending.asked(arch_dir) == {} and pending.options(arch_dir) == []
@@ -390,6 +418,57 @@ def test_keys_a_stopped_build_did_not_build_are_a_warning_naming_it(copy):
     assert not [w for w in json.loads(cli("verify", "--dir", copy, "--json").stdout)["warnings"] if "stopped" in w]
 
 
+@pytest.fixture
+def shipped_copy(tmp_path) -> Path:
+    """A copy of the shared gfx942 TP4 deployment (one room, no objects) whose path needs quoting in a shell."""
+    return Path(shutil.copytree(deployment("gfx942-tp4"), tmp_path / "it's a copy"))
+
+
+@pytest.mark.faults
+def test_strays_and_a_record_naming_no_vllm_tree_get_fixes_that_run_word_for_word(shipped_copy, tmp_path):
+    """Q15 of the fault report at 3f0364f: a folder in lib/ is called a
+    folder (its fix rm -r); a stopped build's --vllm-src naming a folder that
+    holds no vLLM tree is never echoed into a "finish it" command; and each rm
+    fix is quoted for the shell (the path holds a space and a quote)."""
+    from dsv41_aot import pending
+
+    arch_dir = shipped_copy / "gfx942"
+    (arch_dir / LIB / "sub dir").mkdir()
+    (arch_dir / LIB / "sub dir" / "x").write_text("x\n")
+    (arch_dir / ".left.tmp").write_text("")  # what a killed atomic write leaves
+    # a key the room lacks (TP 8), and a folder that holds no vLLM tree
+    pending.write(arch_dir, {NEWEST: ["k1@gfx942:s=1,tp=8,r=0"]}, ["--any-key", "--vllm-src", str(tmp_path)])
+    proc = cli("verify", "--dir", shipped_copy, "--json")
+    report = json.loads(proc.stdout)
+    (f,) = [f for f in report["failures"] if "sub dir" in (f["file"] or "")]
+    assert proc.returncode == 1 and f"{arch_dir}/{LIB}/sub dir/ is a folder no room names" in f["error"], f
+    (w,) = [w for w in report["warnings"] if pending.PENDING in w]
+    assert f"--vllm-src {str(tmp_path)!r} names no vLLM tree" in w and "finish it" not in str(report["warnings"])
+    fixes = [f["fix"]] + [w.split("remove it: ")[1] for w in report["warnings"] if "remove it: " in w]
+    assert len(fixes) == 3 and fixes[0].startswith("rm -r "), fixes
+    for fix in fixes:
+        subprocess.run(fix, shell=True, check=True)
+    proc = cli("verify", "--dir", shipped_copy, "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["warnings"] == [], proc.stdout
+
+
+@pytest.mark.faults
+def test_a_cache_that_is_a_file_is_no_folder_and_json_carries_every_warning(shipped_copy, tmp_path):
+    """Q15 of the fault report at 3f0364f: --cache <file> said each key's
+    record "does not match its blob", and --json's warnings lacked the
+    recording HIP's, which stderr showed. The JIT worker is stopped as it
+    starts (--key-timeout): only the warnings are looked at, no JIT build."""
+    afile = tmp_path / "afile"
+    afile.write_text("x\n")
+    proc = cli("verify", "--dir", shipped_copy, "--against-jit", "--key", "k1@gfx942:s=3,tp=4,r=0", "--cache", afile,
+               "--key-timeout", "0.01", "--jobs", "1", "--no-progress", "--json")
+    warnings = json.loads(proc.stdout)["warnings"]
+    assert proc.returncode == 1 and f"build cache {afile} is not a folder: nothing is stored there" in warnings[0]
+    assert f"build cache {afile} cannot hold the recording HIP" in warnings[1] and len(warnings) == 2, warnings
+    assert [line for line in proc.stderr.splitlines() if line.startswith("warning: ")] == \
+        [f"warning: {w}" for w in warnings], proc.stderr
+
+
 @pytest.mark.parametrize("room_folder", [False, True])
 def test_a_build_stopped_before_its_manifest_is_finished_by_the_fix(tmp_path, room_folder):
     """No manifest yet (no room folder, or one a killed manifest write left):
@@ -409,39 +488,63 @@ def test_a_build_stopped_before_its_manifest_is_finished_by_the_fix(tmp_path, ro
     assert f"fix: {want}" in proc.stderr, proc.stderr
 
 
-def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = b"band") -> Manifest:
+def code_object(kernel: str) -> bytes:
+    """A stand-in GPU code object: an AMDGPU ELF whose only dynamic symbol is kernel ``kernel``'s descriptor."""
+    import struct
+
+    dynstr, shstr = f"\0{kernel}.kd\0".encode(), b"\0.dynsym\0.dynstr\0.shstrtab\0"
+    dynsym = bytes(24) + struct.pack("<IBBHQQ", 1, 0x11, 0, 1, 0, 64)
+    body = dynsym + dynstr + shstr
+    at = [64, 64 + len(dynsym), 64 + len(dynsym) + len(dynstr)]
+    head = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 224, 1, 0, 0, 64 + len(body), 0,
+                                                                  64, 0, 0, 64, 4, 3)
+    sections = [bytes(64)] + [struct.pack("<IIQQQQIIQQ", name, kind, 0, 0, off, size, link, 0, 1, ent)
+                              for name, kind, off, size, link, ent in ((1, 11, at[0], len(dynsym), 2, 24),
+                                                                       (9, 3, at[1], len(dynstr), 0, 0),
+                                                                       (17, 3, at[2], len(shstr), 0, 0))]
+    return head + body + b"".join(sections)
+
+
+def _room(root: Path, arch: str, release: str, keys: list, band: bytes | None = b"band", kernels=None) -> Manifest:
     """A room whose manifest names ``keys`` (objects/ there, its objects
     absent) and, with ``band``, a libs.json linking them all from one xz band
     in the arch's lib/: a stand-in shared library built by the C compiler
-    with the SONAME link gives a library of those objects and an empty
-    function of each key's entry name (what the room reads from a band),
-    holding ``band`` as a string so that two bands differ."""
+    with the SONAME link gives a library of those objects, an empty
+    function of each key's entry name and a stand-in GPU code object of its
+    kernel, or of ``kernels[key]`` (what the room reads from a band), holding
+    ``band`` as a string so that two bands differ."""
     import lzma
 
     man = Manifest(root / arch, arch, release=release)
     (root / arch / "objects").mkdir(parents=True, exist_ok=True)
+    codes = {}
     for text in keys:
-        man.put(stand_in_entry(text, release, sha256=f"{len(text):064x}"), [])
+        entry = stand_in_entry(text, release, sha256=f"{len(text):064x}")
+        codes[text] = code_object((kernels or {}).get(text, entry["symbol"]))
+        man.put(dict(entry, code_object_sha256=hashlib.sha256(codes[text]).hexdigest()), [])
     man.write()
     if band is not None:
         (root / arch / LIB).mkdir(parents=True, exist_ok=True)
-        name = f"libdsv41_{arch}_{release.replace('.', '_')}.so.xz"
+        chunk = f"libdsv41_{arch}_{release.replace('.', '_')}"
         members = {k: man.entries[k].sha256 for k in keys}
-        so_name = linkrecord.soname(name.split(".")[0], members)
-        src = root / f".{name}.c"
+        so_name = linkrecord.soname(chunk, members)
+        src = root / f".{chunk}.c"
         src.write_text(f"const char dsv41_band_note[] = {json.dumps(band.decode())};\n"
                        + "".join(f"void {man.entries[k].entry}(void) {{}}\nint {man.entries[k].entry}__module_load(int d) "
-                                 f"{{ return d; }}\n" for k in keys))
+                                 f"{{ return d; }}\nconst unsigned char {man.entries[k].entry}__kernels_binary[] = "
+                                 f"{{{', '.join(map(str, codes[k]))}}};\n" for k in keys))
         lib = src.with_suffix(".so")
         subprocess.run(["cc", "-shared", "-fPIC", "-nostdlib", f"-Wl,-soname,{so_name}", "-o", str(lib), str(src)],
                        check=True, capture_output=True)
         raw = lib.read_bytes()
         src.unlink()
         lib.unlink()
-        (root / arch / LIB / name).write_bytes(lzma.compress(raw, format=lzma.FORMAT_XZ))
+        data = lzma.compress(raw, format=lzma.FORMAT_XZ)
+        name = linkrecord.band_file(chunk, hashlib.sha256(data).hexdigest())
+        (root / arch / LIB / name).write_bytes(data)
         doc = {"schema": 2, "arch": arch, "release": release, "libraries": [
-            {"chunk": name.split(".")[0], "file": name, "sha256": sha256_file(root / arch / LIB / name),
-             "bytes": (root / arch / LIB / name).stat().st_size, "raw_sha256": hashlib.sha256(raw).hexdigest(),
+            {"chunk": chunk, "file": name, "sha256": sha256_file(root / arch / LIB / name),
+             "bytes": len(data), "raw_sha256": hashlib.sha256(raw).hexdigest(),
              "raw_bytes": len(raw), "entries": members}]}
         (man.room / LIBS_JSON).write_text(json.dumps(doc))
     return man
@@ -455,7 +558,7 @@ def test_libs_json_is_checked_per_room(tmp_path):
     old = _room(tmp_path, "gfx950", "0.32.0", KEYS, band=b"another band")
 
     def problems(release: str) -> list:
-        return Room(tmp_path, "gfx950", release).problems(objects=False)
+        return verdict.problems(Room(tmp_path, "gfx950", release), objects=False)
 
     assert problems("0.33.0") == problems("0.32.0") == []
     path = old.room / LIBS_JSON
@@ -490,6 +593,20 @@ def test_libs_json_is_checked_per_room(tmp_path):
     path.unlink()
     (f,) = problems("0.32.0")
     assert "missing" in f.message and f.what == "libs"
+
+
+@pytest.mark.faults
+def test_a_band_whose_code_object_lacks_its_kernel_fails_the_rooms_verdict(tmp_path):
+    """Q1 of the fault report at 3f0364f, in a room built here: the band holds
+    the code object the manifest names for a key, but that code object
+    defines another kernel. The room's verdict (verify, the wheel gate, link,
+    doctor) names the key, the band and both kernels; the fix relinks."""
+    other = "_ZN5aiter34dsv41_mono_k1_s4_tp4_r2_tl0_f1_i0E"
+    _room(tmp_path, "gfx950", "0.33.0", KEYS, kernels={KEYS[0]: other})
+    (p,) = verdict.problems(Room(tmp_path, "gfx950", "0.33.0"), objects=False)
+    assert (p.what, p.key, p.serving) == ("band", KEYS[0], True) and p.file.endswith(p.band)
+    assert f"defines kernel {other}, not {BuildKey.parse(KEYS[0], NEWEST).kernel_symbol}" in p.message
+    assert p.fix.startswith("dsv41-aot link")
 
 
 def test_reports_and_failures_carry_the_release(tmp_path):
@@ -626,3 +743,76 @@ def test_an_orphan_object_warning_carries_the_fix_that_removes_it(copy):
     subprocess.run(fix.split(), check=True)
     proc = cli("verify", "--dir", copy, "--json")
     assert proc.returncode == 0 and not [w for w in json.loads(proc.stdout)["warnings"] if orphan.name in w]
+
+
+# ---------------------------------------------------------------- a shipped room, changed where only one check looks
+
+
+def _shipped_room(tmp_path: Path) -> Room:
+    """A writable copy of one room of the shared gfx950 TP4 deployment (vLLM
+    0.32.0: bands and records, no objects/), with the bands it links."""
+    src = Room(deployment("gfx950-tp4"), "gfx950", "0.32.0")
+    room = Room(tmp_path / "prebuilt", "gfx950", "0.32.0")
+    room.dir.mkdir(parents=True)
+    room.lib.mkdir()
+    for f in src.dir.iterdir():
+        shutil.copyfile(f, room.dir / f.name)
+    for band in src.links().bands:
+        shutil.copyfile(src.lib / band.file, room.lib / band.file)
+    return room
+
+
+def _verify_json(root: Path) -> tuple[int, dict, str]:
+    proc = cli("verify", "--dir", root, "--json", "--no-progress")
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+@pytest.mark.faults
+def test_a_shipped_manifest_abi_its_band_s_kernel_does_not_take_fails(tmp_path):
+    """A shipped room's manifest gives a key an ABI (its id recomputed, so the
+    manifest parses) whose int32 slot is int64: only the kernargs of the
+    code object in the key's band can tell (S03), and verify fails naming
+    the key and the slot."""
+    room = _shipped_room(tmp_path)
+    key = "ffn@gfx950:s=1,tp=4,r=0"
+    path = room.dir / "manifest.json"
+    doc = json.loads(path.read_text())
+    abi = [dict(s) for s in doc["abis"][doc["entries"][key]["abi"]]]
+    i = next(i for i, s in enumerate(abi) if s["ctype"] == "int32")
+    abi[i].update(ctype="int64", size=8)
+    doc["abis"][abi_id(abi)] = abi
+    doc["entries"][key]["abi"] = abi_id(abi)
+    path.write_text(json.dumps(doc))
+    code, doc, _ = _verify_json(room.root)
+    assert code == 1, doc["failures"]
+    (f,) = doc["failures"]
+    assert f["key"] == key and f"slot {i} {abi[i]['name']}: ABI int64 (8 bytes), kernarg by_value 4 bytes" in f["error"]
+    assert doc["ok"] == doc["keys"] - 1
+
+
+@pytest.mark.faults
+def test_a_band_whose_dynamic_table_runs_past_its_end_fails_naming_it(tmp_path):
+    """A band (its digests in libs.json made to match) whose library's
+    dynamic table runs past the end of the file: verify fails naming the
+    band and its keys, exit 1, never an internal error (S20)."""
+    import lzma
+    import struct
+
+    room = _shipped_room(tmp_path)
+    path = room.dir / LIBS_JSON
+    doc = json.loads(path.read_text())
+    lib = doc["libraries"][0]
+    raw = bytearray(lzma.decompress((room.lib / lib["file"]).read_bytes()))
+    i = next(i for i, s in enumerate(Elf(bytes(raw)).sections) if s.type == SHT_DYNAMIC)
+    shoff, shentsize = struct.unpack_from("<Q", raw, 40)[0], struct.unpack_from("<H", raw, 58)[0]
+    struct.pack_into("<Q", raw, shoff + i * shentsize + 24, len(raw) - 8)  # its sh_offset: 8 bytes before the end
+    band = lzma.compress(bytes(raw), format=lzma.FORMAT_XZ, preset=0)
+    (room.lib / lib["file"]).write_bytes(band)
+    lib.update(sha256=hashlib.sha256(band).hexdigest(), bytes=len(band), raw_sha256=hashlib.sha256(raw).hexdigest(),
+               raw_bytes=len(raw))
+    path.write_text(json.dumps(doc))
+    code, report, err = _verify_json(room.root)
+    assert code == 1 and "Traceback" not in err, err
+    (f,) = [f for f in report["failures"] if f["file"] == str(room.lib / lib["file"])]
+    assert f["what"] == "band" and f["serving"] and sorted(f["keys"]) == sorted(lib["entries"]), f
+    assert report["ok"] == report["keys"] - len(lib["entries"])

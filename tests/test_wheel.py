@@ -33,7 +33,7 @@ from ci.check_wheel import source_tree  # noqa: E402
 
 
 from dsv41_aot.aot import matrix  # noqa: E402
-from dsv41_aot.room import folder_name
+from dsv41_aot.manifest import folder_name
 
 PY = sys.executable
 ARCHES = ("gfx950", "gfx942")

@@ -26,7 +26,7 @@ from .compiler import source_identity, worker_env
 from ..errors import AotError, OutputDirError
 from ..keys import BuildKey, by_release
 from ..listing import folder_problems
-from ..room import proof_counts
+from ..verdict import proof_counts
 from .lock import arch_lock
 from .output import progress_bar, tally
 from .residency import spill_notes

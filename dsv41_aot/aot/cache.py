@@ -85,9 +85,9 @@ class BuildCache:
     def _cannot_write(self, e: OSError) -> None:
         if self.writable:
             self.writable = False
-            self.warnings.append(f"build cache {self.given} cannot be written ({e.strerror or e}): nothing is stored "
-                                 f"there this run; pass --cache DIR (or set {ENV_BUILD_CACHE}) to a writable folder, "
-                                 f"or --no-cache")
+            why = "is not a folder" if self.given.is_file() else f"cannot be written ({e.strerror or e})"
+            self.warnings.append(f"build cache {self.given} {why}: nothing is stored there this run; pass --cache "
+                                 f"DIR (or set {ENV_BUILD_CACHE}) to a writable folder, or --no-cache")
 
     @staticmethod
     def parts(tools) -> dict:
@@ -108,7 +108,7 @@ class BuildCache:
         try:
             rec = json.loads(path.read_bytes())
             data = (self.root / "blobs" / rec["sha256"]).read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no record (or no cache folder: said once, above)
             return None
         except (ValueError, KeyError, TypeError, OSError):  # torn, foreign or unreadable: never trusted
             rec, data = {}, b""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from .. import elf
 from ..errors import AotError, CompileError, IntegrityError, ManifestError, ResidencyError
 from ..keys import BuildKey
+from ..linkrecord import kernel_problem
 from ..manifest import OBJECTS, Manifest
 from ..room import Room
 from .codeobject import code_object_resources
@@ -74,10 +75,8 @@ class ShippedCode:
         found = self._bands[band.file]
         if isinstance(found, AotError):
             raise type(found)(f"its band cannot be read: {found.message}", fix=found.fix)
-        if entry.code_object_sha256 not in found:
-            raise IntegrityError(f"band {band.file} holds no GPU code object of sha256 "
-                                 f"{entry.code_object_sha256[:16]} (the manifest's for this key)",
-                                 fix=self.room.fix_relink)
+        if why := kernel_problem(found, entry):
+            raise IntegrityError(f"band {band.file} {why}", fix=self.room.fix_relink)
         return found[entry.code_object_sha256]
 
 

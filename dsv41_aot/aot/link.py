@@ -25,9 +25,10 @@ from pathlib import Path
 from .. import commands
 from ..errors import AotError, IntegrityError, ManifestError, ToolchainError
 from ..keys import BuildKey
-from ..manifest import BAND_SUFFIX, Manifest, sha256_file
-from ..linkrecord import Band, LinkRecord, soname
-from ..room import Room, library_problems
+from ..manifest import Manifest, sha256_file
+from ..linkrecord import Band, LinkRecord, band_file, soname
+from ..room import Room
+from ..verdict import band_problems, library_problems
 from ..listing import built_rooms_or_error, folder_problems
 
 XZ_PRESET = 6  # measured: preset 9, extreme and an x86 BCJ filter gain under 1% on these libraries
@@ -58,7 +59,7 @@ def chunk_name(key: BuildKey) -> str:
 
 
 def _check_library(data: bytes, path: str, entries: dict) -> None:
-    """Refuse a library just linked that the room's verdict (``room.library_problems``) would refuse."""
+    """Refuse a library just linked that the room's verdict (``verdict.library_problems``) would refuse."""
     whole, lost = library_problems(data, entries)
     if whole:
         raise AotError(f"{path}: {whole[0]}; the kernel libraries must need nothing but the ROCm host")
@@ -116,7 +117,7 @@ def link_room(arch_dir: Path, release: str, *, linker: str | None = None, log=No
         members = {k: man.entries[k].sha256 for k in keys}
         prev = old.get(chunk)
         # kept only when the room finds nothing wrong with it (the loader's checks)
-        if prev and prev.entries == members and not room.band_problems(prev, man):
+        if prev and prev.entries == members and not band_problems(room, prev, man):
             libraries.append(prev)
             kept += 1
             continue
@@ -160,7 +161,7 @@ def _link_chunk(room: Room, chunk: str, keys: list[str], man: Manifest, members:
         _check_library(raw, chunk, {k: man.entries[k].entry for k in keys})
         band = compress_band(raw)
         digest = hashlib.sha256(band).hexdigest()
-        name = f"{chunk}.{digest[:16]}{BAND_SUFFIX}"
+        name = band_file(chunk, digest)
         final = room.lib / name
         if final.is_symlink() or not final.is_file() or sha256_file(final) != digest:
             staged = Path(tmp) / name

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import AotError
 from ..listing import rooms_in
 from ..proof import VERIFIED
 from ..room import REINSTALL
@@ -17,15 +18,20 @@ from .verify import fixes, verify
 
 
 def installed_kernels(root: Path) -> bool:
-    """Whether ``root`` is the kernels folder of a dsv41-aot installed from a wheel (pip's RECORD lists it)."""
-    from importlib import metadata
+    """Whether pip installed ``root``'s files: a ``*.dist-info/RECORD`` in a folder above it lists them.
 
-    try:
-        dist = metadata.distribution("dsv41-aot")
-    except metadata.PackageNotFoundError:
-        return False
-    files = [f for f in dist.files or () if str(f).startswith("dsv41_aot/kernels_prebuilt/")]
-    return bool(files) and Path(dist.locate_file("dsv41_aot/kernels_prebuilt")).resolve() == Path(root).resolve()
+    Whichever installation it is (this one, another venv's, ``pip install
+    --target``): pip's files are never rewritten."""
+    root = Path(root).resolve()
+    for top in root.parents:
+        inside = "\n" + root.relative_to(top).as_posix() + "/"  # a RECORD line naming a file in root
+        for record in top.glob("*.dist-info/RECORD"):
+            try:
+                if inside in "\n" + record.read_text(errors="replace"):
+                    return True
+            except OSError:  # unreadable: it says nothing
+                pass
+    return False
 
 
 def verify_shipped(*, wheel: Path | None = None, folder: Path | None = None, **kw) -> dict:
@@ -56,13 +62,19 @@ def verify_shipped(*, wheel: Path | None = None, folder: Path | None = None, **k
                         dest.write_bytes(z.read(n))
         else:
             shutil.copytree(folder, root, ignore=shutil.ignore_patterns("__pycache__"))
-        report = verify(root, **kw)
+        shown = f"{Path(wheel).resolve()}!" if wheel is not None else str(Path(folder).resolve())
+        try:
+            report = verify(root, **kw)
+        except AotError as e:  # named by the wheel or folder asked about, never by the scratch copy
+            given, flag = (wheel, "--wheel") if wheel is not None else (folder, "--dir")
+            fix = e.fix if str(root) not in (e.fix or "") else f"ask only for what it holds (dsv41-aot verify {flag} " \
+                                                               f"{given} lists it)"  # a wheel is not built into
+            raise type(e)(e.message.replace(f"{root}/", f"{shown}/").replace(str(root), str(given)), fix=fix) from None
         recorded = {}
         if kw.get("record"):
             for room in rooms_in(root):
                 if room.has(VERIFIED):
                     recorded[room.name] = json.loads(room.proof().to_bytes())
-        shown = f"{Path(wheel).resolve()}!" if wheel is not None else str(Path(folder).resolve())
         report = json.loads(json.dumps(report).replace(str(root.resolve()), shown).replace(str(root), shown))
     report["recorded"] = recorded
     if verdict is not None:

@@ -8,6 +8,7 @@ Debug info is stripped with ``llvm-strip`` from the same LLVM.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 from ..errors import ToolchainError
 from ..facts.flydsl import installed
 from ..manifest import user_cache_dir
+from ..source import assigned
 
 FIX_LLD = "install a ROCm (set ROCM_PATH) or Debian's lld-19 and llvm-19: apt-get install lld-19 llvm-19"
 SHIM_DIR = user_cache_dir() / "rocm"
@@ -83,5 +85,20 @@ def find() -> Toolchain:
             tmp.unlink(missing_ok=True)
             tmp.symlink_to(lld)
             os.replace(tmp, link)
-    return Toolchain(rocm, lld, strip, lld_version, installed().version)
+    return Toolchain(rocm, lld, strip, lld_version, flydsl_version())
+
+
+def flydsl_version() -> str:
+    """The installed FlyDSL's version, once its metadata and the module Python imports agree on it.
+
+    A dist-info of one release in front of another's module would fail every key (exit 1 each)."""
+    have = installed().version
+    spec = importlib.util.find_spec("flydsl")
+    module = assigned(Path(spec.origin), "__version__") if spec is not None and spec.origin else None
+    if spec is None or module not in (None, have):  # None: a __version__ not written as a string, not judged
+        raise ToolchainError(f"FlyDSL's installed metadata says {have}, but " + (
+            f"the flydsl module Python imports ({spec.origin}) is {module}" if spec else "Python finds no flydsl"),
+                             fix=f"reinstall FlyDSL so the two agree: pip install --force-reinstall --no-deps "
+                                 f"flydsl=={have}, and take any other flydsl off sys.path (PYTHONPATH)")
+    return have
 

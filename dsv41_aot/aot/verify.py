@@ -1,7 +1,7 @@
 """``dsv41-aot verify``: check that a prebuilt directory is what vLLM would run.
 
 Every room gets the integrity checks (``aot/integrity.py`` per key, then the
-room's own verdict, ``Room.problems``). ``--against-jit`` also builds the
+room's own verdict, ``verdict.problems``). ``--against-jit`` also builds the
 chosen keys with vLLM's runner and FlyDSL's JIT (``aot/jit.py``) and
 compares their code objects and launches through the recording HIP, the
 stand-in for the AMD GPU (``aot/hiprec``); ``--record`` writes the proofs.
@@ -12,14 +12,15 @@ and failure carries its key's release.
 from __future__ import annotations
 
 import random
+import shlex
 import time
 from pathlib import Path
 
-from .. import commands, pending
-from ..errors import AotError, ManifestError
+from .. import commands, pending, verdict
+from ..errors import AotError, ManifestError, ToolchainError
 from ..keys import BuildKey
 from ..manifest import Manifest
-from ..room import REINSTALL, Room, proof_counts
+from ..room import Room
 from ..listing import built_rooms_or_error, folder_problems, rooms_in
 from ..proof import VERIFIED
 from .integrity import NOT_RESIDENT, KeyReport, ShippedCode, check_entry
@@ -36,13 +37,20 @@ from .output import progress_bar, tally
 PROOF_DIFFERS = f"its proof in {VERIFIED} differs from this JIT run's"
 
 
-def choose_keys(man: Manifest, keys: list[str] | None, sample: int | None, seed: int) -> list[str]:
-    """The keys of this room to rebuild: the named ones, a seeded sample, or all."""
+def choose_keys(man: Manifest, keys: list[str] | None, sample: int | None, seed: int, proven=()) -> list[str]:
+    """The keys of this room to rebuild: the named ones, a seeded sample, or all.
+
+    A sample holds at least one of the ``proven`` keys (those the room
+    carries a proof of), so a sample run always compares a proof."""
     have = sorted(man.entries)
     if keys is not None:
         return [k for k in keys if k in man.entries]
     if sample is not None and sample < len(have):
-        return sorted(random.Random(f"dsv41-aot verify {man.arch} {man.release} {seed}").sample(have, sample))
+        rng = random.Random(f"dsv41-aot verify {man.arch} {man.release} {seed}")
+        picked = rng.sample(have, sample)
+        if proven and not set(picked) & set(proven):
+            picked[-1] = rng.choice(sorted(proven))
+        return sorted(picked)
     return have
 
 
@@ -69,7 +77,14 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
     if matrix_path is not None or matrix.DEFAULT_MATRIX.is_file():
         digests |= matrix.load(matrix_path).releases
     sources = source.release_trees({k.release for k in todo}, digests, trees)
-    store, idents, hits, warned = None, {}, [], []
+    have = {release: tree.digest for release, tree in sources.items()}
+    for k in todo:  # a key of another tree: its launch would be refused after its JIT build
+        if (built := codes[k][0].entries[str(k)].source.mono_sources) != have[k.release]:
+            raise ToolchainError(f"{codes[k][0].path}: {k.describe()} was built from mono sources {built}; the vLLM "
+                                 f"{k.release} tree found ({sources[k.release].root}) has {have[k.release]}, so its "
+                                 f"JIT build cannot prove it", fix=f"pass --vllm-src with the vLLM {k.release} tree "
+                                 f"whose mono sources are {built}, and --matrix with a build matrix recording it")
+    store, idents, hits, warned, doubted = None, {}, [], [], {}  # doubted: key -> its cached code object
     if cache is not None and todo:
         from .compiler import source_identity
 
@@ -83,9 +98,10 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         cached = {k for k, _ in hits}
         todo = [k for k in todo if k not in cached]
         warned += store.say()
-    shipped = {room: _room_proofs(man) for room, man in mans.items()}  # each run's proof is compared with it
+    shipped = {room: _room_proofs(man) for room, man in mans.items()}  # each run's proof is compared with them
+    here = {room: Room(m.dir.parent, m.arch, m.release).built_here for room, m in mans.items()}
     proofs = {room: _room_proofs(man, warned) for room, man in mans.items()} if record else {}
-    hip = hiprec.build(cache=cache) if todo or hits else None
+    hip = hiprec.build(cache=cache, warn=warned.append) if todo or hits else None
     launches: dict = {}  # key -> the prebuilt launch (hiprec.recorded_launch), or what went wrong
     bar = progress_bar(len(todo) + len(hits), "verify --against-jit", "key") if progress and (todo or hits) else None
 
@@ -96,7 +112,10 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         rep.jit_seconds = msg.get("seconds")
         rep.jit_cached = bool(msg.get("cached"))
         if store is not None and msg.get("ok") and not msg.get("cached"):
-            store.put(JIT, key, idents[key.release], Path(msg["code"]).read_bytes(), params=msg["params"],
+            data = Path(msg["code"]).read_bytes()
+            if doubted.get(key, data) != data:  # the cached answer was not the JIT's: the cache was wrong
+                store.reject(JIT, key, idents[key.release], "disagrees with this JIT run's answer")
+            store.put(JIT, key, idents[key.release], data, params=msg["params"],
                       identity=msg.get("identity") or {}, evidence=msg.get("evidence"), seconds=msg.get("seconds"))
         rep.problems += compare_jit(man, str(key), code, msg)
         if "error" not in msg and not isinstance(msg.get("evidence"), dict):
@@ -105,14 +124,19 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
             rep.checks.append("launch")
             rep.problems += _compare_launches(launches.get(key), msg["evidence"].get("launch"), code)
         mine = None
-        if rep.ok:  # this run's proof, compared with the one the room carries under the same FlyDSL
+        if rep.ok:  # this run's proof, compared with each the room carries (under any FlyDSL: KeyProof.differences)
             mine = verified_record(str(key), code, msg.get("identity"), msg["evidence"])
-            theirs = shipped[key.room].get((str(key), mine.flydsl))
-            if theirs is not None:
-                rep.checks.append("proof")
-                if diffs := theirs.differences(mine):
-                    rep.problems.append(f"{PROOF_DIFFERS} (recorded, now): {', '.join(diffs)}")
-                    mine = None
+            theirs = [p for (k, _), p in shipped[key.room].items() if k == str(key)]
+            rep.checks += ["proof"] if theirs else []
+            for p in theirs:
+                if diffs := p.differences(mine):
+                    why = f"{PROOF_DIFFERS} (recorded under FlyDSL {p.flydsl or '?'}, now): {', '.join(diffs)}"
+                    if record and here[key.room]:  # where the fix is this command: this run's proof replaces it
+                        warned.append(f"{key.describe()}: {why}; replaced by this run's proof")
+                        proofs[key.room].pop((str(key), p.flydsl), None)
+                    else:
+                        rep.problems.append(why)
+                        mine = None
         if record:  # a key's proof under this run's FlyDSL; those under other FlyDSL releases are kept
             flydsl = (msg.get("identity") or {}).get("flydsl_version") or ""
             if mine is not None:
@@ -135,8 +159,8 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
                        "identity": rec.get("identity"), "evidence": rec["evidence"],
                        "seconds": rec.get("seconds"), "cached": True}
                 if compare_jit(codes[k][0], str(k), codes[k][1], msg):  # never fail a key on a cached answer
-                    store.reject(JIT, k, idents[k.release], "disagrees with the prebuilt code object")
-                    todo.append(k)  # the JIT runs for real: its answer decides
+                    doubted[k] = data  # the JIT runs for real: its answer decides which side is wrong
+                    todo.append(k)
                     continue
                 on_answer(k, msg)
         if todo:
@@ -203,7 +227,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
         try:
             mans[room] = room.manifest()
         except ManifestError:  # the room's manifest problem (with its fix); its keys cannot be checked
-            lib_failures += [dict(p.as_dict(), release=room.release) for p in room.problems(objects=False)]
+            lib_failures += [dict(p.as_dict(), release=room.release) for p in verdict.problems(room, objects=False)]
     wanted = None if keys is None else set(keys)
     if wanted is not None:
         known = {BuildKey.parse(k, m.release) for m in mans.values() for k in m.entries}
@@ -224,10 +248,10 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                 warnings[p.file] = f"{p.message}: {p.fix}"
         for left in sorted(arch_dir.glob(".*.tmp")) + sorted(arch_dir.glob("*/.*.tmp")):  # a killed atomic write's
             warnings[left] = (f"{left}: a temporary file a killed write left (the file it was for is whole); "
-                              f"remove it: rm '{left}'")
+                              f"remove it: rm {shlex.quote(str(left))}")
         if bad := pending.problem(arch_dir):  # never echoed into a fix, never silently dropped
             warnings[arch_dir / pending.PENDING] = (f"{bad}: its keys are not rebuilt by any printed fix; remove it: "
-                                                   f"rm '{arch_dir / pending.PENDING}'")
+                                                   f"rm {shlex.quote(str(arch_dir / pending.PENDING))}")
         for rel, ks in pending.asked(arch_dir).items():  # a killed build: the keys it did not get to
             built = next((m.entries for m in mans.values() if (m.arch, m.release) == (arch_dir.name, rel)), {})
             if missing := [k for k in ks if k not in built]:
@@ -237,8 +261,8 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                     + pending.command(arch_dir, root.resolve(), rel))
     for room, man in mans.items():
         # the room's one verdict (what the loader refuses); stored objects are checked key by key below
-        for p in room.problems(objects=False, proof=False):
-            keys_ = room.problem_keys(p)
+        for p in verdict.problems(room, objects=False, proof=False):
+            keys_ = verdict.problem_keys(room, p)
             lib_failures.append(dict(p.as_dict(), release=man.release, keys=keys_))
             if p.serving:  # a key counts as ok only when its room serves it too
                 served_bad |= {(man.release, k) for k in keys_}
@@ -249,7 +273,8 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
             reports[parsed[k]], code = check_entry(man, k, shipped)
             codes[parsed[k]] = (man, code)
         if against_jit:
-            picked = choose_keys(man, None if wanted is None else names, sample, seed)
+            proven = {k for k, _ in _room_proofs(man)} if sample is not None else ()
+            picked = choose_keys(man, None if wanted is None else names, sample, seed, proven)
             chosen[room.name] = [parsed[k] for k in picked if codes[parsed[k]][1] is not None]
     if against_jit:
         said = _against_jit(chosen, reports, codes, jobs=jobs, key_timeout=key_timeout, trees=vllm_src,
@@ -263,7 +288,7 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
                                  "fix": f"dsv41-aot verify --dir {root} (its failures name what to fix first)"})
     proofs = []
     for room, man in mans.items():  # after --record wrote them: proof_counts reads verified.json anew
-        counts, bad, warning = proof_counts(root, man)
+        counts, bad, warning = verdict.proof_counts(root, man)
         proofs.append(counts)
         lib_failures += [dict(p.as_dict(), release=man.release) for p in bad]
         if warning:
@@ -298,7 +323,7 @@ def _fix_for(rep: KeyReport, room: Room, what: str) -> tuple[str, bool]:
         return (f"{rep.describe()} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from "
                 f"build_matrix.yaml"), False
     if what == "proof":  # the code is vLLM's: the recorded proof is not this run's
-        return (f"{room.prove_cmd} --key '{rep.key}'" if room.built_here else REINSTALL), False
+        return (f"{room.prove_cmd} --key '{rep.key}'" if room.built_here else room.fix_restore), False
     if not room.built_here:
         return room.fix_reinstall, False
     return commands.build(room.root, release=rep.release, keys=[rep.key]), True  # fixes() gathers them by release

@@ -12,6 +12,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
+from .. import verdict
 from ..errors import AotError, IntegrityError, ManifestError
 from ..facts.releases import version_order
 from ..keys import BuildKey
@@ -59,18 +60,17 @@ def open_wheel(wheel: Path) -> zipfile.ZipFile:
             raise IntegrityError(f"{wheel}: member {name!r} is in the wheel twice (which copy is installed depends "
                                  f"on the installer)", fix=FIX_DOWNLOAD)
         seen.add(name)
-    info = dist_info(seen)
-    if info is None or not {f"{info}/METADATA", f"{info}/WHEEL"} <= seen:
+    found = dist_infos(seen)
+    if len(found) != 1 or not {f"{found[0]}/METADATA", f"{found[0]}/WHEEL"} <= seen:
         z.close()
-        raise AotError(f"{wheel}: not a wheel: no <name>.dist-info/ folder holding METADATA and WHEEL",
-                       fix=FIX_DOWNLOAD)
+        raise AotError(f"{wheel}: not a wheel: it must hold one <name>.dist-info/ folder, with METADATA and WHEEL "
+                       f"(it holds {', '.join(found) or 'none'})", fix=FIX_DOWNLOAD)
     return z
 
 
-def dist_info(names) -> str | None:
-    """The one top-level ``*.dist-info`` folder among a wheel's members, or None."""
-    found = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info") and "/" in n}
-    return found.pop() if len(found) == 1 else None
+def dist_infos(names) -> list[str]:
+    """The top-level ``*.dist-info`` folders among a wheel's members, sorted: a wheel has one."""
+    return sorted({n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info") and "/" in n})
 
 
 def wheel_rooms(z: zipfile.ZipFile) -> list[Room]:
@@ -148,7 +148,7 @@ def kernel_problems(z: zipfile.ZipFile, rooms: list[Room]) -> list[str]:
     for arch, names in sorted(members.items()):
         here = [r for r in rooms if r.arch == arch]  # none for the kernels folder itself
         out += [p.message for p in arch_problems(here, names, PKG + arch if arch else PKG.rstrip("/"), shipped=True)]
-    return out + [p.message for room in rooms for p in room.problems(objects=False)]
+    return out + [p.message for room in rooms for p in verdict.problems(room, objects=False)]
 
 
 def room_summary(room: Room) -> dict | None:
@@ -207,7 +207,7 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
         return out
     with z:
         names = z.namelist()
-        info = dist_info(names)  # open_wheel: one, holding METADATA and WHEEL
+        (info,) = dist_infos(names)  # open_wheel: one, holding METADATA and WHEEL
         problems += record_problems(z, info)
         meta = email.parser.Parser().parsestr(z.read(f"{info}/METADATA").decode(errors="replace"))
         tags = [v for k, v in email.parser.Parser().parsestr(z.read(f"{info}/WHEEL").decode(errors="replace")).items()

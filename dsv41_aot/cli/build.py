@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import commands
 from ..aot.output import print_json, tally
 from ..errors import AotError
-from ..room import proof_counts, proofs_line
+from ..verdict import proof_counts, proofs_line
 from . import add_dir, add_shard_args, add_worker_args
 
 
@@ -22,8 +22,9 @@ def _selected_keys(args) -> tuple:
     if args.any_key and not args.key:
         raise AotError("--any-key lets --key name a key the matrix does not build; without --key it would be ignored",
                        fix="pass --key KEY --any-key, or drop --any-key")
-    if args.key and args.shard:
-        raise AotError("--key and --shard both choose the keys to build", fix="pass one of them")
+    if args.key and (args.shard or args.profile):
+        raise AotError(f"--key and {'--shard' if args.shard else '--profile'} both choose the keys to build",
+                       fix="pass one of them")
     if args.seconds and not args.shard:
         raise AotError("--seconds only balances the shards of --shard (its files' compile seconds cut them)",
                        fix="pass it with --shard i/N, or drop --seconds")
@@ -64,7 +65,11 @@ def _rebuild_options(args) -> list[str]:
 
 
 def cmd_build(args) -> int:
+    from ..aot.workers import check_jobs, check_key_timeout
+
     keys, m = _selected_keys(args)
+    check_jobs(args.jobs)  # the builder's own checks, here for --list too
+    check_key_timeout(args.key_timeout)
     if args.list:
         if args.json:
             print_json(tally(len(keys), len(keys), [], entries=[{"key": str(k), "release": k.release} for k in keys]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..aot.inspection import cta_text, plot, report, summary_lines
 from ..aot.output import print_json, tally
+from ..errors import AotError
 from . import add_dir
 
 
@@ -20,6 +21,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     """Print the residency report; exit 1 when a symbol cannot be resident."""
+    if args.plot is not None and not args.plot.strip():  # never no picture and no word
+        raise AotError("--plot '': an empty file name", fix="pass --plot FILE.png")
     doc = report(args.dir, args.release)
     rows = doc["rows"]
     not_resident = [r for r in rows if not r["resident"]]

@@ -14,7 +14,7 @@ from ..errors import AotError
 from ..facts.releases import NEWEST
 from ..keys import BuildKey
 from ..proof import flydsl_text
-from ..room import proofs_line
+from ..verdict import proofs_line
 from . import add_dir, add_shard_args, add_worker_args
 from .cache import add_args
 
@@ -54,18 +54,6 @@ def run(args) -> int:
     if args.wheel and not Path(args.wheel).is_file():
         raise AotError(f"--wheel {args.wheel}: no such file",
                        fix="pip download --no-deps dsv41-aot, then pass its file")
-    if args.wheel and not args.against_jit:
-        from ..aot.wheel import judge
-
-        r = judge(Path(args.wheel))
-        if args.json:
-            fields = {k: v for k, v in r.items() if k not in ("keys", "failed")}  # tally's own counts
-            print_json(tally(sum(room["keys"] for room in r["rooms"]), sum(room["proven"] for room in r["rooms"]),
-                             [{"key": None, "error": p} for p in r["problems"]]
-                             + [{"key": k, "error": "no proof against vLLM's JIT"} for k in r["unproven"]], **fields))
-        else:
-            print_wheel_report(r)
-        return 1 if r["failed"] else 0
     if args.sample is not None and args.sample < 1:
         raise AotError(f"--sample {args.sample}: must be at least 1", fix="pass --sample N with N >= 1")
     if args.sample is not None and not args.against_jit:
@@ -84,6 +72,22 @@ def run(args) -> int:
                                                shard=args.shard, seconds=args.seconds)
     elif args.profile or args.arch or args.seconds:
         raise AotError("--profile, --arch and --seconds choose a shard's keys", fix="pass them with --shard i/N")
+    if args.wheel and not args.against_jit:  # the whole wheel's verdict: no option that picks keys
+        if picked := next((o for o in ("key", "shard", "release") if getattr(args, o)), None):
+            raise AotError(f"--{picked} picks keys, but verify --wheel without --against-jit judges the whole "
+                           f"wheel: it would be ignored", fix=f"pass --against-jit to prove only those keys, or drop "
+                                                              f"--{picked}")
+        from ..aot.wheel import judge
+
+        r = judge(Path(args.wheel))
+        if args.json:
+            fields = {k: v for k, v in r.items() if k not in ("keys", "failed")}  # tally's own counts
+            print_json(tally(sum(room["keys"] for room in r["rooms"]), sum(room["proven"] for room in r["rooms"]),
+                             [{"key": None, "error": p} for p in r["problems"]]
+                             + [{"key": k, "error": "no proof against vLLM's JIT"} for k in r["unproven"]], **fields))
+        else:
+            print_wheel_report(r)
+        return 1 if r["failed"] else 0
     options = dict(against_jit=args.against_jit, keys=keys, sample=args.sample, seed=args.seed,
                    vllm_src=args.vllm_src or (), progress=args.against_jit and not args.no_progress,
                    jobs=args.jobs, key_timeout=args.key_timeout, record=args.record, release=args.release,

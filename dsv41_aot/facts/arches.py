@@ -21,6 +21,7 @@ class Arch:
     name: str  # the LLVM target, as ARCH / FLYDSL_GPU_ARCH / gcnArchName spell it
     products: str
     gfx_target_version: int  # KFD topology's number for it (sysfs), e.g. 90402
+    gcn_arch_name: str  # what HIP's device properties call it (gcnArchName): the name and its target features
     # --- per CU: the residency of one CTA of a release's persistent grid
     cus: int  # compute units of the smallest product: each CTA of the grid needs one
     lds_bytes: int
@@ -45,10 +46,10 @@ class Arch:
 
 ARCHES: dict[str, Arch] = {a.name: a for a in (
     Arch(
-        "gfx950", "MI355X", 90500, cus=256, lds_bytes=160 * 1024, lds_granule=320 * 4,
+        "gfx950", "MI355X", 90500, "gfx950:sramecc+:xnack-", cus=256, lds_bytes=160 * 1024, lds_granule=320 * 4,
     ),
     Arch(
-        "gfx942", "MI300X / MI325X", 90402, cus=304, lds_bytes=64 * 1024, lds_granule=128 * 4,
+        "gfx942", "MI300X / MI325X", 90402, "gfx942:sramecc+:xnack-", cus=304, lds_bytes=64 * 1024, lds_granule=128 * 4,
         compile_scale=1.6,  # measured: gfx942 compiles about 1.5x gfx950's time
     ),
 )}

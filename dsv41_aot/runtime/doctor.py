@@ -2,7 +2,7 @@
 
 Each check asks the runtime's own judge and never loads a kernel:
 ``host.installed_vllm``, ``decision.decide``, ``rooms.release_of``,
-``hip.Hip.check_version``, ``room.Room.problems`` and, for a deployment,
+``hip.Hip.check_version``, ``verdict.problems`` and, for a deployment,
 ``deployment`` (the rules ``dsv41-aot coverage`` uses).
 """
 
@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import commands
+from .. import commands, verdict
 from ..errors import AotError, HipUnavailableError, HipVersionError
 from ..facts.arches import ARCHES
 from ..deployment import CoverageInputError, compare, counts_text, deployment, held
@@ -220,7 +220,7 @@ def _room(rep: Report, root: Path, arch: str, src, digest: str | None) -> Room |
 
 def _bands(rep: Report, room: Room) -> list:
     """The room's serving problems: every band read and checked, none bound."""
-    problems = [p for p in room.problems(objects=False) if p.serving]
+    problems = [p for p in verdict.problems(room, objects=False) if p.serving]
     try:
         bands = len(room.links().bands)
     except AotError:
@@ -230,7 +230,7 @@ def _bands(rep: Report, room: Room) -> list:
         rep.fail("bands", p.message, p.fix)
     if not problems:
         rep.add("bands", "ok", f"{bands} band(s) of {room.lib} sound (sha256, decompressed, raw sha256, every key's "
-                               f"entry exported); nothing bound")
+                               f"entry exported, its kernel in its code object); nothing bound")
     return problems
 
 
@@ -284,7 +284,7 @@ def _coverage(rep: Report, root: Path, arch: str | None, room: Room | None, src,
             have = set(room.manifest().entries)
     report = compare(dep, have, linked, str(room.dir) if room else "no room")
     try:  # the keys the room's serving problems make the loader refuse
-        refused = {k for p in problems or [] for k in room.problem_keys(p)} if room else set()
+        refused = {k for p in problems or [] for k in verdict.problem_keys(room, p)} if room else set()
     except AotError:  # records it cannot read: its bands line says so, and every key is unlinked
         refused = set()
     bad = set(report["missing"]) | set(report["unlinked"])

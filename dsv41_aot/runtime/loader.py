@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from . import state
-from .. import commands
+from .. import commands, verdict
 from .bands import ENV_CACHE, bind_all  # noqa: F401 (ENV_CACHE re-exported)
 from .host import ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, check_source, resolve_arch, running_vllm  # noqa: F401
 from .launcher import Launcher
@@ -75,7 +75,7 @@ def _new_launcher(key, text: str, arch: str, root: Path, release: str | None) ->
         )
     check_source(text, entry)
     lib = idx.room.links().band_of.get(text)
-    if problem := idx.room.link_problem(text, entry, lib):
+    if problem := verdict.link_problem(idx.room, text, entry, lib):
         raise problem.error()
     with state.current().lock:  # a thread that made it first keeps its Launcher
         launcher = Launcher(text, entry, idx.abi(entry.abi), idx, lib)

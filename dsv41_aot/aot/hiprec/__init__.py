@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import AotError
+from ...facts.arches import ARCHES
 from ...manifest import atomic_write, user_cache_dir
 
 HERE = Path(__file__).resolve().parent
@@ -31,7 +32,7 @@ VERSION_SCRIPT = HERE / "recording_hip.map"
 SONAME = "libamdhip64.so.7"
 CC_FLAGS = ("-O2", "-g0", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror")
 ROCM_6_4_3 = 60443483  # hipRuntimeGetVersion of ROCm 6.4.3, which the loader accepts
-ARCH_NAMES = {"gfx950": "gfx950:sramecc+:xnack-", "gfx942": "gfx942:sramecc+:xnack-"}
+ARCH_NAMES = {a.name: a.gcn_arch_name for a in ARCHES.values()}  # what a device of each reports
 # the fields of a launch compared, in the order a difference is reported
 FIELDS = ("image_sha256", "kernel", "grid", "block", "shared", "stream", "kernarg")
 
@@ -41,13 +42,14 @@ def default_folder(cache: Path | None = None) -> Path:
     return (Path(cache) if cache else user_cache_dir()) / "recording-hip"
 
 
-def build(folder: Path | None = None, *, cache: Path | None = None) -> Path:
+def build(folder: Path | None = None, *, cache: Path | None = None,
+          warn=lambda why: print(f"warning: {why}", file=sys.stderr)) -> Path:
     """The recording HIP's path, compiled with ``cc`` once per source, script and flags.
 
     It is ``folder/<digest>/libamdhip64.so.7``, written atomically: a
     concurrent build renames the same bytes into place. A build cache
     (``cache``) it cannot write is a warning: the user's cache is used
-    instead, as a build cache that cannot be used never fails a command."""
+    instead, as a build cache that cannot be used never fails a command (``warn`` is given why)."""
     digest = hashlib.sha256(SOURCE.read_bytes() + b"\0" + VERSION_SCRIPT.read_bytes() + b"\0"
                             + " ".join(CC_FLAGS).encode()).hexdigest()[:16]
     out = Path(folder or default_folder(cache)) / digest / SONAME
@@ -64,8 +66,8 @@ def build(folder: Path | None = None, *, cache: Path | None = None) -> Path:
         if folder is not None or cache is None:
             raise AotError(f"cannot write the recording HIP into {out.parent} ({e.strerror or e})",
                            fix=f"make {out.parent.parent} writable, or set XDG_CACHE_HOME to a writable folder") from None
-        print(f"warning: build cache {cache} cannot hold the recording HIP ({e.strerror or e}): it is built in "
-              f"{default_folder()} instead", file=sys.stderr)
+        warn(f"build cache {cache} cannot hold the recording HIP ({e.strerror or e}): it is built in "
+             f"{default_folder()} instead")
         return build(default_folder())
     os.close(fd)
     try:
@@ -86,11 +88,13 @@ def env(lib: Path, log: Path | None, *, arch: str = "gfx950", devices: int = 1, 
         capturing: bool = False) -> dict:
     """The environment variables that make ``lib`` a process's HIP.
 
-    The loader finds it by DSV41_AOT_HIP_LIB, FlyDSL's JIT runtime by LD_LIBRARY_PATH."""
+    ``arch`` is each device's, comma-separated (a device past the list is the
+    last one's; "": none named). The loader finds the library by
+    DSV41_AOT_HIP_LIB, FlyDSL's JIT runtime by LD_LIBRARY_PATH."""
     out = {
         "DSV41_AOT_HIP_LIB": str(lib),
         "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(Path(lib).parent), os.environ.get("LD_LIBRARY_PATH")])),
-        "RECORDING_HIP_ARCH": ARCH_NAMES.get(arch, arch),
+        "RECORDING_HIP_ARCH": ",".join(ARCH_NAMES.get(a, a) for a in arch.split(",")),
         "RECORDING_HIP_DEVICES": str(devices),
         "RECORDING_HIP_VERSION": str(version),
         "RECORDING_HIP_CAPTURING": str(int(capturing)),

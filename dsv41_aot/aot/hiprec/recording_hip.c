@@ -15,7 +15,8 @@
  * Told by the environment:
  *   RECORDING_HIP_LOG      file the calls are appended to (none: nothing recorded)
  *   RECORDING_HIP_DEVICES  devices reported (default 1)
- *   RECORDING_HIP_ARCH     gcnArchName in hipDeviceProp (default gfx950:sramecc+:xnack-)
+ *   RECORDING_HIP_ARCH     gcnArchName in hipDeviceProp, one a device, comma-separated (a
+ *                          device past the list: the last; unset: none, no gfx arch named)
  *   RECORDING_HIP_VERSION  hipRuntimeGetVersion (default 60443483: ROCm 6.4.3)
  *   RECORDING_HIP_FAIL     "call=status" or "call=status@n": that call returns
  *                          status (every time, or only its n-th time, 1-based)
@@ -212,10 +213,12 @@ static hipError_t props(const char *call, void *p, int d) {
     snprintf(f, sizeof f, "device=%d", d);
     FAIL_OR(call, f);
     if (d < 0 || d >= device_count()) return done(call, INVALID_DEVICE, f);
-    const char *arch = getenv("RECORDING_HIP_ARCH");
+    const char *arch = getenv("RECORDING_HIP_ARCH"), *comma;
+    if (!arch) arch = "";
+    for (int i = 0; i < d && (comma = strchr(arch, ',')); i++) arch = comma + 1;  /* device d's name */
     memset(p, 0, PROPS_BYTES);
     strcpy((char *)p, "Recording HIP (stand-in for the AMD GPU)");
-    snprintf((char *)p + 1160, 256, "%s", arch && *arch ? arch : "gfx950:sramecc+:xnack-");
+    snprintf((char *)p + 1160, 256, "%.*s", (int)strcspn(arch, ","), arch);
     return done(call, OK, f);
 }
 hipError_t hipGetDevicePropertiesR0600(void *p, int d) { return props("hipGetDevicePropertiesR0600", p, d); }

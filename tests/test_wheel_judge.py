@@ -1,0 +1,327 @@
+"""The wheel's one judge, on variants of one real wheel: each gate's exit code and the member or key it names.
+
+The wheel is built once (``ci/release.py build-wheel``, seconds) from one
+band of the shared gfx942 TP4 deployment, which is sound and every key of
+it proven. Each test rewrites it with zipfile, recomputing RECORD where the
+case is not RECORD's, and runs the gates a user and the release run
+(``dsv41-aot verify --wheel``, ``ci/check_wheel.py``) in this process: no
+compile, no JIT, well under a second or two each.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+from _smoke import REPO, deployment, replace_code_object
+from _smoke import cli as cli_process
+
+from ci import check_wheel
+from ci import prebuilt as gate
+from dsv41_aot import cli
+from dsv41_aot.linkrecord import band_file, soname
+from dsv41_aot.manifest import folder_name
+from dsv41_aot.room import Room
+
+ARCH, RELEASE = "gfx942", "0.33.0"
+PKG = "dsv41_aot/kernels_prebuilt/"
+ROOM = f"{PKG}{ARCH}/{folder_name(RELEASE)}/"
+
+
+@pytest.fixture(scope="module")
+def prebuilt(tmp_path_factory) -> Path:
+    """The shared gfx942 TP4 deployment cut to its smallest band and that band's keys, proofs and all (the
+    wheel's ``--prebuilt``): a sound, proven room whose judging costs a tenth of the whole one's."""
+    d = Path(shutil.copytree(deployment("gfx942-tp4"), tmp_path_factory.mktemp("judge") / "prebuilt"))
+    room = d / ARCH / folder_name(RELEASE)
+    libs = json.loads((room / "libs.json").read_text())
+    keep = min(libs["libraries"], key=lambda lib: lib["raw_bytes"])
+    for lib in libs["libraries"]:
+        if lib is not keep:
+            (d / ARCH / "lib" / lib["file"]).unlink()
+    libs["libraries"] = [keep]
+    (room / "libs.json").write_text(json.dumps(libs))
+    for name, field in (("manifest.json", "entries"), ("verified.json", "keys")):
+        doc = json.loads((room / name).read_text())
+        doc[field] = {k: v for k, v in doc[field].items() if k in keep["entries"]}
+        (room / name).write_text(json.dumps(doc))
+    (room / "timings.json").unlink()
+    return d
+
+
+@pytest.fixture(scope="module")
+def wheel(prebuilt, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheelhouse")
+    r = subprocess.run([sys.executable, "ci/release.py", "build-wheel", prebuilt, out], cwd=REPO, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (w,) = out.glob("*.whl")
+    return w
+
+
+def _variant(wheel: Path, dest: Path, change=None, extra=(), drop=(), record: bool = True) -> Path:
+    """A copy of ``wheel`` under its own name in ``dest``.
+
+    Each member's bytes go through ``change(name, data)``, the members in
+    ``drop`` are left out, the ``extra`` (name, bytes) pairs added (a name
+    given twice is in the wheel twice); RECORD is recomputed from what the
+    copy holds unless ``record`` is False (then it is the wheel's own)."""
+    dest.mkdir()
+    out = dest / wheel.name
+    rows, record_name = [], None
+    with zipfile.ZipFile(wheel) as z, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as w, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # zipfile's "Duplicate name"
+        members = [(i.filename, z.read(i)) for i in z.infolist() if i.filename not in drop]
+        for name, data in members + list(extra):
+            data = change(name, data) if change else data
+            if name.endswith(".dist-info/RECORD"):
+                record_name = name
+                if not record:
+                    w.writestr(name, data)
+                continue
+            w.writestr(name, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            rows.append(f"{name},sha256={digest},{len(data)}")
+        if record:
+            w.writestr(record_name, "\n".join(rows + [f"{record_name},,"]) + "\n")
+    return out
+
+
+def _proofs(change):
+    """A ``change`` for :func:`_variant`: the room's verified.json document through ``change(doc)``."""
+    def rewrite(name, data):
+        if name != ROOM + "verified.json":
+            return data
+        doc = json.loads(data)
+        change(doc)
+        return json.dumps(doc, indent=1, sort_keys=True).encode()
+    return rewrite
+
+
+def _gate(capsys, main, *argv) -> tuple[int, str]:
+    """(exit code, stdout + stderr) of a gate's ``main`` run on ``argv`` in this process."""
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    got = capsys.readouterr()
+    return code, got.out + got.err
+
+
+def _verify(capsys, *argv):
+    return _gate(capsys, cli.main, "verify", *argv)
+
+
+def _check(capsys, *argv):
+    return _gate(capsys, check_wheel.main, "--no-auditwheel", *argv)
+
+
+def test_the_wheel_is_sound_and_proven(wheel, prebuilt, capsys):
+    """The base every variant below changes one thing of."""
+    assert _verify(capsys, "--wheel", wheel)[0] == 0
+    assert _check(capsys, "--require-proofs", "--prebuilt", prebuilt, wheel)[0] == 0
+
+
+# ---------------------------------------------------------------- RECORD and the zip, as pip judges them
+
+
+@pytest.mark.faults
+def test_a_member_edited_to_the_same_size_differs_from_its_record_line(wheel, tmp_path, capsys):
+    """S10: RECORD's sha256 is compared, not only the size."""
+    member = "dsv41_aot/runtime/bands.py"
+    bad = _variant(wheel, tmp_path / "bad", lambda n, d: d.replace(b"import", b"imp0rt", 1) if n == member else d,
+                   record=False)
+    for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
+        assert code == 1 and f"{member} differs from its" in out, out
+
+
+@pytest.mark.faults
+def test_a_member_record_lists_and_the_wheel_lacks_is_named(wheel, tmp_path, capsys):
+    """S11: a file RECORD lists but the wheel does not hold."""
+    member = "dsv41_aot/cli/doctor.py"
+    bad = _variant(wheel, tmp_path / "bad", drop=(member,), record=False)
+    for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
+        assert code == 1 and f"{member} is listed in" in out and "but not in the wheel" in out, out
+
+
+@pytest.mark.faults
+def test_a_member_in_the_wheel_twice_is_named(wheel, tmp_path, capsys):
+    """S13: the same name twice (which copy installs depends on the installer)."""
+    member = ROOM + "manifest.json"
+    with zipfile.ZipFile(wheel) as z:
+        data = z.read(member)
+    bad = _variant(wheel, tmp_path / "bad", extra=[(member, data)])
+    for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
+        assert code == 1 and f"member {member!r} is in the wheel twice" in out, out
+
+
+@pytest.mark.faults
+def test_two_dist_info_folders_are_not_a_wheel(wheel, tmp_path, capsys):
+    """S25: pip refuses a wheel with two .dist-info folders; no gate picks one."""
+    with zipfile.ZipFile(wheel) as z:
+        info = next(n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/WHEEL"))
+        other = [(n.replace(info, "dsv41_aot-0.0.9.dist-info"), z.read(n)) for n in z.namelist()
+                 if n.startswith(info + "/") and not n.endswith("RECORD")]
+    bad = _variant(wheel, tmp_path / "bad", extra=other)
+    for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
+        assert code == 2 and "not a wheel" in out and info in out and "dsv41_aot-0.0.9.dist-info" in out, out
+
+
+# ---------------------------------------------------------------- proofs: a sound wheel whose keys are not all proven
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("how", ["no proof", "no evidence"])
+def test_a_sound_wheel_with_an_unproven_key_fails_naming_it(wheel, prebuilt, tmp_path, capsys, how):
+    """S14, S16, S23: a key without a proof, or whose proof carries no
+    JIT-only evidence, fails ``verify --wheel`` and ``check_wheel.py
+    --require-proofs``; without --require-proofs the script passes it."""
+    key = sorted(json.loads((prebuilt / ARCH / folder_name(RELEASE) / "manifest.json").read_text())["entries"])[0]
+
+    def unprove(doc):
+        if how == "no proof":
+            del doc["keys"][key]
+        else:  # a proof copied without what only a JIT run produces
+            doc["keys"][key]["evidence"] = None
+
+    bad = _variant(wheel, tmp_path / "bad", _proofs(unprove))
+    want = f"{key} (vLLM {RELEASE})" + (": its proof carries no JIT-only evidence" if how == "no evidence" else "")
+    capsys.readouterr()
+    code, doc = cli.main(["verify", "--wheel", str(bad), "--json"]), json.loads(capsys.readouterr().out)
+    assert code == 1 and doc["problems"] == [] and doc["unproven"] == [want], doc
+    code, out = _verify(capsys, "--wheel", bad)
+    assert code == 1 and f"unproven: 1 key(s), e.g. {want}" in out and "29 proven" in out, out
+    code, out = _check(capsys, "--require-proofs", bad)
+    assert code == 1 and want in out, out
+    assert _check(capsys, bad)[0] == 0
+
+
+# ---------------------------------------------------------------- the release's checks: --prebuilt, auditwheel
+
+
+@pytest.mark.faults
+def test_a_wheel_that_differs_from_its_prebuilt_dir_byte_for_byte_is_named(wheel, prebuilt, tmp_path, capsys):
+    """S15: the same files, one of them with other bytes of the same size."""
+    other = Path(shutil.copytree(prebuilt, tmp_path / "other"))
+    path = other / ARCH / folder_name(RELEASE) / "verified.json"
+    path.write_bytes(path.read_bytes().replace(b'"version": 2', b'"version":  2', 1).replace(b"\n}", b"}", 1))
+    code, out = _check(capsys, "--prebuilt", other, wheel)
+    assert code == 1 and f"{ROOM}verified.json differs from {path}" in out, out
+
+
+@pytest.mark.faults
+def test_auditwheel_refuses_a_band_that_needs_an_external_library(prebuilt, tmp_path, capsys):
+    """S17: a band's library that needs a library the host lacks (linked by
+    cc for the case, with the band's own SONAME and libs.json digests) is
+    refused by the audit: only the host's libamdhip64 may be external."""
+    other = Path(shutil.copytree(prebuilt, tmp_path / "other"))
+    path = other / ARCH / folder_name(RELEASE) / "libs.json"
+    doc = json.loads(path.read_text())
+    doc["libraries"] = doc["libraries"][:1]  # one band: auditwheel on one small library
+    band = doc["libraries"][0]
+    ext, so = tmp_path / "libdsv41_ext.so", tmp_path / "band.so"
+    for out, soname_, needs in ((ext, "libdsv41_ext.so.1", []), (so, soname(band["chunk"], band["entries"]), [ext])):
+        r = subprocess.run(["cc", "-shared", "-nostdlib", "-o", out, f"-Wl,-soname,{soname_}", "-Wl,--no-as-needed",
+                            *needs, "-x", "c", "-"], input="int dsv41_case;\n", capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    raw = so.read_bytes()
+    packed = lzma.compress(raw, format=lzma.FORMAT_XZ)
+    (other / ARCH / "lib" / band["file"]).unlink()
+    band.update(sha256=hashlib.sha256(packed).hexdigest(), bytes=len(packed),
+                raw_sha256=hashlib.sha256(raw).hexdigest(), raw_bytes=len(raw))
+    band["file"] = band_file(band["chunk"], band["sha256"])  # link names a band by its bytes
+    (other / ARCH / "lib" / band["file"]).write_bytes(packed)
+    path.write_text(json.dumps(doc))
+    code, out = _gate(capsys, check_wheel.main, "--audit-prebuilt", other)
+    assert code == 1 and "external libraries besides libamdhip64: libdsv41_ext.so.1" in out, out
+
+
+# ---------------------------------------------------------------- a band's code, judged by every reader
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("symbol", ["kept", "the other key's"])
+def test_a_band_holding_another_keys_kernel_is_refused_by_every_reader(wheel, prebuilt, tmp_path, capsys, symbol):
+    """Q1 (S8) of the fault report at 3f0364f: in K's band, K's GPU code object
+    is swapped for another key's of the same size, every digest and the band's
+    name updated. The launcher would ask HIP for K's kernel in it and not find
+    it: verify (folder and wheel), check_wheel.py, the wheel gate and doctor
+    all refuse it, naming K and its band, and verify serves every other key.
+    With K's manifest symbol also made the other key's (so the band does hold
+    the kernel the manifest names), K would launch the other key's kernel:
+    refused the same way, as not K's own kernel."""
+    key, other = "k1@gfx942:s=42,tp=4,r=2,i=1", "k1@gfx942:s=42,tp=4,r=1,i=1"  # code objects of one size
+    d = Path(shutil.copytree(prebuilt, tmp_path / "swapped"))
+    entries = Room(d, ARCH, RELEASE).manifest().entries
+    band = replace_code_object(d, ARCH, RELEASE, key, lambda code, codes: codes[entries[other].code_object_sha256])
+    why = f"not {entries[key].symbol}, the one its manifest names"
+    if symbol != "kept":
+        path = Room(d, ARCH, RELEASE).manifest_path
+        doc = json.loads(path.read_text())
+        doc["entries"][key]["symbol"] = entries[other].symbol
+        path.write_text(json.dumps(doc))
+        why = f"names kernel {entries[other].symbol} for {key}, whose kernel is {entries[key].symbol}"
+    with zipfile.ZipFile(wheel) as z:
+        kernels = [n for n in z.namelist() if n.startswith(PKG)]
+    bad = _variant(wheel, tmp_path / "wheel", drop=kernels, extra=[
+        (PKG + f.relative_to(d).as_posix(), f.read_bytes()) for f in sorted(d.rglob("*")) if f.is_file()])
+    env = {k: v for k, v in os.environ.items() if k not in ("DSV41_AOT_MODE", "DSV41_AOT_DISABLE", "VLLM_PLUGINS")}
+    doctor = cli_process("doctor", env=dict(env, DSV41_AOT_PREBUILT=str(d), DSV41_AOT_ARCH=ARCH))
+    readers = {"verify --dir": _verify(capsys, "--dir", d), "verify --wheel": _verify(capsys, "--wheel", bad),
+               "check_wheel.py": _check(capsys, "--require-proofs", bad), "ci/prebuilt.py": _gate(capsys, gate.main, d),
+               "doctor": (doctor.returncode, doctor.stdout + doctor.stderr)}
+    for reader, (code, out) in readers.items():
+        assert code == 1 and why in out, (reader, out[-3000:])
+        assert key in out and band.name in out and "Traceback" not in out, (reader, out[-3000:])
+    capsys.readouterr()
+    cli.main(["verify", "--dir", str(d), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert {f["key"] for f in doc["failures"]} == {key} and doc["ok"] == doc["keys"] - 1
+
+
+@pytest.mark.faults
+def test_a_band_whose_name_is_not_its_content_hash_is_refused_naming_it(prebuilt, tmp_path, capsys):
+    """Q1 of the fault report at 3f0364f: link names each band by its xz
+    sha256; a band renamed (its record too) is refused, naming the file."""
+    d = Path(shutil.copytree(prebuilt, tmp_path / "renamed"))
+    room = Room(d, ARCH, RELEASE)
+    (band,) = room.links().bands
+    doc = json.loads(room.libs_path.read_text())
+    name = doc["libraries"][0]["file"] = band.file.replace(band.sha256[:16], "0" * 16)
+    room.libs_path.write_text(json.dumps(doc))
+    (room.lib / band.file).rename(room.lib / name)
+    capsys.readouterr()
+    code, report = cli.main(["verify", "--dir", str(d), "--json"]), json.loads(capsys.readouterr().out)
+    assert code == 1 and len(report["failures"]) == len(band.entries) + 1
+    assert all(f"{name}: its name is not {band.file}" in f["error"] for f in report["failures"])
+
+
+# ---------------------------------------------------------------- verify --wheel's options
+
+
+@pytest.mark.parametrize("option", [["--sample", "2"], ["--record"], ["--shard", "0/2"],
+                                    ["--key", "k1@gfx942:s=3,tp=4,r=0"], ["--release", RELEASE]])
+def test_an_option_that_picks_keys_is_refused_without_against_jit(wheel, capsys, option):
+    """Q7: the offline verdict judges the whole wheel; an option it would ignore is bad input, as with --dir."""
+    code, out = _verify(capsys, "--wheel", wheel, *option)
+    assert code == 2 and option[0] in out and "--against-jit" in out and "Traceback" not in out, out
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("option", [["--key", "k1@gfx950:s=4,tp=4,r=1"], ["--release", "0.32.0"],
+                                    ["--shard", "0/2"]])
+def test_keys_the_wheel_does_not_hold_are_named_by_the_wheel(wheel, capsys, option):
+    """Q6: with --against-jit, keys the wheel lacks are bad input naming the
+    wheel, never verify's scratch copy, with no fix that builds into it."""
+    code, out = _verify(capsys, "--wheel", wheel, "--against-jit", "--no-progress", *option)
+    assert code == 2 and (f"{wheel} does not hold" in out or f"{wheel} holds no vLLM 0.32.0" in out), out
+    assert "dsv41-verify-shipped" not in out and "--out" not in out, out
+    assert f"fix: ask only for what it holds (dsv41-aot verify --wheel {wheel} lists it)" in out
