@@ -14,33 +14,27 @@ read a survivor.
     .venv/bin/python bench/mutants.py --sample 40 --seed 1             # a quick estimate
     .venv/bin/python bench/mutants.py --map                            # measure which tests reach which module
 
-It runs in a scratch copy of the checkout (mutmut copies the sources and the
-tests into ``mutants/`` there and mutates that copy); ``--workdir DIR`` keeps
-it, for ``mutmut browse`` / ``mutmut show NAME`` in DIR. Exit 0: no survivor;
-1: survivors; 2: bad input or mutmut could not run.
+It runs in a scratch copy of the checkout; ``--workdir DIR`` keeps it, for
+``mutmut browse`` / ``mutmut show NAME`` in DIR. Exit 0: no survivor; 1:
+survivors; 2: bad input or mutmut could not run.
 
-The tests mostly reach the package through ``python -m dsv41_aot.cli`` in a
-subprocess, which runs the mutant (its cwd is the mutated copy, and it
-inherits mutmut's ``MUTANT_UNDER_TEST``). mutmut's own record of which tests
-reach which function (its stats run) sees only pytest's process, and breaks
-those subprocesses (a mutated function records its call by reading mutmut's
-settings from the cwd, which a subprocess elsewhere does not have). So the
-bench writes that record itself: each function of a module is reached by
-every test of the module, with the seconds each test took on the copy with
-no mutant selected; mutmut runs them fastest first and stops at the first
-failure.
+mutmut's stats run (which tests reach which function) cannot serve these
+tests, which mostly run the CLI in a subprocess: the bench writes that record
+itself, every test of a module for each of its functions (docs/mutation.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import fnmatch
 import json
 import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,8 +52,7 @@ PREBUILT = "DSV41_AOT_TEST_PREBUILT"  # tests/_smoke.py: a built smoke dir, copi
 CAUGHT = {"killed", "timeout"}  # a mutant that hangs the tests is caught too: the run fails
 
 
-def fail(msg: str):
-    """Bad input, or a tool that could not run: exit 2."""
+def fail(msg: str):  # bad input, or a tool that could not run
     print(msg, file=sys.stderr)
     sys.exit(2)
 
@@ -104,7 +97,7 @@ def chosen(args, trust: dict) -> list[str]:
         if len(hits) != 1:
             why = "is not a trust module" if not hits else f"names {len(hits)} of them"
             fail(f"--modules {m} {why}; the trust modules ([tool.dsv41-aot.mutation] in pyproject.toml):\n  "
-                     + "\n  ".join(trust))
+                 + "\n  ".join(trust))
         out += hits
     return sorted(set(out))
 
@@ -173,7 +166,16 @@ def mutmut(work: Path, env: dict, *args: str, expect: str = "") -> None:
         f.write(f"\n$ mutmut {' '.join(args[:8])}{' ...' if len(args) > 8 else ''}\n")
         f.flush()
         before = f.tell()
-        code = subprocess.run([str(MUTMUT), *args], cwd=work, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        # its own process group: a mutant's test that mutmut stops at its time
+        # limit can leave a CLI subprocess behind (a loop that never ends),
+        # which goes with the group when mutmut is done
+        proc = subprocess.Popen([str(MUTMUT), *args], cwd=work, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            code = proc.wait()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     if code and not (expect and expect in log.read_bytes()[before:].decode(errors="replace")):
         tail = log.read_text(errors="replace").splitlines()[-40:]
         fail(f"mutmut {args[0]} failed (exit {code}); the end of {log}:\n" + "\n".join(tail))
@@ -215,40 +217,28 @@ def where(work: Path, name: str, diff: str) -> tuple[str, str]:
     new = [ln[1:] for ln in lines if ln.startswith("+") and not ln.startswith("+++")]
     change = " / ".join(s.strip() for s in old) + "  ->  " + " / ".join(s.strip() for s in new)
     hunk = next((ln for ln in lines if ln.startswith("@@")), None)
-    if not old or not hunk or not (work / path).is_file():
+    source = (work / path).read_text().splitlines() if (work / path).is_file() else []
+    found = [i + 1 for i, s in enumerate(source) if old and s.strip() == old[0].strip()]
+    if not hunk or not found:
         return path, change
     rel = int(hunk.split()[1].lstrip("-").split(",")[0])  # the hunk's first line, in the function
     for ln in lines[lines.index(hunk) + 1:]:
         if ln.startswith("-"):
             break
         rel += ln.startswith(" ")
-    source = (work / path).read_text().splitlines()
     function = name.rsplit("__mutmut_", 1)[0].rsplit(".", 1)[-1].split("ǁ")[-1].removeprefix("x_")
     starts = [min([n.lineno] + [d.lineno for d in n.decorator_list]) for n in ast.walk(ast.parse("\n".join(source)))
               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function]
-    found = [i + 1 for i, s in enumerate(source) if s.strip() == old[0].strip()]
-    if not found:
-        return path, change
     # the line of that text nearest to where the function's text puts it
     guess = [s + rel - 1 for s in starts] or [found[0]]
     line = min(found, key=lambda i: min(abs(i - g) for g in guess))
     return f"{path}:{line}", change
 
 
-def function_bodies(path: Path) -> dict[str, set]:
-    """Each function of a module (``Class.method``) and the lines of its body's statements."""
-    out = {}
-
-    def walk(node, prefix=""):
-        for n in ast.iter_child_nodes(node):
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                body = n.body[1:] if ast.get_docstring(n) is not None and len(n.body) > 1 else n.body
-                out[prefix + n.name] = {s.lineno for b in body for s in ast.walk(b) if isinstance(s, ast.stmt)}
-                walk(n, prefix + n.name + ".")
-            elif isinstance(n, ast.ClassDef):
-                walk(n, prefix + n.name + ".")
-    walk(ast.parse(path.read_text()))
-    return out
+def function_bodies(path: Path) -> list[set]:
+    """The lines of each function's body statements (methods and inner functions too)."""
+    return [{s.lineno for b in n.body for s in ast.walk(b) if isinstance(s, ast.stmt)}
+            for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
 def measure_map(args) -> int:
@@ -270,19 +260,16 @@ def measure_map(args) -> int:
             mine = [i for i in ids if i.split("::")[0] == tf]
             if not mine:
                 continue
-            data = work / (Path(tf).stem + ".coverage")
-            env = dict(os.environ, COVERAGE_FILE=str(data))
-            t0 = time.monotonic()
-            subprocess.run([sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q", "-p",
-                            "no:randomly", "-p", "no:cacheprovider", *mine], cwd=REPO, env=env, capture_output=True)
-            subprocess.run([sys.executable, "-m", "coverage", "combine", f"--rcfile={rc}", "-q"], cwd=REPO, env=env,
-                           capture_output=True)
-            out = work / "cov.json"
-            subprocess.run([sys.executable, "-m", "coverage", "json", f"--rcfile={rc}", "-q", "-o", str(out)],
-                           cwd=REPO, env=env, capture_output=True)
-            ran = {str(Path(k).resolve()): set(v["executed_lines"]) for k, v in json.loads(out.read_text())["files"].items()}
+            env = dict(os.environ, COVERAGE_FILE=str(work / f"{Path(tf).stem}.coverage"))
+            out, t0 = work / "cov.json", time.monotonic()
+            for step in (["run", "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", *mine],
+                         ["combine", "-q"], ["json", "-q", "-o", str(out)]):
+                subprocess.run([sys.executable, "-m", "coverage", step[0], f"--rcfile={rc}", *step[1:]], cwd=REPO,
+                               env=env, capture_output=True)
+            files = json.loads(out.read_text())["files"]
+            ran = {str(Path(k).resolve()): set(v["executed_lines"]) for k, v in files.items()}
             for f in trust:
-                hit = sum(bool(lines & ran.get(str(REPO / f), set())) for lines in bodies[f].values())
+                hit = sum(bool(lines & ran.get(str(REPO / f), set())) for lines in bodies[f])
                 if hit:
                     reach[f][tf] = hit
             print(f"  {tf}: {len(mine)} tests, {time.monotonic() - t0:.0f} s", file=sys.stderr)
@@ -338,14 +325,15 @@ def run(args) -> int:
         jobs = ("--max-children", str(args.jobs))
         stats_file = work / "mutants" / "mutmut-stats.json"
         stats_file.parent.mkdir()
-        stats_file.write_text(json.dumps({"tests_by_mangled_function_name": {}, "duration_by_test": dict.fromkeys(ids, 1.0),
-                                          "stats_time": 0.0}))
+        stats_file.write_text(json.dumps({"tests_by_mangled_function_name": {},
+                                          "duration_by_test": dict.fromkeys(ids, 1.0), "stats_time": 0.0}))
         # a run that selects no mutant makes them all, then stops
         mutmut(work, env, "run", *jobs, "no-mutant-has-this-name", expect="nothing matches")
         names = sorted(statuses(work, env))
         stats = json.loads(stats_file.read_text())
         stats["duration_by_test"] = timings(work, env, ids)
-        stats["tests_by_mangled_function_name"] = {n.rsplit("__mutmut_", 1)[0]: tests_of[module_of(n, files)] for n in names}
+        stats["tests_by_mangled_function_name"] = {n.rsplit("__mutmut_", 1)[0]: tests_of[module_of(n, files)]
+                                                   for n in names}
         stats_file.write_text(json.dumps(stats, indent=1))
         print(f"{len(names)} mutants; the tests take {sum(stats['duration_by_test'].values()):.0f} s with none")
         if args.sample:
@@ -386,7 +374,8 @@ def report(work: Path, env: dict, files: list[str], names: list[str], status: di
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     which = ap.add_mutually_exclusive_group()
-    which.add_argument("--modules", nargs="+", metavar="FILE", help="trust modules to mutate (a path, or its end: elf.py)")
+    which.add_argument("--modules", nargs="+", metavar="FILE",
+                       help="trust modules to mutate (a path, or its end: elf.py)")
     which.add_argument("--changed", nargs="?", const="main", metavar="REV",
                        help="the trust modules `git diff REV` touches (default REV: main)")
     ap.add_argument("--sample", type=int, metavar="N", help="run N mutants drawn at random (a quick estimate)")
