@@ -136,6 +136,15 @@ def smoke_dir(tmp_path_factory) -> Path:
     return out
 
 
+def build_wheel(prebuilt: Path, out: Path) -> Path:
+    """The kernels wheel ``ci/release.py build-wheel`` makes of ``prebuilt`` in ``out`` (seconds, no Docker)."""
+    r = subprocess.run([sys.executable, "ci/release.py", "build-wheel", str(prebuilt), str(out)], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (w,) = Path(out).glob("*.whl")
+    return w
+
+
 def copy_of(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".build.lock"))
     return dst

@@ -19,13 +19,11 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, cli, deployment, replace_code_object
+from _smoke import build_wheel, cli, deployment, replace_code_object
 
 from dsv41_aot.room import Room, room_name
 
@@ -46,12 +44,7 @@ def shipped(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def wheel(shipped, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheelhouse")
-    r = subprocess.run([sys.executable, "ci/release.py", "build-wheel", shipped, out], cwd=REPO, capture_output=True,
-                       text=True)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    (w,) = out.glob("*.whl")
-    return w
+    return build_wheel(shipped, tmp_path_factory.mktemp("wheelhouse"))
 
 
 def _verify(*args) -> tuple[int, dict]:

@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, deployment, replace_code_object
+from _smoke import build_wheel, deployment, replace_code_object
 from _smoke import cli as cli_process
 
 from ci import check_wheel
@@ -61,12 +61,7 @@ def prebuilt(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def wheel(prebuilt, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheelhouse")
-    r = subprocess.run([sys.executable, "ci/release.py", "build-wheel", prebuilt, out], cwd=REPO, capture_output=True,
-                       text=True)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    (w,) = out.glob("*.whl")
-    return w
+    return build_wheel(prebuilt, tmp_path_factory.mktemp("wheelhouse"))
 
 
 def _variant(wheel: Path, dest: Path, change=None, extra=(), drop=(), record: bool = True) -> Path:
