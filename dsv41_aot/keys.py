@@ -24,7 +24,7 @@ from .errors import KeyFormatError
 from .facts import arches as _arches
 from .facts import kinds as _kinds
 from .facts import releases as _releases
-from .manifest import room_name
+from .manifest import entry_name, room_name
 
 RATIOS = (0, 1, 2)  # models/deepseek_v41/attention.py refuses any other ratio
 
@@ -170,9 +170,8 @@ class BuildKey:
 
     @property
     def entry(self) -> str:
-        """The C entry point of the key's exported object: unique, so an arch's keys link together."""
-        s = str(self).replace("@", "_").replace(":", "_").replace(",", "_").replace("=", "")
-        return f"dsv41_{s}"
+        """The C entry point of the key's exported object (``manifest.entry_name``)."""
+        return entry_name(str(self))
 
     @property
     def kernel_symbol(self) -> str:

@@ -139,6 +139,11 @@ class Entry:
         return replace(self, **changes)
 
 
+def entry_name(key: str) -> str:
+    """The C entry point a key's exported object defines: unique, so an arch's keys link together."""
+    return "dsv41_" + key.replace("@", "_").replace(":", "_").replace(",", "_").replace("=", "")
+
+
 # the fields every entry must have: Entry's fields without a default
 REQUIRED = tuple(f.name for f in fields(Entry) if f.default is MISSING and f.default_factory is MISSING)
 
@@ -300,6 +305,9 @@ class Manifest:
                 raise ManifestError(f"{path}: entry {key} names key {e['key']!r} / arch {e['arch']!r}", fix=fix)
             if e["abi"] not in abis:
                 raise ManifestError(f"{path}: entry {key} names unknown ABI {e['abi']}", fix=fix)
+            if e["entry"] != entry_name(key):  # the launcher binds the key by this name: never another key's
+                raise ManifestError(f"{path}: entry {key} names C entry point {e['entry']!r}, not its own "
+                                    f"{entry_name(key)!r}", fix=fix)
             SourceIdentity.parse(e["source"], f"{path}: entry {key}", fix)
             obj = e["object"]  # joined to the arch folder by link and verify: never outside objects/
             if not isinstance(obj, str) or obj.count("/") != 1 or obj.split("/")[0] != OBJECTS \
