@@ -6,9 +6,11 @@ Each shard's ``<arch>/vllm-<release>/`` joins the same room of the output; a
 key's identity is (release, key). Refused, naming the room and key or the
 folder, with nothing written (exit 1):
 
-- a shard's missing or altered object;
-- one key in two shards with a different object or source identity;
-- one room built from several source identities;
+- a room without manifest.json; a shard's missing or altered object, or an
+  entry that does not describe its object (``integrity.key_problems``);
+- one key in two shards with a different object or served source identity
+  (``SourceIdentity.served``: FlyDSL and linker aside, as the loader serves);
+- one room built from several served source identities;
 - when shard plans (ci/build_shard.py) are present: a planned key no shard
   holds, a missing shard, a key its plan did not give its shard, or a
   shard with no plan.
@@ -38,12 +40,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dsv41_aot.errors import AotError, IntegrityError, ManifestError  # noqa: E402
+from dsv41_aot.aot.integrity import key_problems  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED, write_verified  # noqa: E402
 from dsv41_aot.aot.link import link_room  # noqa: E402
 from dsv41_aot.aot.output import error_doc, print_json  # noqa: E402
 from dsv41_aot.facts.releases import version_order  # noqa: E402
 from dsv41_aot.manifest import MANIFEST, OBJECTS, Manifest, room_name  # noqa: E402
-from dsv41_aot.listing import built_rooms  # noqa: E402
+from dsv41_aot.listing import rooms_in  # noqa: E402
 from dsv41_aot.proof import NO_EVIDENCE, PROVEN  # noqa: E402
 from ci.build_shard import PLANS, pairs  # noqa: E402
 
@@ -151,11 +154,12 @@ def _merge_room(arch: str, release: str, rooms: list, held_by: dict, require_ver
         adir, man = r.arch_dir, r.manifest()
         held_by.setdefault(adir, []).extend((release, k) for k in sorted(man.entries))
         timings.update(man.timings)
+        if bad := key_problems(r):  # each entry against its object, as verify judges it
+            raise type(bad[0].error())(f"shard {r.root}: {bad[0].message}", fix=bad[0].fix)
         for key, e in sorted(man.entries.items()):
-            man.check_object(key)
             prev = entries.get(key)
             if prev is not None:
-                if prev.sha256 != e.sha256 or prev.source != e.source:
+                if prev.sha256 != e.sha256 or prev.source.served != e.source.served:
                     what = "object" if prev.sha256 != e.sha256 else "source identity"
                     raise MergeError(
                         f"{key} (vLLM {release}): {origin[key]} and {adir} hold different {what}s "
@@ -165,7 +169,7 @@ def _merge_room(arch: str, release: str, rooms: list, held_by: dict, require_ver
                 continue
             entries[key], origin[key] = e, adir
             abis[e.abi] = man.abis[e.abi]
-            sources.setdefault(e.source, key)
+            sources.setdefault(e.source.served, key)
     if len(sources) > 1:
         ex = sorted(sources.values())
         raise MergeError(f"room {room}: shards built from {len(sources)} source identities (e.g. {ex[0]} from "
@@ -184,7 +188,7 @@ def merge(shards: list[Path], out: Path, *, link: bool = True, log=print, requir
             raise ManifestError(f"shard {s} is not a directory", fix="pass the shard dirs ci/build_shard.py wrote")
     by_room: dict = {}  # (arch, release) -> the shards' rooms of it
     for s in shards:
-        for r in built_rooms(s):
+        for r in rooms_in(s):  # a room whose manifest is gone is refused, never passed over
             by_room.setdefault((r.arch, r.release), []).append(r)
     if not by_room:
         raise ManifestError(f"no shard holds a built room (<arch>/vllm-<release>/{MANIFEST}) in "

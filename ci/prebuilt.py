@@ -6,7 +6,8 @@ folder, room or key and the fix command:
 
 - a missing or empty arch folder, or a room with no entries;
 - a room of a release the build matrix does not build;
-- a room its own verdict (``verdict.problems``) finds unsound;
+- a room its own verdict (``verdict.problems``) finds unsound, or a key
+  whose entry does not describe its code (``integrity.key_problems``);
 - a room whose mono sources digest is not its release's in
   build_matrix.yaml (no installed vLLM of that release could match it);
 - whatever the arch folder's verdict (``listing.folder_problems``) finds:
@@ -29,11 +30,12 @@ if str(ROOT) not in sys.path:
 
 from dsv41_aot import commands, verdict  # noqa: E402
 from dsv41_aot.errors import AotError, ManifestError  # noqa: E402
+from dsv41_aot.aot.integrity import key_problems  # noqa: E402
 from dsv41_aot.aot.jit import VERIFIED  # noqa: E402
 from dsv41_aot.facts.releases import deployed_arches, version_order  # noqa: E402
 from dsv41_aot.manifest import LIB, LIBS_JSON, MANIFEST, folder_name  # noqa: E402
 from dsv41_aot.room import Room  # noqa: E402
-from dsv41_aot.listing import built_arches, built_releases, folder_problems  # noqa: E402
+from dsv41_aot.listing import built_arches, folder_problems, rooms_in, rooms_of  # noqa: E402
 
 
 @dataclass
@@ -83,6 +85,7 @@ def _check_room(root: Path, arch: str, release: str, digests: dict) -> Room:
         raise ManifestError(f"{man.path} has no entries: refusing to build a wheel with an empty room {room.name}",
                             fix=fix)
     refuse(verdict.problems(room), root, f"room {room.name}: ")  # what the loader refuses, missing or altered objects
+    refuse(key_problems(room), root, f"room {room.name}: ")  # each entry against its code, as verify judges it
     source = next(iter(man.entries.values())).source  # one identity: problems() found no "sources" problem
     digest = man.mono_sources
     if digest != digests[release]:
@@ -105,7 +108,7 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
     adir = root / arch
     digests = matrix_digests() if digests is None else digests
     fix = fix_for(root, arch)
-    releases = built_releases(adir) if adir.is_dir() else []
+    releases = [r.release for r in rooms_of(adir) if r.known]  # one without manifest.json too: refused, not skipped
     if not releases:
         have = [d.name for d in built_arches(root)]
         where = f"it holds {', '.join(have)}" if have else "it holds no built arch"
@@ -128,7 +131,7 @@ def check_arch(root: Path, arch: str, digests: dict | None = None) -> ArchConten
 def check_dir(root: Path, arches=None) -> list:
     """Run check_arch on every arch folder of ``root`` (or on ``arches``)."""
     root = Path(root)
-    arches = list(arches or [d.name for d in built_arches(root)])
+    arches = list(arches or sorted({r.arch for r in rooms_in(root)}))
     if not arches:  # the fix builds every arch some release runs on
         raise ManifestError(f"no prebuilt kernels in {root} (no <arch>/vllm-<release>/{MANIFEST})",
                             fix=fix_for(root, deployed_arches()))

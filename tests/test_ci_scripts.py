@@ -5,6 +5,7 @@ cannot be merged."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -227,15 +228,18 @@ def _copy_shards(shards, dest: Path) -> list[Path]:
 def test_merge_refuses_conflicting_entries(built, tmp_path):
     _, whole, _ = built
     copies = [_cut(whole, tmp_path / f"part{i}", i, 2) for i in range(2)]
-    # a second copy of part 1 whose 0.33.0 gfx950 room holds part 0's first key, pointing at another real object
+    # a second copy of part 1 whose 0.33.0 gfx950 room holds part 0's first key with another object: the same
+    # export with a byte appended, which its entry describes (so only the two shards' disagreement is wrong)
     b_root = tmp_path / "conflict"
     shutil.copytree(copies[1], b_root)
     man_a = json.loads((room(copies[0], "gfx950", "0.33.0") / "manifest.json").read_bytes())
     path_b = room(b_root, "gfx950", "0.33.0") / "manifest.json"
     man_b = json.loads(path_b.read_bytes())
     key = sorted(man_a["entries"])[0]
-    other = next(iter(man_b["entries"].values()))
-    man_b["entries"][key] = dict(man_a["entries"][key], **{f: other[f] for f in ("object", "sha256", "bytes")})
+    data = (copies[0] / "gfx950" / man_a["entries"][key]["object"]).read_bytes() + b"\0"
+    sha = hashlib.sha256(data).hexdigest()
+    (b_root / "gfx950" / "objects" / f"{sha}.o").write_bytes(data)
+    man_b["entries"][key] = dict(man_a["entries"][key], object=f"objects/{sha}.o", sha256=sha, bytes=len(data))
     man_b["abis"].update(man_a["abis"])
     path_b.write_text(json.dumps(man_b))
     out = tmp_path / "out"
@@ -287,8 +291,8 @@ def test_merge_refuses_missing_objects_missing_shards_and_mixed_sources(built, t
 
     path = room(copies[3], "gfx942", "0.33.0") / "manifest.json"
     man = json.loads(path.read_bytes())
-    for e in man["entries"].values():
-        e["source"] = dict(e["source"], flydsl_version="0.4.1")
+    for e in man["entries"].values():  # built with other aiter helpers: a source the loader serves apart
+        e["source"] = dict(e["source"], helpers=dict(e["source"]["helpers"], digest="0" * 16))
     path.write_text(json.dumps(man))
     with pytest.raises(IntegrityError, match="2 source identities") as e:
         merge.merge(copies, tmp_path / "o3", log=None)

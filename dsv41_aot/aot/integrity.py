@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import elf
+from .. import commands, elf
 from ..errors import AotError, CompileError, IntegrityError, ManifestError, ResidencyError
 from ..keys import BuildKey
 from ..linkrecord import kernel_problem
 from ..manifest import OBJECTS, Manifest
+from ..proof import VERIFIED
 from ..room import Room
+from ..verdict import Problem
 from .codeobject import code_object_resources
 from .compiler import describe_object
 
@@ -26,6 +28,8 @@ ENTRY_FIELDS = ("kind", "arch", "fields", "symbol", "entry", "object", "sha256",
 NOT_RESIDENT = "cannot be resident"
 # how a key's problem opens when its manifest entry does not describe its own object (link refuses it too)
 ENTRY_DIFFERS = "manifest entry differs from its object's"
+# how a key's problem opens when the room's proof of it is not what a JIT run proves (verify --against-jit)
+PROOF_DIFFERS = f"its proof in {VERIFIED} differs from this JIT run's"
 
 
 @dataclass
@@ -138,6 +142,39 @@ def check_entry(man: Manifest, key: str, shipped: ShippedCode | None = None) -> 
     code = elf.exported_parts(data, described.entry)[1]
     rep.problems += kernarg_problems(abi, code_object_resources(code))  # describe_object does not compare these
     return rep, code
+
+
+def key_problems(room: Room) -> list[Problem]:
+    """Every key of ``room`` whose entry fails :func:`check_entry`, as a Problem naming the key and its fix.
+
+    What verify finds of each key, for the other readers that judge a
+    room as a whole (the wheel gate, merge)."""
+    man = room.manifest()
+    shipped = None if room.built_here else ShippedCode(room)
+    reports = (check_entry(man, key, shipped)[0] for key in sorted(man.entries))
+    return [key_problem(rep, room)[0] for rep in reports if not rep.ok]
+
+
+def key_problem(rep: KeyReport, room: Room) -> tuple[Problem, bool]:
+    """One key's failed checks as a Problem, and whether its fix is the key's rebuild.
+
+    ``what`` is "object" when the stored object is missing or altered (the
+    bands still serve), "proof" when only its proof disagrees with a JIT
+    run, and "entry" when the entry does not describe its code."""
+    what = ("object" if rep.checks == ["sha256"] else  # check_entry stops at a bad object
+            "proof" if all(p.startswith(PROOF_DIFFERS) for p in rep.problems) else "entry")
+    rebuild = False
+    if all(p.startswith(NOT_RESIDENT) for p in rep.problems):
+        fix = (f"{rep.describe()} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from "
+               f"build_matrix.yaml")
+    elif what == "proof":  # the code is vLLM's: the recorded proof is not this run's
+        fix = f"{room.prove_cmd} --key '{rep.key}'" if room.built_here else room.fix_restore
+    elif not room.built_here:
+        fix = room.fix_reinstall
+    else:
+        fix, rebuild = commands.build(room.root, release=rep.release, keys=[rep.key]), True
+    return Problem(what, f"{rep.describe()}: {'; '.join(rep.problems)}", None, fix, key=rep.key,
+                   serving=what == "entry"), rebuild
 
 
 def scalar_slots(abi: list) -> list:

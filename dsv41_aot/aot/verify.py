@@ -22,8 +22,7 @@ from ..keys import BuildKey
 from ..manifest import Manifest
 from ..room import Room
 from ..listing import built_rooms_or_error, folder_problems, rooms_in
-from ..proof import VERIFIED
-from .integrity import NOT_RESIDENT, KeyReport, ShippedCode, check_entry
+from .integrity import PROOF_DIFFERS, KeyReport, ShippedCode, check_entry, key_problem
 from . import hiprec
 from .cache import JIT, BuildCache
 from .hiprec.prebuilt import prebuilt_launches
@@ -32,10 +31,6 @@ from .output import progress_bar, tally
 
 
 # ---------------------------------------------------------------- JIT side
-
-# how a key's problem opens when the room's proof of it is not what this JIT run proves
-PROOF_DIFFERS = f"its proof in {VERIFIED} differs from this JIT run's"
-
 
 def choose_keys(man: Manifest, keys: list[str] | None, sample: int | None, seed: int, proven=()) -> list[str]:
     """The keys of this room to rebuild: the named ones, a seeded sample, or all.
@@ -305,28 +300,9 @@ def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, s
 
 
 def _key_failure(rep: KeyReport, room: Room) -> dict:
-    """The failure of one key's own checks, as a failures-list row.
-
-    ``what`` is "object" when the stored object is missing or altered (the
-    bands still serve), "proof" when only its proof disagrees with the JIT
-    run, and "entry" when the entry does not describe its code."""
-    what = ("object" if rep.checks == ["sha256"] else  # check_entry stops at a bad object
-            "proof" if all(p.startswith(PROOF_DIFFERS) for p in rep.problems) else "entry")
-    fix, rebuild = _fix_for(rep, room, what)
-    return {"key": rep.key, "release": rep.release, "file": None, "error": "; ".join(rep.problems),
-            "fix": fix, "what": what, "serving": what == "entry", "rebuild": rebuild}
-
-
-def _fix_for(rep: KeyReport, room: Room, what: str) -> tuple[str, bool]:
-    """The command that fixes one key's failed checks, and whether it is the key's rebuild."""
-    if all(p.startswith(NOT_RESIDENT) for p in rep.problems):
-        return (f"{rep.describe()} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from "
-                f"build_matrix.yaml"), False
-    if what == "proof":  # the code is vLLM's: the recorded proof is not this run's
-        return (f"{room.prove_cmd} --key '{rep.key}'" if room.built_here else room.fix_restore), False
-    if not room.built_here:
-        return room.fix_reinstall, False
-    return commands.build(room.root, release=rep.release, keys=[rep.key]), True  # fixes() gathers them by release
+    """The failure of one key's own checks (``integrity.key_problem``), as a failures-list row."""
+    p, rebuild = key_problem(rep, room)
+    return dict(p.as_dict(), release=rep.release, error="; ".join(rep.problems), rebuild=rebuild)
 
 
 def fixes(failures: list, root: Path) -> list[str]:
