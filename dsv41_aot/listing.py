@@ -142,6 +142,9 @@ def arch_problems(rooms: list[Room], members: list[str], where: str, *, shipped:
             what, msg = "band", f"{where}/{m} is named by no room's {LIBS_JSON}"
         else:
             what, msg = "file", f"{where}/{m} is a {'folder' if m.endswith('/') else 'file'} no room names"
+            folder = m.split("/")[0]
+            if ROOM_RE.fullmatch(folder) and f"{folder}/{MANIFEST}" not in members:  # the room's records, orphaned
+                msg += f": {where}/{folder}/ has no {MANIFEST}"
         out.append(Problem(what, msg, f"{where}/{m}", fix=fix_band if what == "band" else
                            (remove(m) if remove else ""), serving=False))
     return out

@@ -74,12 +74,12 @@ class Problem:
                 "serving": self.serving}
 
 
-def problems(room: Room, *, objects: bool = True, proof: bool = True) -> list[Problem]:
+def problems(room: Room, *, objects: bool = True, proof: bool = True, bands: bool = True) -> list[Problem]:
     """Every problem of this room; empty for a sound room.
 
-    Always the manifest's, the link record's against it and each band's;
-    ``objects`` the stored objects and ``proof`` verified.json (both
-    builder-only problems)."""
+    Always the manifest's and the link record's against it; ``bands`` each
+    band's (the loader judges a band when it binds it); ``objects`` the
+    stored objects and ``proof`` verified.json (both builder-only problems)."""
     if not room.known:
         return []
     try:
@@ -99,19 +99,21 @@ def problems(room: Room, *, objects: bool = True, proof: bool = True) -> list[Pr
     for key in sorted(set(links.band_of) - set(man.entries)):
         out.append(Problem("link", f"{key} is linked (in {links.band_of[key].file}) but not in {man.path}",
                            str(room.libs_path), room.fix_relink, key=key))
-    for band in links.bands:
+    for band in links.bands if bands else ():
         out += band_problems(room, band, man)
     if objects and room.built_here:
         out += object_problems(room, man)
     return out
 
 
-def band_problems(room: Room, band: Band, man: Manifest) -> list[Problem]:
-    """What is wrong with ``band``: its path, its bytes, what :func:`library_problems` finds of its entries."""
+def band_problems(room: Room, band: Band, man: Manifest, raw: bytes | None = None) -> list[Problem]:
+    """What is wrong with ``band``: its path, its bytes, what :func:`library_problems` finds of its entries.
+
+    ``raw``: the library the caller read from it (``Room.read_band``)."""
     path = str(room.lib / band.file)
     entries = {key: e.entry for key in band.entries if (e := man.entries.get(key))}
     try:
-        raw = room.read_band(band)
+        raw = room.read_band(band) if raw is None else raw
         whole, lost = library_problems(raw, entries)
     except (ManifestError, IntegrityError) as e:
         return [Problem("band", e.message, path, e.fix, band=band.file)]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import hip as _hip
 from . import state
+from .. import verdict
 from .rooms import RoomIndex
 from ..errors import HipUnavailableError, IntegrityError
 from ..linkrecord import Band
@@ -43,6 +44,11 @@ def open_library(idx: RoomIndex, lib: Band) -> ctypes.CDLL:
             if st.hip_version is None:
                 st.hip_version = hip.check_version()
             raw = idx.room.read_band(lib)  # the room's checks: inside lib/, a plain file, sha256, raw sha256
+            # the room's verdict on this band (its exports, each key's code object and kernel): Launcher.bind asks it
+            found = verdict.band_problems(idx.room, lib, idx.manifest, raw)
+            refused = st.band_refused[path] = {p.key: p for p in found}
+            if None in refused:  # the whole library is unsound: never dlopened
+                raise refused[None].error()
             fd = _library_fd(raw, lib)
             del raw  # the memfd holds the library now: a deployment bound at once keeps one copy of each
             try:

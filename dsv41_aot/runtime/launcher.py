@@ -91,6 +91,9 @@ class Launcher:
         if self._lib is not None:
             return
         lib = open_library(self._idx, self._librec)
+        refused = state.current().band_refused.get(self.library, {})
+        if problem := refused.get(None) or refused.get(self.key):  # verdict.band_problems, as verify judges it
+            raise problem.error()
         with state.current().lock:
             if self._lib is not None:
                 return

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from . import state
-from .. import commands, verdict
+from .. import commands
 from .bands import ENV_CACHE, bind_all  # noqa: F401 (ENV_CACHE re-exported)
 from .host import ARCH_RE, ENV_ALLOW_SOURCE, ENV_ARCH, check_source, resolve_arch, running_vllm  # noqa: F401
 from .launcher import Launcher
@@ -74,9 +74,9 @@ def _new_launcher(key, text: str, arch: str, root: Path, release: str | None) ->
             fix=commands.build(root, release=release, keys=[text], link=True),
         )
     check_source(text, entry)
-    lib = idx.room.links().band_of.get(text)
-    if problem := verdict.link_problem(idx.room, text, entry, lib):
+    if problem := idx.refused.get(text):  # verdict.problems: its link, the room's sources
         raise problem.error()
+    lib = idx.room.links().band_of[text]
     with state.current().lock:  # a thread that made it first keeps its Launcher
         launcher = Launcher(text, entry, idx.abi(entry.abi), idx, lib)
         return state.current().launchers.setdefault((root, release, text), launcher)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from . import state
-from .. import commands
+from .. import commands, verdict
 from .abi import Abi
 from .host import ARCH_RE, ENV_ALLOW_SOURCE, FIX_ARCH_NAME, installed_vllm, mismatch_allowed
 from ..manifest import ENV_PREBUILT, MANIFEST, prebuilt_dir
@@ -52,6 +52,13 @@ class RoomIndex:
         # band file -> its path as a string (the Launcher's ``library``, the key of the band's handle)
         self.band_paths = {band.file: str(room.lib / band.file) for band in room.links().bands}
         self.abis: dict = {}
+        # each key the room's verdict refuses to serve -> its first problem (its source, its link; the bands are
+        # judged when bound: bands.open_library)
+        self.refused: dict = {}
+        for p in verdict.problems(room, objects=False, proof=False, bands=False):
+            if p.serving:
+                for key in verdict.problem_keys(room, p):
+                    self.refused.setdefault(key, p)
 
     def abi(self, aid: str) -> Abi:
         """The compiled ABI ``aid`` (``Manifest.parse`` checked that its slots hash to its id)."""
@@ -112,6 +119,7 @@ def _no_room(root: Path, arch: str, release: str, held: list) -> None:
         raise ManifestError(f"{root} is an arch folder (it holds {PREFIX}<release>/{MANIFEST}), not a prebuilt "
                             f"directory", fix=f"point {ENV_PREBUILT} (or prebuilt=) at its parent: "
                                               f"{ENV_PREBUILT}={root.parent}")
+    _lost_manifest(folder, release if held else None)  # with no room at all, any room folder without one
     build = commands.build(root, arch=arch, release=release, link=True)
     if held:
         raise ReleaseMismatchError(
@@ -132,6 +140,13 @@ def _no_room(root: Path, arch: str, release: str, held: list) -> None:
         )
     raise ManifestError(f"no prebuilt kernels for {arch} at {folder} (no vllm-<release>/manifest.json)",
                         fix=f"build them: {build}")
+
+
+def _lost_manifest(folder: Path, release: str | None) -> None:
+    """Raise the verdict on vLLM ``release``'s room folder (None: any) when it is there without its manifest."""
+    for room in rooms_of(folder):
+        if room.known and release in (None, room.release) and not room.manifest_path.is_file():
+            raise verdict.problems(room, objects=False, proof=False)[0].error()
 
 
 def release_of(root: Path, arch: str) -> str:
@@ -169,6 +184,7 @@ def release_of(root: Path, arch: str) -> str:
         else:  # no room of the digest
             if src.version in broken:  # the running release's own room is corrupt: say so, not "no release"
                 raise broken[src.version]
+            _lost_manifest(folder, src.version)
             have = ", ".join(f"vLLM {r} ({mans[r].mono_sources_text()})" for r in held if r in mans) or "none readable"
             msg = (f"running vLLM {src.version} mono sources ({mono}) digest {digest} matches no prebuilt "
                    f"release in {folder}: {have}")

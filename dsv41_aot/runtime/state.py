@@ -28,6 +28,7 @@ class Prebuilt:
         # parsed to pick it, taken over once by rooms.index_of
         self.read_rooms: dict = {}
         self.libraries: dict = {}  # band path -> ctypes.CDLL
+        self.band_refused: dict = {}  # band path -> {key, or None for the whole band: verdict.Problem}, read at bind
         # band path -> the lock its first bind holds, so bands bind concurrently (bands.open_library)
         self.band_locks: dict = {}
         self.band_locks_guard = threading.Lock()  # only around band_locks.setdefault
