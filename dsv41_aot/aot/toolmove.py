@@ -7,21 +7,22 @@ docs/building.md, "Moving to another FlyDSL".
 
 from __future__ import annotations
 
-from ..errors import IntegrityError, ManifestError
+from ..errors import ManifestError
 from ..proof import PROVEN
 from .recover import recovered
 
 
 def moved(m, key, ident) -> bool:
-    """Whether ``key``'s entry differs from ``ident`` (a SourceIdentity) only in toolchain, its object intact."""
+    """Whether ``key``'s entry differs from ``ident`` (a SourceIdentity) only in toolchain, and describes its object.
+
+    The object's own export records the FlyDSL that made it: an entry whose
+    FlyDSL was edited is not a key that moved toolchain."""
     e = m.entries.get(str(key))
     if e is None or e.source == ident or e.source.served != ident.served or recovered(e):
         return False
-    try:
-        m.check_object(str(key))
-    except IntegrityError:
-        return False
-    return True
+    from .integrity import check_entry  # an entry that no longer describes its object is rebuilt, whatever its proof
+
+    return check_entry(m, str(key))[0].ok
 
 
 def proven_under(room, entry, flydsl: str) -> bool:
