@@ -736,6 +736,9 @@ BY_DESIGN = {
     "field manifest.json entries.<key>.kind *": ({"doctor", "loader"}, NOT_SERVED),
     "field manifest.json entries.<key>.resources.* @*": ({"doctor", "loader"}, NOT_SERVED),
     "field manifest.json entries.<key>.code_object_bytes *": ({"doctor", "loader"}, NOT_SERVED),
+    "field manifest.json entries.<key>.source.flydsl_version @built": (
+        {"doctor", "loader"}, NOT_SERVED + "; the FlyDSL that compiled it is not part of the identity they serve "
+                                           "(SourceIdentity.served), but an export records it"),
     "field manifest.json entries.<key>.abi *": ({"link"}, "link refuses only entries that do not describe their "
                                                           "object; an ABI its kernargs disagree with stays verify's"),
     "field manifest.json entries.<key>.source.* @built": ({"build", "link"},
@@ -748,51 +751,29 @@ BY_DESIGN = {
 # lead removes an entry once its fix has merged (bench/faults.py names the
 # entries no case needs any more). "unnamed <reader> <kind> @<form>" patterns
 # excuse only a refusal that does not name the file or key.
-KNOWN_OPEN = {
-    "field manifest.json entries.<key>.code_object_sha256 *": "T6 the loader never looks for a key's code object "
-                                                              "in its band (the offline readers do, since Q1)",
-    "field manifest.json entries.<key>.fields.* @built": "T1 entry vs object: not compared by the gate and merge",
-    "field manifest.json entries.<key>.kind @built": "T1 entry vs object: not compared by the gate and merge",
-    "field manifest.json entries.<key>.symbol *": "T1 T6 the kernel an entry names: not compared by merge and "
-                                                  "the loader (the offline readers do, since Q1)",
-    "field manifest.json entries.<key>.resources.* @built": "T1 entry vs object: not compared by the gate and merge",
-    "field manifest.json entries.<key>.code_object_bytes @built": "T1 entry vs object: not compared by the gate and "
-                                                                  "merge",
-    "field manifest.json entries.<key>.abi *": "T1 entry vs object: not compared by the gate and merge",
-    "field manifest.json entries.<key>.source.flydsl_version @built": "T1 entry vs object: not compared by the gate "
-                                                                      "and merge",
-    "field manifest.json entries.<key>.entry *": "T2 an entry naming another key's export passes the gate and doctor",
-    "field manifest.json entries.<key>.source.linker @built": "T3 merge judges the full source identity",
-    "field manifest.json entries.<key>.source.helpers.* *": "T4 the loader serves a room of mixed source identities",
-    "field manifest.json entries.<key>.source.vllm_version *": "T4 the loader serves a room of mixed source "
-                                                              "identities",
-    "remove manifest.json *": "T5 a room without manifest.json is passed over by the gate and merge",
-}
-DEFECTS = {  # the defects this matrix found (issue 47), beside the fault report's Q1-Q15
-    "T1": "the gate and merge never compare a manifest entry with its object: an entry that no longer describes "
-          "its code (fields, kind, symbol, resources, code object size, ABI, FlyDSL) is shipped and merged; verify, "
-          "build and link refuse it",
-    "T2": "an entry naming another key's entry point exported by the same band passes the gate and doctor (and "
-          "verify of a shipped room); the loader refuses it at bind (metadata ABI)",
-    "T3": "merge refuses a room whose entries differ only in linker (it compares the full SourceIdentity), which "
-          "verify, the gate and the loader serve as one source (SourceIdentity.served)",
-    "T4": "the loader serves a room whose entries mix source identities (aiter helpers, vLLM version): verify, the "
-          "gate and doctor refuse that room as a serving problem (Room.problems 'sources')",
-    "T5": "a room whose manifest.json is gone (its libs.json, verified.json and bands left) is passed over by the "
-          "gate (a whole arch, when it was the arch's only room) and by merge; doctor and the loader then name "
-          "no missing manifest",
-    "T6": "the loader never asks the room's verdict for the key it binds: an entry whose kernel (symbol) or code "
-          "object digest is not its band's is served through the band's compiled-in entry, while verify (and, with "
-          "Q1's fix, the gate and doctor) refuse that room",
+KNOWN_OPEN: dict = {}
+DEFECTS = {  # the defects this matrix found (issue 47), beside the fault report's Q1-Q15; each fixed, as said
+    "T1": "the gate and merge never compared a manifest entry with its object (fields, kind, symbol, resources, "
+          "code object size, ABI, FlyDSL); fixed: both ask integrity.key_problems, verify's judgement of each key",
+    "T2": "an entry naming another key's entry point passed the gate, doctor and verify of a shipped room; fixed: "
+          "Manifest.parse requires each entry's own C entry point (manifest.entry_name)",
+    "T3": "merge compared the full SourceIdentity, refusing entries that differ only in linker; fixed: it compares "
+          "SourceIdentity.served, as every other reader",
+    "T4": "the loader served a room whose entries mix source identities; fixed: RoomIndex asks verdict.problems "
+          "(its bands aside) and refuses the keys it names",
+    "T5": "a room whose manifest.json is gone was passed over by the gate and merge, and doctor, the loader and the "
+          "wheel judge named no missing manifest; fixed: both list every known room folder, the loader raises the "
+          "room's verdict, the wheel judge names the room folder without a manifest",
+    "T6": "the loader never asked the verdict on the band it binds (each key's code object and kernel); fixed: "
+          "bands.open_library runs verdict.band_problems on the bytes it loads, and Launcher.bind refuses its key's",
+    "T7": "the fix build --key kept an entry whose FlyDSL was edited, a proof under this FlyDSL vouching for its code "
+          "object; fixed: toolmove.moved requires the entry to describe its object (integrity.check_entry)",
 }
 
 # the printed fixes that, run word for word, still leave a tree some reader refuses (bench/faults.py --fixes)
 FIX_OPEN = {
     "codeswap band *": "Q1 the rebuild's relink keeps the band, which still holds another key's code object "
                        "(band_problems never looks at code objects); the forged proof must then be proven again",
-    "field manifest.json entries.<key>.source.flydsl_version *":
-        "T7 build --key keeps an entry whose FlyDSL was edited, because a proof under this FlyDSL vouches for its "
-        "code object (toolmove.proven_under), so verify keeps printing the same fix",
 }
 
 NAMES = {"manifest.json": ("manifest",), "verified.json": ("proof", "proven"), "timings.json": ("timings",),

@@ -69,3 +69,45 @@ def test_every_reader_gives_one_verdict_on_a_seeded_sample_of_tamperings(base, t
                 wrong.append(f"{t.name} [built]: {why}")
     summary_lines.append(f"tamper matrix: {fixed} of verify's first fixes (rm, link) run word for word")
     assert not wrong, f"{len(wrong)} of {len(cases)} cases ({replay} replays them):\n\n" + "\n\n".join(wrong)
+
+
+# one case of each defect the matrix found (tests/_tamper.py DEFECTS), in a form where a reader disagreed: the
+# readers that did, and what each must answer now (True: accept)
+DEFECT_CASES = [
+    ("T1", "field manifest.json entries.<key>.fields.tp @ gfx942/vllm-0.33.0/manifest.json", "built",
+     {"gate": False, "merge": False}),
+    ("T2", "field manifest.json entries.<key>.entry @ gfx942/vllm-0.33.0/manifest.json", "shipped",
+     {"gate": False, "doctor": False, "verify --dir": False}),
+    ("T3", "field manifest.json entries.<key>.source.linker @ gfx942/vllm-0.33.0/manifest.json", "built",
+     {"merge": True}),
+    ("T4", "field manifest.json entries.<key>.source.helpers.digest @ gfx942/vllm-0.33.0/manifest.json", "installed",
+     {"loader": False}),
+    ("T5", "remove manifest.json @ gfx942/vllm-0.33.0/manifest.json", "shipped", {"gate": False}),
+    ("T5", "remove manifest.json @ gfx950/vllm-0.32.0/manifest.json", "shipped", {"gate": False}),
+    ("T5", "remove manifest.json @ gfx942/vllm-0.33.0/manifest.json", "wheel", {"check_wheel": False}),
+    ("T5", "remove manifest.json @ gfx950/vllm-0.32.0/manifest.json", "built", {"gate": False, "merge": False}),
+    ("T6", "field manifest.json entries.<key>.code_object_sha256 @ gfx942/vllm-0.33.0/manifest.json", "installed",
+     {"loader": False}),
+    ("T6", "field manifest.json entries.<key>.symbol @ gfx950/vllm-0.33.0/manifest.json", "shipped",
+     {"loader": False}),
+]
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("defect, name, form, now", DEFECT_CASES, ids=[f"{d}-{f}" for d, _, f, _ in DEFECT_CASES])
+def test_each_defect_the_matrix_found_gets_one_verdict(base, tmp_path, defect, name, form, now):
+    (t,) = [t for t in generate(base.built, base.members) if t.name == name]
+    verdict = judge(t, form, run(base, t, form, tmp_path / "case"), QUIET)
+    assert verdict.status in ("agree", "by design"), verdict.line()
+    assert {r: verdict.results[r][0] for r in now} == now, verdict.line()
+
+
+@pytest.mark.slow
+def test_the_fix_for_an_entry_whose_flydsl_was_edited_rebuilds_it(base, tmp_path):
+    """T7: verify's fix, ``build --key``, rebuilds the entry even though a proof under this FlyDSL vouches for its
+    code object: the object's own export says which FlyDSL made it, and the entry no longer does."""
+    name = "field manifest.json entries.<key>.source.flydsl_version @ gfx950/vllm-0.33.0/manifest.json"
+    (t,) = [t for t in generate(base.built, base.members) if t.name == name]
+    refused = run(base, t, "built", tmp_path / "case", ["verify --dir"])
+    assert not refused["verify --dir"][0]
+    assert fix_works(base, t, tmp_path / "fix") is None
