@@ -11,7 +11,8 @@ each refusal that names neither the file nor the key; then
 
     tamperings N, readers M, agree A, disagree D
 
-(A + D cases: a case is one tampering in one form) and the KNOWN_OPEN
+(A + D cases: a case is one tampering in one form; a case in BY_DESIGN,
+whose readers but the excused ones agree, counts as agreed) and the KNOWN_OPEN
 entries no case needs any more. Exit 1 when a case is unexplained, 2 when
 a reader refuses the base itself.
 
@@ -121,10 +122,11 @@ def report(args, tamperings, cases, done, t0, load0) -> int:
             if T.matches({p: 1}, f"{v.tampering.kind} @{v.form}",
                          *(f"unnamed {r} {v.tampering.kind} @{v.form}" for r in v.refused))}
     count = {s: sum(v.status == s for v in differ) for s in ("by design", "known open", "DISAGREE")}
-    print(f"\ntamperings {len(tamperings)}, readers {len(R.READERS)}, agree {len(verdicts) - len(differ)}, "
-          f"disagree {len(differ)}")
-    print(f"  {len(verdicts)} cases (a tampering in one form); of the {len(differ)} disagreements: "
-          f"{count['by design']} by design, {count['known open']} known open, {count['DISAGREE']} unexplained; "
+    agree = sum(v.status in ("agree", "by design") for v in verdicts)  # by design: the readers that count agree
+    print(f"\ntamperings {len(tamperings)}, readers {len(R.READERS)}, agree {agree}, disagree {len(verdicts) - agree}")
+    print(f"  {len(verdicts)} cases (a tampering in one form), {len(differ)} of them with some reader's verdict "
+          f"excused: {count['by design']} by design (BY_DESIGN: the others agree), {count['known open']} known "
+          f"open, {count['DISAGREE']} unexplained; "
           f"{sum(v.status == 'UNNAMED' for v in verdicts)} refusals name neither the file nor the key "
           f"(+{sum(v.status == 'known open' and not v.differ for v in verdicts)} known open); "
           f"{sum(v.status == 'CRASH' for v in verdicts)} tracebacks")

@@ -32,11 +32,22 @@ def band_file(chunk: str, sha256: str) -> str:
     return f"{chunk}.{sha256[:16]}{BAND_SUFFIX}"
 
 
-def kernel_problem(codes: dict, entry) -> str | None:
-    """Why a band holding GPU code objects ``codes`` (sha256 -> bytes) cannot launch manifest ``entry``; else None.
+def kernel_problem(codes: dict, entry, release: str) -> str | None:
+    """Why a band holding GPU code objects ``codes`` (sha256 -> bytes) cannot launch vLLM ``release``'s ``entry``.
 
-    It must hold the entry's code object, defining the kernel the entry
-    names: the one the launcher asks HIP for at the key's first call."""
+    The entry must name its key's own kernel (``BuildKey.kernel_symbol``,
+    what the build writes), and the band must hold the entry's code object,
+    defining that kernel: the one the launcher asks HIP for at the key's
+    first call. None when it can."""
+    from .errors import AotError
+    from .keys import BuildKey
+
+    try:
+        own = BuildKey.parse(entry.key, release).kernel_symbol
+    except AotError as e:
+        return f"cannot name {entry.key}'s own kernel: {e.message}"
+    if entry.symbol != own:
+        return f"serves {entry.key} as kernel {entry.symbol}, not its own {own}: the manifest names another kernel"
     code = codes.get(entry.code_object_sha256)
     if code is None:
         return f"holds no GPU code object of sha256 {entry.code_object_sha256[:16]} (the manifest's for {entry.key})"

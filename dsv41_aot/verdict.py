@@ -125,7 +125,8 @@ def band_problems(room: Room, band: Band, man: Manifest, raw: bytes | None = Non
             for key, what in sorted(lost.items())]
     codes = embedded_code_objects(raw)  # each key's code object must hold its kernel (kernel_problem)
     out += [Problem("band", f"{key} (vLLM {room.release}): {path} {why}", path, room.fix_relink, key=key,
-                    band=band.file) for key in sorted(entries) if (why := kernel_problem(codes, man.entries[key]))]
+                    band=band.file) for key in sorted(entries)
+            if (why := kernel_problem(codes, man.entries[key], room.release))]
     return out
 
 

@@ -770,10 +770,11 @@ DEFECTS = {  # the defects this matrix found (issue 47), beside the fault report
           "object; fixed: toolmove.moved requires the entry to describe its object (integrity.check_entry)",
 }
 
-# the printed fixes that, run word for word, still leave a tree some reader refuses (bench/faults.py --fixes)
+# the printed fixes that, run word for word, still leave a tree some reader refuses (bench/faults.py --fixes), and why
 FIX_OPEN = {
-    "codeswap band *": "Q1 the rebuild's relink keeps the band, which still holds another key's code object "
-                       "(band_problems never looks at code objects); the forged proof must then be proven again",
+    "codeswap band *": "Q1, as it must: the rebuild restores the key's own code object, so the proof forged for "
+                       "the swapped one no longer matches it and the release gate (merge --require-verified) waits "
+                       "for a JIT proof (verify --against-jit --record --key K), which --fixes does not run",
 }
 
 NAMES = {"manifest.json": ("manifest",), "verified.json": ("proof", "proven"), "timings.json": ("timings",),

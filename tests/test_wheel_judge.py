@@ -243,16 +243,27 @@ def test_auditwheel_refuses_a_band_that_needs_an_external_library(prebuilt, tmp_
 
 
 @pytest.mark.faults
-def test_a_band_holding_another_keys_kernel_is_refused_by_every_reader(wheel, prebuilt, tmp_path, capsys):
+@pytest.mark.parametrize("symbol_too", [False, True], ids=["code object", "code object and symbol"])
+def test_a_band_holding_another_keys_kernel_is_refused_by_every_reader(wheel, prebuilt, tmp_path, capsys,
+                                                                       symbol_too):
     """Q1 (S8) of the fault report at 3f0364f: in K's band, K's GPU code object
     is swapped for another key's of the same size, every digest and the band's
     name updated. The launcher would ask HIP for K's kernel in it and not find
     it: verify (folder and wheel), check_wheel.py, the wheel gate and doctor
-    all refuse it, naming K and its band, and verify serves every other key."""
+    all refuse it, naming K and its band, and verify serves every other key.
+    With K's manifest entry naming the other key's kernel too, they refuse
+    it as a kernel that is not K's own (``BuildKey.kernel_symbol``)."""
     key, other = "k1@gfx942:s=42,tp=4,r=2,i=1", "k1@gfx942:s=42,tp=4,r=1,i=1"  # code objects of one size
     d = Path(shutil.copytree(prebuilt, tmp_path / "swapped"))
     entries = Room(d, ARCH, RELEASE).manifest().entries
     band = replace_code_object(d, ARCH, RELEASE, key, lambda code, codes: codes[entries[other].code_object_sha256])
+    said = f"not {entries[key].symbol}, the one its manifest names"
+    if symbol_too:
+        path = d / ARCH / folder_name(RELEASE) / "manifest.json"
+        doc = json.loads(path.read_text())
+        doc["entries"][key]["symbol"] = entries[other].symbol
+        path.write_text(json.dumps(doc))
+        said = f"as kernel {entries[other].symbol}, not its own {entries[key].symbol}"
     with zipfile.ZipFile(wheel) as z:
         kernels = [n for n in z.namelist() if n.startswith(PKG)]
     bad = _variant(wheel, tmp_path / "wheel", drop=kernels, extra=[
@@ -263,7 +274,7 @@ def test_a_band_holding_another_keys_kernel_is_refused_by_every_reader(wheel, pr
                "check_wheel.py": _check(capsys, "--require-proofs", bad), "ci/prebuilt.py": _gate(capsys, gate.main, d),
                "doctor": (doctor.returncode, doctor.stdout + doctor.stderr)}
     for reader, (code, out) in readers.items():
-        assert code == 1 and f"not {entries[key].symbol}, the one its manifest names" in out, (reader, out[-3000:])
+        assert code == 1 and said in out, (reader, out[-3000:])
         assert key in out and band.name in out and "Traceback" not in out, (reader, out[-3000:])
     capsys.readouterr()
     cli.main(["verify", "--dir", str(d), "--json"])

@@ -79,7 +79,7 @@ class ShippedCode:
         found = self._bands[band.file]
         if isinstance(found, AotError):
             raise type(found)(f"its band cannot be read: {found.message}", fix=found.fix)
-        if why := kernel_problem(found, entry):
+        if why := kernel_problem(found, entry, self.room.release):
             raise IntegrityError(f"band {band.file} {why}", fix=self.room.fix_relink)
         return found[entry.code_object_sha256]
 
