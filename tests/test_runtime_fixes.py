@@ -1,0 +1,57 @@
+"""Each refusal of the runtime's host checks carries the command that fixes it.
+
+Mutation testing (bench/mutants.py on runtime/host.py) found these fixes
+could be dropped with every test still passing: an operator would then read
+what is wrong and not what to do. Each test meets one refusal as a serving
+process would and checks the fix names the variable or install it takes.
+No GPU: the device's arch is the one thing stood in for (``device_arch``).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from dsv41_aot.errors import HipUnavailableError, ManifestError, SourceMismatchError
+from dsv41_aot.runtime import host, state
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """A process's empty runtime state, with neither the arch nor a source mismatch allowed by the environment."""
+    for var in (host.ENV_ARCH, host.ENV_ALLOW_SOURCE):
+        monkeypatch.delenv(var, raising=False)
+    with state.fresh() as st:
+        yield st
+
+
+def test_an_arch_that_is_no_gfx_name_is_refused_naming_how_to_name_one(fresh):
+    with pytest.raises(ManifestError) as e:
+        host.resolve_arch("sm_90")
+    assert e.value.fix == host.FIX_ARCH_NAME and f"{host.ENV_ARCH}=gfx950" in e.value.fix
+
+
+def test_no_device_to_read_the_arch_from_names_the_variable_that_sets_it(fresh, monkeypatch):
+    monkeypatch.setattr(fresh, "device_arch", lambda: None)  # stands in for a host without an AMD GPU
+    with pytest.raises(HipUnavailableError) as e:
+        host.resolve_arch()
+    assert f"{host.ENV_ARCH}=gfx950" in (e.value.fix or "")
+
+
+def test_an_unreadable_vllm_tree_is_refused_with_its_repair_and_the_way_around_it(fresh):
+    src = SimpleNamespace(version="0.33.0")
+    fresh.installed_digest = (None, src, "/site/vllm/models/deepseek_v41/amd/mono", PermissionError("denied"))
+    with pytest.raises(SourceMismatchError) as e:
+        host.installed_vllm()
+    assert "pip install --force-reinstall vllm" in (e.value.fix or "")
+    assert f"{host.ENV_ALLOW_SOURCE}=1" in e.value.fix
+
+
+def test_kernels_of_other_mono_sources_are_refused_naming_the_vllm_they_were_built_from(fresh):
+    src = SimpleNamespace(version="0.33.0")
+    fresh.installed_digest = ("a" * 16, src, "/site/vllm/models/deepseek_v41/amd/mono", None)
+    entry = SimpleNamespace(source=SimpleNamespace(mono_sources="b" * 16, vllm_version="0.32.0"))
+    with pytest.raises(SourceMismatchError) as e:
+        host.check_source("k1@gfx950:s=4,tp=4,r=1", entry)
+    assert "vllm==0.32.0" in (e.value.fix or "") and f"{host.ENV_ALLOW_SOURCE}=1" in e.value.fix
