@@ -1,4 +1,4 @@
-"""Each refusal of the runtime's host checks carries the command that fixes it.
+"""Each refusal of the runtime's host checks carries the command that fixes it, and checks the vLLM it should.
 
 Mutation testing (bench/mutants.py on runtime/host.py) found these fixes
 could be dropped with every test still passing: an operator would then read
@@ -55,3 +55,45 @@ def test_kernels_of_other_mono_sources_are_refused_naming_the_vllm_they_were_bui
     with pytest.raises(SourceMismatchError) as e:
         host.check_source("k1@gfx950:s=4,tp=4,r=1", entry)
     assert "vllm==0.32.0" in (e.value.fix or "") and f"{host.ENV_ALLOW_SOURCE}=1" in e.value.fix
+
+
+def test_the_tree_the_runner_names_is_the_one_checked_until_it_is_forgotten(fresh, tmp_path):
+    """The plugin names the mono package of the runner it patched: its digest, tree and folder are what every key
+    is checked against (and the room picked anew), until it names none and the installed vLLM is found again."""
+    import shutil
+
+    from dsv41_aot import source
+
+    installed = source.find()
+    mono = tmp_path / "tree" / source.MONO_REL
+    shutil.copytree(installed.mono_dir, mono, ignore=shutil.ignore_patterns("__pycache__"))
+    (mono / "layer.py").write_text((mono / "layer.py").read_text() + "\n# a local edit\n")
+    fresh.picked[(tmp_path, "gfx950")] = "0.33.0"
+    host.running_vllm(mono)
+    assert fresh.picked == {}
+    digest, src, where = host.installed_vllm()
+    assert digest == source.mono_digest(mono) != installed.digest
+    assert src.root == tmp_path / "tree" and where == str(mono)
+    host.running_vllm(None)
+    assert host.installed_vllm()[0] == installed.digest
+
+
+def test_no_vllm_is_no_answer_to_compare_but_a_failing_search_is_refused(fresh, monkeypatch):
+    from dsv41_aot import source
+    from dsv41_aot.errors import ToolchainError
+
+    def nothing(*a, **k):
+        raise ToolchainError("no vllm here")
+
+    monkeypatch.setattr(source, "find", nothing)
+    assert host.installed_vllm() == (None, None, None)
+
+    def broken(*a, **k):
+        raise RuntimeError("a broken site-packages")
+
+    with state.fresh():
+        monkeypatch.setattr(source, "find", broken)
+        with pytest.raises(SourceMismatchError, match="a broken site-packages"):
+            host.installed_vllm()
+        monkeypatch.setenv(host.ENV_ALLOW_SOURCE, "1")
+        assert host.installed_vllm() == (None, None, "vllm")
