@@ -1,0 +1,68 @@
+"""The ELF reader at the edges real bands and code objects rarely reach.
+
+Built here byte by byte (the smallest files the reader accepts), so each
+edge is exact: a section that ends where the file ends, a note whose name
+fills its 4-byte alignment, a GPU code object that ends where its host
+library ends. An off-by-one at any of them would refuse a sound file or read
+past a truncated one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import pytest
+
+from dsv41_aot.elf import EM_AMDGPU, SHT_NOTE, Elf, ElfError, embedded_code_objects
+
+SHT_PROGBITS = 1
+
+
+def elf_file(sections: list[tuple[int, bytes]], machine: int = 62, headers_last: bool = False) -> bytes:
+    """An ELF64 little-endian file of ``sections`` ((type, bytes), after the null section).
+
+    Its section header table follows its header, so the last section ends
+    where the file ends; ``headers_last`` puts the table at the end instead,
+    where ld.lld writes it."""
+    body = b"".join(data for _, data in sections)
+    table = 64 + len(body) if headers_last else 64
+    at = 64 if headers_last else 64 + 64 * (len(sections) + 1)
+    heads = [bytes(64)]
+    for kind, data in sections:
+        heads.append(struct.pack("<IIQQQQIIQQ", 0, kind, 0, 0, at, len(data), 0, 0, 1, 0))
+        at += len(data)
+    ident = b"\x7fELF\x02\x01\x01" + bytes(9)
+    head = ident + struct.pack("<HHIQQQIHHHHHH", 3, machine, 1, 0, 0, table, 0, 64, 0, 0, 64, len(heads), 0)
+    return head + (body + b"".join(heads) if headers_last else b"".join(heads) + body)
+
+
+def test_a_section_that_ends_where_the_file_ends_is_read_whole():
+    data = elf_file([(SHT_PROGBITS, b"kernels!")])
+    elf = Elf(data)
+    assert elf.section_bytes(elf.sections[1]) == b"kernels!"
+    cut = Elf(data[:-1])  # one byte short: the section runs past the end
+    with pytest.raises(ElfError, match="runs past the end"):
+        cut.section_bytes(cut.sections[1])
+
+
+@pytest.mark.parametrize("name", [b"AMDGPU\0", b"AMDGP\0", b"AMDGPU.\0"], ids=["7 bytes", "6 bytes", "8 bytes"])
+def test_notes_are_read_at_their_4_byte_alignment_whatever_their_names_length(name):
+    def note(ntype: int, desc: bytes, name: bytes = name) -> bytes:
+        pad = lambda b: b + bytes(-len(b) % 4)  # noqa: E731
+        return struct.pack("<III", len(name), len(desc), ntype) + pad(name) + pad(desc)
+
+    # a description of 4 bytes needs no padding; the last note, a bare 12-byte header, ends where the section does
+    elf = Elf(elf_file([(SHT_NOTE, note(32, b"four") + note(33, b"second!") + note(34, b"", b""))]))
+    text = name.rstrip(b"\0").decode()
+    assert list(elf.notes()) == [(text, 32, b"four"), (text, 33, b"second!"), ("", 34, b"")]
+
+
+def test_a_gpu_code_object_ending_where_its_library_ends_is_found_and_a_cut_one_is_not():
+    code = elf_file([(SHT_PROGBITS, b"isa")], machine=EM_AMDGPU, headers_last=True)
+    host = elf_file([(SHT_PROGBITS, b"host")])
+    found = embedded_code_objects(host + code)
+    assert found == {hashlib.sha256(code).hexdigest(): code}
+    # the code object's section header table is its last part: one byte short, it is no whole code object
+    assert embedded_code_objects(host + code[:-1]) == {}
+    assert embedded_code_objects(host + code + code) == {hashlib.sha256(code).hexdigest(): code}
