@@ -304,6 +304,14 @@ def run(args) -> int:
         env = {k: v for k, v in os.environ.items() if k not in ("MUTANT_UNDER_TEST", "DSV41_AOT_TEST_FAST", PREBUILT)}
         if prebuilt:
             env[PREBUILT] = str(Path(prebuilt).resolve())
+        # the full deployments, found beside this checkout: the copy has no ../shared, so their tests would skip
+        # (and every mutant they check survive)
+        sys.path.insert(0, str(REPO / "tests"))
+        from _smoke import DEPLOYMENTS
+
+        for _, var, folder, _ in DEPLOYMENTS.values():
+            if var not in env and folder.is_dir():
+                env[var] = str(folder)
         test_files = sorted({t for f in files for t in trust[f]})
         ids = test_ids(test_files, work) if test_files else []
         tests_of = {f: [i for i in ids if i.split("::")[0] in trust[f]] for f in files}
