@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .elf import ElfError, dynamic_info, kernel_names
-from .errors import IntegrityError, ManifestError
+from .errors import AotError, IntegrityError, ManifestError
 from .manifest import BAND_RE, BAND_SUFFIX, LIBS_JSON, LIBS_SCHEMA, SHA256_RE, load_json
 
 
@@ -39,8 +39,7 @@ def kernel_problem(codes: dict, entry, release: str) -> str | None:
     what the build writes), and the band must hold the entry's code object,
     defining that kernel: the one the launcher asks HIP for at the key's
     first call. None when it can."""
-    from .errors import AotError
-    from .keys import BuildKey
+    from .keys import BuildKey  # at first use: the loader's import stays a few stdlib modules
 
     try:
         own = BuildKey.parse(entry.key, release).kernel_symbol
