@@ -97,3 +97,18 @@ def test_no_vllm_is_no_answer_to_compare_but_a_failing_search_is_refused(fresh, 
             host.installed_vllm()
         monkeypatch.setenv(host.ENV_ALLOW_SOURCE, "1")
         assert host.installed_vllm() == (None, None, "vllm")
+
+
+def test_a_stream_that_is_no_hip_stream_is_refused_naming_the_key_and_what_to_pass():
+    import ctypes
+
+    from dsv41_aot.errors import LaunchError
+    from dsv41_aot.runtime.launcher import _stream_handle
+
+    key = "k1@gfx950:s=4,tp=4,r=1"
+    assert [_stream_handle(s, key) for s in (None, 0, 7, ctypes.c_void_p(9), SimpleNamespace(cuda_stream=11))] == \
+        [0, 0, 7, 9, 11]
+    with pytest.raises(LaunchError) as e:
+        _stream_handle("stream 7", key)
+    assert key in e.value.message and "not a HIP stream" in e.value.message and "nothing was launched" in e.value.message
+    assert "torch.cuda.Stream" in (e.value.fix or "")

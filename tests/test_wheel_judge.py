@@ -320,3 +320,14 @@ def test_keys_the_wheel_does_not_hold_are_named_by_the_wheel(wheel, capsys, opti
     assert code == 2 and (f"{wheel} does not hold" in out or f"{wheel} holds no vLLM 0.32.0" in out), out
     assert "dsv41-verify-shipped" not in out and "--out" not in out, out
     assert f"fix: ask only for what it holds (dsv41-aot verify --wheel {wheel} lists it)" in out
+
+
+def test_a_vllm_extra_that_is_no_version_specifier_is_refused_with_one_that_is():
+    """The range a wheel serves is read as PEP 440; one that does not read names an example to write instead."""
+    from dsv41_aot.aot.wheel import admits
+    from dsv41_aot.errors import ManifestError
+
+    assert admits(">=0.32.0,<0.34", "0.33.0") and not admits(">=0.32.0,<0.33", "0.33.0")
+    with pytest.raises(ManifestError) as e:
+        admits("about 0.33", "0.33.0")
+    assert "'about 0.33'" in e.value.message and "vllm>=0.32.0,<0.34" in (e.value.fix or "")
