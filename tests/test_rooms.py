@@ -176,3 +176,20 @@ def test_a_room_relinked_under_a_running_process_says_restart(tmp_path):
     with pytest.raises(IntegrityError) as e:
         Room(root, "gfx942", "0.33.0").read_band(new)
     assert e.value.message.endswith("is missing") and e.value.fix.startswith(f"copy {root} again")
+
+
+def test_an_unreadable_proof_is_proven_again_where_built_and_restored_where_shipped(smoke_dir, tmp_path):
+    """room.py:196, a mutation survivor: where the room was built, the fix of an unreadable verified.json is the
+    JIT proof that writes it again; in a copy without objects/ (shipped) nothing proves it here, so it is restored."""
+    from dsv41_aot.errors import ManifestError
+
+    for shipped in (False, True):
+        d = copy_of(smoke_dir, tmp_path / f"p{int(shipped)}")
+        if shipped:
+            shutil.rmtree(d / "gfx950" / "objects")
+        room = Room(d, "gfx950", "0.33.0")
+        room.verified_path.write_text("{not json")
+        with pytest.raises(ManifestError) as e:
+            room.proof()
+        assert e.value.fix == (room.fix_restore if shipped else room.prove_cmd), e.value.fix
+        assert ("--against-jit --record" in e.value.fix) is not shipped
