@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..errors import ManifestError
 from ..proof import PROVEN
+from .integrity import check_entry
 from .recover import recovered
 
 
@@ -20,9 +21,7 @@ def moved(m, key, ident) -> bool:
     e = m.entries.get(str(key))
     if e is None or e.source == ident or e.source.served != ident.served or recovered(e):
         return False
-    from .integrity import check_entry  # an entry that no longer describes its object is rebuilt, whatever its proof
-
-    return check_entry(m, str(key))[0].ok
+    return check_entry(m, str(key))[0].ok  # an entry that no longer describes its object is rebuilt, whatever its proof
 
 
 def proven_under(room, entry, flydsl: str) -> bool:
