@@ -23,17 +23,27 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # the FlyDSL is the one pyproject.toml's build extra pins (why that one: its
-# comment there), never named here
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[build,test]" 2>&1 | grep -v "^WARNING: Location" || true
+# comment there), never named here. --no-compile: byte-compiling torch's,
+# FlyDSL's and vLLM's every module took most of the install's time; Python
+# compiles the few each process imports on first use instead.
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check --no-compile)
+"${pip[@]}" -e ".[build,test]" 2>&1 | grep -v "^WARNING: Location" || true
 # the releases, newest first: "newest other other ..." on one line
 read -r newest others < <(.venv/bin/dsv41-aot facts --json | .venv/bin/python -c '
 import json, sys
 doc = json.load(sys.stdin)
 print(doc["newest"], *[r["version"] for r in reversed(doc["releases"]) if r["version"] != doc["newest"]])') || true
 [ -n "$newest" ] || { echo "bootstrap: dsv41-aot facts named no release" >&2; exit 1; }
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "vllm==$newest" 2>&1 | grep -v "^WARNING: Location" || true
+"${pip[@]}" --no-deps "vllm==$newest" 2>&1 | grep -v "^WARNING: Location" || true
 for v in $others; do
   .venv/bin/dsv41-aot fetch-vllm "$v" >/dev/null
 done
-.venv/bin/python -c "import flydsl, yaml, tqdm, pytest, vllm" 
-echo "bootstrap: ok ($(.venv/bin/python -c 'import flydsl; print("flydsl", flydsl.__version__)'))"
+# each is installed (found, not imported: importing torch and vLLM here took
+# seconds, and the tests import them anyway)
+.venv/bin/python - <<'EOF'
+import importlib.metadata, importlib.util, sys
+gone = [m for m in ("flydsl", "yaml", "tqdm", "pytest", "vllm") if importlib.util.find_spec(m) is None]
+if gone:
+    sys.exit(f"bootstrap: not importable: {', '.join(gone)} (rm -rf .venv && ci/bootstrap.sh)")
+print("bootstrap: ok (flydsl", importlib.metadata.version("flydsl") + ")")
+EOF
