@@ -7,6 +7,10 @@
 # Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Python may keep the bytecode it compiles (an environment that sets
+# PYTHONDONTWRITEBYTECODE otherwise has each of the suite's thousand-odd
+# Python processes compile every module it imports from source again)
+unset PYTHONDONTWRITEBYTECODE
 ci/bootstrap.sh
 select=()
 if [ "${1:-}" = --fast ]; then
