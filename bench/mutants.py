@@ -301,7 +301,9 @@ def run(args) -> int:
     work.mkdir(parents=True, exist_ok=True)
     start, load = time.monotonic(), os.getloadavg()
     try:
-        env = {k: v for k, v in os.environ.items() if k not in ("MUTANT_UNDER_TEST", "DSV41_AOT_TEST_FAST", PREBUILT)}
+        # bytecode is kept, as ci/test.sh keeps it (each mutant is chosen at run time, not compiled in)
+        drop = ("MUTANT_UNDER_TEST", "DSV41_AOT_TEST_FAST", PREBUILT, "PYTHONDONTWRITEBYTECODE")
+        env = {k: v for k, v in os.environ.items() if k not in drop}
         if prebuilt:
             env[PREBUILT] = str(Path(prebuilt).resolve())
         # the full deployments, found beside this checkout: the copy has no ../shared, so their tests would skip
