@@ -436,7 +436,7 @@ def test_random_manifest_flips_are_refused(smoke, tmp_path):
         path.write_bytes(good)
         at = flip(path, rng)
         try:
-            report = verify_mod.verify(d)
+            report = verify_mod.verify(d, against_jit=False)
         except ManifestError as e:
             assert str(path) in str(e) and "--arch gfx950 --out" in str(e) and "dsv41-aot build --release " in str(e)
             record("refused")

@@ -15,6 +15,7 @@ import hashlib
 import json
 import lzma
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -119,10 +120,49 @@ def _check(capsys, *argv):
     return _gate(capsys, check_wheel.main, "--no-auditwheel", *argv)
 
 
+def _keys(prebuilt: Path) -> list[str]:
+    return sorted(json.loads((prebuilt / ARCH / folder_name(RELEASE) / "manifest.json").read_text())["entries"])
+
+
 def test_the_wheel_is_sound_and_proven(wheel, prebuilt, capsys):
-    """The base every variant below changes one thing of."""
-    assert _verify(capsys, "--wheel", wheel)[0] == 0
+    """The base every variant below changes one thing of. Its report counts
+    the room's proofs and names the FlyDSL they were made under."""
+    code, out = _verify(capsys, "--wheel", wheel)
+    n = len(_keys(prebuilt))
+    assert code == 0 and re.search(rf"{n} keys, {n} proven against vLLM's JIT; proven under FlyDSL \S+: {n}\n", out), out
     assert _check(capsys, "--require-proofs", "--prebuilt", prebuilt, wheel)[0] == 0
+
+
+@pytest.mark.faults
+def test_a_wheel_without_verified_json_says_so_and_every_key_is_unproven(wheel, prebuilt, tmp_path, capsys):
+    bad = _variant(wheel, tmp_path / "bad", drop=(f"{ROOM}verified.json",))
+    code, out = _verify(capsys, "--wheel", bad)
+    n = len(_keys(prebuilt))
+    assert code == 1 and f"{n} keys, 0 proven against vLLM's JIT (no verified.json)\n" in out, out
+    assert f"unproven: {n} key(s)" in out, out
+
+
+@pytest.mark.faults
+def test_a_file_cut_short_is_no_wheel_and_exits_2_naming_it(wheel, tmp_path, capsys):
+    """A download cut short: every gate names the file and says to fetch it again."""
+    cut = tmp_path / wheel.name
+    cut.write_bytes(wheel.read_bytes()[: wheel.stat().st_size // 2])
+    for code, out in (_verify(capsys, "--wheel", cut), _check(capsys, cut)):
+        assert code == 2 and f"{cut}: not a wheel: not a sound zip file" in out, out
+        assert "download the wheel again" in out and "Traceback" not in out, out
+
+
+@pytest.mark.faults
+def test_metadata_with_a_byte_that_is_not_utf8_is_still_judged(wheel, tmp_path, capsys):
+    """METADATA is read with undecodable bytes replaced: a stray byte in its
+    summary (RECORD updated) leaves the name, version and requirements read
+    and the wheel judged, never a traceback."""
+    def change(name: str, data: bytes) -> bytes:
+        return data.replace(b"\nSummary: ", b"\nSummary: \xff") if name.endswith(".dist-info/METADATA") else data
+
+    odd = _variant(wheel, tmp_path / "odd", change)
+    code, out = _verify(capsys, "--wheel", odd)
+    assert code == 0 and f"{wheel.name}: dsv41-aot " in out, out
 
 
 # ---------------------------------------------------------------- RECORD and the zip, as pip judges them
@@ -280,6 +320,19 @@ def test_a_band_holding_another_keys_kernel_is_refused_by_every_reader(wheel, pr
     cli.main(["verify", "--dir", str(d), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert {f["key"] for f in doc["failures"]} == {key} and doc["ok"] == doc["keys"] - 1
+
+
+@pytest.mark.faults
+def test_a_code_object_that_defines_no_kernel_is_refused_saying_so(prebuilt, tmp_path, capsys):
+    """K's own code object with its kernel descriptors renamed (``.kd`` ->
+    ``.kx``, every digest updated): it defines no kernel HIP could find."""
+    key = _keys(prebuilt)[0]
+    d = Path(shutil.copytree(prebuilt, tmp_path / "nokernel"))
+    band = replace_code_object(d, ARCH, RELEASE, key, lambda code, codes: code.replace(b".kd\0", b".kx\0"))
+    code, out = _verify(capsys, "--dir", d)
+    symbol = Room(d, ARCH, RELEASE).manifest().entries[key].symbol
+    assert code == 1 and f"{band.name} holds {key}'s GPU code object" in out, out
+    assert f"defines kernel none, not {symbol}" in out, out
 
 
 @pytest.mark.faults

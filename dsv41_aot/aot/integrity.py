@@ -14,7 +14,7 @@ from .. import commands, elf
 from ..errors import AotError, CompileError, IntegrityError, ManifestError, ResidencyError
 from ..keys import BuildKey
 from ..linkrecord import kernel_problem
-from ..manifest import OBJECTS, Manifest
+from ..manifest import Manifest
 from ..proof import VERIFIED
 from ..room import Room
 from ..verdict import Problem
@@ -87,15 +87,14 @@ class ShippedCode:
 def check_entry(man: Manifest, key: str, shipped: ShippedCode | None = None) -> tuple[KeyReport, bytes | None]:
     """Check one manifest entry: its report, and its GPU code object (None if unread).
 
-    A room with stored objects checks each against its entry; a shipped
-    room (``shipped``) takes each key's code object from its band and
-    checks its kernargs against the manifest's ABI."""
+    A built room's stored object is checked against its entry. A shipped
+    room's (``shipped``: its bands, given by every reader of a room without
+    objects/) is taken from its band, its kernargs checked against the
+    manifest's ABI."""
     e = man.entries[key]
     rep = KeyReport(key, man.arch, man.release)
-    if not (man.dir / OBJECTS).is_dir():
+    if shipped is not None:
         rep.checks.append("band")
-        if shipped is None:
-            shipped = ShippedCode(Room(man.dir.parent, man.arch, man.release))
         try:
             code = shipped.code(key, e)
         except (IntegrityError, ManifestError) as err:

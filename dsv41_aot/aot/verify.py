@@ -200,7 +200,7 @@ def _room_proofs(man: Manifest, warned: list | None = None) -> dict:
 # ---------------------------------------------------------------- command
 
 
-def verify(root: Path, *, against_jit: bool = False, keys: list | None = None, sample: int | None = None,
+def verify(root: Path, *, against_jit: bool, keys: list | None = None, sample: int | None = None,
            seed: int = 0, vllm_src=(), progress: bool = False, jobs: int | None = None,
            key_timeout: float | None = None, record: bool = False, release: str | None = None,
            matrix_path=None, cache: Path | None = None) -> dict:

@@ -91,7 +91,7 @@ class Launcher:
         if self._lib is not None:
             return
         lib = open_library(self._idx, self._librec)
-        refused = state.current().band_refused.get(self.library, {})
+        refused = state.current().band_refused[self.library]  # open_library recorded the band's verdict
         if problem := refused.get(None) or refused.get(self.key):  # verdict.band_problems, as verify judges it
             raise problem.error()
         with state.current().lock:
