@@ -159,7 +159,10 @@ def key_problem(rep: KeyReport, room: Room) -> tuple[Problem, bool]:
 
     ``what`` is "object" when the stored object is missing or altered (the
     bands still serve), "proof" when only its proof disagrees with a JIT
-    run, and "entry" when the entry does not describe its code."""
+    run, and "entry" when the entry does not describe its code. None of
+    them is ``serving``: what the loader refuses is the room's verdict
+    (``verdict.problems``), which verify reports beside it (an edited
+    symbol is both; edited resource figures only this)."""
     what = ("object" if rep.checks == ["sha256"] else  # check_entry stops at a bad object
             "proof" if all(p.startswith(PROOF_DIFFERS) for p in rep.problems) else "entry")
     rebuild = False
@@ -173,7 +176,7 @@ def key_problem(rep: KeyReport, room: Room) -> tuple[Problem, bool]:
     else:
         fix, rebuild = commands.build(room.root, release=rep.release, keys=[rep.key]), True
     return Problem(what, f"{rep.describe()}: {'; '.join(rep.problems)}", None, fix, key=rep.key,
-                   serving=what == "entry"), rebuild
+                   serving=False), rebuild
 
 
 def scalar_slots(abi: list) -> list:
