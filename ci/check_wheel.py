@@ -44,7 +44,7 @@ def audit_raw(libraries: dict) -> list:
     with tempfile.TemporaryDirectory(prefix="dsv41-audit-") as tmp:
         wheel = Path(tmp) / "dsv41_aot_raw-0-py3-none-linux_x86_64.whl"
         info = "dsv41_aot_raw-0.dist-info"
-        with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as z:
+        with zipfile.ZipFile(wheel, "w") as z:  # stored, zipfile's default
             z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: dsv41-aot-raw\nVersion: 0\n")
             z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: dsv41-aot\nRoot-Is-Purelib: false\n"
                                         "Tag: py3-none-linux_x86_64\n")

@@ -102,7 +102,7 @@ def problems(room: Room, *, objects: bool = True, proof: bool = True, bands: boo
     for band in links.bands if bands else ():
         out += band_problems(room, band, man)
     if objects and room.built_here:
-        out += object_problems(room, man)
+        out += object_problems(man)
     return out
 
 
@@ -177,7 +177,7 @@ def proof_problems(room: Room) -> list[Problem]:
     return []
 
 
-def object_problems(room: Room, man: Manifest) -> list[Problem]:
+def object_problems(man: Manifest) -> list[Problem]:
     """Stored objects missing or altered (the room still serves from its bands)."""
     out = []
     for key in sorted(man.entries):

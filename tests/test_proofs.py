@@ -194,6 +194,21 @@ def test_a_key_keeps_its_proof_under_each_flydsl_and_a_stale_one_says_what_chang
         Proof.parse(json.dumps(doc).encode(), "f", "gfx950", NEWEST, "FIX")
 
 
+def test_two_proofs_of_a_key_are_compared_field_by_field():
+    """``KeyProof.differences``, what verify prints when a room's proof is not
+    this run's: each field both carry and that differs, with both values; a
+    field one of them lacks (an older proof's) is not compared, nor the time."""
+    jit = {"release": NEWEST, "vllm_version": NEWEST, "mono_sources": "0123456789abcdef"}
+    mine = KeyProof(K, "a" * 64, jit, Evidence("b" * 64, "c" * 64, "2026-01-02T03:04:05Z"))
+    assert mine.differences(mine) == []
+    theirs = KeyProof(K, "a" * 64, dict(jit, mono_sources="fedcba9876543210"),
+                      Evidence("b" * 64, "d" * 64, "2026-02-01T00:00:00Z"))
+    assert mine.differences(theirs) == ["jit.mono_sources (0123456789abcdef, fedcba9876543210)",
+                                        f"evidence.module_sha256 ({'c' * 16}, {'d' * 16})"]
+    older = KeyProof(K, "a" * 64, {"release": NEWEST}, None)
+    assert mine.differences(older) == older.differences(mine) == []
+
+
 def test_version_4_evidence_names_the_compiled_module_and_no_host_path():
     """A version-4 proof's evidence is the artifact's and the compiled
     module's sha256 (FlyDSL's cache key, the same for every key of one arch

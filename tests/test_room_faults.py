@@ -12,6 +12,7 @@ rebuilds the key.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -23,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from _smoke import OLD, REPO, band_of, copy_of, libdir, libs_json, room, run_cli
+
+from dsv41_aot.linkrecord import band_file
 
 K1, K2W = "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=44,tp=4,r=1,i=1"  # two bands of gfx950's 0.33.0 room
 NEWEST = "0.33.0"
@@ -214,6 +217,23 @@ def stray_folder_in_lib(d, tmp):
     (libdir(d, "gfx950") / "subdir" / "x").write_text("x\n")
 
 
+def band_not_xz(d, tmp):
+    """A band that is no xz stream, its digest and name in libs.json made to match its bytes."""
+    path, doc = libs_json(d)
+    lib = band_of(doc, K1)
+    (libdir(d, "gfx950") / lib["file"]).unlink()
+    data = b"not an xz stream\n" * 64
+    lib.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    lib["file"] = band_file(lib["chunk"], lib["sha256"])
+    (libdir(d, "gfx950") / lib["file"]).write_bytes(data)
+    path.write_text(json.dumps(doc))
+
+
+def libs_json_not_an_object(d, tmp):
+    """libs.json is JSON, but a list: no link record."""
+    libs_json(d)[0].write_text("[]\n")
+
+
 # fault, the problem kind verify reports, the loader's verdict binding K1
 ROWS = [
     (stray_file_in_lib, "file", "ok"),
@@ -222,6 +242,8 @@ ROWS = [
     (delete_band, "band", "IntegrityError"),
     (delete_libs_json, "libs", "ManifestError"),
     (truncate_libs_json, "libs", "ManifestError"),
+    (libs_json_not_an_object, "libs", "ManifestError"),
+    (band_not_xz, "band", "IntegrityError"),
     (forge_raw_sha256, "band", "IntegrityError"),
     (band_symlinked_outside, "band", "ManifestError"),
     (band_symlinked_inside, "band", "ManifestError"),
@@ -293,8 +315,8 @@ def test_fault_table(smoke_dir, tmp_path, fault, kind, loader):
     else:
         assert True in serving and serving <= {True, False}, doc["failures"]
 
-    fixes = list(dict.fromkeys(f["fix"] for f in doc["failures"] if f.get("fix")))
-    assert fixes
+    assert all(f.get("fix") for f in doc["failures"]), doc["failures"]  # each names the command that fixes it
+    fixes = list(dict.fromkeys(f["fix"] for f in doc["failures"]))
     for fix in fixes:  # word for word, each command of it
         for command in fix.split(" && "):
             argv = shlex.split(command)

@@ -193,3 +193,16 @@ def test_an_unreadable_proof_is_proven_again_where_built_and_restored_where_ship
             room.proof()
         assert e.value.fix == (room.fix_restore if shipped else room.prove_cmd), e.value.fix
         assert ("--against-jit --record" in e.value.fix) is not shipped
+
+
+def test_the_default_prebuilt_dir_is_the_checkouts_kernels_prebuilt(monkeypatch, tmp_path):
+    """Every command's and the loader's default folder: $DSV41_AOT_PREBUILT,
+    else the installed package's kernels_prebuilt/ (a wheel's), else, in a
+    checkout (which has none), the repository's kernels_prebuilt/."""
+    from dsv41_aot import manifest
+
+    monkeypatch.delenv(manifest.ENV_PREBUILT, raising=False)
+    assert not manifest.PACKAGED.is_dir()  # a checkout: the wheel's folder is not here
+    assert manifest.prebuilt_dir() == REPO / "kernels_prebuilt"
+    monkeypatch.setenv(manifest.ENV_PREBUILT, str(tmp_path / "elsewhere" / ".." / "here"))
+    assert manifest.prebuilt_dir() == tmp_path / "here"

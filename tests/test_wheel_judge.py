@@ -131,6 +131,9 @@ def test_the_wheel_is_sound_and_proven(wheel, prebuilt, capsys):
     n = len(_keys(prebuilt))
     assert code == 0 and re.search(rf"{n} keys, {n} proven against vLLM's JIT; proven under FlyDSL \S+: {n}\n", out), out
     assert _check(capsys, "--require-proofs", "--prebuilt", prebuilt, wheel)[0] == 0
+    capsys.readouterr()
+    assert cli.main(["verify", "--wheel", str(wheel), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["arches"] == [ARCH]
 
 
 @pytest.mark.faults
@@ -214,7 +217,7 @@ def test_two_dist_info_folders_are_not_a_wheel(wheel, tmp_path, capsys):
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("how", ["no proof", "no evidence"])
+@pytest.mark.parametrize("how", ["no proof", "no evidence", "another code object"])
 def test_a_sound_wheel_with_an_unproven_key_fails_naming_it(wheel, prebuilt, tmp_path, capsys, how):
     """S14, S16, S23: a key without a proof, or whose proof carries no
     JIT-only evidence, fails ``verify --wheel`` and ``check_wheel.py
@@ -224,11 +227,14 @@ def test_a_sound_wheel_with_an_unproven_key_fails_naming_it(wheel, prebuilt, tmp
     def unprove(doc):
         if how == "no proof":
             del doc["keys"][key]
-        else:  # a proof copied without what only a JIT run produces
+        elif how == "no evidence":  # a proof copied without what only a JIT run produces
             doc["keys"][key]["evidence"] = None
+        else:  # a proof of some other build of the key
+            doc["keys"][key]["code_object_sha256"] = "ab" * 32
 
     bad = _variant(wheel, tmp_path / "bad", _proofs(unprove))
-    want = f"{key} (vLLM {RELEASE})" + (": its proof carries no JIT-only evidence" if how == "no evidence" else "")
+    want = f"{key} (vLLM {RELEASE})" + {"no proof": "", "no evidence": ": its proof carries no JIT-only evidence",
+                                         "another code object": ": its proof names another code object"}[how]
     capsys.readouterr()
     code, doc = cli.main(["verify", "--wheel", str(bad), "--json"]), json.loads(capsys.readouterr().out)
     assert code == 1 and doc["problems"] == [] and doc["unproven"] == [want], doc
