@@ -87,10 +87,10 @@ class ShippedCode:
 def check_entry(man: Manifest, key: str, shipped: ShippedCode | None = None) -> tuple[KeyReport, bytes | None]:
     """Check one manifest entry: its report, and its GPU code object (None if unread).
 
-    A built room's stored object is checked against its entry. A shipped
-    room's (``shipped``: its bands, given by every reader of a room without
-    objects/) is taken from its band, its kernargs checked against the
-    manifest's ABI."""
+    A built room's stored object is checked against its entry. For a
+    shipped room, every reader passes ``shipped`` (the room's bands): the
+    key's code object is taken from its band, and its kernargs are checked
+    against the manifest's ABI."""
     e = man.entries[key]
     rep = KeyReport(key, man.arch, man.release)
     if shipped is not None:
