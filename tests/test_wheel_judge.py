@@ -134,6 +134,9 @@ def test_the_wheel_is_sound_and_proven(wheel, prebuilt, capsys):
     capsys.readouterr()
     assert cli.main(["verify", "--wheel", str(wheel), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["arches"] == [ARCH]
+    code, out = _verify(capsys, "--dir", prebuilt)  # the folder it was built from: its proofs, one line a room
+    said = f"proofs {ARCH} vLLM {RELEASE}: {n} of {n} keys carry a proof against vLLM's JIT"
+    assert code == 0 and any(line.startswith(said) for line in out.splitlines()), out
 
 
 @pytest.mark.faults
