@@ -179,8 +179,8 @@ def test_a_room_relinked_under_a_running_process_says_restart(tmp_path):
 
 
 def test_an_unreadable_proof_is_proven_again_where_built_and_restored_where_shipped(smoke_dir, tmp_path):
-    """room.py:196, a mutation survivor: where the room was built, the fix of an unreadable verified.json is the
-    JIT proof that writes it again; in a copy without objects/ (shipped) nothing proves it here, so it is restored."""
+    """An unreadable verified.json's fix: where the room was built, the JIT proof that writes it again; in a
+    copy without objects/ (shipped), where nothing proves it, restoring the copy."""
     from dsv41_aot.errors import ManifestError
 
     for shipped in (False, True):

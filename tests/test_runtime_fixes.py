@@ -100,6 +100,7 @@ def test_no_vllm_is_no_answer_to_compare_but_a_failing_search_is_refused(fresh, 
 
 
 def test_a_stream_that_is_no_hip_stream_is_refused_naming_the_key_and_what_to_pass():
+    """A launch's stream: None, an int, a ctypes pointer or a torch stream; anything else is refused, naming the key."""
     import ctypes
 
     from dsv41_aot.errors import LaunchError

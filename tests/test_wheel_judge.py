@@ -121,6 +121,7 @@ def _check(capsys, *argv):
 
 
 def _keys(prebuilt: Path) -> list[str]:
+    """The keys of the cut room, sorted."""
     return sorted(json.loads((prebuilt / ARCH / folder_name(RELEASE) / "manifest.json").read_text())["entries"])
 
 
@@ -222,9 +223,10 @@ def test_two_dist_info_folders_are_not_a_wheel(wheel, tmp_path, capsys):
 @pytest.mark.faults
 @pytest.mark.parametrize("how", ["no proof", "no evidence", "another code object"])
 def test_a_sound_wheel_with_an_unproven_key_fails_naming_it(wheel, prebuilt, tmp_path, capsys, how):
-    """S14, S16, S23: a key without a proof, or whose proof carries no
-    JIT-only evidence, fails ``verify --wheel`` and ``check_wheel.py
-    --require-proofs``; without --require-proofs the script passes it."""
+    """S14, S16, S23: a key without a proof, whose proof carries no JIT-only
+    evidence, or whose proof names another code object fails ``verify
+    --wheel`` and ``check_wheel.py --require-proofs``, each saying which;
+    without --require-proofs the script passes it."""
     key = _keys(prebuilt)[0]
 
     def unprove(doc):
