@@ -25,8 +25,9 @@ order=(-p no:randomly)
 start=$SECONDS
 rc=0
 # one pytest-xdist worker per core, each test file whole on one worker (its
-# module fixtures built once); DSV41_AOT_TEST_WORKERS=0 runs in this process
-workers=(-n "${DSV41_AOT_TEST_WORKERS:-auto}" --dist loadfile)
+# module fixtures built once), files in the order tests/conftest.py gives
+# them (FIRST); DSV41_AOT_TEST_WORKERS=0 runs in this process
+workers=(-n "${DSV41_AOT_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder)
 .venv/bin/python -m pytest -q -ra --durations=15 "${order[@]}" "${workers[@]}" "${select[@]}" "$@" || rc=$?
 echo "ci/test.sh${select:+ --fast}: pytest took $((SECONDS - start)) s (exit $rc)"
 exit $rc

@@ -137,25 +137,32 @@ def flydsl_python():
 FAST = "DSV41_AOT_TEST_FAST"  # ci/test.sh --fast: a compile is a test-selection bug
 
 
-# The test files that take longest, longest first (wall seconds on 2 cores,
-# 2 workers, at a3508d2: 160, 150, 135, 121, 88, 66, 55, 47, 44, 44).
-# pytest-xdist hands each worker whole files (--dist loadfile) in collection
-# order; run last, one of these kept a worker busy for a minute while the
-# other had nothing left. Only the order of files changes.
-LONGEST_FIRST = ["test_verify.py", "test_vllm_plugin.py", "test_build.py", "test_wheel.py", "test_workers.py",
-                 "test_faults_build.py", "test_cache.py", "test_tamper_matrix.py", "test_shipped_proof.py",
-                 "test_release.py"]
+# The order test files start in (ci/test.sh keeps it: --no-loadscope-reorder;
+# pytest-xdist would otherwise sort files by how many tests each holds).
+# pytest-xdist hands each worker whole files (--dist loadfile): the first to
+# the first worker, the second to the other, then each file to whichever
+# worker runs short. test_verify.py goes first: its first test builds the
+# smoke profile (about 70 s on 2 cores, both of them) and then proves it
+# against vLLM's JIT, the run's longest stretch. The files after it need no
+# smoke build for their first minute or more, so the other worker compiles
+# its own keys meanwhile instead of waiting on the smoke build's lock (at
+# 551cfd5 it waited 70 s); then the longest files, so that the run ends on
+# short ones. Wall seconds on 2 cores at 551cfd5: 172, 55, 105, 40, 43, 13,
+# 13, 96, 121 (70 of them waiting), 86, 54, 56, 24, 27.
+FIRST = ["test_verify.py", "test_cache.py", "test_vllm_plugin.py", "test_shipped_proof.py", "test_every_launch.py",
+         "test_toolchain_move.py", "test_full_deployment.py", "test_build.py", "test_wheel.py", "test_workers.py",
+         "test_faults_build.py", "test_tamper_matrix.py", "test_release.py", "test_flydsl_pin.py"]
 
 
 def pytest_collection_modifyitems(config, items):
     """A test that reaches the smoke build compiles (once per session): it is
     slow, whatever its own marks say, so ``-m "not slow"`` never compiles.
-    Unless pytest-randomly shuffles them, the longest files run first."""
+    Unless pytest-randomly shuffles them, files start in ``FIRST``'s order."""
     for item in items:
         if "smoke_dir" in getattr(item, "fixturenames", ()):  # smoke_jit's too
             item.add_marker(pytest.mark.slow)
     if not config.pluginmanager.hasplugin("randomly"):
-        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        rank = {name: i for i, name in enumerate(FIRST)}
         items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
 
 
