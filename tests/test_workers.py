@@ -133,7 +133,7 @@ def test_killed_build_leaves_no_live_worker_and_next_run_cleans(tmp_path):
     while alive(worker) and time.monotonic() < end:
         time.sleep(0.05)
     assert not alive(worker), "the compile worker outlived its killed parent"
-    time.sleep(10)  # longer than the compile had left: a surviving worker would have stored its object by now
+    # gone, it writes nothing more; what it wrote between its parent's death and its own is here
     assert not list((out / "gfx950" / "objects").glob("*.o")), "an object was written after the build was killed"
     assert run.is_dir() and (run / "owner.lock").is_file()  # left behind by the kill
 
