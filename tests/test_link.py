@@ -378,3 +378,19 @@ def test_link_and_the_room_judge_a_band_library_by_one_rule(tmp_path):
                                "int f(void) { return hipModuleLaunchKernel(); }\n")
     assert library_problems(sound, {"k": "e"}) == ([], {})
     link._check_library(sound, "band.so", {"k": "e"})
+
+
+def test_a_band_whose_whole_library_is_unsound_names_the_band_and_the_relink(smoke, tmp_path):
+    """A problem of the whole library (here an undefined symbol no ROCm host
+    provides) is the band's: the room's verdict names the band's file and
+    the relink that makes it again, as for a key it lacks."""
+    from dsv41_aot.verdict import band_problems
+
+    r = Room(smoke, "gfx950", NEWEST)
+    band = r.links().bands[0]
+    raw = _library(tmp_path, "extern int not_on_any_host(void);\nint f(void) { return not_on_any_host(); }\n")
+    whole = [p for p in band_problems(r, band, r.manifest(), raw) if p.key is None]
+    assert [p.message for p in whole] == [f"{r.lib / band.file} leaves undefined symbols no ROCm host provides: "
+                                          "not_on_any_host"]
+    assert (whole[0].what, whole[0].file, whole[0].fix, whole[0].band) == \
+        ("band", str(r.lib / band.file), r.fix_relink, band.file)

@@ -155,6 +155,25 @@ def test_both_versions_parse_and_say_what_they_prove():
     assert kept.version == PROOF_VERSION and kept.keys[K] == v2.keys[K] and kept.verdict(K, entry) == PROVEN
 
 
+def test_a_version_3_record_keeps_its_proofs_under_other_flydsl_releases():
+    """Version 3 added the ``flydsl`` section (a key's proofs under FlyDSL
+    releases other than its own proof's): a version-3 record's section is
+    read, checked like the keys' proofs, and kept when written back; a
+    version-2 record has none, and one it carries is not read."""
+    doc = _good(3)
+    under = json.loads(json.dumps(doc["keys"][K]))
+    under["jit"]["flydsl_version"] = "0.5.0"
+    doc["flydsl"] = {"0.5.0": {K: under}}
+    v3 = Proof.parse(json.dumps(doc).encode(), "f", "gfx950", NEWEST, "FIX")
+    assert [(p.key, p.flydsl) for p in v3.others] == [(K, "0.5.0")]
+    again = Proof.parse(v3.to_bytes(), "f", "gfx950", NEWEST, "FIX")
+    assert again.version == PROOF_VERSION and again.others == v3.others
+    under["jit"]["flydsl_version"] = "0.4.2"  # filed under 0.5.0, its JIT names another: refused
+    with pytest.raises(ManifestError, match="under FlyDSL 0.5.0: its jit names FlyDSL '0.4.2'"):
+        Proof.parse(json.dumps(doc).encode(), "f", "gfx950", NEWEST, "FIX")
+    assert Proof.parse(json.dumps(dict(doc, version=2)).encode(), "f", "gfx950", NEWEST, "FIX").others == ()
+
+
 def test_a_key_keeps_its_proof_under_each_flydsl_and_a_stale_one_says_what_changed():
     """A proof under another FlyDSL of the same code object is a proof (the
     FlyDSL alone changes nothing that is served); a room's record keeps one a

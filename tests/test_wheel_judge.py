@@ -185,6 +185,24 @@ def test_a_member_edited_to_the_same_size_differs_from_its_record_line(wheel, tm
         assert code == 1 and f"{member} differs from its" in out, out
 
 
+@pytest.mark.slow
+def test_a_wheel_proven_against_the_jit_is_judged_as_a_whole_too(wheel, tmp_path, capsys):
+    """``verify --wheel --against-jit`` proves the keys it picks from a
+    scratch copy of the kernels and judges the wheel itself as well: a
+    member that differs from its RECORD line fails the run though the
+    proven key is sound (its JIT build: tests/test_shipped_proof.py's, in
+    the session's build cache when that ran first; else about 5 s)."""
+    member, key = "dsv41_aot/runtime/bands.py", "k1@gfx942:s=42,tp=4,r=0"
+    bad = _variant(wheel, tmp_path / "bad", lambda n, d: d.replace(b"import", b"imp0rt", 1) if n == member else d,
+                   record=False)
+    code, out = _verify(capsys, "--wheel", bad, "--against-jit", "--key", key, "--json", "--no-progress")
+    report = json.loads(out)
+    assert code == 1 and report["jit_checked"] == 1, out
+    assert [r["key"] for r in report["reports"] if r["ok"] and "jit" in r["checks"]] == [key]
+    (whole,) = [f for f in report["failures"] if f["what"] == "wheel"]
+    assert f"{member} differs from its" in whole["error"] and whole["file"] == str(bad), whole
+
+
 @pytest.mark.faults
 def test_a_member_record_lists_and_the_wheel_lacks_is_named(wheel, tmp_path, capsys):
     """S11: a file RECORD lists but the wheel does not hold."""
