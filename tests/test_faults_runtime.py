@@ -39,6 +39,7 @@ from dsv41_aot.errors import (
     ManifestError,
     SourceMismatchError,
 )
+from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.manifest import abi_id
 from dsv41_aot.room import Room
 from dsv41_aot.linkrecord import Band, band_file
@@ -235,9 +236,10 @@ def test_a_band_whose_metadata_names_another_arch_is_refused(prebuilt, fresh):
     _forge_band(prebuilt, path, doc, lib, lzma.compress(raw, format=lzma.FORMAT_XZ),
                 raw_sha256=hashlib.sha256(raw).hexdigest(), raw_bytes=len(raw))
     launcher = dsv41_aot.load_key(K1, prebuilt=prebuilt)
-    with pytest.raises(IntegrityError, match=rf"{K1}: .*__metadata describes \S+ for gfx942"):
+    with pytest.raises(IntegrityError, match=rf"{K1}: .*__metadata describes \S+ for gfx942") as e:
         launcher.bind()
     assert launcher._lib is None  # never callable
+    assert e.value.fix == Room(prebuilt, "gfx950", NEWEST).fix_reinstall  # the band came that way: again
 
 
 # ---------------------------------------------------------------- releases
@@ -303,7 +305,7 @@ def test_abi_with_a_slot_removed_and_its_id_recomputed(prebuilt, fresh):
     assert len(launcher.abi) == 40
     with pytest.raises(ManifestError, match=r"\(40 slots\) is not the entry's own \(41 slots, from .*__metadata\)") as e:
         launcher.bind()
-    assert "swa_block" in str(e.value)
+    assert "swa_block" in str(e.value) and e.value.fix == Room(prebuilt, "gfx950", NEWEST).fix_reinstall
     assert launcher._lib is None  # never callable
 
 

@@ -1,16 +1,21 @@
-"""The link record's parser (linkrecord.LinkRecord.parse) on names that are not
-a band file of lib/: each refused where the record is read, naming it, so no
-later path check has to catch a name the parser let through."""
+"""The record parsers on what they must refuse: the link record's
+(linkrecord.LinkRecord.parse) on names that are not a band file of lib/ and
+on malformed fields, the manifest's on an entry filed under another key.
+Each is refused where the record is read, naming it, so no later check has
+to catch what the parser let through."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
+from _smoke import deployment
 
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.linkrecord import LinkRecord
+from dsv41_aot.room import Room
 
 K = "k1@gfx950:s=4,tp=4,r=1"
 
@@ -41,3 +46,32 @@ def test_a_name_that_only_begins_or_ends_like_a_band_is_refused(name):
     with pytest.raises(ManifestError, match="not a band file of lib/") as e:
         LinkRecord.parse(_record(name), "/d/gfx950/vllm-0.33.0/libs.json", "gfx950", NEWEST, "FIX")
     assert str(e.value).startswith("/d/gfx950/vllm-0.33.0/libs.json: ") and e.value.fix == "FIX"
+
+
+# each field of a library, of the wrong type while every other field is sound:
+# one bad field alone must be refused (a check that needs two bad fields at
+# once would let each through)
+@pytest.mark.parametrize("field, value", [("chunk", 5), ("entries", ["k"]), ("sha256", "a"), ("raw_sha256", 7),
+                                          ("bytes", "10"), ("raw_bytes", 2.0)])
+def test_a_library_with_one_malformed_field_is_refused(field, value):
+    doc = json.loads(_record("libdsv41_s01-08.0123456789ab.so.xz"))
+    doc["libraries"][0][field] = value
+    with pytest.raises(ManifestError, match="chunk / sha256 / raw_sha256 / bytes / raw_bytes / entries malformed") as e:
+        LinkRecord.parse(json.dumps(doc).encode(), "/d/gfx950/vllm-0.33.0/libs.json", "gfx950", NEWEST, "FIX")
+    assert e.value.fix == "FIX"
+
+
+def test_a_manifest_entry_filed_under_another_key_is_refused_naming_both(tmp_path):
+    """An entry whose own ``key`` is not the key it is filed under (a
+    copied entry): the manifest is refused, naming the key it is filed
+    under and the one it names."""
+    room = Room(tmp_path / "p", "gfx942", NEWEST)  # the deployment's one room
+    shutil.copytree(Room(deployment("gfx942-tp4"), "gfx942", NEWEST).dir, room.dir)
+    path = room.manifest_path
+    doc = json.loads(path.read_text())
+    a, b = sorted(doc["entries"])[:2]
+    doc["entries"][a]["key"] = b
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ManifestError) as e:
+        room.manifest()
+    assert f"{path}: entry {a} names key {b!r} / arch 'gfx942'" in str(e.value) and e.value.fix

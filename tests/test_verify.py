@@ -595,6 +595,19 @@ def test_libs_json_is_checked_per_room(tmp_path):
     assert "missing" in f.message and f.what == "libs"
 
 
+def test_each_room_whose_manifest_cannot_be_read_is_a_failure_of_its_own(tmp_path):
+    """Two rooms of one folder, each manifest unreadable: verify names both
+    manifests, each with its release and fix (its keys cannot be checked)."""
+    rooms = [_room(tmp_path, "gfx950", release, KEYS, band=None) for release in ("0.33.0", "0.32.0")]
+    for man in rooms:
+        man.path.write_text("{")
+    r = cli("verify", "--dir", tmp_path, "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    failures = json.loads(r.stdout)["failures"]
+    assert sorted((f["file"], f["release"]) for f in failures) == sorted((str(m.path), m.release) for m in rooms)
+    assert all("malformed JSON" in f["error"] and f["fix"] for f in failures), failures
+
+
 @pytest.mark.faults
 def test_a_band_whose_code_object_lacks_its_kernel_fails_the_rooms_verdict(tmp_path):
     """Q1 of the fault report at 3f0364f, in a room built here: the band holds

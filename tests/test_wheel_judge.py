@@ -212,6 +212,19 @@ def test_a_member_record_lists_and_the_wheel_lacks_is_named(wheel, tmp_path, cap
         assert code == 1 and f"{member} is listed in" in out and "but not in the wheel" in out, out
 
 
+def test_timings_in_the_wheel_are_named(wheel, tmp_path, capsys):
+    """timings.json is what compiles took on the build machine: never shipped, whatever it holds."""
+    member = ROOM + "timings.json"
+    bad = _variant(wheel, tmp_path / "bad", extra=[(member, b"{}\n")])
+    for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
+        assert code == 1 and f"timings in the wheel (measured, never shipped): {member}" in out, out
+
+
+def test_audit_of_a_folder_without_bands_is_bad_input(tmp_path, capsys):
+    code, out = _gate(capsys, check_wheel.main, "--audit-prebuilt", tmp_path)
+    assert code == 2 and f"no linked bands under {tmp_path}" in out, out
+
+
 @pytest.mark.faults
 def test_a_member_in_the_wheel_twice_is_named(wheel, tmp_path, capsys):
     """S13: the same name twice (which copy installs depends on the installer)."""
