@@ -408,8 +408,8 @@ def forms_of(base: Base, t: Tampering) -> list[str]:
 
 def sample(base: Base, tamperings: list, seed: int, more: int = 0) -> list[tuple]:
     """(tampering, form) cases drawn with ``seed``: of every family (action and record), one case in the wheel
-    (cheap) and two in folder forms, the first drawn by how many readers read it there; then one per reader none
-    reached; then ``more``."""
+    (cheap) and one in a folder form drawn by how many readers read it there; then one per reader none reached;
+    then ``more``."""
     import random
 
     rng = random.Random(seed)
@@ -422,9 +422,7 @@ def sample(base: Base, tamperings: list, seed: int, more: int = 0) -> list[tuple
         folders = [f for f in sorted(by_form) if f != "wheel"]
         picked = ["wheel"] if "wheel" in by_form else []
         if folders:
-            first = rng.choices(folders, [len(readers_of(*by_form[f][0])) for f in folders])[0]
-            others = [f for f in folders if f != first]
-            picked += [first] + ([rng.choice(others)] if others else [])
+            picked += rng.choices(folders, [len(readers_of(*by_form[f][0])) for f in folders])
         chosen += [rng.choice(by_form[f]) for f in picked]
     for r in READERS:
         if not any(r in readers_of(t, f) for t, f in chosen):

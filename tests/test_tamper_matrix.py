@@ -12,8 +12,8 @@ disagreements a reader's purpose explains stand in ``BY_DESIGN``; those of
 defects still open in ``KNOWN_OPEN``, by defect id.
 
 Here a seeded sample runs: of every kind of damage (action and record), a
-case in the wheel and two in folder forms (the first drawn by how many
-readers read it there), and every reader at least once. The seed is
+case in the wheel and one in a folder form (drawn by how many readers read
+it there), and every reader at least once. The seed is
 printed at the end of the run; ``DSV41_AOT_TAMPER_SEED=N`` replays it and
 ``DSV41_AOT_TAMPER_CASES=N`` adds N more cases. Where verify's first printed
 fix compiles nothing (rm, link), it is run word for word on a fresh copy of

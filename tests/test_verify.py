@@ -681,9 +681,10 @@ def test_against_jit_checks_exactly_the_keys_asked_for_across_arches(smoke):
 @pytest.mark.slow
 def test_jit_proofs_come_from_the_build_cache_and_say_so(smoke, tmp_path):
     """A key JIT-built once under a build identity is compared with the
-    cached JIT code object next time (jit_cached counts it); --no-cache runs
-    the JIT again; a cached code object that does not match its record is
-    dropped, said, and the JIT run again, never trusted."""
+    cached JIT code object next time (jit_cached counts it); a cached code
+    object that does not match its record is dropped, said, and the JIT run
+    again, never trusted. (--no-cache runs the JIT though the cache holds
+    the answer: tests/test_workers.py's two-job verify.)"""
     key = "k1@gfx942:s=4,tp=4,r=1"
     cache = tmp_path / "cache"
 
@@ -697,7 +698,6 @@ def test_jit_proofs_come_from_the_build_cache_and_say_so(smoke, tmp_path):
     again, _ = run("--cache", cache)
     assert (again["jit_checked"], again["jit_cached"]) == (1, 1)
     assert again["reports"][0]["jit_cached"] and again["reports"][0]["ok"]
-    assert run("--cache", cache, "--no-cache")[0]["jit_cached"] == 0  # the JIT ran again
     (blob,) = (cache / "v1" / "blobs").iterdir()
     blob.write_bytes(blob.read_bytes()[:-1] + bytes([blob.read_bytes()[-1] ^ 1]))
     healed, err = run("--cache", cache)

@@ -208,11 +208,12 @@ def test_a_hung_compile_times_out_and_the_build_goes_on(tmp_path):
 
 
 @pytest.mark.slow
-def test_verify_on_two_jobs_proves_a_key_of_each_arch(smoke, tmp_path):
+def test_verify_on_two_jobs_proves_a_key_of_each_arch(smoke_jit, tmp_path):
     """Two JIT builds, one per worker: the K1 of each arch (the cheapest JIT
-    builds). Every smoke key's proof, each release's against its own vLLM,
-    is tests/test_verify.py's."""
-    d = Path(shutil.copytree(smoke, tmp_path / "prebuilt"))
+    builds), under --no-cache though the session's build cache holds both
+    answers (smoke_jit). Every smoke key's proof, each release's against its
+    own vLLM, is tests/test_verify.py's."""
+    d = Path(shutil.copytree(smoke_jit, tmp_path / "prebuilt"))
     keys = [K1_SMOKE_950, "k1@gfx942:s=4,tp=4,r=1"]
     r = dsv("verify", "--dir", d, "--against-jit", "--jobs", 2, "--record", "--json", "--key", *keys, tmp=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
