@@ -5,7 +5,8 @@ band of the shared gfx942 TP4 deployment, which is sound and every key of
 it proven. Each test rewrites it with zipfile, recomputing RECORD where the
 case is not RECORD's, and runs the gates a user and the release run
 (``dsv41-aot verify --wheel``, ``ci/check_wheel.py``) in this process: no
-compile, no JIT, well under a second or two each.
+compile, no JIT, well under a second or two each. One slow test proves a key
+of a damaged wheel against vLLM's JIT, to see the wheel judged as a whole too.
 """
 
 from __future__ import annotations
@@ -218,6 +219,14 @@ def test_timings_in_the_wheel_are_named(wheel, tmp_path, capsys):
     bad = _variant(wheel, tmp_path / "bad", extra=[(member, b"{}\n")])
     for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
         assert code == 1 and f"timings in the wheel (measured, never shipped): {member}" in out, out
+
+
+def test_a_stray_file_in_an_arch_folder_is_named(wheel, tmp_path, capsys):
+    """A file no room names, beside the arch's lib/ (RECORD lists it): the arch folder's verdict names it."""
+    member = f"{PKG}{ARCH}/stray.txt"
+    bad = _variant(wheel, tmp_path / "bad", extra=[(member, b"left by a build\n")])
+    for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
+        assert code == 1 and f"{member} is a file no room names" in out, out
 
 
 def test_audit_of_a_folder_without_bands_is_bad_input(tmp_path, capsys):
