@@ -117,6 +117,13 @@ def _verify(capsys, *argv):
     return _gate(capsys, cli.main, "verify", *argv)
 
 
+def _verify_json(capsys, *argv) -> tuple[int, dict]:
+    """(exit code, report) of ``dsv41-aot verify ARGV --json`` run in this process: the one document on stdout."""
+    capsys.readouterr()
+    code = cli.main(["verify", *map(str, argv), "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
 def _check(capsys, *argv):
     return _gate(capsys, check_wheel.main, "--no-auditwheel", *argv)
 
@@ -133,9 +140,8 @@ def test_the_wheel_is_sound_and_proven(wheel, prebuilt, capsys):
     n = len(_keys(prebuilt))
     assert code == 0 and re.search(rf"{n} keys, {n} proven against vLLM's JIT; proven under FlyDSL \S+: {n}\n", out), out
     assert _check(capsys, "--require-proofs", "--prebuilt", prebuilt, wheel)[0] == 0
-    capsys.readouterr()
-    assert cli.main(["verify", "--wheel", str(wheel), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["arches"] == [ARCH]
+    code, doc = _verify_json(capsys, "--wheel", wheel)
+    assert code == 0 and doc["arches"] == [ARCH]
     code, out = _verify(capsys, "--dir", prebuilt)  # the folder it was built from: its proofs, one line a room
     said = f"proofs {ARCH} vLLM {RELEASE}: {n} of {n} keys carry a proof against vLLM's JIT"
     assert code == 0 and any(line.startswith(said) for line in out.splitlines()), out
@@ -196,9 +202,8 @@ def test_a_wheel_proven_against_the_jit_is_judged_as_a_whole_too(wheel, tmp_path
     member, key = "dsv41_aot/runtime/bands.py", "k1@gfx942:s=42,tp=4,r=0"
     bad = _variant(wheel, tmp_path / "bad", lambda n, d: d.replace(b"import", b"imp0rt", 1) if n == member else d,
                    record=False)
-    code, out = _verify(capsys, "--wheel", bad, "--against-jit", "--key", key, "--json", "--no-progress")
-    report = json.loads(out)
-    assert code == 1 and report["jit_checked"] == 1, out
+    code, report = _verify_json(capsys, "--wheel", bad, "--against-jit", "--key", key, "--no-progress")
+    assert code == 1 and report["jit_checked"] == 1, report
     assert [r["key"] for r in report["reports"] if r["ok"] and "jit" in r["checks"]] == [key]
     (whole,) = [f for f in report["failures"] if f["what"] == "wheel"]
     assert f"{member} differs from its" in whole["error"] and whole["file"] == str(bad), whole
@@ -280,8 +285,7 @@ def test_a_sound_wheel_with_an_unproven_key_fails_naming_it(wheel, prebuilt, tmp
     bad = _variant(wheel, tmp_path / "bad", _proofs(unprove))
     want = f"{key} (vLLM {RELEASE})" + {"no proof": "", "no evidence": ": its proof carries no JIT-only evidence",
                                          "another code object": ": its proof names another code object"}[how]
-    capsys.readouterr()
-    code, doc = cli.main(["verify", "--wheel", str(bad), "--json"]), json.loads(capsys.readouterr().out)
+    code, doc = _verify_json(capsys, "--wheel", bad)
     assert code == 1 and doc["problems"] == [] and doc["unproven"] == [want], doc
     code, out = _verify(capsys, "--wheel", bad)
     assert code == 1 and f"unproven: 1 key(s), e.g. {want}" in out and "29 proven" in out, out
@@ -367,9 +371,7 @@ def test_a_band_holding_another_keys_kernel_is_refused_by_every_reader(wheel, pr
     for reader, (code, out) in readers.items():
         assert code == 1 and said in out, (reader, out[-3000:])
         assert key in out and band.name in out and "Traceback" not in out, (reader, out[-3000:])
-    capsys.readouterr()
-    cli.main(["verify", "--dir", str(d), "--json"])
-    doc = json.loads(capsys.readouterr().out)
+    _, doc = _verify_json(capsys, "--dir", d)
     assert {f["key"] for f in doc["failures"]} == {key} and doc["ok"] == doc["keys"] - 1
 
 
@@ -397,8 +399,7 @@ def test_a_band_whose_name_is_not_its_content_hash_is_refused_naming_it(prebuilt
     name = doc["libraries"][0]["file"] = band.file.replace(band.sha256[:16], "0" * 16)
     room.libs_path.write_text(json.dumps(doc))
     (room.lib / band.file).rename(room.lib / name)
-    capsys.readouterr()
-    code, report = cli.main(["verify", "--dir", str(d), "--json"]), json.loads(capsys.readouterr().out)
+    code, report = _verify_json(capsys, "--dir", d)
     assert code == 1 and len(report["failures"]) == len(band.entries) + 1
     assert all(f"{name}: its name is not {band.file}" in f["error"] for f in report["failures"])
 
