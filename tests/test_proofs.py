@@ -197,11 +197,18 @@ def test_a_key_keeps_its_proof_under_each_flydsl_and_a_stale_one_says_what_chang
     assert proof.counts(entries)[PROVEN] == 2
     again = Proof.parse(proof.to_bytes(), "f", "gfx950", NEWEST, "FIX")
     assert again == proof and json.loads(proof.to_bytes())["flydsl"] == {other: {K: under_other.as_dict()}}
+    # proofs under other FlyDSL releases are kept in key, then FlyDSL, order, whatever order they came in
+    later = KeyProof(K, "a" * 64, dict(jit, flydsl_version="0.5.1"), ev)
+    k2_built = KeyProof(k2, "a" * 64, dict(jit, flydsl_version=built), ev)
+    mixed = Proof.of("gfx950", NEWEST, [later, k2_other, under_other, under_built, k2_built], entries)
+    assert [(p.key, p.flydsl) for p in mixed.others] == [(K, other), (K, "0.5.1"), (k2, other)]
     # a proof of a code object the entry no longer holds is dropped from the record
     assert Proof.of("gfx950", NEWEST, [under_built], {K: entry.replace(code_object_sha256="9" * 64)}).keys == {}
     # stale: what changed, named
     rebuilt = entry.replace(code_object_sha256="9" * 64, source=replace(entry.source, flydsl_version=other))
     assert under_built.change(rebuilt) == ("the code object", f"rebuilt since by FlyDSL {other}, proven under {built}")
+    same_flydsl = entry.replace(code_object_sha256="9" * 64)
+    assert under_built.change(same_flydsl) == ("the code object", "rebuilt since")
     resourced = entry.replace(source=replace(entry.source, mono_sources="f" * 16))
     what, how = under_built.change(resourced)
     assert what == "the vLLM source" and how.startswith("mono sources ffff"), how

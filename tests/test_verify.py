@@ -595,6 +595,20 @@ def test_libs_json_is_checked_per_room(tmp_path):
     assert "missing" in f.message and f.what == "libs"
 
 
+def test_a_shipped_rooms_key_linked_from_another_object_is_restored_not_relinked(tmp_path):
+    """Without objects/ nothing relinks a room: a key whose band links another object than its manifest names is
+    a disagreement of the records shipped together, and the fix copies the room again."""
+    _room(tmp_path, "gfx950", "0.33.0", KEYS)
+    shutil.rmtree(tmp_path / "gfx950" / "objects")
+    room = Room(tmp_path, "gfx950", "0.33.0")
+    doc = json.loads(room.libs_path.read_text())
+    doc["libraries"][0]["entries"][KEYS[1]] = "f" * 64
+    room.libs_path.write_text(json.dumps(doc))
+    (link,) = [p for p in verdict.problems(Room(tmp_path, "gfx950", "0.33.0"), objects=False) if p.what == "link"]
+    assert link.key == KEYS[1] and link.message.endswith("the installed manifest and libraries disagree")
+    assert link.fix == room.fix_restore and link.fix.startswith(f"copy {tmp_path} again")
+
+
 def test_each_room_whose_manifest_cannot_be_read_is_a_failure_of_its_own(tmp_path):
     """Two rooms of one folder, each manifest unreadable: verify names both
     manifests, each with its release and fix (its keys cannot be checked)."""
@@ -648,6 +662,18 @@ def test_shards_are_cut_across_releases():
     assert sorted(keys) == sorted(m.select("smoke")) and {k.release for k in keys} == {"0.33.0", "0.32.0"}
     only = m.choose("smoke", release="0.32.0", shard="0/1")
     assert only and {k.release for k in only} == {"0.32.0"}
+
+
+def test_an_empty_shard_against_jit_fails_saying_so(tmp_path):
+    """More shards than keys: a shard that holds none proves nothing, and says so rather than pass."""
+    _room(tmp_path, "gfx950", "0.33.0", KEYS)
+    m, n = matrix.load(), len(SMOKE) + 1
+    empty = next(i for i in range(n) if not m.choose("smoke", shard=f"{i}/{n}"))
+    proc = cli("verify", "--dir", tmp_path, "--against-jit", "--profile", "smoke", "--shard", f"{empty}/{n}", "--json")
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and doc["jit_checked"] == 0 and not doc["reports"], proc.stdout + proc.stderr
+    (f,) = doc["failures"]
+    assert f["error"].endswith("no key was checked: the shard asked for holds no key") and "fewer shards" in f["fix"]
 
 
 def test_a_release_tree_with_other_kernels_is_refused(tmp_path):

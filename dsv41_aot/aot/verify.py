@@ -276,11 +276,15 @@ def verify(root: Path, *, against_jit: bool, keys: list | None = None, sample: i
                             matrix_path=matrix_path, progress=progress, record=record, cache=cache)
         warnings.update((("against-jit", i), w) for i, w in enumerate(said))
         if not any(chosen.values()):  # asked for a proof, and none was made: never a silent pass
-            why = ("no room holds a key that passed its integrity checks (see the failures)" if reports
-                   else "the rooms checked hold no key" if wanted is None else "no key asked for is in a room checked")
+            if wanted == set():  # keys asked for are all known (else bad input above): an empty --shard asks none
+                why, fix = "the shard asked for holds no key", "pass --shard i/N with fewer shards (a smaller N)"
+            else:
+                why = ("no room holds a key that passed its integrity checks (see the failures)" if reports
+                       else "the rooms checked hold no key")
+                fix = f"dsv41-aot verify --dir {root} (its failures name what to fix first)"
             lib_failures.append({"key": None, "release": release, "file": str(root), "what": "jit", "serving": False,
                                  "error": f"asked to check against vLLM's JIT, but no key was checked: {why}",
-                                 "fix": f"dsv41-aot verify --dir {root} (its failures name what to fix first)"})
+                                 "fix": fix})
     proofs = []
     for room, man in mans.items():  # after --record wrote them: proof_counts reads verified.json anew
         counts, bad, warning = verdict.proof_counts(root, man)
