@@ -226,9 +226,10 @@ def test_timings_in_the_wheel_are_named(wheel, tmp_path, capsys):
         assert code == 1 and f"timings in the wheel (measured, never shipped): {member}" in out, out
 
 
-def test_a_stray_file_in_an_arch_folder_is_named(wheel, tmp_path, capsys):
-    """A file no room names, beside the arch's lib/ (RECORD lists it): the arch folder's verdict names it."""
-    member = f"{PKG}{ARCH}/stray.txt"
+@pytest.mark.parametrize("member", [f"{PKG}{ARCH}/stray.txt", f"{PKG}stray.txt"], ids=["arch folder", "kernels folder"])
+def test_a_stray_file_in_an_arch_folder_is_named(wheel, tmp_path, capsys, member):
+    """A file no room names, beside the arch's lib/ or beside the arch folders (RECORD lists it): the verdict on the
+    folder that holds it names it by its path in the wheel."""
     bad = _variant(wheel, tmp_path / "bad", extra=[(member, b"left by a build\n")])
     for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
         assert code == 1 and f"{member} is a file no room names" in out, out
@@ -307,17 +308,15 @@ def test_a_wheel_that_differs_from_its_prebuilt_dir_byte_for_byte_is_named(wheel
     assert code == 1 and f"{ROOM}verified.json differs from {path}" in out, out
 
 
-@pytest.mark.faults
-def test_auditwheel_refuses_a_band_that_needs_an_external_library(prebuilt, tmp_path, capsys):
-    """S17: a band's library that needs a library the host lacks (linked by
-    cc for the case, with the band's own SONAME and libs.json digests) is
-    refused by the audit: only the host's libamdhip64 may be external."""
-    other = Path(shutil.copytree(prebuilt, tmp_path / "other"))
+def _needs_external_library(prebuilt: Path, dest: Path) -> Path:
+    """A copy of ``prebuilt`` whose one band's library needs a library the host lacks (linked by cc for the case,
+    with the band's own SONAME and libs.json digests)."""
+    other = Path(shutil.copytree(prebuilt, dest / "other"))
     path = other / ARCH / folder_name(RELEASE) / "libs.json"
     doc = json.loads(path.read_text())
     doc["libraries"] = doc["libraries"][:1]  # one band: auditwheel on one small library
     band = doc["libraries"][0]
-    ext, so = tmp_path / "libdsv41_ext.so", tmp_path / "band.so"
+    ext, so = dest / "libdsv41_ext.so", dest / "band.so"
     for out, soname_, needs in ((ext, "libdsv41_ext.so.1", []), (so, soname(band["chunk"], band["entries"]), [ext])):
         r = subprocess.run(["cc", "-shared", "-nostdlib", "-o", out, f"-Wl,-soname,{soname_}", "-Wl,--no-as-needed",
                             *needs, "-x", "c", "-"], input="int dsv41_case;\n", capture_output=True, text=True)
@@ -330,8 +329,32 @@ def test_auditwheel_refuses_a_band_that_needs_an_external_library(prebuilt, tmp_
     band["file"] = band_file(band["chunk"], band["sha256"])  # link names a band by its bytes
     (other / ARCH / "lib" / band["file"]).write_bytes(packed)
     path.write_text(json.dumps(doc))
+    return other
+
+
+@pytest.mark.faults
+def test_auditwheel_refuses_a_band_that_needs_an_external_library(prebuilt, tmp_path, capsys):
+    """S17: only the host's libamdhip64 may be external to a band's library."""
+    other = _needs_external_library(prebuilt, tmp_path)
     code, out = _gate(capsys, check_wheel.main, "--audit-prebuilt", other)
     assert code == 1 and "external libraries besides libamdhip64: libdsv41_ext.so.1" in out, out
+
+
+@pytest.mark.faults
+def test_the_repair_step_fails_when_any_of_its_wheels_needs_an_external_library(wheel, prebuilt, tmp_path, capsys):
+    """cibuildwheel's repair step (``--audit-only``) over several wheels exits 1 when one fails, whichever it is."""
+    other = _needs_external_library(prebuilt, tmp_path)  # its one band, in the wheel in place of the wheel's one
+    libs = (other / ARCH / folder_name(RELEASE) / "libs.json").read_bytes()
+    (band,) = (other / ARCH / "lib").iterdir()
+    with zipfile.ZipFile(wheel) as z:
+        old = [n for n in z.namelist() if n.startswith(f"{PKG}{ARCH}/lib/")]
+    bad = _variant(wheel, tmp_path / "bad", change=lambda n, data: libs if n == ROOM + "libs.json" else data,
+                   drop=old, extra=[(f"{PKG}{ARCH}/lib/{band.name}", band.read_bytes())])
+    assert _gate(capsys, check_wheel.main, "--audit-only", wheel)[0] == 0
+    for wheels in ((wheel, bad), (bad, wheel)):
+        code, out = _gate(capsys, check_wheel.main, "--audit-only", *wheels)
+        assert code == 1 and f"{bad.name}: auditwheel on 1 raw libraries: auditwheel: external libraries besides " \
+                              f"libamdhip64: libdsv41_ext.so.1" in out, out
 
 
 # ---------------------------------------------------------------- a band's code, judged by every reader
