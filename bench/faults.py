@@ -7,7 +7,8 @@ verify --dir, verify --wheel, check_wheel, the wheel gate, doctor, link,
 merge, the build's up-to-date judgement, the loader). It prints each case
 whose readers differ (the tampering, its form, who accepted and who
 refused), marked by design, known open (with its defect id) or DISAGREE, and
-each refusal that names neither the file nor the key; then
+each refusal that names neither the file nor the key or prints no command
+that fixes it; then
 
     tamperings N, readers M, agree A, disagree D
 
@@ -115,7 +116,7 @@ def report(args, tamperings, cases, done, t0, load0) -> int:
 
     verdicts = [T.judge(t, f, done[i], R.QUIET) for i, (t, f) in enumerate(cases)]
     differ = [v for v in verdicts if v.differ]
-    unnamed = [v for v in verdicts if v.status in ("UNNAMED", "CRASH") or (not v.differ and v.status == "known open")]
+    unnamed = [v for v in verdicts if v.status in ("UNNAMED", "NO FIX", "CRASH") or (not v.differ and v.status == "known open")]
     for v in sorted(differ + unnamed, key=lambda v: (v.status, v.tampering.name, v.form)):
         print(v.line())
     used = {p for v in verdicts if v.status == "known open" for p in T.KNOWN_OPEN
@@ -129,6 +130,7 @@ def report(args, tamperings, cases, done, t0, load0) -> int:
           f"open, {count['DISAGREE']} unexplained; "
           f"{sum(v.status == 'UNNAMED' for v in verdicts)} refusals name neither the file nor the key "
           f"(+{sum(v.status == 'known open' and not v.differ for v in verdicts)} known open); "
+          f"{sum(v.status == 'NO FIX' for v in verdicts)} refusals without the command that fixes them; "
           f"{sum(v.status == 'CRASH' for v in verdicts)} tracebacks")
     for p in sorted(set(T.KNOWN_OPEN) - used) if not args.k else ():
         print(f"  KNOWN_OPEN {p!r} is needed by no case: remove it")
@@ -143,7 +145,7 @@ def report(args, tamperings, cases, done, t0, load0) -> int:
     load1 = os.getloadavg()
     print(f"  wall {time.perf_counter() - t0:.0f} s with {args.jobs} worker(s) on {os.cpu_count()} cores; load "
           f"average {load0[0]:.1f} before, {load1[0]:.1f} after")
-    return 1 if count["DISAGREE"] or failed or any(v.status in ("UNNAMED", "CRASH") for v in verdicts) else 0
+    return 1 if count["DISAGREE"] or failed or any(v.status in ("UNNAMED", "NO FIX", "CRASH") for v in verdicts) else 0
 
 
 def suite(args) -> int:

@@ -161,6 +161,8 @@ def main(argv=None) -> int:
                     print(f"  {p}", file=sys.stderr)
                 if args.require_proofs and r["unproven"]:
                     print(f"  unproven: {len(r['unproven'])} key(s), e.g. {r['unproven'][0]}", file=sys.stderr)
+                if r["fix"]:
+                    print(f"  fix: {r['fix']}", file=sys.stderr)
     except AotError as e:  # bad input, such as a file that is not a sound zip
         print(f"ci/check_wheel.py: error: {e}", file=sys.stderr)
         return e.exit_code

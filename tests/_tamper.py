@@ -794,6 +794,15 @@ def named(t: Tampering, text: str) -> bool:
     return any(w in text for w in words)
 
 
+def fixed(text: str) -> bool:
+    """Whether a refusal names the command that fixes it: a ``fix:`` line, and no error printed without one.
+
+    The loader's lines read ``Error: message (fix: command)``; each must carry a command."""
+    lines = [line.strip() for line in text.splitlines()]
+    return any(line.startswith("fix:") or "(fix: " in line for line in lines) \
+        and not any(line.endswith("(fix: None)") for line in lines)
+
+
 def matches(table: dict, *subjects: str):
     """The first value of ``table`` whose pattern matches one of ``subjects``, else None."""
     return next((v for pat, v in table.items() for s in subjects if fnmatch.fnmatchcase(s, pat)), None)
@@ -804,7 +813,8 @@ class Verdict:
     """What the readers said of one case and what the matrix makes of it.
 
     ``status``: agree, by design, known open, DISAGREE (readers that count
-    differ), UNNAMED (a refusal names neither the file nor the key) or CRASH
+    differ), UNNAMED (a refusal names neither the file nor the key), NO FIX
+    (a refusal prints no command that fixes it) or CRASH
     (a reader failed with a traceback: exit 70, a bug whatever the input)."""
 
     tampering: Tampering
@@ -848,6 +858,9 @@ def judge(t: Tampering, form: str, results: dict, quiet=()) -> Verdict:
         if all(why):
             return Verdict(t, form, results, "known open", why[0])
         return Verdict(t, form, results, "UNNAMED", f"no file or key named by {', '.join(unnamed)}")
+    unfixed = [r for r, (ok, text) in results.items() if not ok and r not in quiet and not fixed(text)]
+    if unfixed:
+        return Verdict(t, form, results, "NO FIX", f"no fix printed by {', '.join(unfixed)}")
     differ = len({ok for ok, _ in results.values()}) > 1
     return Verdict(t, form, results, "by design" if differ else "agree",
                    matches({p: f"BY_DESIGN {p!r}" for p in BY_DESIGN}, where) if differ else "")

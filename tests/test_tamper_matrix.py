@@ -7,9 +7,10 @@ package); the readers (tests/_tamper_readers.py: verify --dir, verify
 --wheel, check_wheel, the wheel gate, doctor, link, merge, the build's
 up-to-date judgement and the loader, which binds and launches every key
 through the recording HIP) must then all refuse or all accept, and each
-refusal must name the key the damage is about, else its file. The few
-disagreements a reader's purpose explains stand in ``BY_DESIGN``; those of
-defects still open in ``KNOWN_OPEN``, by defect id.
+refusal must name the key the damage is about, else its file, and print
+the command that fixes it. The few disagreements a reader's purpose
+explains stand in ``BY_DESIGN``; those of defects still open in
+``KNOWN_OPEN``, by defect id.
 
 Here a seeded sample runs: of every kind of damage (action and record), a
 case in the wheel and one in a folder form (drawn by how many readers read
@@ -59,7 +60,7 @@ def test_every_reader_gives_one_verdict_on_a_seeded_sample_of_tamperings(base, t
     for i, (t, form) in enumerate(cases):
         results = run(base, t, form, tmp_path / f"case-{i}")
         verdict = judge(t, form, results, QUIET)
-        if verdict.status in ("DISAGREE", "UNNAMED", "CRASH"):
+        if verdict.status in ("DISAGREE", "UNNAMED", "NO FIX", "CRASH"):
             texts = "\n".join(f"--- {r}: {text.strip()[-600:]}" for r, (ok, text) in sorted(results.items()))
             wrong.append(f"{verdict.line()}\n{texts}")
         fix = first_fix(results["verify --dir"][1]) if form == "built" and not results["verify --dir"][0] else None

@@ -31,6 +31,7 @@ from _smoke import cli as cli_process
 from ci import check_wheel
 from ci import prebuilt as gate
 from dsv41_aot import cli
+from dsv41_aot.aot.wheel import FIX_DOWNLOAD, FIX_PROVE
 from dsv41_aot.linkrecord import band_file, soname
 from dsv41_aot.manifest import folder_name
 from dsv41_aot.room import Room
@@ -141,7 +142,8 @@ def test_the_wheel_is_sound_and_proven(wheel, prebuilt, capsys):
     assert code == 0 and re.search(rf"{n} keys, {n} proven against vLLM's JIT; proven under FlyDSL \S+: {n}\n", out), out
     assert _check(capsys, "--require-proofs", "--prebuilt", prebuilt, wheel)[0] == 0
     code, doc = _verify_json(capsys, "--wheel", wheel)
-    assert code == 0 and doc["arches"] == [ARCH]
+    assert code == 0 and doc["arches"] == [ARCH] and doc["fix"] is None
+    assert "fix:" not in out, out
     code, out = _verify(capsys, "--dir", prebuilt)  # the folder it was built from: its proofs, one line a room
     said = f"proofs {ARCH} vLLM {RELEASE}: {n} of {n} keys carry a proof against vLLM's JIT"
     assert code == 0 and any(line.startswith(said) for line in out.splitlines()), out
@@ -211,11 +213,15 @@ def test_a_wheel_proven_against_the_jit_is_judged_as_a_whole_too(wheel, tmp_path
 
 @pytest.mark.faults
 def test_a_member_record_lists_and_the_wheel_lacks_is_named(wheel, tmp_path, capsys):
-    """S11: a file RECORD lists but the wheel does not hold."""
+    """S11: a file RECORD lists but the wheel does not hold. Like every wheel that fails its judge, it is
+    downloaded again or rebuilt: each gate prints that fix."""
     member = "dsv41_aot/cli/doctor.py"
     bad = _variant(wheel, tmp_path / "bad", drop=(member,), record=False)
     for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
         assert code == 1 and f"{member} is listed in" in out and "but not in the wheel" in out, out
+        assert f"fix: {FIX_DOWNLOAD}" in out, out
+    code, doc = _verify_json(capsys, "--wheel", bad)
+    assert code == 1 and doc["fix"] == FIX_DOWNLOAD and {f["fix"] for f in doc["failures"]} == {FIX_DOWNLOAD}, doc
 
 
 def test_timings_in_the_wheel_are_named(wheel, tmp_path, capsys):
@@ -288,11 +294,14 @@ def test_a_sound_wheel_with_an_unproven_key_fails_naming_it(wheel, prebuilt, tmp
                                          "another code object": ": its proof names another code object"}[how]
     code, doc = _verify_json(capsys, "--wheel", bad)
     assert code == 1 and doc["problems"] == [] and doc["unproven"] == [want], doc
+    assert doc["fix"] == FIX_PROVE and doc["failures"][0]["fix"] == FIX_PROVE, doc
     code, out = _verify(capsys, "--wheel", bad)
     assert code == 1 and f"unproven: 1 key(s), e.g. {want}" in out and "29 proven" in out, out
+    assert f"fix: {FIX_PROVE}" in out, out
     code, out = _check(capsys, "--require-proofs", bad)
-    assert code == 1 and want in out, out
-    assert _check(capsys, bad)[0] == 0
+    assert code == 1 and want in out and f"fix: {FIX_PROVE}" in out, out
+    code, out = _check(capsys, bad)
+    assert code == 0 and "fix:" not in out, out
 
 
 # ---------------------------------------------------------------- the release's checks: --prebuilt, auditwheel

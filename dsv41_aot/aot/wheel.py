@@ -23,8 +23,10 @@ from ..listing import arch_problems, built_rooms, rooms_in_members
 
 PKG = "dsv41_aot/kernels_prebuilt/"  # where a wheel carries its rooms
 PLAT = "manylinux_2_28_x86_64"  # a kernels wheel's platform tag (host libraries, no Python extension)
-FIX = "rebuild the wheel from a prebuilt dir that passes: python ci/prebuilt.py DIR"
-FIX_DOWNLOAD = "download the wheel again (pip download --no-deps dsv41-aot), or rebuild it"
+FIX = "rebuild the wheel from a prebuilt dir that passes: ci/wheels.sh DIR (it checks DIR with ci/prebuilt.py)"
+FIX_DOWNLOAD = f"download the wheel again (pip download --no-deps dsv41-aot), or {FIX}"
+FIX_PROVE = f"prove its keys in the prebuilt dir it was built from (dsv41-aot verify --dir DIR --against-jit " \
+            f"--record), then {FIX}"
 
 
 def open_wheel(wheel: Path) -> zipfile.ZipFile:
@@ -190,7 +192,8 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
     checkwheel`` all ask it. ``problems`` lists what pip or RECORD would
     show, the tags and requirements, foreign rooms and stray files, and
     each room's own verdict; ``unproven`` the keys without a proof against
-    vLLM's JIT (a failure when ``require_proofs``). With ``prebuilt`` the
+    vLLM's JIT (a failure when ``require_proofs``); ``fix`` the command that
+    mends a failed wheel (None when it passes). With ``prebuilt`` the
     kernels must be that folder's, byte for byte; ``audit`` (raw libraries
     ``{name: bytes}`` -> (external libraries, problems)) is the gate's
     auditwheel step. A file that
@@ -198,7 +201,7 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
     wheel = Path(wheel)
     problems: list = []
     out = {"wheel": wheel.name, "bytes": wheel.stat().st_size, "problems": problems, "unproven": [], "rooms": [],
-           "bands": [], "arches": [], "failed": True}
+           "bands": [], "arches": [], "failed": True, "fix": FIX_DOWNLOAD}
     libraries: dict = {}
     try:
         z = open_wheel(wheel)  # a sound zip whose members all install inside the target folder
@@ -220,7 +223,7 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
         if not arches:
             if tags != ["py3-none-any"]:
                 problems.append(f"a wheel without kernels tagged {tags}, expected py3-none-any")
-            out["failed"] = bool(problems)
+            out.update(failed=bool(problems), fix=FIX_DOWNLOAD if problems else None)
             return out
         if tags != [f"py3-none-{PLAT}"]:
             problems.append(f"kernels wheel tagged {tags}, expected py3-none-{PLAT}")
@@ -254,6 +257,7 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
         out["auditwheel_external"], found = audit(libraries)
         problems += found
     out["failed"] = bool(problems or (require_proofs and out["unproven"]))
+    out["fix"] = FIX_DOWNLOAD if problems else FIX_PROVE if out["failed"] else None
     return out
 
 

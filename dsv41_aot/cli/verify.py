@@ -83,8 +83,9 @@ def run(args) -> int:
         if args.json:
             fields = {k: v for k, v in r.items() if k not in ("keys", "failed")}  # tally's own counts
             print_json(tally(sum(room["keys"] for room in r["rooms"]), sum(room["proven"] for room in r["rooms"]),
-                             [{"key": None, "error": p} for p in r["problems"]]
-                             + [{"key": k, "error": "no proof against vLLM's JIT"} for k in r["unproven"]], **fields))
+                             [{"key": None, "error": p, "fix": r["fix"]} for p in r["problems"]]
+                             + [{"key": k, "error": "no proof against vLLM's JIT", "fix": r["fix"]}
+                                for k in r["unproven"]], **fields))
         else:
             print_wheel_report(r)
         return 1 if r["failed"] else 0
@@ -149,3 +150,5 @@ def print_wheel_report(r: dict) -> None:
     if r["unproven"]:
         print(f"  unproven: {len(r['unproven'])} key(s), e.g. {r['unproven'][0]}")
     print(f"{r['wheel']}: {'FAILED' if r['failed'] else 'ok'}")
+    if r["fix"]:
+        print(f"fix: {r['fix']}", file=sys.stderr)
