@@ -95,6 +95,20 @@ def band_of(doc: dict, key: str) -> dict:
     return next(lib for lib in doc["libraries"] if key in lib["entries"])
 
 
+def forge_band(root: Path, arch: str, path: Path, doc: dict, lib: dict, packed: bytes, **fields) -> None:
+    """Put ``packed`` in place of band ``lib`` (of ``doc``, the libs.json at ``path``) under the name its sha256
+    makes, libs.json forged to match: every record agrees, as a forger would leave it. ``fields`` too are set."""
+    import hashlib
+
+    from dsv41_aot.linkrecord import band_file
+
+    (libdir(root, arch) / lib["file"]).unlink()
+    lib.update(sha256=hashlib.sha256(packed).hexdigest(), bytes=len(packed), **fields)
+    lib["file"] = band_file(lib["chunk"], lib["sha256"])
+    (libdir(root, arch) / lib["file"]).write_bytes(packed)
+    path.write_text(json.dumps(doc))
+
+
 def cli(*args, check: bool = False, cwd=REPO, timeout: float = 1800, **kw) -> subprocess.CompletedProcess:
     """``dsv41-aot ARGS`` in a subprocess, the suite's one CLI runner: its CompletedProcess (text).
 

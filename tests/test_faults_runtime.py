@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import OLD, REPO, band_of, copy_of, libdir, libs_json, room
+from _smoke import OLD, REPO, band_of, copy_of, forge_band, libdir, libs_json, room
 import dsv41_aot
 from dsv41_aot.errors import (
     HipVersionError,
@@ -42,7 +42,7 @@ from dsv41_aot.errors import (
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.manifest import abi_id
 from dsv41_aot.room import Room
-from dsv41_aot.linkrecord import Band, band_file
+from dsv41_aot.linkrecord import Band
 from dsv41_aot.runtime import loader, state
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -79,16 +79,6 @@ def _bind_refused(d: Path, error, match: str, key: str = K1):
     return e.value
 
 
-def _forge_band(prebuilt: Path, path: Path, doc: dict, lib: dict, packed: bytes, **fields) -> None:
-    """Put ``packed`` in place of band ``lib`` under the name its sha256 makes, libs.json forged to match (every
-    record agrees, as a forger would leave it)."""
-    (libdir(prebuilt, "gfx950") / lib["file"]).unlink()
-    lib.update(sha256=hashlib.sha256(packed).hexdigest(), bytes=len(packed), **fields)
-    lib["file"] = band_file(lib["chunk"], lib["sha256"])
-    (libdir(prebuilt, "gfx950") / lib["file"]).write_bytes(packed)
-    path.write_text(json.dumps(doc))
-
-
 # ---------------------------------------------------------------- byte flips
 
 
@@ -108,7 +98,7 @@ def test_byte_flip_in_a_band_with_a_forged_sha256(prebuilt, fresh):
     band = libdir(prebuilt, "gfx950") / lib["file"]
     data = bytearray(band.read_bytes())
     data[len(data) // 2] ^= 0x10
-    _forge_band(prebuilt, path, doc, lib, bytes(data))  # the record forged to match the flipped band
+    forge_band(prebuilt, "gfx950", path, doc, lib, bytes(data))  # the record forged to match the flipped band
     _bind_refused(prebuilt, IntegrityError, "not an xz band|raw_sha256")
 
 
@@ -118,7 +108,7 @@ def test_altered_library_recompressed_with_a_forged_band_sha256(prebuilt, fresh)
     band = libdir(prebuilt, "gfx950") / lib["file"]
     raw = bytearray(lzma.decompress(band.read_bytes()))
     raw[len(raw) // 2] ^= 0x01  # one byte of code changed, then packed again as a valid band
-    _forge_band(prebuilt, path, doc, lib, lzma.compress(bytes(raw), format=lzma.FORMAT_XZ))
+    forge_band(prebuilt, "gfx950", path, doc, lib, lzma.compress(bytes(raw), format=lzma.FORMAT_XZ))
     _bind_refused(prebuilt, IntegrityError, "decompresses to a library whose sha256 is not the raw_sha256")
 
 
@@ -233,7 +223,7 @@ def test_a_band_whose_metadata_names_another_arch_is_refused(prebuilt, fresh):
     raw = lzma.decompress(band.read_bytes())
     assert raw.count(b'"arch":"gfx950"') >= len(lib["entries"])
     raw = raw.replace(b'"arch":"gfx950"', b'"arch":"gfx942"')
-    _forge_band(prebuilt, path, doc, lib, lzma.compress(raw, format=lzma.FORMAT_XZ),
+    forge_band(prebuilt, "gfx950", path, doc, lib, lzma.compress(raw, format=lzma.FORMAT_XZ),
                 raw_sha256=hashlib.sha256(raw).hexdigest(), raw_bytes=len(raw))
     launcher = dsv41_aot.load_key(K1, prebuilt=prebuilt)
     with pytest.raises(IntegrityError, match=rf"{K1}: .*__metadata describes \S+ for gfx942") as e:

@@ -12,7 +12,6 @@ rebuilds the key.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -23,9 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import OLD, REPO, band_of, copy_of, libdir, libs_json, room, run_cli
+from _smoke import OLD, REPO, band_of, copy_of, forge_band, libdir, libs_json, room, run_cli
 
-from dsv41_aot.linkrecord import band_file
 
 K1, K2W = "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=44,tp=4,r=1,i=1"  # two bands of gfx950's 0.33.0 room
 NEWEST = "0.33.0"
@@ -220,13 +218,7 @@ def stray_folder_in_lib(d, tmp):
 def band_not_xz(d, tmp):
     """A band that is no xz stream, its digest and name in libs.json made to match its bytes."""
     path, doc = libs_json(d)
-    lib = band_of(doc, K1)
-    (libdir(d, "gfx950") / lib["file"]).unlink()
-    data = b"not an xz stream\n" * 64
-    lib.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
-    lib["file"] = band_file(lib["chunk"], lib["sha256"])
-    (libdir(d, "gfx950") / lib["file"]).write_bytes(data)
-    path.write_text(json.dumps(doc))
+    forge_band(d, "gfx950", path, doc, band_of(doc, K1), b"not an xz stream\n" * 64)
 
 
 def libs_json_not_an_object(d, tmp):
