@@ -75,3 +75,32 @@ def test_a_manifest_entry_filed_under_another_key_is_refused_naming_both(tmp_pat
     with pytest.raises(ManifestError) as e:
         room.manifest()
     assert f"{path}: entry {a} names key {b!r} / arch 'gfx942'" in str(e.value) and e.value.fix
+
+
+@pytest.mark.parametrize("sha", ["c" * 63, "C" * 64, 7, None])
+def test_a_key_linked_from_an_object_digest_that_is_no_sha256_is_refused(sha):
+    """Each key of a band names the sha256 of the object it was linked from: anything else is refused, naming the
+    key and the band."""
+    doc = json.loads(_record("libdsv41_s01-08.0123456789ab.so.xz"))
+    doc["libraries"][0]["entries"][K] = sha
+    with pytest.raises(ManifestError) as e:
+        LinkRecord.parse(json.dumps(doc).encode(), "/d/gfx950/vllm-0.33.0/libs.json", "gfx950", NEWEST, "FIX")
+    assert f"libdsv41_s01-08.0123456789ab.so.xz links {K} from object {sha!r}, not a sha256" in e.value.message
+    assert e.value.fix == "FIX"
+
+
+def test_compile_seconds_in_an_older_manifest_move_to_timings_json(tmp_path):
+    """A manifest written before timings.json held each entry's compile seconds in the entry: read, they are the
+    room's timings and no longer the entry's, and the next write moves them to timings.json."""
+    room = Room(tmp_path / "p", "gfx942", NEWEST)
+    shutil.copytree(Room(deployment("gfx942-tp4"), "gfx942", NEWEST).dir, room.dir)
+    (room.dir / "timings.json").unlink(missing_ok=True)
+    doc = json.loads(room.manifest_path.read_text())
+    key = sorted(doc["entries"])[0]
+    doc["entries"][key]["compile_seconds"] = 3.5
+    room.manifest_path.write_text(json.dumps(doc))
+    man = room.manifest()
+    assert man.migrated and man.timings == {key: 3.5} and "compile_seconds" not in man.entries[key].extra
+    man.write()
+    assert json.loads((room.dir / "timings.json").read_text()) == {key: 3.5}
+    assert "compile_seconds" not in room.manifest_path.read_text()

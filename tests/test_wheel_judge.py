@@ -459,6 +459,21 @@ def test_keys_the_wheel_does_not_hold_are_named_by_the_wheel(wheel, capsys, opti
     assert f"fix: ask only for what it holds (dsv41-aot verify --wheel {wheel} lists it)" in out
 
 
+@pytest.mark.faults
+def test_keys_an_installed_package_does_not_hold_are_named_by_its_folder(wheel, tmp_path, capsys):
+    """The same for the kernels pip installed (``verify --dir`` of them with --record works on a copy): the
+    folder asked about is named, and the fix lists what it holds."""
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+                        tmp_path / "site", wheel], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    folder = tmp_path / "site" / PKG.rstrip("/")
+    key = "k1@gfx950:s=4,tp=4,r=1"
+    code, out = _verify(capsys, "--dir", folder, "--against-jit", "--record", "--no-progress", "--key", key)
+    assert code == 2 and f"{folder} does not hold 1 of the keys asked for: {key}" in out, out
+    assert "dsv41-verify-shipped" not in out and "--out" not in out, out
+    assert f"fix: ask only for what it holds (dsv41-aot verify --dir {folder} lists it)" in out, out
+
+
 def test_a_vllm_extra_that_is_no_version_specifier_is_refused_with_one_that_is():
     """The range a wheel serves is read as PEP 440; one that does not read names an example to write instead."""
     from dsv41_aot.aot.wheel import admits
