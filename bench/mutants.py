@@ -48,6 +48,7 @@ from dsv41_aot.aot.cache import ENV_BUILD_CACHE  # noqa: E402
 
 MUTMUT = Path(sys.executable).parent / "mutmut"
 SHARED = "DSV41_AOT_TEST_SHARED"  # tests/conftest.py: the test session's folder
+TAMPER_SEED = "DSV41_AOT_TAMPER_SEED"  # tests/test_tamper_matrix.py: the seed of its sample
 PREBUILT = "DSV41_AOT_TEST_PREBUILT"  # tests/_smoke.py: a built smoke dir, copied instead of compiled
 CAUGHT = {"killed", "timeout"}  # a mutant that hangs the tests is caught too: the run fails
 
@@ -306,6 +307,7 @@ def run(args) -> int:
         env = {k: v for k, v in os.environ.items() if k not in drop}
         if prebuilt:
             env[PREBUILT] = str(Path(prebuilt).resolve())
+        env.setdefault(TAMPER_SEED, "0")  # tests/test_tamper_matrix.py draws the same sample under every mutant
         # the full deployments, found beside this checkout: the copy has no ../shared, so their tests would skip
         # (and every mutant they check survive)
         sys.path.insert(0, str(REPO / "tests"))
