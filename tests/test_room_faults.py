@@ -325,6 +325,19 @@ def test_fault_table(smoke_dir, tmp_path, fault, kind, loader):
     assert loader_verdict(d, release) == "ok"
 
 
+def test_an_entry_that_differs_from_its_object_names_each_field(smoke_dir, tmp_path):
+    """An entry whose figures were edited: verify names the key and every field its object does not match."""
+    d = copy_of(smoke_dir, tmp_path / "p")
+    path = room(d, "gfx950") / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["entries"][K1]["code_object_bytes"] += 1
+    doc["entries"][K1]["resources"]["lds_bytes"] += 1
+    path.write_text(json.dumps(doc))
+    code, doc = verify_json(d)
+    (own,) = [f for f in doc["failures"] if f["key"] == K1]
+    assert code == 1 and "manifest entry differs from its object's: code_object_bytes, resources" in own["error"], own
+
+
 # ---------------------------------------------------------------- rooms of another vLLM tree
 
 

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import warnings
 import zipfile
 from pathlib import Path
@@ -222,6 +223,17 @@ def test_a_member_record_lists_and_the_wheel_lacks_is_named(wheel, tmp_path, cap
         assert f"fix: {FIX_DOWNLOAD}" in out, out
     code, doc = _verify_json(capsys, "--wheel", bad)
     assert code == 1 and doc["fix"] == FIX_DOWNLOAD and {f["fix"] for f in doc["failures"]} == {FIX_DOWNLOAD}, doc
+
+
+def test_a_kernels_wheel_tag_on_a_wheel_without_kernels_fails(wheel, tmp_path, capsys):
+    """The plain wheel (runtime and build commands, no kernels) is py3-none-any: a wheel without kernels that
+    claims the kernels wheel's platform tag fails, with the fix."""
+    with zipfile.ZipFile(wheel) as z:
+        kernels = [n for n in z.namelist() if n.startswith(PKG)]
+    bad = _variant(wheel, tmp_path / "bad", drop=kernels)
+    for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
+        assert code == 1 and "a wheel without kernels tagged ['py3-none-manylinux_2_28_x86_64'], expected " \
+                              "py3-none-any" in out and f"fix: {FIX_DOWNLOAD}" in out, out
 
 
 def test_timings_in_the_wheel_are_named(wheel, tmp_path, capsys):
@@ -457,6 +469,27 @@ def test_keys_the_wheel_does_not_hold_are_named_by_the_wheel(wheel, capsys, opti
     assert code == 2 and (f"{wheel} does not hold" in out or f"{wheel} holds no vLLM 0.32.0" in out), out
     assert "dsv41-verify-shipped" not in out and "--out" not in out, out
     assert f"fix: ask only for what it holds (dsv41-aot verify --wheel {wheel} lists it)" in out
+
+
+@pytest.mark.faults
+def test_a_proof_of_a_damaged_wheel_names_the_wheel_when_tmpdir_is_a_symlink(wheel, prebuilt, tmp_path, capsys,
+                                                                             monkeypatch):
+    """verify --wheel --against-jit works on a scratch copy; each failure names the wheel's member instead, even
+    where the temporary folder is reached through a symlink (resolved, it is another path)."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "link"))
+
+    def flip(name, data):
+        return data[:100] + bytes([data[100] ^ 1]) + data[101:] if name.startswith(f"{PKG}{ARCH}/lib/") else data
+
+    bad = _variant(wheel, tmp_path / "bad", flip)
+    key = _keys(prebuilt)[0]
+    code, doc = _verify_json(capsys, "--wheel", bad, "--against-jit", "--no-progress", "--key", key)
+    said = json.dumps(doc)
+    assert code == 1 and doc["jit_checked"] == 0 and "dsv41-verify-shipped" not in said, said
+    (band,) = [f for f in doc["failures"] if f["what"] == "band"]
+    assert band["file"].startswith(f"{bad}!/{ARCH}/lib/") and key in band["keys"], band
 
 
 @pytest.mark.faults
