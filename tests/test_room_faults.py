@@ -353,6 +353,18 @@ def _set_sources(d: Path, digest: str, keys) -> None:
 
 
 @pytest.mark.faults
+def test_building_some_keys_of_a_room_of_another_tree_is_refused_naming_what_differs(smoke_dir, tmp_path):
+    """A room built from other mono sources: rebuilding one key from this vLLM would leave it of two sources.
+    The build stops before it compiles (exit 2), naming both sources and which identity fields differ."""
+    d = copy_of(smoke_dir, tmp_path / "p")
+    other = "0123456789abcdef"
+    _set_sources(d, other, json.loads((room(d, "gfx950") / "manifest.json").read_text())["entries"])
+    code, out, err = run_cli("build", "--out", d, "--key", K1, check=False)
+    assert code == 2 and f"were built from mono sources {other} (vLLM {NEWEST})" in err, err
+    assert "; mono_sources differ. Building only some keys" in err and "fix: rebuild the whole room" in err, err
+
+
+@pytest.mark.faults
 def test_proving_a_room_of_another_tree_is_refused_at_once_naming_the_tree(smoke_dir, tmp_path):
     """Q4 of the fault report at 3f0364f: the stale-proof warning's command
     (``Room.prove_cmd``) on a room built from another vLLM tree JIT-built

@@ -609,6 +609,18 @@ def test_a_shipped_rooms_key_linked_from_another_object_is_restored_not_relinked
     assert link.fix == room.fix_restore and link.fix.startswith(f"copy {tmp_path} again")
 
 
+def test_an_unreadable_proof_record_is_a_proof_failure_the_room_still_serves(tmp_path):
+    """verified.json cut short: verify names it as the room's proof problem, which the loader never reads (it
+    serves the room), and whose fix proves the room again."""
+    _room(tmp_path, "gfx950", "0.33.0", KEYS)
+    room = Room(tmp_path, "gfx950", "0.33.0")
+    room.verified_path.write_text('{"version": 4, "keys": {')
+    r = cli("verify", "--dir", tmp_path, "--json")
+    (proof,) = [f for f in json.loads(r.stdout)["failures"] if f["file"] == str(room.verified_path)]
+    assert r.returncode == 1 and (proof["what"], proof["serving"]) == ("proof", False), proof
+    assert "--against-jit --record" in proof["fix"], proof
+
+
 def test_each_room_whose_manifest_cannot_be_read_is_a_failure_of_its_own(tmp_path):
     """Two rooms of one folder, each manifest unreadable: verify names both
     manifests, each with its release and fix (its keys cannot be checked)."""

@@ -144,6 +144,9 @@ def test_the_wheel_is_sound_and_proven(wheel, prebuilt, capsys):
     assert _check(capsys, "--require-proofs", "--prebuilt", prebuilt, wheel)[0] == 0
     code, doc = _verify_json(capsys, "--wheel", wheel)
     assert code == 0 and doc["arches"] == [ARCH] and doc["fix"] is None
+    with zipfile.ZipFile(wheel) as z:  # what pip unpacks of the kernels, and what it downloads of them
+        sizes = [(i.file_size, i.compress_size) for i in z.infolist() if i.filename.startswith(PKG)]
+    assert (doc["kernel_bytes"], doc["kernel_compressed_bytes"]) == tuple(map(sum, zip(*sizes))), doc
     assert "fix:" not in out, out
     code, out = _verify(capsys, "--dir", prebuilt)  # the folder it was built from: its proofs, one line a room
     said = f"proofs {ARCH} vLLM {RELEASE}: {n} of {n} keys carry a proof against vLLM's JIT"
@@ -267,6 +270,7 @@ def test_a_member_in_the_wheel_twice_is_named(wheel, tmp_path, capsys):
     bad = _variant(wheel, tmp_path / "bad", extra=[(member, data)])
     for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
         assert code == 1 and f"member {member!r} is in the wheel twice" in out, out
+        assert f"fix: {FIX_DOWNLOAD}" in out, out
 
 
 @pytest.mark.faults
@@ -475,7 +479,8 @@ def test_keys_the_wheel_does_not_hold_are_named_by_the_wheel(wheel, capsys, opti
 def test_a_proof_of_a_damaged_wheel_names_the_wheel_when_tmpdir_is_a_symlink(wheel, prebuilt, tmp_path, capsys,
                                                                              monkeypatch):
     """verify --wheel --against-jit works on a scratch copy; each failure names the wheel's member instead, even
-    where the temporary folder is reached through a symlink (resolved, it is another path)."""
+    where the temporary folder is reached through a symlink (resolved, it is another path), and its fix is the
+    wheel's: a sound wheel, never a copy of the copy."""
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "link"))
@@ -490,6 +495,8 @@ def test_a_proof_of_a_damaged_wheel_names_the_wheel_when_tmpdir_is_a_symlink(whe
     assert code == 1 and doc["jit_checked"] == 0 and "dsv41-verify-shipped" not in said, said
     (band,) = [f for f in doc["failures"] if f["what"] == "band"]
     assert band["file"].startswith(f"{bad}!/{ARCH}/lib/") and key in band["keys"], band
+    assert {f["what"] for f in doc["failures"]} >= {"band", "wheel"}, said
+    assert doc["fixes"] == [FIX_DOWNLOAD, f"dsv41-aot verify --wheel {bad} (its failures name what to fix first)"]
 
 
 @pytest.mark.faults

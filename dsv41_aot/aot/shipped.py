@@ -13,7 +13,6 @@ from pathlib import Path
 from ..errors import AotError
 from ..listing import rooms_in
 from ..proof import VERIFIED
-from ..room import REINSTALL
 from .verify import fixes, verify
 
 
@@ -48,7 +47,7 @@ def verify_shipped(*, wheel: Path | None = None, folder: Path | None = None, **k
     import shutil
     import tempfile
 
-    from .wheel import PKG, judge, open_wheel
+    from .wheel import FIX_DOWNLOAD, PKG, judge, open_wheel
 
     verdict = judge(wheel) if wheel is not None else None
     with tempfile.TemporaryDirectory(prefix="dsv41-verify-shipped-") as tmp:
@@ -63,10 +62,10 @@ def verify_shipped(*, wheel: Path | None = None, folder: Path | None = None, **k
         else:
             shutil.copytree(folder, root, ignore=shutil.ignore_patterns("__pycache__"))
         shown = f"{Path(wheel).resolve()}!" if wheel is not None else str(Path(folder).resolve())
+        given, flag = (wheel, "--wheel") if wheel is not None else (folder, "--dir")
         try:
             report = verify(root, **kw)
         except AotError as e:  # named by the wheel or folder asked about, never by the scratch copy
-            given, flag = (wheel, "--wheel") if wheel is not None else (folder, "--dir")
             fix = e.fix if str(root) not in (e.fix or "") else f"ask only for what it holds (dsv41-aot verify {flag} " \
                                                                f"{given} lists it)"  # a wheel is not built into
             raise type(e)(e.message.replace(f"{root}/", f"{shown}/").replace(str(root), str(given)), fix=fix) from None
@@ -75,11 +74,16 @@ def verify_shipped(*, wheel: Path | None = None, folder: Path | None = None, **k
             for room in rooms_in(root):
                 if room.has(VERIFIED):
                     recorded[room.name] = json.loads(room.proof().to_bytes())
-        report = json.loads(json.dumps(report).replace(str(root), shown))
+        named = json.dumps(report).replace(f"dsv41-aot verify --dir {root}", f"dsv41-aot verify {flag} {given}")
+        report = json.loads(named.replace(str(root), shown))
+        restore = {room.fix_restore.replace(str(root), shown) for room in rooms_in(root)}  # "copy the copy again"
     report["recorded"] = recorded
-    if verdict is not None:
+    if verdict is not None:  # a wheel is mended by a sound wheel, never by copying files into it
+        for f in report["failures"]:
+            if f["fix"] in restore:
+                f["fix"] = FIX_DOWNLOAD
         report["failures"] += [{"key": None, "release": None, "file": str(wheel), "what": "wheel", "serving": True,
-                                "error": p, "fix": REINSTALL} for p in verdict["problems"]]
+                                "error": p, "fix": verdict["fix"]} for p in verdict["problems"]]
         report["failed"] = len(report["failures"])
         report["fixes"] = fixes(report["failures"], Path(shown))
     return report

@@ -201,12 +201,13 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
     wheel = Path(wheel)
     problems: list = []
     out = {"wheel": wheel.name, "bytes": wheel.stat().st_size, "problems": problems, "unproven": [], "rooms": [],
-           "bands": [], "arches": [], "failed": True, "fix": FIX_DOWNLOAD}
+           "bands": [], "arches": [], "failed": True, "fix": None}
     libraries: dict = {}
     try:
         z = open_wheel(wheel)  # a sound zip whose members all install inside the target folder
     except IntegrityError as e:
         problems.append(e.message)
+        out["fix"] = e.fix
         return out
     with z:
         names = z.namelist()
