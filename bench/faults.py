@@ -116,7 +116,8 @@ def report(args, tamperings, cases, done, t0, load0) -> int:
 
     verdicts = [T.judge(t, f, done[i], R.QUIET) for i, (t, f) in enumerate(cases)]
     differ = [v for v in verdicts if v.differ]
-    unnamed = [v for v in verdicts if v.status in ("UNNAMED", "NO FIX", "CRASH") or (not v.differ and v.status == "known open")]
+    unnamed = [v for v in verdicts
+               if v.status in ("UNNAMED", "NO FIX", "CRASH") or (not v.differ and v.status == "known open")]
     for v in sorted(differ + unnamed, key=lambda v: (v.status, v.tampering.name, v.form)):
         print(v.line())
     used = {p for v in verdicts if v.status == "known open" for p in T.KNOWN_OPEN

@@ -604,7 +604,7 @@ def test_a_shipped_rooms_key_linked_from_another_object_is_restored_not_relinked
     doc = json.loads(room.libs_path.read_text())
     doc["libraries"][0]["entries"][KEYS[1]] = "f" * 64
     room.libs_path.write_text(json.dumps(doc))
-    (link,) = [p for p in verdict.problems(Room(tmp_path, "gfx950", "0.33.0"), objects=False) if p.what == "link"]
+    (link,) = [p for p in verdict.problems(room, objects=False) if p.what == "link"]
     assert link.key == KEYS[1] and link.message.endswith("the installed manifest and libraries disagree")
     assert link.fix == room.fix_restore and link.fix.startswith(f"copy {tmp_path} again")
 
