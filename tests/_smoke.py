@@ -159,6 +159,14 @@ def build_wheel(prebuilt: Path, out: Path) -> Path:
     return w
 
 
+def install_into(wheel: Path, site: Path) -> Path:
+    """Install ``wheel`` with pip into the folder ``site`` (``--target``, no dependencies, no index): ``site``."""
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
+                        str(wheel)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return site
+
+
 def copy_of(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".build.lock"))
     return dst

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from _smoke import install_into
 from _tamper import FORMS, KERNELS, FolderTree, Tampering, ZipTree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,10 +119,7 @@ def make_base(smoke: Path, work: Path, hip: Path, prove: bool = False) -> Base:
     shutil.copytree(built, shipped, ignore=shutil.ignore_patterns("objects"))
     with _output_to(work / "wheel-build.log"):
         wheel = build_wheel(built, work / "dist")
-    site = work / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
-                        str(wheel)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    site = install_into(wheel, work / "site")
     rooms = built_rooms(built)
     keys = {(r.arch, r.release): sorted(r.manifest().entries) for r in rooms}
     releases = sorted({r.release for r in rooms})

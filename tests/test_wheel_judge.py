@@ -26,7 +26,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from _smoke import build_wheel, deployment, replace_code_object
+from _smoke import build_wheel, deployment, install_into, replace_code_object
 from _smoke import cli as cli_process
 
 from ci import check_wheel
@@ -503,10 +503,7 @@ def test_a_proof_of_a_damaged_wheel_names_the_wheel_when_tmpdir_is_a_symlink(whe
 def test_keys_an_installed_package_does_not_hold_are_named_by_its_folder(wheel, tmp_path, capsys):
     """The same for the kernels pip installed (``verify --dir`` of them with --record works on a copy): the
     folder asked about is named, and the fix lists what it holds."""
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
-                        tmp_path / "site", wheel], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    folder = tmp_path / "site" / PKG.rstrip("/")
+    folder = install_into(wheel, tmp_path / "site") / PKG.rstrip("/")
     key = "k1@gfx950:s=4,tp=4,r=1"
     code, out = _verify(capsys, "--dir", folder, "--against-jit", "--record", "--no-progress", "--key", key)
     assert code == 2 and f"{folder} does not hold 1 of the keys asked for: {key}" in out, out
