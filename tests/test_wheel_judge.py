@@ -34,7 +34,7 @@ from ci import prebuilt as gate
 from dsv41_aot import cli
 from dsv41_aot.aot.wheel import FIX_DOWNLOAD, FIX_PROVE
 from dsv41_aot.linkrecord import band_file, soname
-from dsv41_aot.manifest import folder_name
+from dsv41_aot.manifest import folder_name, room_name
 from dsv41_aot.room import Room
 
 ARCH, RELEASE = "gfx942", "0.33.0"
@@ -141,7 +141,10 @@ def test_the_wheel_is_sound_and_proven(wheel, prebuilt, capsys):
     code, out = _verify(capsys, "--wheel", wheel)
     n = len(_keys(prebuilt))
     assert code == 0 and re.search(rf"{n} keys, {n} proven against vLLM's JIT; proven under FlyDSL \S+: {n}\n", out), out
-    assert _check(capsys, "--require-proofs", "--prebuilt", prebuilt, wheel)[0] == 0
+    code, out = _check(capsys, "--require-proofs", "--prebuilt", prebuilt, wheel)
+    # check_wheel.py's one line a wheel: its size and what it holds, room by room
+    assert code == 0 and f"{wheel.name}: {wheel.stat().st_size} bytes, {n} keys of {room_name(ARCH, RELEASE)}: ok\n" \
+        in out, out
     code, doc = _verify_json(capsys, "--wheel", wheel)
     assert code == 0 and doc["arches"] == [ARCH] and doc["fix"] is None
     with zipfile.ZipFile(wheel) as z:  # what pip unpacks of the kernels, and what it downloads of them
@@ -237,6 +240,16 @@ def test_a_kernels_wheel_tag_on_a_wheel_without_kernels_fails(wheel, tmp_path, c
     for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
         assert code == 1 and "a wheel without kernels tagged ['py3-none-manylinux_2_28_x86_64'], expected " \
                               "py3-none-any" in out and f"fix: {FIX_DOWNLOAD}" in out, out
+    assert f"{bad.name}: {bad.stat().st_size} bytes, no kernels: FAILED\n" in out, out
+
+
+def test_a_wheel_whose_room_cannot_be_read_says_so_in_its_summary(wheel, tmp_path, capsys):
+    """check_wheel.py's one line a wheel counts keys room by room; a wheel whose only room's manifest is not JSON
+    holds kernels but no room to count them in, and says that rather than "no kernels"."""
+    bad = _variant(wheel, tmp_path / "bad", change=lambda name, data: b"{" if name == ROOM + "manifest.json" else data)
+    code, out = _check(capsys, bad)
+    assert code == 1 and f"{bad.name}: {bad.stat().st_size} bytes, no readable room: FAILED\n" in out, out
+    assert f"{ROOM}manifest.json" in out and f"fix: {FIX_DOWNLOAD}" in out, out
 
 
 def test_timings_in_the_wheel_are_named(wheel, tmp_path, capsys):
