@@ -77,6 +77,41 @@ def test_a_manifest_entry_filed_under_another_key_is_refused_naming_both(tmp_pat
     assert f"{path}: entry {a} names key {b!r} / arch 'gfx942'" in str(e.value) and e.value.fix
 
 
+def _first(doc: dict) -> dict:
+    return doc["entries"][sorted(doc["entries"])[0]]
+
+
+MALFORMED_MANIFESTS = {  # what is changed -> (the change, what the refusal says after the manifest's path)
+    "schema": (lambda d: d.update(schema=1), "not a schema-2 dsv41-aot manifest"),
+    "arch": (lambda d: d.update(arch="gfx950"), "manifest for 'gfx950' in the gfx942 folder"),
+    "release": (lambda d: d.update(release="0.32.0"), f"manifest for vLLM '0.32.0' in the vLLM {NEWEST} folder"),
+    "entries": (lambda d: d.pop("entries"), "entries / abis missing"),
+    "abi": (lambda d: d["abis"].update({_first(d)["abi"]: []}), "is not the slot list its id names"),
+    "entry field": (lambda d: _first(d).pop("object"), "lacks object"),
+    "entry abi": (lambda d: _first(d).update(abi="0" * 16), "names unknown ABI 0000000000000000"),
+    "entry point": (lambda d: _first(d).update(entry="dsv41_other"), "names C entry point 'dsv41_other'"),
+    "object": (lambda d: _first(d).update(object="../objects/x.co"), "names object '../objects/x.co' outside"),
+    "refused": (lambda d: d.update(refused=[]), "refused must be a mapping"),
+    "mono_sources": (lambda d: d.update(mono_sources="0" * 16), "mono_sources '0000000000000000' is not its"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(MALFORMED_MANIFESTS))
+def test_a_malformed_manifest_is_refused_naming_it_with_the_rebuild(tmp_path, field):
+    """Each way manifest.json can be malformed is refused when it is read, naming the file and what is wrong,
+    with the room's rebuild as the fix (a build sets the bad manifest aside and recovers its entries)."""
+    room = Room(tmp_path / "p", "gfx942", NEWEST)
+    shutil.copytree(Room(deployment("gfx942-tp4"), "gfx942", NEWEST).dir, room.dir)
+    change, said = MALFORMED_MANIFESTS[field]
+    doc = json.loads(room.manifest_path.read_text())
+    change(doc)
+    room.manifest_path.write_text(json.dumps(doc))
+    with pytest.raises(ManifestError) as e:
+        room.manifest()
+    assert e.value.message.startswith(f"{room.manifest_path}: ") and said in e.value.message, e.value.message
+    assert e.value.fix == room.build_cmd, e.value.fix
+
+
 @pytest.mark.parametrize("sha", ["c" * 63, "C" * 64, 7, None])
 def test_a_key_linked_from_an_object_digest_that_is_no_sha256_is_refused(sha):
     """Each key of a band names the sha256 of the object it was linked from: anything else is refused, naming the
