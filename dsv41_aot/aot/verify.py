@@ -56,14 +56,17 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
     With ``record``, each key that passed gets its proof in its room's
     verified.json. With ``cache``, a key whose JIT code object is cached under
     the same build identity is compared with that instead, and every JIT build
-    is stored (a cache that cannot be used is a warning, never a failure)."""
+    is stored (a cache that cannot be used is a warning, never a failure).
+    No key chosen: nothing runs (the caller fails the run that proved none)."""
     import tempfile
 
     from . import jit, toolchain
 
     todo = [k for ks in chosen.values() for k in ks]
+    if not todo:
+        return []
     mans = {room: codes[ks[0]][0] for room, ks in chosen.items() if ks}
-    tools = toolchain.find() if todo else None  # an unsupported FlyDSL or no linker: exit 2 before anything is written
+    tools = toolchain.find()  # an unsupported FlyDSL or no linker: exit 2 before anything is written
     from .. import source
     from . import matrix  # PyYAML: only for a JIT run
 
@@ -80,7 +83,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
                                  f"JIT build cannot prove it", fix=f"pass --vllm-src with the vLLM {k.release} tree "
                                  f"whose mono sources are {built}, and --matrix with a build matrix recording it")
     store, idents, hits, warned, doubted = None, {}, [], [], {}  # doubted: key -> its cached code object
-    if cache is not None and todo:
+    if cache is not None:
         from .compiler import source_identity
 
         store = BuildCache(cache, tools)
@@ -96,9 +99,9 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
     shipped = {room: _room_proofs(man) for room, man in mans.items()}  # each run's proof is compared with them
     here = {room: Room(m.dir.parent, m.arch, m.release).built_here for room, m in mans.items()}
     proofs = {room: _room_proofs(man, warned) for room, man in mans.items()} if record else {}
-    hip = hiprec.build(cache=cache, warn=warned.append) if todo or hits else None
+    hip = hiprec.build(cache=cache, warn=warned.append)
     launches: dict = {}  # key -> the prebuilt launch (hiprec.recorded_launch), or what went wrong
-    bar = progress_bar(len(todo) + len(hits), "verify --against-jit", "key") if progress and (todo or hits) else None
+    bar = progress_bar(len(todo) + len(hits), "verify --against-jit", "key") if progress else None
 
     def on_answer(key: BuildKey, msg: dict) -> None:
         rep = reports[key]
