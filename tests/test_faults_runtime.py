@@ -232,6 +232,30 @@ def test_a_band_whose_metadata_names_another_arch_is_refused(prebuilt, fresh):
     assert e.value.fix == Room(prebuilt, "gfx950", NEWEST).fix_reinstall  # the band came that way: again
 
 
+@pytest.mark.parametrize("edit,said", [
+    (lambda raw, entry: raw.replace(f"{entry}__metadata".encode(), f"{entry}__metadatX".encode()),
+     "has no {entry}__metadata"),
+    (lambda raw, entry: raw.replace(b'"symbol":"', b'"symbxl":"'), "{entry}__metadata in .* is unreadable"),
+], ids=["no metadata symbol", "metadata without its symbol field"])
+def test_a_band_whose_export_metadata_cannot_be_read_is_refused_with_its_fix(prebuilt, fresh, edit, said):
+    """The band's library rewritten (packed again, libs.json forged to its sha256s) so that the entry's export
+    metadata is not found by its name, or no longer names its symbol: the bind cannot check the manifest's ABI
+    against it and refuses, naming the key and the library, with the fix a damaged band gets."""
+    from dsv41_aot.manifest import entry_name
+
+    path, doc = libs_json(prebuilt)
+    lib = _own(doc)
+    band = libdir(prebuilt, "gfx950") / lib["file"]
+    raw = edit(lzma.decompress(band.read_bytes()), entry_name(K1))
+    forge_band(prebuilt, "gfx950", path, doc, lib, lzma.compress(raw, format=lzma.FORMAT_XZ),
+               raw_sha256=hashlib.sha256(raw).hexdigest(), raw_bytes=len(raw))
+    launcher = dsv41_aot.load_key(K1, prebuilt=prebuilt)
+    with pytest.raises(IntegrityError, match=rf"{K1}: .*" + said.format(entry=entry_name(K1))) as e:
+        launcher.bind()
+    assert launcher._lib is None  # never callable
+    assert e.value.fix == Room(prebuilt, "gfx950", NEWEST).fix_reinstall
+
+
 # ---------------------------------------------------------------- releases
 
 

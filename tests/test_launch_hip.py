@@ -294,14 +294,17 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("opts,error,why", [
-    (dict(capturing=True), "CaptureError", "inside a HIP/CUDA graph capture"),
-    (dict(arch="gfx942"), "ArchMismatchError", "built for gfx950, but the current device is gfx942"),
+@pytest.mark.parametrize("opts,error,why,fix", [
+    (dict(capturing=True), "CaptureError", "inside a HIP/CUDA graph capture",
+     "call it once eagerly before capturing, or dsv41_aot.preload([...]) its keys at start-up"),
+    (dict(arch="gfx942"), "ArchMismatchError", "built for gfx950, but the current device is gfx942",
+     "install the gfx942 kernels (or unset DSV41_AOT_ARCH)"),
 ], ids=["capture", "arch"])
 def test_a_first_load_is_refused_inside_a_capture_and_on_another_arch(smoke, recording_hip, tmp_path, opts,
-                                                                      error, why):
+                                                                      error, why, fix):
     out, calls = run(_REFUSED, smoke, recording_hip, tmp_path, **opts)
     assert [e[0] for e in out] == [error, error] and all(why in e[1] for e in out)
+    assert all(e[1].endswith(f"\n  fix: {fix}") for e in out), out
     assert not [c for c in calls if c.name.startswith("hipModule")]  # nothing loaded, nothing launched
 
 

@@ -233,6 +233,9 @@ def test_two_proofs_of_a_key_are_compared_field_by_field():
                                         f"evidence.module_sha256 ({'c' * 16}, {'d' * 16})"]
     older = KeyProof(K, "a" * 64, {"release": NEWEST}, None)
     assert mine.differences(older) == older.differences(mine) == []
+    other = KeyProof(K, "0123456789abcdef" * 4, jit, mine.evidence)  # another code object: each named by 16 digits
+    assert mine.differences(other) == [f"code_object_sha256 ({'a' * 16}, 0123456789abcdef)"]
+    assert other.differences(mine) == [f"code_object_sha256 (0123456789abcdef, {'a' * 16})"]
 
 
 def test_version_4_evidence_names_the_compiled_module_and_no_host_path():
