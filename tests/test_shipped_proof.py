@@ -173,6 +173,33 @@ def test_a_code_object_the_cached_jit_answer_disagrees_with_is_blamed_not_the_ca
                for p, b in records.items()) and records
 
 
+def test_a_cached_jit_answer_the_jit_run_disagrees_with_is_dropped_from_the_cache(shipped, tmp_path):
+    """The other half of Q11: the build cache's JIT answer for PICKED[0] is the wrong one (one byte of its machine
+    code flipped, its record naming the altered blob by its sha256: an intact record of another answer). The
+    prebuilt code object disagrees with it, so the JIT runs again to decide; its answer agrees with the prebuilt
+    one, so the key passes, and the cache record is what is blamed: named in a warning and rewritten with the
+    JIT's answer. A private cache seeded from the session's, which other tests read."""
+    code, _ = _verify("--dir", shipped, "--against-jit", "--key", PICKED[0])  # the JIT answer, now in the cache
+    assert code == 0
+    session, cache = Path(os.environ["DSV41_AOT_BUILD_CACHE"]) / "v1", tmp_path / "cache" / "v1"
+    (record,) = [p for p in (session / "jit").rglob("*.json") if json.loads(p.read_bytes())["key"] == PICKED[0]]
+    rec = json.loads(record.read_bytes())
+    good = (session / "blobs" / rec["sha256"]).read_bytes()
+    bad = good[:len(good) // 2] + bytes([good[len(good) // 2] ^ 1]) + good[len(good) // 2 + 1:]
+    (cache / "blobs").mkdir(parents=True)
+    (cache / "blobs" / hashlib.sha256(bad).hexdigest()).write_bytes(bad)
+    mine = cache / record.relative_to(session)
+    mine.parent.mkdir(parents=True)
+    mine.write_text(json.dumps(dict(rec, sha256=hashlib.sha256(bad).hexdigest())))
+
+    code, report = _verify("--dir", shipped, "--against-jit", "--key", PICKED[0], "--cache", cache.parent)
+    assert code == 0, report["failures"]
+    (said,) = [w for w in report["warnings"] if "cache record" in w]
+    assert said == f"{PICKED[0]} (vLLM {RELEASE}): cache record {mine} disagrees with this JIT run's answer; " \
+                   "built again", said
+    assert json.loads(mine.read_bytes())["sha256"] == rec["sha256"]  # the JIT's answer is stored in its place
+
+
 def test_gfx950_tp2_covers_every_launch_vllm_can_ask_for():
     root = deployment("gfx950-tp2")
     for release, want in (("0.33.0", 768), ("0.32.0", 240)):
