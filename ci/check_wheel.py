@@ -84,9 +84,9 @@ def check(wheel: Path, prebuilt: Path | None = None, auditwheel: bool = True, re
 
 def print_audit(what: str, libraries: dict) -> int:
     """Run auditwheel on ``libraries``, print one line, and return the exit code."""
-    _, problems = audit_problems(libraries)
+    _, problems = audit_problems(libraries)  # one at most: what auditwheel failed on, or what it found
     print(f"{what}: auditwheel on {len(libraries)} raw libraries: "
-          f"{'; '.join(problems) or 'no external library but the host HIP'}")
+          f"{problems[0] if problems else 'no external library but the host HIP'}")
     return 1 if problems else 0
 
 
