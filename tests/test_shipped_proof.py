@@ -182,22 +182,27 @@ def test_a_cached_jit_answer_the_jit_run_disagrees_with_is_dropped_from_the_cach
     code, _ = _verify("--dir", shipped, "--against-jit", "--key", PICKED[0])  # the JIT answer, now in the cache
     assert code == 0
     session, cache = Path(os.environ["DSV41_AOT_BUILD_CACHE"]) / "v1", tmp_path / "cache" / "v1"
-    (record,) = [p for p in (session / "jit").rglob("*.json") if json.loads(p.read_bytes())["key"] == PICKED[0]]
-    rec = json.loads(record.read_bytes())
-    good = (session / "blobs" / rec["sha256"]).read_bytes()
-    bad = good[:len(good) // 2] + bytes([good[len(good) // 2] ^ 1]) + good[len(good) // 2 + 1:]
-    (cache / "blobs").mkdir(parents=True)
-    (cache / "blobs" / hashlib.sha256(bad).hexdigest()).write_bytes(bad)
-    mine = cache / record.relative_to(session)
-    mine.parent.mkdir(parents=True)
-    mine.write_text(json.dumps(dict(rec, sha256=hashlib.sha256(bad).hexdigest())))
+    good = {}  # each of its records (one per build identity the session ran it under) -> its right answer's sha256
+    for record in (session / "jit").rglob("*.json"):
+        rec = json.loads(record.read_bytes())
+        if rec["key"] != PICKED[0]:
+            continue
+        obj = (session / "blobs" / rec["sha256"]).read_bytes()
+        bad = obj[:len(obj) // 2] + bytes([obj[len(obj) // 2] ^ 1]) + obj[len(obj) // 2 + 1:]
+        mine = cache / record.relative_to(session)
+        for path, data in ((cache / "blobs" / hashlib.sha256(bad).hexdigest(), bad),
+                           (mine, json.dumps(dict(rec, sha256=hashlib.sha256(bad).hexdigest())).encode())):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        good[mine] = rec["sha256"]
 
     code, report = _verify("--dir", shipped, "--against-jit", "--key", PICKED[0], "--cache", cache.parent)
     assert code == 0, report["failures"]
     (said,) = [w for w in report["warnings"] if "cache record" in w]
+    (mine,) = [p for p in good if f" {p} " in said]
     assert said == f"{PICKED[0]} (vLLM {RELEASE}): cache record {mine} disagrees with this JIT run's answer; " \
                    "built again", said
-    assert json.loads(mine.read_bytes())["sha256"] == rec["sha256"]  # the JIT's answer is stored in its place
+    assert json.loads(mine.read_bytes())["sha256"] == good[mine]  # the JIT's answer is stored in its place
 
 
 def test_gfx950_tp2_covers_every_launch_vllm_can_ask_for():
