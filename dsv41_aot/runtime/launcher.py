@@ -43,7 +43,7 @@ def _stream_handle(stream, key: str) -> int:
         return 0
     handle = getattr(stream, "cuda_stream", None)
     if handle is None:
-        handle = getattr(stream, "value", stream) if isinstance(stream, ctypes.c_void_p) else stream
+        handle = stream.value if isinstance(stream, ctypes.c_void_p) else stream  # a NULL pointer's is None
     if handle is None or handle.__class__ is int:
         return handle or 0
     try:
