@@ -317,6 +317,11 @@ def test_in_process_sources_accepted_by_the_allowance_warn(full, fresh, monkeypa
     by = {c.name: c for c in dr.diagnose().checks}
     assert by["room"].status == "fail" and "matches no prebuilt release" in by["room"].text
     assert "DSV41_AOT_ALLOW_SOURCE_MISMATCH=1" in by["room"].fix
+    from dsv41_aot.runtime import decision
+
+    with rooms.state.fresh():  # the environment the plugin is given, not this process's, holds the allowance
+        d = decision.decide(dict(os.environ, DSV41_AOT_ALLOW_SOURCE_MISMATCH="1"))
+    assert d.serve and d.warning and "with DSV41_AOT_ALLOW_SOURCE_MISMATCH=1" in d.why, d
     monkeypatch.setenv("DSV41_AOT_ALLOW_SOURCE_MISMATCH", "1")
     with rooms.state.fresh():  # the room picked above is forgotten
         rep = dr.diagnose(4)

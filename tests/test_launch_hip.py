@@ -19,6 +19,7 @@ and each test reads back the calls it made, by process.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -305,6 +306,45 @@ def test_a_first_load_is_refused_inside_a_capture_and_on_another_arch(smoke, rec
     out, calls = run(_REFUSED, smoke, recording_hip, tmp_path, **opts)
     assert [e[0] for e in out] == [error, error] and all(why in e[1] for e in out)
     assert all(e[1].endswith(f"\n  fix: {fix}") for e in out), out
+    assert not [c for c in calls if c.name.startswith("hipModule")]  # nothing loaded, nothing launched
+
+
+_INIT_FAILS = """
+l = launcher()
+try:
+    launch(l)
+    print(json.dumps(None))
+except LaunchError as e:
+    print(json.dumps([e.message, e.fix]))
+"""
+
+
+def test_a_module_init_that_fails_is_named_and_nothing_is_loaded(smoke, recording_hip, tmp_path):
+    """FlyDSL's ``<entry>__module_init`` sets up its host state before any HIP call; one that returns a nonzero
+    status stops the first load, named with the status and its fix. The case: a band forged (libs.json made to
+    match) whose K1 init is ``mov eax, 7; ret``, which nothing but a forger or a broken export makes."""
+    import lzma
+
+    from _smoke import band_of, copy_of, forge_band, libdir, libs_json
+
+    from dsv41_aot.elf import SHT_DYNSYM, Elf
+    from dsv41_aot.manifest import entry_name
+
+    d = copy_of(smoke, tmp_path / "p")
+    path, doc = libs_json(d)
+    lib = band_of(doc, K1)
+    raw = bytearray(lzma.decompress((libdir(d, "gfx950") / lib["file"]).read_bytes()))
+    elf = Elf(bytes(raw))
+    (sym,) = [s for s in elf.symbols(SHT_DYNSYM) if s.name == entry_name(K1) + "__module_init"]
+    text = elf.sections[sym.shndx]
+    at = text.offset + sym.value - text.addr
+    raw[at:at + 6] = b"\xb8\x07\x00\x00\x00\xc3"  # x86-64: return 7
+    forge_band(d, "gfx950", path, doc, lib, lzma.compress(bytes(raw), format=lzma.FORMAT_XZ),
+               raw_sha256=hashlib.sha256(raw).hexdigest(), raw_bytes=len(raw))
+    out, calls = run(_INIT_FAILS, d, recording_hip, tmp_path)
+    assert out is not None, "the forged init's failure was never raised"
+    message, fix = out
+    assert message.startswith(f"{K1}: {entry_name(K1)}__module_init failed: ") and fix == "check the host's free memory"
     assert not [c for c in calls if c.name.startswith("hipModule")]  # nothing loaded, nothing launched
 
 

@@ -617,7 +617,7 @@ def test_an_unreadable_proof_record_is_a_proof_failure_the_room_still_serves(tmp
     room.verified_path.write_text('{"version": 4, "keys": {')
     r = cli("verify", "--dir", tmp_path, "--json")
     (proof,) = [f for f in json.loads(r.stdout)["failures"] if f["file"] == str(room.verified_path)]
-    assert r.returncode == 1 and (proof["what"], proof["serving"]) == ("proof", False), proof
+    assert r.returncode == 1 and (proof["what"], proof["serving"], proof["release"]) == ("proof", False, "0.33.0")
     assert "--against-jit --record" in proof["fix"], proof
 
 

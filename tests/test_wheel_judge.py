@@ -147,6 +147,7 @@ def test_the_wheel_is_sound_and_proven(wheel, prebuilt, capsys):
         in out, out
     code, doc = _verify_json(capsys, "--wheel", wheel)
     assert code == 0 and doc["arches"] == [ARCH] and doc["fix"] is None
+    assert [doc["name"].replace("-", "_"), doc["version"]] == wheel.name.split("-")[:2], doc  # METADATA, as named
     with zipfile.ZipFile(wheel) as z:  # what pip unpacks of the kernels, and what it downloads of them
         sizes = [(i.file_size, i.compress_size) for i in z.infolist() if i.filename.startswith(PKG)]
     assert (doc["kernel_bytes"], doc["kernel_compressed_bytes"]) == tuple(map(sum, zip(*sizes))), doc
@@ -207,10 +208,13 @@ def test_a_wheel_proven_against_the_jit_is_judged_as_a_whole_too(wheel, tmp_path
     scratch copy of the kernels and judges the wheel itself as well: a
     member that differs from its RECORD line fails the run though the
     proven key is sound (its JIT build: tests/test_shipped_proof.py's, in
-    the session's build cache when that ran first; else about 5 s)."""
+    the session's build cache when that ran first; else about 5 s). The
+    wheel also holds directory entries, as ``zip -r`` writes them: the
+    scratch copy makes folders of them."""
     member, key = "dsv41_aot/runtime/bands.py", "k1@gfx942:s=42,tp=4,r=0"
+    folders = [(f"{PKG}", b""), (f"{PKG}{ARCH}/", b""), (ROOM, b"")]
     bad = _variant(wheel, tmp_path / "bad", lambda n, d: d.replace(b"import", b"imp0rt", 1) if n == member else d,
-                   record=False)
+                   extra=folders, record=False)
     code, report = _verify_json(capsys, "--wheel", bad, "--against-jit", "--key", key, "--no-progress")
     assert code == 1 and report["jit_checked"] == 1, report
     assert [r["key"] for r in report["reports"] if r["ok"] and "jit" in r["checks"]] == [key]
@@ -532,4 +536,4 @@ def test_a_vllm_extra_that_is_no_version_specifier_is_refused_with_one_that_is()
     assert admits(">=0.32.0,<0.34", "0.33.0") and not admits(">=0.32.0,<0.33", "0.33.0")
     with pytest.raises(ManifestError) as e:
         admits("about 0.33", "0.33.0")
-    assert "'about 0.33'" in e.value.message and "vllm>=0.32.0,<0.34" in (e.value.fix or "")
+    assert "'about 0.33'" in e.value.message and e.value.fix == "write the vllm extra as e.g. vllm>=0.32.0,<0.34"
