@@ -17,6 +17,7 @@ from pathlib import Path
 from . import commands, pending
 from .errors import AotError, IntegrityError, ManifestError
 from .facts.releases import RELEASES
+from .keys import BuildKey
 from .manifest import (LIB, LIBS_JSON, MANIFEST, OBJECTS, PACKAGED, PREFIX, TIMINGS, Manifest, atomic_write,
                        read_timings, room_dir, room_name)
 from .linkrecord import Band, LinkRecord
@@ -168,7 +169,15 @@ class Room:
                 self._manifest = Manifest(self.arch_dir, self.arch, release=self.release)
             else:
                 timings = read_timings(self.dir) if self.reader.folder else {}  # never in a wheel
-                self._manifest = Manifest.parse(data, where, self.arch_dir, self.arch, self.release, fix, timings)
+                man = Manifest.parse(data, where, self.arch_dir, self.arch, self.release, fix, timings)
+                for key in man.entries if self.known else ():  # each reader parses its keys: said once, here
+                    try:
+                        BuildKey.parse(key, self.release)
+                    except AotError as e:
+                        why = e.message.removeprefix(f"{key}: ")
+                        raise ManifestError(f"{where}: entry {key} is no key of vLLM {self.release}: {why}",
+                                            fix=fix) from None
+                self._manifest = man
         return self._manifest
 
     def links(self) -> LinkRecord:

@@ -15,6 +15,7 @@ from _smoke import deployment
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.linkrecord import LinkRecord
+from dsv41_aot.manifest import entry_name
 from dsv41_aot.room import Room
 
 K = "k1@gfx950:s=4,tp=4,r=1"
@@ -81,11 +82,19 @@ def _first(doc: dict) -> dict:
     return doc["entries"][sorted(doc["entries"])[0]]
 
 
+def _file_under(doc: dict, key: str) -> None:
+    """Refile the first entry under ``key``, its own key and C entry point made to match."""
+    e = doc["entries"].pop(sorted(doc["entries"])[0])
+    doc["entries"][key] = dict(e, key=key, entry=entry_name(key))
+
+
 MALFORMED_MANIFESTS = {  # what is changed -> (the change, what the refusal says after the manifest's path)
     "schema": (lambda d: d.update(schema=1), "not a schema-2 dsv41-aot manifest"),
     "arch": (lambda d: d.update(arch="gfx950"), "manifest for 'gfx950' in the gfx942 folder"),
     "release": (lambda d: d.update(release="0.32.0"), f"manifest for vLLM '0.32.0' in the vLLM {NEWEST} folder"),
     "entries": (lambda d: d.pop("entries"), "entries / abis missing"),
+    "key": (lambda d: _file_under(d, "k1@gfx942:s=99,tp=4,r=0"),
+            f"entry k1@gfx942:s=99,tp=4,r=0 is no key of vLLM {NEWEST}: step width s=99 outside 1..48"),
     "abi": (lambda d: d["abis"].update({_first(d)["abi"]: []}), "is not the slot list its id names"),
     "entry field": (lambda d: _first(d).pop("object"), "lacks object"),
     "entry abi": (lambda d: _first(d).update(abi="0" * 16), "names unknown ABI 0000000000000000"),
