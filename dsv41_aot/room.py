@@ -170,7 +170,7 @@ class Room:
             else:
                 timings = read_timings(self.dir) if self.reader.folder else {}  # never in a wheel
                 man = Manifest.parse(data, where, self.arch_dir, self.arch, self.release, fix, timings)
-                for key in man.entries if self.known else ():  # each reader parses its keys: said once, here
+                for key in man.entries if self.known else ():  # a key no release builds: refused for every reader
                     try:
                         BuildKey.parse(key, self.release)
                     except AotError as e:

@@ -112,7 +112,7 @@ def check_entry(man: Manifest, key: str, shipped: ShippedCode | None = None) -> 
     except IntegrityError as err:
         rep.problems.append(err.message)
         return rep, None
-    parsed = BuildKey.parse(key, man.release)  # Manifest.parse refused a key that does not parse
+    parsed = BuildKey.parse(key, man.release)  # Room.manifest refused a key that does not parse
     if str(parsed) != key:
         rep.problems.append(f"manifest key is not canonical (canonical: {parsed})")
     rep.checks.append("export")
