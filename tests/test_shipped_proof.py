@@ -52,6 +52,11 @@ def _verify(*args) -> tuple[int, dict]:
     return r.returncode, json.loads(r.stdout)
 
 
+def _flipped(code: bytes) -> bytes:
+    """``code`` with one bit of its middle byte flipped: one byte of a code object's machine code."""
+    return code[:len(code) // 2] + bytes([code[len(code) // 2] ^ 1]) + code[len(code) // 2 + 1:]
+
+
 def _proved(doc: dict) -> list[str]:
     """The keys a report JIT-checked, each with its code object from its band and its launch compared."""
     return sorted(r["key"] for r in doc["reports"] if {"band", "jit", "launch"} <= set(r["checks"]) and r["ok"])
@@ -160,10 +165,7 @@ def test_a_code_object_the_cached_jit_answer_disagrees_with_is_blamed_not_the_ca
     records = {p: p.read_bytes() for p in cache.rglob("*.json") if json.loads(p.read_bytes())["key"] == PICKED[0]}
     d = Path(shutil.copytree(shipped, tmp_path / "altered"))
 
-    def flipped(code: bytes, codes) -> bytes:  # one byte of its machine code
-        return code[:len(code) // 2] + bytes([code[len(code) // 2] ^ 1]) + code[len(code) // 2 + 1:]
-
-    replace_code_object(d, ARCH, RELEASE, PICKED[0], flipped)
+    replace_code_object(d, ARCH, RELEASE, PICKED[0], lambda code, codes: _flipped(code))
     code, report = _verify("--dir", d, "--against-jit", "--key", PICKED[0])
     assert code == 1
     (own,) = [f for f in report["failures"] if f["key"] == PICKED[0]]
@@ -187,8 +189,7 @@ def test_a_cached_jit_answer_the_jit_run_disagrees_with_is_dropped_from_the_cach
         rec = json.loads(record.read_bytes())
         if rec["key"] != PICKED[0]:
             continue
-        obj = (session / "blobs" / rec["sha256"]).read_bytes()
-        bad = obj[:len(obj) // 2] + bytes([obj[len(obj) // 2] ^ 1]) + obj[len(obj) // 2 + 1:]
+        bad = _flipped((session / "blobs" / rec["sha256"]).read_bytes())
         mine = cache / record.relative_to(session)
         for path, data in ((cache / "blobs" / hashlib.sha256(bad).hexdigest(), bad),
                            (mine, json.dumps(dict(rec, sha256=hashlib.sha256(bad).hexdigest())).encode())):
