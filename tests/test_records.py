@@ -2,7 +2,8 @@
 (linkrecord.LinkRecord.parse) on names that are not a band file of lib/ and
 on malformed fields, the manifest's on an entry filed under another key.
 Each is refused where the record is read, naming it, so no later check has
-to catch what the parser let through."""
+to catch what the parser let through. And libs.json's bytes: the same bands
+give the same file."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from _smoke import deployment
 
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
-from dsv41_aot.linkrecord import LinkRecord
+from dsv41_aot.linkrecord import Band, LinkRecord
 from dsv41_aot.manifest import entry_name
 from dsv41_aot.room import Room
 
@@ -148,3 +149,19 @@ def test_compile_seconds_in_an_older_manifest_move_to_timings_json(tmp_path):
     man.write()
     assert json.loads((room.dir / "timings.json").read_text()) == {key: 3.5}
     assert "compile_seconds" not in room.manifest_path.read_text()
+
+
+def test_the_same_bands_give_the_same_libs_json_bytes():
+    """libs.json is written the same whatever order a band's keys were linked in: a relink of the same objects
+    changes no byte (a record written in link order would differ from build to build)."""
+    keys = [f"k1@gfx950:s={s},tp=4,r=1" for s in (1, 2, 3, 4)]
+    lib = json.loads(_record("libdsv41_s01-08.0123456789ab.so.xz"))["libraries"][0]
+
+    def record(order):
+        band = Band(**{**lib, "entries": {k: f"{i:x}" * 64 for i, k in order}})
+        return LinkRecord.of("gfx950", NEWEST, [band]).to_bytes()
+
+    linked = list(enumerate(keys, 1))
+    data = record(linked)
+    assert data == record(linked[::-1])
+    assert LinkRecord.parse(data, "libs.json", "gfx950", NEWEST, "FIX").to_bytes() == data

@@ -686,6 +686,7 @@ def test_an_empty_shard_against_jit_fails_saying_so(tmp_path):
     assert proc.returncode == 1 and doc["jit_checked"] == 0 and not doc["reports"], proc.stdout + proc.stderr
     (f,) = doc["failures"]
     assert f["error"].endswith("no key was checked: the shard asked for holds no key") and "fewer shards" in f["fix"]
+    assert (f["key"], f["what"], f["serving"]) == (None, "jit", False)  # a proof not made: the room still serves
 
 
 def test_a_release_tree_with_other_kernels_is_refused(tmp_path):

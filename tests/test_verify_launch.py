@@ -126,6 +126,17 @@ def test_compare_launch_names_the_field_and_the_argument():
     assert hiprec.launch_digest(a) != hiprec.launch_digest(b) and hiprec.launch_digest(a) == hiprec.launch_digest(dict(a))
 
 
+def test_a_launch_missing_on_either_side_fails_naming_that_side():
+    """A JIT answer with no launch (a worker that ran without the recording HIP) and a prebuilt launch that failed
+    each fail the key, naming which side has none: never compared as equal."""
+    a = {"image_sha256": "a" * 64, "kernel": "k", "grid": "1,1,1", "block": "1,1,1", "shared": 0, "stream": "0x1",
+         "kernarg": ""}
+    assert verify._compare_launches(a, None, b"") == [
+        "the JIT answer carries no launch through the recording HIP (stand-in for the AMD GPU)"]
+    assert verify._compare_launches("hipModuleLaunchKernel returned 98", a, b"") == [
+        "prebuilt launch through the recording HIP failed: hipModuleLaunchKernel returned 98"]
+
+
 def _proof(evidence: dict) -> bytes:
     jit = {"release": "0.33.0", "vllm_version": "0.33.0", "mono_sources": "6d37d13d1b3c9e47",
            "flydsl_version": "0.4.2"}
