@@ -281,9 +281,11 @@ def verify(root: Path, *, against_jit: bool, keys: list | None = None, sample: i
         if not any(chosen.values()):  # asked for a proof, and none was made: never a silent pass
             if wanted == set():  # keys asked for are all known (else bad input above): an empty --shard asks none
                 why, fix = "the shard asked for holds no key", "pass --shard i/N with fewer shards (a smaller N)"
+            elif not reports and mans:  # rooms that read and hold no key: a build whose every key was refused
+                why = "the rooms checked hold no key"
+                fix = " && ".join(dict.fromkeys(r.build_cmd if r.built_here else r.fix_restore for r in mans))
             else:
-                why = ("no room holds a key that passed its integrity checks (see the failures)" if reports
-                       else "the rooms checked hold no key")
+                why = "no room holds a key that passed its integrity checks (see the failures)"
                 fix = f"dsv41-aot verify --dir {root} (its failures name what to fix first)"
             lib_failures.append({"key": None, "release": release, "file": str(root), "what": "jit", "serving": False,
                                  "error": f"asked to check against vLLM's JIT, but no key was checked: {why}",
