@@ -46,6 +46,14 @@ def test_a_section_that_ends_where_the_file_ends_is_read_whole():
         cut.section_bytes(cut.sections[1])
 
 
+def test_a_section_header_table_that_ends_where_the_file_ends_is_read_and_a_cut_one_is_not():
+    data = elf_file([(SHT_PROGBITS, b"kernels!")], headers_last=True)
+    assert len(Elf(data).sections) == 2
+    for cut in (data[:-1], data[:16 + 24] + bytes(8) + data[16 + 32:]):  # one byte short; no table at all
+        with pytest.raises(ElfError, match="^truncated section header table$"):
+            Elf(cut)
+
+
 @pytest.mark.parametrize("name", [b"AMDGPU\0", b"AMDGP\0", b"AMDGPU.\0"], ids=["7 bytes", "6 bytes", "8 bytes"])
 def test_notes_are_read_at_their_4_byte_alignment_whatever_their_names_length(name):
     def note(ntype: int, desc: bytes, name: bytes = name) -> bytes:

@@ -252,13 +252,14 @@ for args, kw in cases:
     except LaunchError as e:
         out.append([str(e), hasattr(e, "status")])
 l(*range(n), stream=None)  # the right arguments are launched
-print(json.dumps(dict(n=n, refused=out)))
+print(json.dumps(dict(n=n, refused=out, repr=repr(l))))
 """
 
 
 def test_wrong_arguments_are_refused_before_any_launch(smoke, recording_hip, tmp_path):
     out, calls = run(_WRONG, smoke, recording_hip, tmp_path)
     assert out["n"] == 40
+    assert out["repr"].startswith(f"<Launcher {K1} ") and out["repr"].endswith(" (40 args + stream)>"), out["repr"]
     whys = ["takes 40 positional integers", "got 41", "argument 'tl' (int64) got 1.5",
             "argument 'swa_block' (int32) got 2147483648", "argument 'tl'", "not a HIP stream"]
     for why, got in zip(whys, out["refused"]):

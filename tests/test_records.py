@@ -50,6 +50,20 @@ def test_a_name_that_only_begins_or_ends_like_a_band_is_refused(name):
     assert str(e.value).startswith("/d/gfx950/vllm-0.33.0/libs.json: ") and e.value.fix == "FIX"
 
 
+@pytest.mark.parametrize("change", [
+    lambda doc: [doc],
+    lambda doc: {k: v for k, v in doc.items() if k != "libraries"},
+    lambda doc: dict(doc, libraries=5),
+    lambda doc: dict(doc, libraries=["libdsv41_s01-08.0123456789ab.so.xz"]),
+    lambda doc: dict(doc, libraries=[{k: v for k, v in doc["libraries"][0].items() if k != "sha256"}]),
+], ids=["a list", "no libraries", "libraries a number", "a library a string", "a library without its sha256"])
+def test_a_document_that_is_no_link_record_is_refused_naming_it(change):
+    doc = change(json.loads(_record("libdsv41_s01-08.0123456789ab.so.xz")))
+    with pytest.raises(ManifestError) as e:
+        LinkRecord.parse(json.dumps(doc).encode(), "/d/gfx950/vllm-0.33.0/libs.json", "gfx950", NEWEST, "FIX")
+    assert (e.value.message, e.value.fix) == ("/d/gfx950/vllm-0.33.0/libs.json: not a dsv41-aot link record", "FIX")
+
+
 # each field of a library, of the wrong type while every other field is sound:
 # one bad field alone must be refused (a check that needs two bad fields at
 # once would let each through)

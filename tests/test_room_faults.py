@@ -269,12 +269,12 @@ else:
 """
 
 
-def loader_verdict(d: Path, release: str = NEWEST) -> str:
-    """What a fresh serving process meets binding K1 of ``release`` from ``d``."""
+def loader_verdict(d: Path, release: str = NEWEST, key: str = K1) -> str:
+    """What a fresh serving process meets binding ``key`` of ``release`` from ``d``."""
     env = {k: v for k, v in os.environ.items() if k != "DSV41_AOT_ARCH"}
     if release != NEWEST:  # the installed vLLM is the newest: run an older room's kernels anyway
         env["DSV41_AOT_ALLOW_SOURCE_MISMATCH"] = "1"
-    r = subprocess.run([sys.executable, "-c", _BIND, K1, release, str(d)], capture_output=True, text=True, env=env,
+    r = subprocess.run([sys.executable, "-c", _BIND, key, release, str(d)], capture_output=True, text=True, env=env,
                        cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
@@ -336,6 +336,22 @@ def test_an_entry_that_differs_from_its_object_names_each_field(smoke_dir, tmp_p
     code, doc = verify_json(d)
     (own,) = [f for f in doc["failures"] if f["key"] == K1]
     assert code == 1 and "manifest entry differs from its object's: code_object_bytes, resources" in own["error"], own
+
+
+def test_a_key_linked_but_not_in_the_manifest_is_the_one_key_refused(smoke_dir, tmp_path):
+    """A manifest that lost K1's entry while libs.json still links it: verify names that one key, with the relink
+    as its fix, and every other key of the room still serves, as the loader finds."""
+    d = copy_of(smoke_dir, tmp_path / "p")
+    path = room(d, "gfx950") / "manifest.json"
+    doc = json.loads(path.read_text())
+    del doc["entries"][K1]
+    path.write_text(json.dumps(doc))
+    code, doc = verify_json(d)
+    (link,) = [f for f in doc["failures"] if f["what"] == "link"]
+    assert code == 1 and (link["key"], link["keys"], link["serving"]) == (K1, [K1], True), link
+    assert link["fix"] == f"dsv41-aot link --dir {d} --arch gfx950 --release {NEWEST}"
+    assert all(r["ok"] for r in doc["reports"] if r["key"] == K2W), doc["reports"]
+    assert (loader_verdict(d).split()[0], loader_verdict(d, key=K2W)) == ("KeyNotPrebuiltError", "ok")
 
 
 # ---------------------------------------------------------------- rooms of another vLLM tree
