@@ -701,6 +701,8 @@ def test_a_room_that_holds_no_key_against_jit_fails_with_its_build(tmp_path):
     assert f["error"].endswith("no key was checked: the rooms checked hold no key"), f
     assert f["fix"] == f"dsv41-aot build --release 0.33.0 --arch gfx950 --out {tmp_path}", f
 
+
+def test_a_release_tree_with_other_kernels_is_refused(tmp_path):
     """--against-jit takes each release's tree by its matrix digest: a tree
     that says 0.32.0 but holds other mono sources is bad input, naming both."""
     m = matrix.load()
