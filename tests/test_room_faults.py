@@ -354,6 +354,28 @@ def test_a_key_linked_but_not_in_the_manifest_is_the_one_key_refused(smoke_dir, 
     assert (loader_verdict(d).split()[0], loader_verdict(d, key=K2W)) == ("KeyNotPrebuiltError", "ok")
 
 
+def test_a_band_that_does_not_export_a_key_it_lists_is_a_band_failure_of_that_key(smoke_dir, tmp_path):
+    """K1's band rewritten (packed again, libs.json forged to match) so that it no longer exports K1's module
+    load: verify names K1 and that band, with the relink as its fix, and the room does not serve K1."""
+    import hashlib
+    import lzma
+
+    from dsv41_aot.manifest import entry_name
+
+    d = copy_of(smoke_dir, tmp_path / "p")
+    path, doc = libs_json(d)
+    lib = band_of(doc, K1)
+    load = f"{entry_name(K1)}__module_load".encode()
+    raw = lzma.decompress((libdir(d, "gfx950") / lib["file"]).read_bytes()).replace(load + b"\0", load[:-1] + b"X\0")
+    forge_band(d, "gfx950", path, doc, lib, lzma.compress(raw, format=lzma.FORMAT_XZ),
+               raw_sha256=hashlib.sha256(raw).hexdigest(), raw_bytes=len(raw))
+    code, out = verify_json(d)
+    (f,) = [f for f in out["failures"] if f["key"] == K1]
+    assert f["error"].endswith(f"lists it under {lib['file']}, which does not export {load.decode()}"), f
+    assert (f["what"], f["serving"], f["keys"]) == ("band", True, [K1]), f
+    assert code == 1 and f["fix"] == f"dsv41-aot link --dir {d} --arch gfx950 --release {NEWEST}"
+
+
 # ---------------------------------------------------------------- rooms of another vLLM tree
 
 
