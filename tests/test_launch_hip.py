@@ -210,7 +210,8 @@ print(json.dumps(out))
 @pytest.mark.parametrize("fail,call,status,fix", [
     ("hipModuleLoadData=209", "hipModuleLoadData", "hipErrorNoBinaryForGpu (209)", "rocminfo"),
     ("hipModuleGetFunction=500", "hipModuleGetFunction", "hipErrorNotFound (500)", "the band does not hold the kernel"),
-    ("hipModuleLaunchKernel=701", "hipModuleLaunchKernel", "hipErrorLaunchOutOfResources (701)", "resident"),
+    ("hipModuleLaunchKernel=701", "hipModuleLaunchKernel", "hipErrorLaunchOutOfResources (701)",
+     "no other kernel holds the device's CUs (rocm-smi)"),
     ("hipModuleLaunchKernel=1@2", "hipModuleLaunchKernel", "hipErrorInvalidValue (1)", "stream"),
 ], ids=["load", "lookup", "launch", "launch-after-a-success"])
 def test_a_failing_hip_call_is_named_with_its_status_and_a_fitting_fix(smoke, recording_hip, tmp_path, fail,

@@ -382,6 +382,19 @@ def test_auditwheel_refuses_a_band_that_needs_an_external_library(prebuilt, tmp_
     assert code == 1 and "external libraries besides libamdhip64: libdsv41_ext.so.1" in out, out
 
 
+def test_no_auditwheel_judges_a_wheel_where_auditwheel_cannot_run(wheel, capsys, monkeypatch):
+    """``--no-auditwheel`` runs no auditwheel: the wheel is judged on a machine without it. Without the flag, an
+    auditwheel that cannot run fails the wheel, saying why."""
+    def absent(libraries):
+        raise RuntimeError("auditwheel show failed: auditwheel: not found")
+
+    monkeypatch.setattr(check_wheel, "audit_raw", absent)
+    code, out = _check(capsys, wheel)
+    assert code == 0 and out.endswith(": ok\n"), out
+    code, out = _gate(capsys, check_wheel.main, wheel)
+    assert code == 1 and "auditwheel show failed: auditwheel: not found" in out, out
+
+
 @pytest.mark.faults
 def test_the_repair_step_fails_when_any_of_its_wheels_needs_an_external_library(wheel, prebuilt, tmp_path, capsys):
     """cibuildwheel's repair step (``--audit-only``) over several wheels exits 1 when one fails, whichever it is."""
