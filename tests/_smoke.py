@@ -109,6 +109,15 @@ def forge_band(root: Path, arch: str, path: Path, doc: dict, lib: dict, packed: 
     path.write_text(json.dumps(doc))
 
 
+def forge_library(root: Path, arch: str, path: Path, doc: dict, lib: dict, raw: bytes) -> None:
+    """Put library ``raw``, packed as xz, in place of band ``lib``: ``forge_band`` with its raw digests forged too."""
+    import hashlib
+    import lzma
+
+    forge_band(root, arch, path, doc, lib, lzma.compress(bytes(raw), format=lzma.FORMAT_XZ),
+               raw_sha256=hashlib.sha256(raw).hexdigest(), raw_bytes=len(raw))
+
+
 def cli(*args, check: bool = False, cwd=REPO, timeout: float = 1800, **kw) -> subprocess.CompletedProcess:
     """``dsv41-aot ARGS`` in a subprocess, the suite's one CLI runner: its CompletedProcess (text).
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import OLD, REPO, band_of, copy_of, forge_band, libdir, libs_json, room
+from _smoke import OLD, REPO, band_of, copy_of, forge_band, forge_library, libdir, libs_json, room
 import dsv41_aot
 from dsv41_aot.errors import (
     HipVersionError,
@@ -223,8 +223,7 @@ def test_a_band_whose_metadata_names_another_arch_is_refused(prebuilt, fresh):
     raw = lzma.decompress(band.read_bytes())
     assert raw.count(b'"arch":"gfx950"') >= len(lib["entries"])
     raw = raw.replace(b'"arch":"gfx950"', b'"arch":"gfx942"')
-    forge_band(prebuilt, "gfx950", path, doc, lib, lzma.compress(raw, format=lzma.FORMAT_XZ),
-                raw_sha256=hashlib.sha256(raw).hexdigest(), raw_bytes=len(raw))
+    forge_library(prebuilt, "gfx950", path, doc, lib, raw)
     launcher = dsv41_aot.load_key(K1, prebuilt=prebuilt)
     with pytest.raises(IntegrityError, match=rf"{K1}: .*__metadata describes \S+ for gfx942") as e:
         launcher.bind()
@@ -247,8 +246,7 @@ def test_a_band_whose_export_metadata_cannot_be_read_is_refused_with_its_fix(pre
     lib = _own(doc)
     band = libdir(prebuilt, "gfx950") / lib["file"]
     raw = edit(lzma.decompress(band.read_bytes()), entry_name(K1))
-    forge_band(prebuilt, "gfx950", path, doc, lib, lzma.compress(raw, format=lzma.FORMAT_XZ),
-               raw_sha256=hashlib.sha256(raw).hexdigest(), raw_bytes=len(raw))
+    forge_library(prebuilt, "gfx950", path, doc, lib, raw)
     launcher = dsv41_aot.load_key(K1, prebuilt=prebuilt)
     with pytest.raises(IntegrityError, match=rf"{K1}: .*" + said.format(entry=entry_name(K1))) as e:
         launcher.bind()

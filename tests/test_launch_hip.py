@@ -19,7 +19,6 @@ and each test reads back the calls it made, by process.
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
@@ -327,7 +326,7 @@ def test_a_module_init_that_fails_is_named_and_nothing_is_loaded(smoke, recordin
     match) whose K1 init is ``mov eax, 7; ret``, which nothing but a forger or a broken export makes."""
     import lzma
 
-    from _smoke import band_of, copy_of, forge_band, libdir, libs_json
+    from _smoke import band_of, copy_of, forge_library, libdir, libs_json
 
     from dsv41_aot.elf import SHT_DYNSYM, Elf
     from dsv41_aot.manifest import entry_name
@@ -341,8 +340,7 @@ def test_a_module_init_that_fails_is_named_and_nothing_is_loaded(smoke, recordin
     text = elf.sections[sym.shndx]
     at = text.offset + sym.value - text.addr
     raw[at:at + 6] = b"\xb8\x07\x00\x00\x00\xc3"  # x86-64: return 7
-    forge_band(d, "gfx950", path, doc, lib, lzma.compress(bytes(raw), format=lzma.FORMAT_XZ),
-               raw_sha256=hashlib.sha256(raw).hexdigest(), raw_bytes=len(raw))
+    forge_library(d, "gfx950", path, doc, lib, raw)
     out, calls = run(_INIT_FAILS, d, recording_hip, tmp_path)
     assert out is not None, "the forged init's failure was never raised"
     message, fix = out

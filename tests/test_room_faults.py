@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from _smoke import OLD, REPO, band_of, copy_of, forge_band, libdir, libs_json, room, run_cli
+from _smoke import OLD, REPO, band_of, copy_of, forge_band, forge_library, libdir, libs_json, room, run_cli
 
 
 K1, K2W = "k1@gfx950:s=4,tp=4,r=1", "k2@gfx950:s=44,tp=4,r=1,i=1"  # two bands of gfx950's 0.33.0 room
@@ -357,7 +357,6 @@ def test_a_key_linked_but_not_in_the_manifest_is_the_one_key_refused(smoke_dir, 
 def test_a_band_that_does_not_export_a_key_it_lists_is_a_band_failure_of_that_key(smoke_dir, tmp_path):
     """K1's band rewritten (packed again, libs.json forged to match) so that it no longer exports K1's module
     load: verify names K1 and that band, with the relink as its fix, and the room does not serve K1."""
-    import hashlib
     import lzma
 
     from dsv41_aot.manifest import entry_name
@@ -367,8 +366,7 @@ def test_a_band_that_does_not_export_a_key_it_lists_is_a_band_failure_of_that_ke
     lib = band_of(doc, K1)
     load = f"{entry_name(K1)}__module_load".encode()
     raw = lzma.decompress((libdir(d, "gfx950") / lib["file"]).read_bytes()).replace(load + b"\0", load[:-1] + b"X\0")
-    forge_band(d, "gfx950", path, doc, lib, lzma.compress(raw, format=lzma.FORMAT_XZ),
-               raw_sha256=hashlib.sha256(raw).hexdigest(), raw_bytes=len(raw))
+    forge_library(d, "gfx950", path, doc, lib, raw)
     code, out = verify_json(d)
     (f,) = [f for f in out["failures"] if f["key"] == K1]
     assert f["error"].endswith(f"lists it under {lib['file']}, which does not export {load.decode()}"), f
