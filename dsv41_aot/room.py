@@ -149,6 +149,11 @@ class Room:
         return self.link_cmd if self.built_here else self.fix_restore
 
     @property
+    def fix_rebuild(self) -> str:
+        """The fix for keys a room lacks: build them where the room was built, else restore it."""
+        return self.build_cmd if self.built_here else self.fix_restore
+
+    @property
     def fix_reinstall(self) -> str:
         """The fix for records and libraries that disagree: rebuild and relink where built, else restore."""
         return f"{self.build_cmd} && {self.link_cmd}" if self.built_here else self.fix_restore

@@ -283,7 +283,7 @@ def verify(root: Path, *, against_jit: bool, keys: list | None = None, sample: i
                 why, fix = "the shard asked for holds no key", "pass --shard i/N with fewer shards (a smaller N)"
             elif not reports and mans:  # rooms that read and hold no key: a build whose every key was refused
                 why = "the rooms checked hold no key"
-                fix = " && ".join(dict.fromkeys(r.build_cmd if r.built_here else r.fix_restore for r in mans))
+                fix = " && ".join(dict.fromkeys(r.fix_rebuild for r in mans))
             else:
                 why = "no room holds a key that passed its integrity checks (see the failures)"
                 fix = f"dsv41-aot verify --dir {root} (its failures name what to fix first)"
