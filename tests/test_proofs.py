@@ -114,7 +114,26 @@ BAD = {
     "evidence without a time": _with(_set(["keys", K, "evidence", "at"], "yesterday")),
     "evidence repeating the code object": _with(_set(["keys", K, "evidence", "artifact_sha256"], "a" * 64)),
     "version 1 with evidence": json.dumps(dict(_good(), version=1)).encode(),
+    "jit without its FlyDSL": _with(_set(["keys", K, "jit", "flydsl_version"], KeyError)),
+    "jit without its release": _with(_set(["keys", K, "jit", "release"], KeyError)),
 }
+
+
+def _under(flydsl: str, own: bool) -> bytes:
+    """A version-3 record whose ``flydsl`` section proves K under ``flydsl``;
+    ``own``: K has its own proof in ``keys`` too (under FlyDSL 0.4.2)."""
+    doc = _good(3)
+    under = json.loads(json.dumps(doc["keys"][K]))
+    under["jit"]["flydsl_version"] = flydsl
+    doc["flydsl"] = {flydsl: {K: under}}
+    if not own:
+        doc["keys"] = {}
+    return json.dumps(doc).encode()
+
+
+# a proof under another FlyDSL is a second proof of a key that has its own
+BAD["a proof under another FlyDSL of a key with no proof of its own"] = _under("0.5.0", own=False)
+BAD["a proof under another FlyDSL that is the key's own FlyDSL"] = _under("0.4.2", own=True)
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
