@@ -194,11 +194,16 @@ def module_of(name: str, files: list[str]) -> str:
     return max((f for f in files if name.startswith(f[:-3].replace("/", ".") + ".")), key=len)
 
 
-def timings(work: Path, env: dict, ids: list[str]) -> dict[str, float]:
+def timings(work: Path, env: dict, ids: list[str], jobs: int) -> dict[str, float]:
     """Each test's seconds (setup to teardown), from one run of them all on the
-    mutated copy with no mutant selected: the proof that they pass there, too."""
+    mutated copy with no mutant selected: the proof that they pass there, too.
+    With ``jobs`` above 1 the run is spread over that many pytest-xdist
+    workers, each test file whole on one (as ci/test.sh runs them): the
+    seconds only order each mutant's tests, and mutmut's own clean run
+    follows, one test at a time, before any mutant."""
+    workers = ["-n", str(jobs), "--dist", "loadfile"] if jobs > 1 else []
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-                        "--durations=0", "--durations-min=0", *ids], cwd=work / "mutants",
+                        *workers, "--durations=0", "--durations-min=0", *ids], cwd=work / "mutants",
                        env=dict(env, MUTANT_UNDER_TEST=""), capture_output=True, text=True)
     if r.returncode:
         fail(f"the tests fail on the copy with no mutant (exit {r.returncode}):\n{r.stdout[-4000:]}{r.stderr[-2000:]}")
@@ -343,7 +348,7 @@ def run(args) -> int:
         mutmut(work, env, "run", *jobs, "no-mutant-has-this-name", expect="nothing matches")
         names = sorted(statuses(work, env))
         stats = json.loads(stats_file.read_text())
-        stats["duration_by_test"] = timings(work, env, ids)
+        stats["duration_by_test"] = timings(work, env, ids, args.jobs)
         stats["tests_by_mangled_function_name"] = {n.rsplit("__mutmut_", 1)[0]: tests_of[module_of(n, files)]
                                                    for n in names}
         stats_file.write_text(json.dumps(stats, indent=1))
