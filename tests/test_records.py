@@ -163,6 +163,11 @@ def test_compile_seconds_in_an_older_manifest_move_to_timings_json(tmp_path):
     man.write()
     assert json.loads((room.dir / "timings.json").read_text()) == {key: 3.5}
     assert "compile_seconds" not in room.manifest_path.read_text()
+    # a rebuild's seconds replace them: given (as the builder puts a compile), or carried by a worker's entry
+    other = sorted(man.entries)[1]
+    man.put(man.entries[key], man.abi(key), seconds=2.25)
+    man.put(dict(man.entries[other].to_dict(), compile_seconds=1.5), man.abi(other))
+    assert man.timings == {key: 2.25, other: 1.5}
 
 
 def test_the_same_bands_give_the_same_libs_json_bytes():
