@@ -148,8 +148,7 @@ def _against_jit(chosen: dict, reports: dict, codes: dict, *, jobs: int, key_tim
         with tempfile.TemporaryDirectory(prefix="dsv41-jit-cached-") as tmp:
             for room, man in mans.items():
                 launches.update(prebuilt_launches(man, sources[man.release].mono_dir,
-                                                  {k: codes[k][1] for k in chosen[room]}, hip,
-                                                  Path(tmp) / room.replace("/", "-")))
+                                                  {k: codes[k][1] for k in chosen[room]}, hip, Path(tmp) / room))
             for k, (rec, data) in hits:
                 path = Path(tmp) / f"{k.entry}.jit.co"
                 path.write_bytes(data)
