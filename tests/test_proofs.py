@@ -119,7 +119,7 @@ BAD = {
 }
 
 
-def _under(flydsl: str, own: bool) -> bytes:
+def _under(flydsl: str, own: bool = True) -> dict:
     """A version-3 record whose ``flydsl`` section proves K under ``flydsl``;
     ``own``: K has its own proof in ``keys`` too (under FlyDSL 0.4.2)."""
     doc = _good(3)
@@ -128,12 +128,12 @@ def _under(flydsl: str, own: bool) -> bytes:
     doc["flydsl"] = {flydsl: {K: under}}
     if not own:
         doc["keys"] = {}
-    return json.dumps(doc).encode()
+    return doc
 
 
 # a proof under another FlyDSL is a second proof of a key that has its own
-BAD["a proof under another FlyDSL of a key with no proof of its own"] = _under("0.5.0", own=False)
-BAD["a proof under another FlyDSL that is the key's own FlyDSL"] = _under("0.4.2", own=True)
+BAD["a proof under another FlyDSL of a key with no proof of its own"] = json.dumps(_under("0.5.0", own=False)).encode()
+BAD["a proof under another FlyDSL that is the key's own FlyDSL"] = json.dumps(_under("0.4.2")).encode()
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -179,10 +179,8 @@ def test_a_version_3_record_keeps_its_proofs_under_other_flydsl_releases():
     releases other than its own proof's): a version-3 record's section is
     read, checked like the keys' proofs, and kept when written back; a
     version-2 record has none, and one it carries is not read."""
-    doc = _good(3)
-    under = json.loads(json.dumps(doc["keys"][K]))
-    under["jit"]["flydsl_version"] = "0.5.0"
-    doc["flydsl"] = {"0.5.0": {K: under}}
+    doc = _under("0.5.0")
+    under = doc["flydsl"]["0.5.0"][K]
     v3 = Proof.parse(json.dumps(doc).encode(), "f", "gfx950", NEWEST, "FIX")
     assert [(p.key, p.flydsl) for p in v3.others] == [(K, "0.5.0")]
     again = Proof.parse(v3.to_bytes(), "f", "gfx950", NEWEST, "FIX")
