@@ -177,6 +177,20 @@ def test_a_file_cut_short_is_no_wheel_and_exits_2_naming_it(wheel, tmp_path, cap
 
 
 @pytest.mark.faults
+def test_a_member_whose_bytes_fail_their_crc_is_no_wheel_and_exits_2_naming_it(tmp_path, capsys):
+    """A zip whose directory reads but one stored member's bytes changed in
+    transit: every gate names the member and says to fetch the wheel again."""
+    bad = tmp_path / "dsv41_aot-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(bad, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("dsv41_aot/__init__.py", b"# the package's bytes\n")
+    bad.write_bytes(bad.read_bytes().replace(b"package's bytes", b"package's bytez", 1))
+    for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
+        assert code == 2 and f"{bad}: not a wheel: not a sound zip file (member dsv41_aot/__init__.py: its CRC " \
+            "does not match its bytes)" in out, out
+        assert "download the wheel again" in out and "Traceback" not in out, out
+
+
+@pytest.mark.faults
 def test_metadata_with_a_byte_that_is_not_utf8_is_still_judged(wheel, tmp_path, capsys):
     """METADATA is read with undecodable bytes replaced: a stray byte in its
     summary (RECORD updated) leaves the name, version and requirements read
