@@ -17,6 +17,7 @@ import pytest
 from dsv41_aot.elf import EM_AMDGPU, SHT_NOTE, Elf, ElfError, embedded_code_objects
 
 SHT_PROGBITS = 1
+SHT_STRTAB = 3
 
 
 def elf_file(sections: list[tuple[int, bytes]], machine: int = 62, headers_last: bool = False) -> bytes:
@@ -44,6 +45,16 @@ def test_a_section_that_ends_where_the_file_ends_is_read_whole():
     cut = Elf(data[:-1])  # one byte short: the section runs past the end
     with pytest.raises(ElfError, match="runs past the end"):
         cut.section_bytes(cut.sections[1])
+
+
+def test_a_section_that_runs_past_the_end_is_named():
+    data = bytearray(elf_file([(SHT_STRTAB, b"\0.text\0"), (SHT_PROGBITS, b"kernels!")]))
+    struct.pack_into("<H", data, 62, 1)  # e_shstrndx: section 1 holds the section names
+    struct.pack_into("<I", data, 64 + 2 * 64, 1)  # section 2 is named ".text"
+    cut = Elf(bytes(data[:-1]))
+    assert [s.name for s in cut.sections[1:]] == ["", ".text"]
+    with pytest.raises(ElfError, match=r"^section \.text runs past the end of the file$"):
+        cut.section_bytes(cut.sections[2])
 
 
 def test_a_section_header_table_that_ends_where_the_file_ends_is_read_and_a_cut_one_is_not():
