@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, deployment, stand_in_entry
+from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, deployment, forge_library, stand_in_entry
 
 from dsv41_aot import commands, linkrecord, source, verdict
 from dsv41_aot.aot import jit, matrix, verify
@@ -871,11 +871,7 @@ def test_a_band_whose_dynamic_table_runs_past_its_end_fails_naming_it(tmp_path):
     i = next(i for i, s in enumerate(Elf(bytes(raw)).sections) if s.type == SHT_DYNAMIC)
     shoff, shentsize = struct.unpack_from("<Q", raw, 40)[0], struct.unpack_from("<H", raw, 58)[0]
     struct.pack_into("<Q", raw, shoff + i * shentsize + 24, len(raw) - 8)  # its sh_offset: 8 bytes before the end
-    band = lzma.compress(bytes(raw), format=lzma.FORMAT_XZ, preset=0)
-    (room.lib / lib["file"]).write_bytes(band)
-    lib.update(sha256=hashlib.sha256(band).hexdigest(), bytes=len(band), raw_sha256=hashlib.sha256(raw).hexdigest(),
-               raw_bytes=len(raw))
-    path.write_text(json.dumps(doc))
+    forge_library(room.root, room.arch, path, doc, lib, raw)
     code, report, err = _verify_json(room.root)
     assert code == 1 and "Traceback" not in err, err
     (f,) = [f for f in report["failures"] if f["file"] == str(room.lib / lib["file"])]

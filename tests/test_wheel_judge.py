@@ -14,26 +14,24 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import lzma
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import warnings
 import zipfile
 from pathlib import Path
 
 import pytest
-from _smoke import build_wheel, deployment, install_into, replace_code_object
+from _smoke import build_wheel, deployment, forge_library, install_into, replace_code_object
 from _smoke import cli as cli_process
 
 from ci import check_wheel
 from ci import prebuilt as gate
 from dsv41_aot import cli
 from dsv41_aot.aot.wheel import FIX_DOWNLOAD, FIX_PROVE
-from dsv41_aot.linkrecord import band_file, soname
+from dsv41_aot.linkrecord import soname
 from dsv41_aot.manifest import folder_name, room_name
 from dsv41_aot.room import Room
 
@@ -377,14 +375,7 @@ def _needs_external_library(prebuilt: Path, dest: Path) -> Path:
         r = subprocess.run(["cc", "-shared", "-nostdlib", "-o", out, f"-Wl,-soname,{soname_}", "-Wl,--no-as-needed",
                             *needs, "-x", "c", "-"], input="int dsv41_case;\n", capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-    raw = so.read_bytes()
-    packed = lzma.compress(raw, format=lzma.FORMAT_XZ)
-    (other / ARCH / "lib" / band["file"]).unlink()
-    band.update(sha256=hashlib.sha256(packed).hexdigest(), bytes=len(packed),
-                raw_sha256=hashlib.sha256(raw).hexdigest(), raw_bytes=len(raw))
-    band["file"] = band_file(band["chunk"], band["sha256"])  # link names a band by its bytes
-    (other / ARCH / "lib" / band["file"]).write_bytes(packed)
-    path.write_text(json.dumps(doc))
+    forge_library(other, ARCH, path, doc, band, so.read_bytes())
     return other
 
 
