@@ -360,32 +360,57 @@ def run(args) -> int:
         else:
             mutmut(work, env, "run", *jobs)
         status = statuses(work, env)
-        return max(report(work, env, files, names, status, start, load), 1 if untested else 0)
+        return max(report(work, env, files, names, status, start, load, cfg.get("equivalent", [])),
+                   1 if untested else 0)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def report(work: Path, env: dict, files: list[str], names: list[str], status: dict, start: float, load) -> int:
-    print(f"\n{'module':36} {'killed':>6} {'timeout':>7} {'total':>5} {'score':>5}  survived  other")
-    survivors = []
-    for f in files:
-        mine = [n for n in names if module_of(n, files) == f]
-        got = [status.get(n, "not checked") for n in mine]
-        count = {k: got.count(k) for k in ("killed", "timeout", "survived")}
-        score = f"{100 * (count['killed'] + count['timeout']) / len(got):.0f}%" if got else "-"
-        print(f"{f:36} {count['killed']:6} {count['timeout']:7} {len(got):5} {score:>5}  {count['survived']:8}  "
-              f"{len(got) - sum(count.values()):5}")
-        survivors += [(n, s) for n, s in zip(mine, got) if s not in CAUGHT]
-    if survivors:
-        print("\nnot caught (file:line  old -> new  [mutant: status]):")
-        for n, s in survivors:
+def known_equivalent(equivalents: list[dict], at: str, change: str) -> str | None:
+    """Why a survivor is equivalent, when pyproject.toml names it (its file and change, as the report prints
+    them), else None."""
+    path = at.rsplit(":", 1)[0]
+    return next((e["why"] for e in equivalents if e["file"] == path and e["change"] == change), None)
+
+
+def report(work: Path, env: dict, files: list[str], names: list[str], status: dict, start: float, load,
+           equivalents: list[dict]) -> int:
+    """Print each module's score and every mutant not caught; 1 if any is not a known equivalent.
+
+    A mutant ``[[tool.dsv41-aot.mutation.equivalent]]`` names (no input tells it from the code) is
+    listed apart with its reason and left out of its module's score."""
+    uncaught = []  # (name, status, file:line, change, why it is equivalent or None)
+    for n in names:
+        s = status.get(n, "not checked")
+        if s not in CAUGHT:
             shown = subprocess.run([str(MUTMUT), "show", n], cwd=work, env=env, capture_output=True, text=True).stdout
             at, change = where(work, n, shown)
+            why = known_equivalent(equivalents, at, change) if s == "survived" else None
+            uncaught.append((n, s, at, change, why))
+    equivalent = {n for n, *_, why in uncaught if why}
+    print(f"\n{'module':36} {'killed':>6} {'timeout':>7} {'total':>5} {'equiv':>5} {'score':>5}  survived  other")
+    for f, mine in [(f, [n for n in names if module_of(n, files) == f]) for f in files] + [("all", names)]:
+        got = [status.get(n, "not checked") for n in mine]
+        count = {k: got.count(k) for k in ("killed", "timeout", "survived")}
+        same = len(equivalent.intersection(mine))
+        judged = len(got) - same
+        score = f"{100 * (count['killed'] + count['timeout']) / judged:.0f}%" if judged else "-"
+        print(f"{f:36} {count['killed']:6} {count['timeout']:7} {len(got):5} {same:5} {score:>5}  "
+              f"{count['survived'] - same:8}  {len(got) - sum(count.values()):5}")
+    left = [u for u in uncaught if not u[4]]
+    if left:
+        print("\nnot caught (file:line  old -> new  [mutant: status]):")
+        for n, s, at, change, _ in left:
             print(f"  {at}  {change}  [{n}: {s}]")
+    if equivalent:
+        print("\nequivalent, as pyproject.toml's [[tool.dsv41-aot.mutation.equivalent]] says (file:line  change: why):")
+        for n, s, at, change, why in uncaught:
+            if why:
+                print(f"  {at}  {change}: {why}  [{n}]")
     print(f"\nwall {time.monotonic() - start:.0f} s; load average {load[0]:.2f} at the start, "
           f"{os.getloadavg()[0]:.2f} at the end")
-    return 1 if survivors else 0
+    return 1 if left else 0
 
 
 def main(argv=None) -> int:
