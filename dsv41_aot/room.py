@@ -153,6 +153,13 @@ class Room:
         """The fix for keys a room lacks: build them where the room was built, else restore it."""
         return self.build_cmd if self.built_here else self.fix_restore
 
+    def fix_reprove(self, key: str | None = None) -> str:
+        """The fix for a proof that does not hold: prove the room (or ``key``) again where it was built, else
+        restore it."""
+        if not self.built_here:
+            return self.fix_restore
+        return f"{self.prove_cmd} --key '{key}'" if key else self.prove_cmd
+
     @property
     def fix_reinstall(self) -> str:
         """The fix for records and libraries that disagree: rebuild and relink where built, else restore."""
@@ -207,8 +214,7 @@ class Room:
             if data is None:
                 self._proof = Proof(self.arch, self.release, {})
             else:
-                fix = self.prove_cmd if self.built_here else self.fix_restore  # prove again where it was built
-                self._proof = Proof.parse(data, where, self.arch, self.release, fix)
+                self._proof = Proof.parse(data, where, self.arch, self.release, self.fix_reprove())
         return self._proof
 
     def has(self, name: str) -> bool:

@@ -166,7 +166,7 @@ def key_problem(rep: KeyReport, room: Room) -> tuple[Problem, bool]:
         fix = (f"{rep.describe()} cannot launch as a persistent kernel (see dsv41-aot inspect): remove it from "
                f"build_matrix.yaml")
     elif what == "proof":  # the code is vLLM's: the recorded proof is not this run's
-        fix = f"{room.prove_cmd} --key '{rep.key}'" if room.built_here else room.fix_restore
+        fix = room.fix_reprove(rep.key)
     elif not room.built_here:
         fix = room.fix_reinstall
     else:
