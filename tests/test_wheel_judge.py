@@ -303,6 +303,83 @@ def test_a_member_in_the_wheel_twice_is_named(wheel, tmp_path, capsys):
 
 
 @pytest.mark.faults
+@pytest.mark.parametrize("member", ["/etc/dsv41.txt", "dsv41_aot/../../escape.txt"], ids=["absolute", "dot-dot"])
+def test_a_member_that_would_install_outside_the_tree_is_named(wheel, tmp_path, capsys, member):
+    """A member pip would refuse (an absolute name, a `..` step): named, with the fix, by both gates."""
+    bad = _variant(wheel, tmp_path / "bad", extra=[(member, b"x\n")])
+    for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
+        assert code == 1 and f"member {member!r} is absolute or takes a `..` step" in out, out
+        assert f"fix: {FIX_DOWNLOAD}" in out, out
+
+
+def _metadata(change):
+    """A ``change`` for :func:`_variant`: the wheel's METADATA text through ``change(text)``."""
+    return lambda name, data: change(data.decode()).encode() if name.endswith(".dist-info/METADATA") else data
+
+
+def _served_release_unnamed(text: str) -> str:
+    head, _, readme = text.partition("\n\n")
+    return head + "\n\n" + readme.replace(f"vLLM {RELEASE}", "vLLM x.y.z")
+
+
+def _no_vllm_extra(text: str) -> str:
+    lines = text.split("\n")
+    return "\n".join(ln for ln in lines if ln != "Provides-Extra: vllm" and not ln.startswith("Requires-Dist: vllm"))
+
+
+# each: what is changed, how, and what both gates must print
+METADATA_DEFECTS = {
+    "a local version": (lambda t: re.sub(r"(?m)^Version: (.*)$", r"Version: \1+local", t),
+                        ["local version label in ", "+local: an index refuses it", "is not dsv41_aot-"]),
+    "no vllm extra": (_no_vllm_extra, ["no vllm extra: a kernels wheel must say which vLLM releases it serves"]),
+    "an extra that does not admit a served release": (
+        lambda t: re.sub(r"(?m)^Requires-Dist: vllm[^;]*;", "Requires-Dist: vllm<0.1;", t),
+        [f"the vllm extra (vllm<0.1) does not admit vLLM {RELEASE}, which the wheel serves"]),
+    "a README that does not name a served release": (
+        _served_release_unnamed, [f"the README (long description) does not name vLLM {RELEASE}"]),
+}
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("case", list(METADATA_DEFECTS))
+def test_a_metadata_defect_is_named_by_both_gates(wheel, tmp_path, capsys, case):
+    """What METADATA must say of a kernels wheel (a version an index takes and the file is named by, a vllm
+    extra admitting, and a README naming, each release served): each defect named, with the fix."""
+    change, said = METADATA_DEFECTS[case]
+    bad = _variant(wheel, tmp_path / "bad", change=_metadata(change))
+    for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
+        assert code == 1 and all(s in out for s in said) and f"fix: {FIX_DOWNLOAD}" in out, out
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("member", ["LICENSE", "NOTICE"])
+def test_a_licence_file_missing_from_dist_info_is_named(wheel, tmp_path, capsys, member):
+    with zipfile.ZipFile(wheel) as z:
+        (gone,) = [n for n in z.namelist() if ".dist-info/" in n and n.endswith(f"/{member}")]
+    bad = _variant(wheel, tmp_path / "bad", drop=[gone])
+    for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
+        assert code == 1 and f"{member} missing from {gone.split('/')[0]}" in out, out
+
+
+def test_a_raw_shared_library_in_the_wheel_is_named(wheel, tmp_path, capsys):
+    """Bands ship compressed (.so.xz); a plain .so anywhere in the wheel is named."""
+    member = f"{PKG}{ARCH}/lib/libstray.so"
+    bad = _variant(wheel, tmp_path / "bad", extra=[(member, b"\x7fELF")])
+    for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
+        assert code == 1 and f"raw shared libraries in the wheel: {member}" in out, out
+
+
+@pytest.mark.faults
+def test_a_wheel_whose_rooms_are_not_its_prebuilt_dir_s_is_named(wheel, prebuilt, tmp_path, capsys):
+    """--prebuilt naming a dir that holds another room than the wheel: the rooms are named before any file."""
+    other = Path(shutil.copytree(prebuilt, tmp_path / "other"))
+    (other / ARCH / folder_name(RELEASE)).rename(other / ARCH / folder_name("0.32.0"))
+    code, out = _check(capsys, "--prebuilt", other, wheel)
+    assert code == 1 and f"the wheel holds rooms [('{ARCH}', '{RELEASE}')], the prebuilt dir {other} " \
+                          f"[('{ARCH}', '0.32.0')]" in out, out
+
+
+@pytest.mark.faults
 def test_two_dist_info_folders_are_not_a_wheel(wheel, tmp_path, capsys):
     """S25: pip refuses a wheel with two .dist-info folders; no gate picks one."""
     with zipfile.ZipFile(wheel) as z:
