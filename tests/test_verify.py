@@ -24,6 +24,7 @@ from _smoke import REPO, SMOKE_RELEASE_KEYS, cli, deployment, forge_library, sta
 
 from dsv41_aot import commands, linkrecord, source, verdict
 from dsv41_aot.aot import jit, matrix, verify
+from dsv41_aot.aot.integrity import kernarg_problems
 from dsv41_aot.elf import SHT_DYNAMIC, Elf, exported_parts
 from dsv41_aot.errors import ToolchainError
 from dsv41_aot.facts.releases import NEWEST
@@ -95,6 +96,7 @@ def test_the_fix_for_a_proof_that_differs_works_the_first_time(copy):
     (fix,) = [line[len("fix: "):] for line in r.stderr.splitlines() if line.startswith("fix: ")]
     argv = shlex.split(fix)
     assert argv[:2] == ["dsv41-aot", "verify"] and "--record" in argv
+    assert argv[argv.index("--key") + 1] == key  # this key alone: not a JIT build of each key of the room
     r = cli(*argv[1:])
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"{key} (vLLM {NEWEST}): its proof in verified.json differs" in r.stderr
@@ -833,26 +835,43 @@ def _verify_json(root: Path) -> tuple[int, dict, str]:
 
 
 @pytest.mark.faults
-def test_a_shipped_manifest_abi_its_band_s_kernel_does_not_take_fails(tmp_path):
+@pytest.mark.parametrize("change", ["an int32 slot made int64", "a scalar slot dropped"])
+def test_a_shipped_manifest_abi_its_band_s_kernel_does_not_take_fails(tmp_path, change):
     """A shipped room's manifest gives a key an ABI (its id recomputed, so the
-    manifest parses) whose int32 slot is int64: only the kernargs of the
-    code object in the key's band can tell (S03), and verify fails naming
-    the key and the slot."""
+    manifest parses) whose int32 slot is int64, or which lacks a scalar
+    slot: only the kernargs of the code object in the key's band can tell
+    (S03), and verify fails naming the key and the slot or the count."""
     room = _shipped_room(tmp_path)
     key = "ffn@gfx950:s=1,tp=4,r=0"
     path = room.dir / "manifest.json"
     doc = json.loads(path.read_text())
     abi = [dict(s) for s in doc["abis"][doc["entries"][key]["abi"]]]
     i = next(i for i, s in enumerate(abi) if s["ctype"] == "int32")
-    abi[i].update(ctype="int64", size=8)
+    scalars = sum(s["name"] != "stream" for s in abi)
+    if change == "a scalar slot dropped":
+        del abi[i]
+        said = f"ABI has {scalars - 1} scalar slots, the kernel {scalars} kernargs"
+    else:
+        abi[i].update(ctype="int64", size=8)
+        said = f"slot {i} {abi[i]['name']}: ABI int64 (8 bytes), kernarg by_value 4 bytes"
     doc["abis"][abi_id(abi)] = abi
     doc["entries"][key]["abi"] = abi_id(abi)
     path.write_text(json.dumps(doc))
     code, doc, _ = _verify_json(room.root)
     assert code == 1, doc["failures"]
     (f,) = doc["failures"]
-    assert f["key"] == key and f"slot {i} {abi[i]['name']}: ABI int64 (8 bytes), kernarg by_value 4 bytes" in f["error"]
+    assert f["key"] == key and said in f["error"], f["error"]
     assert doc["ok"] == doc["keys"] - 1
+
+
+def test_kernargs_past_the_kernarg_segment_are_named():
+    """The kernel's own metadata, judged beside the ABI: kernargs that end past
+    the segment the launch allocates (a code object no compiler should make;
+    only a forged one can) are named, and one that ends exactly at it is sound."""
+    abi = [{"name": "n", "ctype": "int64", "size": 8}, {"name": "stream", "ctype": "hipStream_t", "size": 8}]
+    res = {"args": [{"offset": 0, "size": 8, "value_kind": "by_value"}], "kernarg_bytes": 8}
+    assert kernarg_problems(abi, res) == []
+    assert kernarg_problems(abi, dict(res, kernarg_bytes=4)) == ["kernargs end at 8 bytes, kernarg segment is 4"]
 
 
 @pytest.mark.faults
