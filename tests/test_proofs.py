@@ -134,6 +134,8 @@ def _under(flydsl: str, own: bool = True) -> dict:
 # a proof under another FlyDSL is a second proof of a key that has its own
 BAD["a proof under another FlyDSL of a key with no proof of its own"] = json.dumps(_under("0.5.0", own=False)).encode()
 BAD["a proof under another FlyDSL that is the key's own FlyDSL"] = json.dumps(_under("0.4.2")).encode()
+BAD["a flydsl section that is a list"] = json.dumps(dict(_good(3), flydsl=[])).encode()
+BAD["a FlyDSL release mapped to a list"] = json.dumps(dict(_good(3), flydsl={"0.5.0": []})).encode()
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
