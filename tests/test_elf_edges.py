@@ -85,3 +85,14 @@ def test_a_gpu_code_object_ending_where_its_library_ends_is_found_and_a_cut_one_
     # the code object's section header table is its last part: one byte short, it is no whole code object
     assert embedded_code_objects(host + code[:-1]) == {}
     assert embedded_code_objects(host + code + code) == {hashlib.sha256(code).hexdigest(): code}
+
+
+@pytest.mark.parametrize("change", [(0, b"\x7fELG"), (4, b"\x01"), (5, b"\x02")],
+                         ids=["another magic", "32-bit", "big-endian"])
+def test_a_file_that_is_not_elf64_little_endian_is_refused_saying_so(change):
+    """The reader knows one layout: anything else is refused before a field is read, never misread."""
+    at, data = change
+    good = elf_file([(SHT_PROGBITS, b"kernels!")])
+    assert Elf(good).sections
+    with pytest.raises(ElfError, match="^not an ELF64 little-endian file$"):
+        Elf(good[:at] + data + good[at + len(data):])
