@@ -184,3 +184,16 @@ def test_the_same_bands_give_the_same_libs_json_bytes():
     data = record(linked)
     assert data == record(linked[::-1])
     assert LinkRecord.parse(data, "libs.json", "gfx950", NEWEST, "FIX").to_bytes() == data
+
+
+def test_a_key_two_bands_link_is_refused_naming_both():
+    """A key is served from one band: a record whose two bands both link it (which the loader could only pick
+    between) is refused, naming the key and both band files."""
+    doc = json.loads(_record("libdsv41_s01-08.0123456789ab.so.xz"))
+    second = dict(doc["libraries"][0], file="libdsv41_s01-08.ba9876543210.so.xz")
+    doc["libraries"].append(second)
+    with pytest.raises(ManifestError) as e:
+        LinkRecord.parse(json.dumps(doc).encode(), "/d/gfx950/vllm-0.33.0/libs.json", "gfx950", NEWEST, "FIX")
+    assert e.value.message == (f"/d/gfx950/vllm-0.33.0/libs.json: {K} is linked by "
+                               "libdsv41_s01-08.0123456789ab.so.xz and libdsv41_s01-08.ba9876543210.so.xz")
+    assert e.value.fix == "FIX"
