@@ -458,10 +458,14 @@ def _needs_external_library(prebuilt: Path, dest: Path) -> Path:
 
 @pytest.mark.faults
 def test_auditwheel_refuses_a_band_that_needs_an_external_library(prebuilt, tmp_path, capsys):
-    """S17: only the host's libamdhip64 may be external to a band's library."""
+    """S17: only the host's libamdhip64 may be external to a band's library; verify, which runs no
+    auditwheel, names the band's DT_NEEDED itself."""
     other = _needs_external_library(prebuilt, tmp_path)
     code, out = _gate(capsys, check_wheel.main, "--audit-prebuilt", other)
     assert code == 1 and "external libraries besides libamdhip64: libdsv41_ext.so.1" in out, out
+    code, out = _verify(capsys, "--dir", other)
+    assert code == 1 and "records DT_NEEDED ['libdsv41_ext.so.1']: it would tie users to this build machine's " \
+                          "libraries" in out, out
 
 
 def test_no_auditwheel_judges_a_wheel_where_auditwheel_cannot_run(wheel, capsys, monkeypatch):
