@@ -285,6 +285,26 @@ def test_a_stray_file_in_an_arch_folder_is_named(wheel, tmp_path, capsys, member
         assert code == 1 and f"{member} is a file no room names" in out, out
 
 
+def test_check_wheel_json_is_one_verdict_per_wheel_and_names_its_failures(wheel, tmp_path, capsys):
+    """check_wheel.py --json: a list of each wheel's verdict, in the order given; exit 1 when any failed."""
+    bad = _variant(wheel, tmp_path / "bad", extra=[(ROOM + "timings.json", b"{}\n")])
+    code, out = _check(capsys, "--json", wheel, bad)
+    good, judged = json.loads(out)
+    assert code == 1 and (good["wheel"], good["failed"], good["fix"]) == (wheel.name, False, None), out
+    assert judged["failed"] and judged["fix"] == FIX_DOWNLOAD, out
+    assert any("timings in the wheel" in p for p in judged["problems"]), out
+    code, out = _check(capsys, "--json", wheel)
+    assert code == 0 and [r["failed"] for r in json.loads(out)] == [False], out
+
+
+def test_check_wheel_without_a_wheel_is_bad_input(tmp_path, capsys):
+    code, out = _check(capsys, tmp_path / "absent.whl")
+    assert code == 2 and f"ci/check_wheel.py: error: no wheel at {tmp_path / 'absent.whl'}" in out, out
+    with pytest.raises(SystemExit) as e:
+        check_wheel.main(["--no-auditwheel"])
+    assert e.value.code == 2 and "name a wheel (or --audit-prebuilt DIR)" in capsys.readouterr().err
+
+
 def test_audit_of_a_folder_without_bands_is_bad_input(tmp_path, capsys):
     code, out = _gate(capsys, check_wheel.main, "--audit-prebuilt", tmp_path)
     assert code == 2 and f"no linked bands under {tmp_path}" in out, out
