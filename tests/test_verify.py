@@ -896,3 +896,21 @@ def test_a_band_whose_dynamic_table_runs_past_its_end_fails_naming_it(tmp_path):
     (f,) = [f for f in report["failures"] if f["file"] == str(room.lib / lib["file"])]
     assert f["what"] == "band" and f["serving"] and sorted(f["keys"]) == sorted(lib["entries"]), f
     assert report["ok"] == report["keys"] - len(lib["entries"])
+
+
+@pytest.mark.faults
+def test_a_manifest_entry_under_a_key_spelled_another_way_fails_naming_it(smoke_dir, tmp_path):
+    """A manifest entry filed under a key written out of its canonical order,
+    its key and C entry rewritten to match (so the manifest parses): verify
+    fails that key, saying it is not canonical and naming the canonical
+    form, exit 1."""
+    d = Path(shutil.copytree(smoke_dir, tmp_path / "prebuilt"))
+    key, spelled = "k1@gfx950:s=4,tp=4,r=1", "k1@gfx950:tp=4,s=4,r=1"
+    path = Room(d, "gfx950", NEWEST).manifest_path
+    doc = json.loads(path.read_text())
+    doc["entries"][spelled] = dict(doc["entries"].pop(key), key=spelled, entry="dsv41_k1_gfx950_tp4_s4_r1")
+    path.write_text(json.dumps(doc))
+    code, report, _ = _verify_json(d)
+    assert code == 1
+    errors = [f["error"] for f in report["failures"] if f["key"] == spelled]
+    assert any(e.startswith(f"manifest key is not canonical (canonical: {key})") for e in errors), errors
