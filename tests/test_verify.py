@@ -914,3 +914,21 @@ def test_a_manifest_entry_under_a_key_spelled_another_way_fails_naming_it(smoke_
     assert code == 1
     errors = [f["error"] for f in report["failures"] if f["key"] == spelled]
     assert any(e.startswith(f"manifest key is not canonical (canonical: {key})") for e in errors), errors
+
+
+@pytest.mark.faults
+def test_a_shipped_key_no_band_links_fails_naming_it_and_the_record(tmp_path):
+    """A shipped room whose libs.json lists a key in no band (its entry kept in the manifest): with no
+    objects/ its code object can come only from a band, so verify fails the key naming libs.json, with the
+    room's restore as the fix (nothing relinks a shipped room)."""
+    room = _shipped_room(tmp_path)
+    key = "ffn@gfx950:s=1,tp=4,r=0"
+    doc = json.loads(room.libs_path.read_text())
+    (band,) = [b for b in doc["libraries"] if key in b["entries"]]
+    del band["entries"][key]
+    room.libs_path.write_text(json.dumps(doc))
+    code, report, _ = _verify_json(room.root)
+    assert code == 1
+    errors = {f["error"]: f["fix"] for f in report["failures"] if f["key"] == key}
+    said = f"{key} is in no band of {room.libs_path}"
+    assert said in errors and errors[said] == room.fix_relink == room.fix_restore, errors
