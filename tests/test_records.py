@@ -16,7 +16,7 @@ from _smoke import deployment
 from dsv41_aot.errors import ManifestError
 from dsv41_aot.facts.releases import NEWEST
 from dsv41_aot.linkrecord import Band, LinkRecord
-from dsv41_aot.manifest import entry_name
+from dsv41_aot.manifest import entry_name, read_timings
 from dsv41_aot.room import Room
 
 K = "k1@gfx950:s=4,tp=4,r=1"
@@ -197,3 +197,13 @@ def test_a_key_two_bands_link_is_refused_naming_both():
     assert e.value.message == (f"/d/gfx950/vllm-0.33.0/libs.json: {K} is linked by "
                                "libdsv41_s01-08.0123456789ab.so.xz and libdsv41_s01-08.ba9876543210.so.xz")
     assert e.value.fix == "FIX"
+
+
+@pytest.mark.parametrize("text", [b"[1, 2]", b"{not json", b'{"k1@gfx950:s=4,tp=4,r=1": "fast", "other": 2}'],
+                         ids=["a list", "not json", "a value not a number"])
+def test_timings_that_do_not_read_are_no_timings(tmp_path, text):
+    """timings.json only balances shards, never decides a build: whatever it holds, reading it never fails,
+    and only the numbers it holds are kept."""
+    (tmp_path / "timings.json").write_bytes(text)
+    assert read_timings(tmp_path) == ({"other": 2.0} if b"other" in text else {})
+    assert read_timings(tmp_path / "absent") == {}
