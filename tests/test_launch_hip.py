@@ -24,6 +24,8 @@ import json
 import pytest
 import _recording_hip as rh
 
+from dsv41_aot.runtime.hip import FIX_DEVICE
+
 K1 = "k1@gfx950:s=4,tp=4,r=1"
 K2 = "k2@gfx950:s=4,tp=4,r=1"
 
@@ -212,7 +214,11 @@ print(json.dumps(out))
     ("hipModuleLaunchKernel=701", "hipModuleLaunchKernel", "hipErrorLaunchOutOfResources (701)",
      "no other kernel holds the device's CUs (rocm-smi)"),
     ("hipModuleLaunchKernel=1@2", "hipModuleLaunchKernel", "hipErrorInvalidValue (1)", "stream"),
-], ids=["load", "lookup", "launch", "launch-after-a-success"])
+    ("hipModuleLoadData=2", "hipModuleLoadData", "hipErrorOutOfMemory (2)", "free device memory on device 0"),
+    ("hipModuleLoadData=999", "hipModuleLoadData", "hipErrorUnknown (999)", FIX_DEVICE),
+    ("hipModuleLaunchKernel=98", "hipModuleLaunchKernel", "hipErrorInvalidDeviceFunction (98)",
+     "FlyDSL's runtime prints the failing call on stderr"),
+], ids=["load", "lookup", "launch", "launch-after-a-success", "load-out-of-memory", "load-other", "launch-other"])
 def test_a_failing_hip_call_is_named_with_its_status_and_a_fitting_fix(smoke, recording_hip, tmp_path, fail,
                                                                        call, status, fix):
     out, calls = run(_FAIL, smoke, recording_hip, tmp_path, fail=fail)
