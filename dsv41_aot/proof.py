@@ -264,14 +264,14 @@ def parse_evidence(ev, code_sha: str, what: str, fix: str, version: int = PROOF_
 
     ManifestError naming ``what`` unless it holds its version's digests, a
     UTC time, optionally the launch's sha256, and not the code object's."""
-    shapes = EVIDENCE_FIELDS.get(version, ())
+    shapes = EVIDENCE_FIELDS[version]  # Proof.parse reads evidence of version 2 and later only
     named = set(ev) - {"launch_sha256"} if isinstance(ev, dict) else None
     shape = next((f for f in shapes if named == {*f, "at"}), None)
     launch = ev.get("launch_sha256") if isinstance(ev, dict) else None
     if shape is None or not all(isinstance(ev[f], str) and SHA256_RE.fullmatch(ev[f]) for f in shape) \
             or not isinstance(ev["at"], str) or not (launch is None or isinstance(launch, str)
                                                      and SHA256_RE.fullmatch(launch)):
-        want = " or ".join(", ".join(f) for f in shapes) or "none"
+        want = " or ".join(", ".join(f) for f in shapes)
         raise ManifestError(f"{what}: evidence must be {want} (sha256 digests), at and optionally "
                             f"launch_sha256", fix=fix)
     try:
