@@ -170,7 +170,7 @@ def test_a_file_cut_short_is_no_wheel_and_exits_2_naming_it(wheel, tmp_path, cap
     cut = tmp_path / wheel.name
     cut.write_bytes(wheel.read_bytes()[: wheel.stat().st_size // 2])
     for code, out in (_verify(capsys, "--wheel", cut), _check(capsys, cut)):
-        assert code == 2 and f"{cut}: not a wheel: not a sound zip file" in out, out
+        assert code == 2 and f"{cut}: not a wheel: not a sound zip file (BadZipFile: " in out, out
         assert "download the wheel again" in out and "Traceback" not in out, out
 
 
@@ -285,12 +285,18 @@ def test_a_stray_file_in_an_arch_folder_is_named(wheel, tmp_path, capsys, member
         assert code == 1 and f"{member} is a file no room names" in out, out
 
 
-def test_check_wheel_json_is_one_verdict_per_wheel_and_names_its_failures(wheel, tmp_path, capsys):
-    """check_wheel.py --json: a list of each wheel's verdict, in the order given; exit 1 when any failed."""
+def test_check_wheel_json_is_one_verdict_per_wheel_and_names_its_failures(wheel, prebuilt, tmp_path, capsys):
+    """check_wheel.py --json: a list of each wheel's verdict, in the order given, each counting its keys room by
+    room; exit 1 when any failed."""
     bad = _variant(wheel, tmp_path / "bad", extra=[(ROOM + "timings.json", b"{}\n")])
     code, out = _check(capsys, "--json", wheel, bad)
     good, judged = json.loads(out)
     assert code == 1 and (good["wheel"], good["failed"], good["fix"]) == (wheel.name, False, None), out
+    assert list(good["keys_by_room"].values()) == [len(_keys(prebuilt))], good["keys_by_room"]
+    (room,) = good["rooms"]  # its keys per TP, each counted once, every one proven
+    tps = room["tp"].values()
+    assert sum(t["keys"] for t in tps) == sum(sum(t["kinds"].values()) for t in tps) == room["keys"], room
+    assert sum(t["proven"] for t in tps) == room["proven"] == room["keys"], room
     assert judged["failed"] and judged["fix"] == FIX_DOWNLOAD, out
     assert any("timings in the wheel" in p for p in judged["problems"]), out
     code, out = _check(capsys, "--json", wheel)

@@ -40,7 +40,7 @@ def open_wheel(wheel: Path) -> zipfile.ZipFile:
     try:
         z = zipfile.ZipFile(wheel)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        raise AotError(f"{wheel}: not a wheel: not a sound zip file ({e or type(e).__name__})",
+        raise AotError(f"{wheel}: not a wheel: not a sound zip file ({type(e).__name__}: {e})",
                        fix=FIX_DOWNLOAD) from None
     try:
         bad = z.testzip()
