@@ -13,6 +13,7 @@ read a survivor.
     .venv/bin/python bench/mutants.py --changed [REV]                  # the ones changed since REV (main)
     .venv/bin/python bench/mutants.py --sample 40 --seed 1             # a quick estimate
     .venv/bin/python bench/mutants.py --map                            # measure which tests reach which module
+    .venv/bin/python bench/mutants.py --unreached [--modules ...]      # lines no mutant's tests run
 
 It runs in a scratch copy of the checkout; ``--workdir DIR`` keeps it, for
 ``mutmut browse`` / ``mutmut show NAME`` in DIR. Exit 0: no survivor; 1:
@@ -289,6 +290,76 @@ def measure_map(args) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def tests_env(prebuilt: str | None) -> dict:
+    """The environment the tests run in under the bench: this one's, less a mutant's and a fast run's
+    variables, with the prebuilt smoke dir, the tamper matrix's seed and the full deployments beside the
+    checkout named."""
+    # bytecode is kept, as ci/test.sh keeps it (each mutant is chosen at run time, not compiled in)
+    drop = ("MUTANT_UNDER_TEST", "DSV41_AOT_TEST_FAST", PREBUILT, "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    if prebuilt:
+        env[PREBUILT] = str(Path(prebuilt).resolve())
+    env.setdefault(TAMPER_SEED, "0")  # tests/test_tamper_matrix.py draws the same sample under every mutant
+    # the full deployments, found beside this checkout: a scratch copy has no ../shared, so their tests would
+    # skip (and every mutant they check survive)
+    sys.path.insert(0, str(REPO / "tests"))
+    from _smoke import DEPLOYMENTS
+
+    for _, var, folder, _ in DEPLOYMENTS.values():
+        if var not in env and folder.is_dir():
+            env[var] = str(folder)
+    return env
+
+
+def one_session(env: dict, work: Path) -> None:
+    """Give every pytest run of the bench one test-session folder and build cache, in ``work`` (mutmut runs
+    pytest several times in one process; the suite's own folder would be gone after the first session)."""
+    env[SHARED] = str(work / "session")
+    env[ENV_BUILD_CACHE] = str(work / "session" / "cache")
+    (work / "session").mkdir()
+
+
+def unreached(args) -> int:
+    """Print the lines of the chosen trust modules' functions that no test run under a mutant executes.
+
+    Every mutant of such a line survives: each wants a test, or is dead code. One coverage run of the
+    modules' tests together (their subprocesses included): a line of one module that only another's test
+    files reach counts as reached, so one module at a time gives its exact list."""
+    cfg, _ = settings()
+    trust = trust_modules(cfg)
+    files = chosen(args, trust)
+    work = Path(tempfile.mkdtemp(prefix="dsv41-mutants-unreached-"))
+    start = time.monotonic()
+    try:
+        env = tests_env(args.prebuilt or os.environ.get(PREBUILT))
+        ids = test_ids(sorted({t for f in files for t in trust[f]}), work)
+        one_session(env, work)
+        rc = work / "coveragerc"
+        rc.write_text(f"[run]\npatch = subprocess\nsource = {REPO}/dsv41_aot, {REPO}/ci\n")
+        env["COVERAGE_FILE"] = str(work / "tests.coverage")
+        out = work / "cov.json"
+        workers = ["-n", str(args.jobs), "--dist", "loadfile"] if args.jobs > 1 else []
+        for step in (["run", "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", *workers, *ids],
+                     ["combine", "-q"], ["json", "-q", "-o", str(out)]):
+            subprocess.run([sys.executable, "-m", "coverage", step[0], f"--rcfile={rc}", *step[1:]], cwd=REPO,
+                           env=env, capture_output=True)
+        measured = json.loads(out.read_text())["files"]
+        # coverage's missing lines: the statements it measures (a docstring is none) that never ran
+        missed = {str(Path(k).resolve()): set(v["missing_lines"]) for k, v in measured.items()}
+        total = 0
+        for f in files:
+            source = (REPO / f).read_text().splitlines()
+            lines = sorted(set().union(*function_bodies(REPO / f)) & missed.get(str(REPO / f), set()))
+            total += len(lines)
+            print(f"{f}: {len(lines)} line(s) no test under a mutant runs")
+            for n in lines:
+                print(f"  {f}:{n}  {source[n - 1].strip()}")
+        print(f"{len(ids)} tests; {total} line(s) unreached; {time.monotonic() - start:.0f} s", file=sys.stderr)
+        return 1 if total else 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def run(args) -> int:
     cfg, base = settings()
     trust = trust_modules(cfg)
@@ -307,20 +378,7 @@ def run(args) -> int:
     work.mkdir(parents=True, exist_ok=True)
     start, load = time.monotonic(), os.getloadavg()
     try:
-        # bytecode is kept, as ci/test.sh keeps it (each mutant is chosen at run time, not compiled in)
-        drop = ("MUTANT_UNDER_TEST", "DSV41_AOT_TEST_FAST", PREBUILT, "PYTHONDONTWRITEBYTECODE")
-        env = {k: v for k, v in os.environ.items() if k not in drop}
-        if prebuilt:
-            env[PREBUILT] = str(Path(prebuilt).resolve())
-        env.setdefault(TAMPER_SEED, "0")  # tests/test_tamper_matrix.py draws the same sample under every mutant
-        # the full deployments, found beside this checkout: the copy has no ../shared, so their tests would skip
-        # (and every mutant they check survive)
-        sys.path.insert(0, str(REPO / "tests"))
-        from _smoke import DEPLOYMENTS
-
-        for _, var, folder, _ in DEPLOYMENTS.values():
-            if var not in env and folder.is_dir():
-                env[var] = str(folder)
+        env = tests_env(prebuilt)
         test_files = sorted({t for f in files for t in trust[f]})
         ids = test_ids(test_files, work) if test_files else []
         tests_of = {f: [i for i in ids if i.split("::")[0] in trust[f]] for f in files}
@@ -333,12 +391,7 @@ def run(args) -> int:
                 return 1
         print(f"{len(files)} module(s), {len(ids)} tests: " + ", ".join(f"{f} ({len(tests_of[f])})" for f in files))
         scratch(work, files, ids, base)
-        # the test session's folder and build cache: one for the whole run
-        # (mutmut runs pytest several times in one process; the suite's own
-        # folder would be gone after the first session)
-        env[SHARED] = str(work / "session")
-        env[ENV_BUILD_CACHE] = str(work / "session" / "cache")
-        (work / "session").mkdir()
+        one_session(env, work)
         jobs = ("--max-children", str(args.jobs))
         stats_file = work / "mutants" / "mutmut-stats.json"
         stats_file.parent.mkdir()
@@ -422,11 +475,15 @@ def main(argv=None) -> int:
                        help="the trust modules `git diff REV` touches (default REV: main)")
     ap.add_argument("--sample", type=int, metavar="N", help="run N mutants drawn at random (a quick estimate)")
     ap.add_argument("--seed", type=int, default=0, help="the draw's seed (default 0)")
-    ap.add_argument("--jobs", type=int, default=1, help="mutants tested side by side (default 1)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="mutants tested side by side, or --unreached's pytest workers (default 1)")
     ap.add_argument("--prebuilt", help=f"a built smoke dir for the smoke-build tests (default: ${PREBUILT})")
     ap.add_argument("--workdir", help="run in this (new or empty) folder and keep it")
     which.add_argument("--map", action="store_true",
                        help="measure which test files run each trust module's functions (coverage, subprocesses too)")
+    ap.add_argument("--unreached", action="store_true",
+                    help="print the trust modules' lines no test under a mutant runs (coverage; with --modules or "
+                         "--changed, theirs)")
     ap.add_argument("--collect-into", help=argparse.SUPPRESS)
     args, rest = ap.parse_known_args(argv)
     if args.collect_into:
@@ -435,7 +492,7 @@ def main(argv=None) -> int:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.prebuilt:
         os.environ[PREBUILT] = str(Path(args.prebuilt).resolve())
-    return measure_map(args) if args.map else run(args)
+    return measure_map(args) if args.map else unreached(args) if args.unreached else run(args)
 
 
 if __name__ == "__main__":
