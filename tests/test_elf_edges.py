@@ -14,7 +14,7 @@ import struct
 
 import pytest
 
-from dsv41_aot.elf import EM_AMDGPU, SHT_NOTE, Elf, ElfError, embedded_code_objects
+from dsv41_aot.elf import EM_AMDGPU, SHT_NOBITS, SHT_NOTE, Elf, ElfError, embedded_code_objects
 
 SHT_PROGBITS = 1
 SHT_STRTAB = 3
@@ -96,3 +96,13 @@ def test_a_file_that_is_not_elf64_little_endian_is_refused_saying_so(change):
     assert Elf(good).sections
     with pytest.raises(ElfError, match="^not an ELF64 little-endian file$"):
         Elf(good[:at] + data + good[at + len(data):])
+
+
+def test_a_nobits_section_reads_as_empty_wherever_it_claims_to_lie():
+    """A section with no bytes in the file (.bss: SHT_NOBITS) reads as empty, even when its offset and size
+    point past the end, where a section with bytes is refused."""
+    data = bytearray(elf_file([(SHT_PROGBITS, b"kernels!")]))
+    struct.pack_into("<I", data, 64 + 64 + 4, SHT_NOBITS)  # section 1's type
+    struct.pack_into("<Q", data, 64 + 64 + 32, 1 << 20)  # its size: far past the end of the file
+    elf = Elf(bytes(data))
+    assert elf.section_bytes(elf.sections[1]) == b""
