@@ -932,3 +932,43 @@ def test_a_shipped_key_no_band_links_fails_naming_it_and_the_record(tmp_path):
     errors = {f["error"]: f["fix"] for f in report["failures"] if f["key"] == key}
     said = f"{key} is in no band of {room.libs_path}"
     assert said in errors and errors[said] == room.fix_relink == room.fix_restore, errors
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("how", ["no band links it", "its band links another object"])
+def test_a_key_its_band_does_not_link_from_its_object_fails_with_the_relink(smoke_dir, tmp_path, how):
+    """libs.json, edited as a link that ran before the key's last build leaves it: the key missing from its
+    band, or linked from another object. verify fails the key naming libs.json, with the relink as the fix
+    (the object is the manifest's)."""
+    d = Path(shutil.copytree(smoke_dir, tmp_path / "prebuilt"))
+    room = Room(d, "gfx950", NEWEST)
+    key = "k1@gfx950:s=4,tp=4,r=1"
+    doc = json.loads(room.libs_path.read_text())
+    (band,) = [b for b in doc["libraries"] if key in b["entries"]]
+    if how == "no band links it":
+        del band["entries"][key]
+        said = f"{key} (vLLM {NEWEST}) is in {room.manifest_path} but no library of {room.libs_path} links it"
+    else:
+        band["entries"][key] = "ab" * 32
+        said = f"{key} (vLLM {NEWEST}): not linked from its object: {room.libs_path} links it from object abababab"
+    room.libs_path.write_text(json.dumps(doc))
+    code, report, _ = _verify_json(d)
+    assert code == 1
+    (f,) = [f for f in report["failures"] if f["key"] == key]
+    assert f["error"].startswith(said) and f["error"].endswith("the object was rebuilt after the last link"), f
+    assert f["fix"] == room.link_cmd, f
+
+
+@pytest.mark.faults
+def test_proofs_without_jit_evidence_are_warned_of_with_the_command_that_proves_them(tmp_path):
+    """A shipped room whose verified.json is version 1 (no evidence only a JIT run produces), as the shared
+    deployment's vLLM 0.32.0 room is: verify passes, warning of the proofs and naming the command that proves
+    the room from its bands."""
+    room = _shipped_room(tmp_path)
+    doc = json.loads(room.verified_path.read_text())
+    assert doc["version"] == 1
+    code, report, _ = _verify_json(room.root)
+    assert code == 0, report["failures"]
+    (said,) = [w for w in report["warnings"] if w.startswith(f"{room.verified_path}: ")]
+    assert f"{len(doc['keys'])} proof(s) carry no evidence only a JIT run produced" in said, said
+    assert said.endswith(f"; the room ships without objects/: prove them from its bands, {room.prove_cmd}"), said
