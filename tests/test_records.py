@@ -112,6 +112,7 @@ MALFORMED_MANIFESTS = {  # what is changed -> (the change, what the refusal says
             f"entry k1@gfx942:s=99,tp=4,r=0 is no key of vLLM {NEWEST}: step width s=99 outside 1..48"),
     "abi": (lambda d: d["abis"].update({_first(d)["abi"]: []}), "is not the slot list its id names"),
     "entry field": (lambda d: _first(d).pop("object"), "lacks object"),
+    "entry a number": (lambda d: d["entries"].update({next(iter(d["entries"])): 7}), "lacks key, "),
     "entry abi": (lambda d: _first(d).update(abi="0" * 16), "names unknown ABI 0000000000000000"),
     "entry point": (lambda d: _first(d).update(entry="dsv41_other"), "names C entry point 'dsv41_other'"),
     "object": (lambda d: _first(d).update(object="../objects/x.co"), "names object '../objects/x.co' outside"),
