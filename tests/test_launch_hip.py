@@ -236,6 +236,16 @@ def test_a_failing_hip_call_is_named_with_its_status_and_a_fitting_fix(smoke, re
         assert out[0] is None and names(calls).count("hipModuleLoadData") == 1
 
 
+def test_a_capture_query_that_fails_is_named_with_its_key_and_loads_nothing(smoke, recording_hip, tmp_path):
+    """A failed hipStreamIsCapturing is no answer (never "not capturing"): the first launch fails naming the
+    key, the call and its status, and no module is loaded."""
+    out, calls = run(_FAIL, smoke, recording_hip, tmp_path, fail="hipStreamIsCapturing=1")
+    first = next(e for e in out if e is not None)
+    assert first["message"].startswith(f"{K1}: cannot tell whether stream 0x5150 is being captured: "
+                                       "hipStreamIsCapturing failed with hipErrorInvalidValue (1)"), first
+    assert "hipModuleLoadData" not in names(calls), names(calls)
+
+
 # ---------------------------------------------------------------- wrong arguments
 
 
