@@ -248,6 +248,20 @@ def function_bodies(path: Path) -> list[set]:
             for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
+def covered(work: Path, env: dict, name: str, pytest_args: list[str]) -> dict:
+    """Coverage of the trust code (dsv41_aot/, ci/) over one pytest run, subprocesses included, in ``work``:
+    coverage's JSON report's ``files`` (each file's executed and missing lines)."""
+    rc = work / "coveragerc"
+    rc.write_text(f"[run]\npatch = subprocess\nsource = {REPO}/dsv41_aot, {REPO}/ci\n")
+    env = dict(env, COVERAGE_FILE=str(work / f"{name}.coverage"))
+    out = work / f"{name}.json"
+    for step in (["run", "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", *pytest_args],
+                 ["combine", "-q"], ["json", "-q", "-o", str(out)]):
+        subprocess.run([sys.executable, "-m", "coverage", step[0], f"--rcfile={rc}", *step[1:]], cwd=REPO,
+                       env=env, capture_output=True)
+    return json.loads(out.read_text())["files"]
+
+
 def measure_map(args) -> int:
     """Print, per trust module, the test files whose tests run its functions'
     bodies (coverage, the tests' subprocesses included): what
@@ -259,21 +273,14 @@ def measure_map(args) -> int:
     start = time.monotonic()
     try:
         ids = test_ids(test_files, work)
-        rc = work / "coveragerc"
-        rc.write_text(f"[run]\npatch = subprocess\nsource = {REPO}/dsv41_aot, {REPO}/ci\n")
         bodies = {f: function_bodies(REPO / f) for f in trust}
         reach: dict[str, dict[str, int]] = {f: {} for f in trust}
         for tf in test_files:
             mine = [i for i in ids if i.split("::")[0] == tf]
             if not mine:
                 continue
-            env = dict(os.environ, COVERAGE_FILE=str(work / f"{Path(tf).stem}.coverage"))
-            out, t0 = work / "cov.json", time.monotonic()
-            for step in (["run", "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", *mine],
-                         ["combine", "-q"], ["json", "-q", "-o", str(out)]):
-                subprocess.run([sys.executable, "-m", "coverage", step[0], f"--rcfile={rc}", *step[1:]], cwd=REPO,
-                               env=env, capture_output=True)
-            files = json.loads(out.read_text())["files"]
+            t0 = time.monotonic()
+            files = covered(work, dict(os.environ), Path(tf).stem, mine)
             ran = {str(Path(k).resolve()): set(v["executed_lines"]) for k, v in files.items()}
             for f in trust:
                 hit = sum(bool(lines & ran.get(str(REPO / f), set())) for lines in bodies[f])
@@ -334,16 +341,8 @@ def unreached(args) -> int:
         env = tests_env(args.prebuilt or os.environ.get(PREBUILT))
         ids = test_ids(sorted({t for f in files for t in trust[f]}), work)
         one_session(env, work)
-        rc = work / "coveragerc"
-        rc.write_text(f"[run]\npatch = subprocess\nsource = {REPO}/dsv41_aot, {REPO}/ci\n")
-        env["COVERAGE_FILE"] = str(work / "tests.coverage")
-        out = work / "cov.json"
         workers = ["-n", str(args.jobs), "--dist", "loadfile"] if args.jobs > 1 else []
-        for step in (["run", "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", *workers, *ids],
-                     ["combine", "-q"], ["json", "-q", "-o", str(out)]):
-            subprocess.run([sys.executable, "-m", "coverage", step[0], f"--rcfile={rc}", *step[1:]], cwd=REPO,
-                           env=env, capture_output=True)
-        measured = json.loads(out.read_text())["files"]
+        measured = covered(work, env, "tests", [*workers, *ids])
         # coverage's missing lines: the statements it measures (a docstring is none) that never ran
         missed = {str(Path(k).resolve()): set(v["missing_lines"]) for k, v in measured.items()}
         total = 0
