@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .elf import ElfError, dynamic_info, kernel_names
-from .errors import AotError, IntegrityError, ManifestError
+from .errors import IntegrityError, ManifestError
 from .manifest import BAND_RE, BAND_SUFFIX, LIBS_JSON, LIBS_SCHEMA, SHA256_RE, load_json
 
 
@@ -41,10 +41,7 @@ def kernel_problem(codes: dict, entry, release: str) -> str | None:
     first call. None when it can."""
     from .keys import BuildKey  # at first use: the loader's import stays a few stdlib modules
 
-    try:
-        own = BuildKey.parse(entry.key, release).kernel_symbol
-    except AotError as e:
-        return f"cannot name {entry.key}'s own kernel: {e.message}"
+    own = BuildKey.parse(entry.key, release).kernel_symbol  # Room.manifest refuses a key that does not parse
     if entry.symbol != own:
         return f"serves {entry.key} as kernel {entry.symbol}, not its own {own}: the manifest names another kernel"
     code = codes.get(entry.code_object_sha256)

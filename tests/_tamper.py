@@ -32,6 +32,7 @@ import os
 import posixpath
 import re
 import shutil
+import struct
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -454,6 +455,7 @@ def room_tamperings(docs: dict, room, rooms: list, field_rooms: set) -> list[Tam
             out.append(Tampering("copy", "object", obj, _write(obj, o.manifest().object_path(key).read_bytes()),
                                  detail=whence, key=key, room=room.name))
     out += [codeswap(room, key, rename) for rename in (False, True)]
+    out.append(codeswap(room, key, rename=True, garble=True))
     return out
 
 
@@ -520,16 +522,28 @@ def donor(room, key: str) -> bytes:
     return own.replace(entry.symbol.encode(), renamed.encode())
 
 
-def codeswap(room, key: str, rename: bool) -> Tampering:
+def garbled(code: bytes) -> bytes:
+    """``code`` with its dynamic symbol table's offset past its end: found whole in its band, its kernels unreadable."""
+    shoff, = struct.unpack_from("<Q", code, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", code, 0x3A)
+    at = next(shoff + i * shentsize for i in range(shnum)
+              if struct.unpack_from("<I", code, shoff + i * shentsize + 4)[0] == 11)  # SHT_DYNSYM
+    return code[:at + 24] + struct.pack("<Q", len(code) + 4096) + code[at + 32:]  # its sh_offset
+
+
+def codeswap(room, key: str, rename: bool, garble: bool = False) -> Tampering:
     """In ``key``'s band, its GPU code object replaced by another key's of the same size, every digest updated:
     the band's sha256s and size in libs.json, the key's code_object_sha256 in manifest.json and verified.json,
-    and with ``rename`` the band's file name (its content hash). The stored object stays the key's own."""
+    and with ``rename`` the band's file name (its content hash). The stored object stays the key's own.
+
+    With ``garble`` the replacement is the key's own code object, :func:`garbled`."""
     from dsv41_aot.aot.link import compress_band
     from dsv41_aot.elf import embedded_code_objects
 
-    code = donor(room, key)
-    sha = hashlib.sha256(code).hexdigest()
     entry, band = room.manifest().entries[key], room.links().band_of[key]
+    code = garbled(embedded_code_objects(room.read_band(band))[entry.code_object_sha256]) if garble \
+        else donor(room, key)
+    sha = hashlib.sha256(code).hexdigest()
     bpath, rel = f"{room.arch}/lib/{band.file}", room.name
 
     def apply(tree):
@@ -551,8 +565,8 @@ def codeswap(room, key: str, rename: bool) -> Tampering:
         if tree.read(f"{rel}/verified.json") is not None:
             _edit(f"{rel}/verified.json", lambda doc: doc["keys"][key].update(code_object_sha256=sha))(tree)
     what = "every digest and the band's name updated" if rename else "every digest updated, the band's name kept"
-    return Tampering("codeswap", "band", bpath, apply, detail=f"code object of another key, {what}", key=key,
-                     room=rel)
+    whose = "its own, symbol table past its end" if garble else "another key"
+    return Tampering("codeswap", "band", bpath, apply, detail=f"code object of {whose}, {what}", key=key, room=rel)
 
 
 def arch_tamperings(base: Path, arch: str, rooms: list) -> list[Tampering]:

@@ -650,6 +650,19 @@ def test_a_band_whose_code_object_lacks_its_kernel_fails_the_rooms_verdict(tmp_p
     assert p.fix.startswith("dsv41-aot link")
 
 
+def test_a_code_object_whose_kernels_cannot_be_read_is_named_unreadable(tmp_path):
+    """A band holding a key's code object whole (its section headers at its end) whose symbol table lies past its
+    end (the tamper matrix's garbled code object): the key's kernel problem says so, naming the key, no crash."""
+    from _tamper import garbled
+
+    entry = _room(tmp_path, "gfx950", NEWEST, KEYS[:1], band=None).entries[KEYS[0]]
+    code = code_object(entry.symbol)
+    assert linkrecord.kernel_problem({entry.code_object_sha256: code}, entry, NEWEST) is None
+    why = linkrecord.kernel_problem({entry.code_object_sha256: garbled(code)}, entry, NEWEST)
+    assert why.startswith(f"holds {KEYS[0]}'s GPU code object "), why
+    assert "defines kernel unreadable (not a whole GPU code object (" in why and why.endswith("would fail"), why
+
+
 def test_reports_and_failures_carry_the_release(tmp_path):
     _room(tmp_path, "gfx950", "0.33.0", KEYS)
     _room(tmp_path, "gfx950", "0.32.0", KEYS[:1])
