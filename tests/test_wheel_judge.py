@@ -30,7 +30,7 @@ from _smoke import cli as cli_process
 from ci import check_wheel
 from ci import prebuilt as gate
 from dsv41_aot import cli
-from dsv41_aot.aot.wheel import FIX_DOWNLOAD, FIX_PROVE
+from dsv41_aot.aot.wheel import FIX, FIX_DOWNLOAD, FIX_PROVE
 from dsv41_aot.linkrecord import soname
 from dsv41_aot.manifest import folder_name, room_name
 from dsv41_aot.room import Room
@@ -314,6 +314,21 @@ def test_check_wheel_without_a_wheel_is_bad_input(tmp_path, capsys):
 def test_audit_of_a_folder_without_bands_is_bad_input(tmp_path, capsys):
     code, out = _gate(capsys, check_wheel.main, "--audit-prebuilt", tmp_path)
     assert code == 2 and f"no linked bands under {tmp_path}" in out, out
+
+
+def test_auditwheel_of_a_band_that_cannot_be_read_names_it_with_its_fix(prebuilt, wheel, tmp_path, capsys):
+    """cibuildwheel's repair step and the prebuilt dir's audit never skip a band they cannot read: the wheel's
+    is named with the wheel's rebuild, the prebuilt dir's with its room's own fix."""
+    band = next((prebuilt / ARCH / "lib").glob("*.so.xz"))
+    other = Path(shutil.copytree(prebuilt, tmp_path / "prebuilt"))
+    (other / ARCH / "lib" / band.name).unlink()
+    code, out = _gate(capsys, check_wheel.main, "--audit-prebuilt", other)
+    fix = Room(other, ARCH, RELEASE).fix_relink
+    assert code == 1 and f"{other / ARCH / 'lib' / band.name} is missing\n  fix: {fix}" in out, out
+    bad = _variant(wheel, tmp_path / "wheel", drop=(f"{PKG}{ARCH}/lib/{band.name}",))
+    code, out = _gate(capsys, check_wheel.main, "--audit-only", bad)
+    assert code == 1 and f"{band.name} named by {ARCH}/{folder_name(RELEASE)}/libs.json is not in the wheel" in out
+    assert f"fix: {FIX}" in out, out
 
 
 @pytest.mark.faults

@@ -87,7 +87,8 @@ def raw_libraries(rooms, strict: bool = True) -> dict:
     For a wheel's rooms or a prebuilt dir's; a band two rooms name is one
     library, read once. A room whose records or bands cannot be read is
     left out (its own verdict names the problem); ``strict`` raises
-    AotError at the first instead."""
+    AotError at the first instead: with the room's own fix in a prebuilt
+    dir, a wheel's rebuild in a wheel."""
     out: dict = {}
     for room in rooms:
         if not room.known:
@@ -98,7 +99,7 @@ def raw_libraries(rooms, strict: bool = True) -> dict:
             room.manifest()
         except AotError as e:
             if strict:
-                raise type(e)(e.message, fix=FIX) from None
+                raise (e if room.reader.folder else type(e)(e.message, fix=FIX)) from None
             continue
         out.update(raw)
     return out
