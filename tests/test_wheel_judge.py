@@ -189,6 +189,25 @@ def test_a_member_whose_bytes_fail_their_crc_is_no_wheel_and_exits_2_naming_it(t
 
 
 @pytest.mark.faults
+@pytest.mark.parametrize("damage, why", [(b"\xff", "error: Error -3 while decompressing data: invalid block type"),
+                                         (b"PK\x03\x05", "BadZipFile: Bad magic number for file header")])
+def test_a_member_that_does_not_inflate_is_no_wheel_and_exits_2_naming_it(tmp_path, capsys, damage, why):
+    """A deflated member whose stream is damaged (zlib fails before any CRC is
+    known), or whose local header is: every gate names the member and why."""
+    bad = tmp_path / "dsv41_aot-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(bad, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("dsv41_aot/__init__.py", b"# the package's bytes\n" * 20)
+        info = z.getinfo("dsv41_aot/__init__.py")
+    data = bad.read_bytes()
+    at = info.header_offset + (30 + len(info.filename) if damage == b"\xff" else 0)
+    bad.write_bytes(data[:at] + damage + data[at + len(damage):])
+    for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
+        assert code == 2 and f"{bad}: not a wheel: not a sound zip file (member dsv41_aot/__init__.py: {why})" \
+            in out, out
+        assert "download the wheel again" in out and "Traceback" not in out, out
+
+
+@pytest.mark.faults
 def test_metadata_with_a_byte_that_is_not_utf8_is_still_judged(wheel, tmp_path, capsys):
     """METADATA is read with undecodable bytes replaced: a stray byte in its
     summary (RECORD updated) leaves the name, version and requirements read
