@@ -184,11 +184,13 @@ class Room:
                 man = Manifest.parse(data, where, self.arch_dir, self.arch, self.release, fix, timings)
                 for key in man.entries if self.known else ():  # a key no release builds: refused for every reader
                     try:
-                        BuildKey.parse(key, self.release)
+                        parsed = BuildKey.parse(key, self.release)
                     except AotError as e:
                         why = e.message.removeprefix(f"{key}: ")
                         raise ManifestError(f"{where}: entry {key} is no key of vLLM {self.release}: {why}",
                                             fix=fix) from None
+                    if str(parsed) != key:  # every reader asks for a key as BuildKey writes it: never this entry
+                        raise ManifestError(f"{where}: entry {key} is not written as its key is ({parsed})", fix=fix)
                 self._manifest = man
         return self._manifest
 
