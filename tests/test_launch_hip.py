@@ -326,6 +326,41 @@ def test_a_first_load_is_refused_inside_a_capture_and_on_another_arch(smoke, rec
     assert not [c for c in calls if c.name.startswith("hipModule")]  # nothing loaded, nothing launched
 
 
+_TORCH = """
+import types
+from dsv41_aot.errors import CaptureError
+def capturing():
+    {torch}
+cuda = types.SimpleNamespace(is_available=lambda: True, is_current_stream_capturing=capturing)
+sys.modules["torch"] = types.SimpleNamespace(cuda=cuda)  # torch.cuda of a process on a GPU, mid-capture or not
+try:
+    launch(launcher())
+    print(json.dumps(None))
+except CaptureError as e:
+    print(json.dumps(str(e)))
+"""
+
+
+@pytest.mark.parametrize("torch, hip_capturing, refused", [
+    ("return True", False, True),
+    ("return False", True, True),
+    ("raise RuntimeError('no HIP GPUs are available')", False, False),
+], ids=["torch-capturing", "hip-capturing", "torch-cannot-tell"])
+def test_a_capture_torch_or_hip_reports_refuses_the_first_load(smoke, recording_hip, tmp_path, torch,
+                                                               hip_capturing, refused):
+    """In a process that imported torch, a graph capture either torch or HIP reports refuses the first load;
+    a torch that cannot answer leaves HIP's answer. A stand-in torch.cuda plays the GPU's capture state (no
+    AMD GPU here); the recording HIP plays the device."""
+    out, calls = run(_TORCH.format(torch=torch), smoke, recording_hip, tmp_path, capturing=hip_capturing)
+    loads = [c for c in calls if c.name == "hipModuleLoadData"]
+    if refused:
+        assert out is not None and out.startswith(f"{K1}: first load of its code object inside a HIP/CUDA graph "
+                                                  "capture"), out
+        assert not loads
+    else:
+        assert out is None and len(loads) == 1, out
+
+
 _INIT_FAILS = """
 l = launcher()
 try:

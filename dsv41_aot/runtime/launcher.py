@@ -27,6 +27,7 @@ from ..manifest import Entry
 
 
 def _capturing(stream: int, key: str) -> bool:
+    """Whether a graph capture is under way: torch's word (when imported and able to tell), else HIP's on ``stream``."""
     torch = sys.modules.get("torch")  # only if the process already imported it
     if torch is not None:
         try:
