@@ -24,6 +24,8 @@ import json
 import pytest
 import _recording_hip as rh
 
+from dsv41_aot.facts.releases import NEWEST
+from dsv41_aot.keys import BuildKey
 from dsv41_aot.runtime.hip import FIX_DEVICE
 
 K1 = "k1@gfx950:s=4,tp=4,r=1"
@@ -234,6 +236,18 @@ def test_a_failing_hip_call_is_named_with_its_status_and_a_fitting_fix(smoke, re
     assert not any(f"{o} " in first["message"].split("(")[0] for o in others), first["message"]
     if fail.endswith("@2"):  # the second launch failed: the first went through, no lookup was needed to tell
         assert out[0] is None and names(calls).count("hipModuleLoadData") == 1
+
+
+def test_a_failed_launch_whose_device_cannot_be_read_names_no_device_number(smoke, recording_hip, tmp_path):
+    """A launch fails, and hipGetDevice fails too as the error is explained (its fourth call: the arch, the band's
+    load, the launch, then the explanation): the error says "on the current device", never a number HIP did not
+    give; the next failure, its device read, names device 0."""
+    out, calls = run(_FAIL, smoke, recording_hip, tmp_path, fail="hipModuleLaunchKernel=701,hipGetDevice=1@4")
+    assert [c.status for c in calls if c.name == "hipGetDevice"][:5] == [0, 0, 0, 1, 0], names(calls)
+    said = " failed: hipErrorLaunchOutOfResources (701)"
+    assert [e["message"].split("\n")[0] for e in out] == [
+        f"{K1}: hipModuleLaunchKernel of {BuildKey.parse(K1, NEWEST).kernel_symbol} {where}{said}"
+        for where in ("on the current device", "on device 0")], out
 
 
 def test_a_capture_query_that_fails_is_named_with_its_key_and_loads_nothing(smoke, recording_hip, tmp_path):

@@ -19,7 +19,8 @@
  *                          device past the list: the last; unset: none, no gfx arch named)
  *   RECORDING_HIP_VERSION  hipRuntimeGetVersion (default 60443483: ROCm 6.4.3)
  *   RECORDING_HIP_FAIL     "call=status" or "call=status@n": that call returns
- *                          status (every time, or only its n-th time, 1-based)
+ *                          status (every time, or only its n-th time, 1-based);
+ *                          several, comma-separated, one a call
  *   RECORDING_HIP_KERNELS  file of kernel argument layouts, one line a kernel:
  *                          name TAB kernarg_segment_size TAB offset:size,...
  *                          (written from the code object's own AMDGPU
@@ -145,7 +146,11 @@ static hipError_t injected(const char *call) {
     static const char *names[64];
     const char *spec = getenv("RECORDING_HIP_FAIL");
     size_t n = strlen(call);
-    if (!spec || strncmp(spec, call, n) != 0 || spec[n] != '=') return OK;
+    while (spec && (strncmp(spec, call, n) != 0 || spec[n] != '=')) {  /* this call's "call=..." */
+        spec = strchr(spec, ',');
+        if (spec) spec++;
+    }
+    if (!spec) return OK;
     pthread_mutex_lock(&lock);
     int i = 0, seen;
     while (i < 63 && names[i] && strcmp(names[i], call) != 0) i++;
@@ -153,7 +158,8 @@ static hipError_t injected(const char *call) {
     seen = ++counts[i];
     pthread_mutex_unlock(&lock);
     int status = atoi(spec + n + 1);
-    const char *at = strchr(spec + n + 1, '@');
+    const char *at = strchr(spec + n + 1, '@'), *next = strchr(spec, ',');
+    if (at && next && at > next) at = NULL;  /* another call's "@n" */
     return at && atoi(at + 1) != seen ? OK : status;
 }
 
