@@ -64,6 +64,15 @@ def test_a_document_that_is_no_link_record_is_refused_naming_it(change):
     assert (e.value.message, e.value.fix) == ("/d/gfx950/vllm-0.33.0/libs.json: not a dsv41-aot link record", "FIX")
 
 
+@pytest.mark.parametrize("arch, release", [("gfx942", NEWEST), ("gfx950", "0.32.0")])
+def test_a_link_record_of_another_room_is_refused_naming_both_rooms(arch, release):
+    """libs.json of another arch or release, copied into this room: both rooms named, the record's as it says."""
+    with pytest.raises(ManifestError) as e:
+        LinkRecord.parse(_record("libdsv41_s01-08.0123456789ab.so.xz"), "/d/libs.json", arch, release, "FIX")
+    assert (e.value.message, e.value.fix) == (f"/d/libs.json: link record for 'gfx950' vLLM '{NEWEST}' in the "
+                                              f"{arch} vLLM {release} folder", "FIX")
+
+
 # each field of a library, of the wrong type while every other field is sound:
 # one bad field alone must be refused (a check that needs two bad fields at
 # once would let each through)
@@ -114,6 +123,9 @@ MALFORMED_MANIFESTS = {  # what is changed -> (the change, what the refusal says
     "entry field": (lambda d: _first(d).pop("object"), "lacks object"),
     "entry a number": (lambda d: d["entries"].update({next(iter(d["entries"])): 7}), "lacks key, "),
     "entry abi": (lambda d: _first(d).update(abi="0" * 16), "names unknown ABI 0000000000000000"),
+    "entry key": (lambda d: _first(d).update(key="k1@gfx942:s=1,tp=4,r=0"),
+                  "names key 'k1@gfx942:s=1,tp=4,r=0' / arch 'gfx942'"),
+    "entry arch": (lambda d: _first(d).update(arch="gfx950"), "/ arch 'gfx950'"),
     "entry point": (lambda d: _first(d).update(entry="dsv41_other"), "names C entry point 'dsv41_other'"),
     "key spelling": (lambda d: _file_under(d, "k1@gfx942:tp=4,s=3,r=1"),
                      "entry k1@gfx942:tp=4,s=3,r=1 is not written as its key is (k1@gfx942:s=3,tp=4,r=1)"),
@@ -165,8 +177,9 @@ def test_compile_seconds_in_an_older_manifest_move_to_timings_json(tmp_path):
     doc = json.loads(room.manifest_path.read_text())
     key = sorted(doc["entries"])[0]
     doc["entries"][key]["compile_seconds"] = 3.5
+    assert not room.manifest().migrated  # today's manifest: nothing for a build to move
     room.manifest_path.write_text(json.dumps(doc))
-    man = room.manifest()
+    man = Room(room.root, "gfx942", NEWEST).manifest()
     assert man.migrated and man.timings == {key: 3.5} and "compile_seconds" not in man.entries[key].extra
     man.write()
     assert json.loads((room.dir / "timings.json").read_text()) == {key: 3.5}
