@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import replace
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -773,6 +774,13 @@ def test_jit_proofs_come_from_the_build_cache_and_say_so(smoke, tmp_path):
     assert (healed["jit_checked"], healed["jit_cached"]) == (1, 0) and healed["reports"][0]["ok"]
     assert "does not match its blob" in err
     assert run("--cache", cache)[0]["jit_cached"] == 1  # the JIT run wrote a sound entry back
+    # a proof recorded from the cached answer names the JIT run that made it: its release's tree, this FlyDSL
+    d = Path(shutil.copytree(smoke, tmp_path / "prebuilt"))
+    proc = cli("verify", "--dir", d, "--against-jit", "--key", key, "--json", "--record", "--cache", cache)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["jit_cached"] == 1, proc.stdout + proc.stderr
+    ran = Room(d, "gfx942", "0.33.0").proof().keys[key].jit
+    assert (ran["release"], ran["mono_sources"]) == ("0.33.0", matrix.load().releases["0.33.0"]), ran
+    assert ran["vllm_version"].startswith("0.33.0") and ran["flydsl_version"] == version("flydsl"), ran
 
 
 @pytest.mark.slow
