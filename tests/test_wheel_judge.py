@@ -323,6 +323,14 @@ def test_check_wheel_json_is_one_verdict_per_wheel_and_names_its_failures(wheel,
     assert code == 0 and [r["failed"] for r in json.loads(out)] == [False], out
 
 
+def test_check_wheel_json_lists_what_auditwheel_found_outside_the_wheel(wheel, capsys):
+    """With auditwheel (cibuildwheel's repair check), a verdict lists the libraries its bands need from outside
+    the wheel besides the host's HIP: none for a sound wheel."""
+    code, out = _gate(capsys, check_wheel.main, "--json", wheel)
+    (r,) = json.loads(out)
+    assert code == 0 and r["auditwheel_external"] == [] and not r["failed"], r
+
+
 def test_check_wheel_without_a_wheel_is_bad_input(tmp_path, capsys):
     code, out = _check(capsys, tmp_path / "absent.whl")
     assert code == 2 and f"ci/check_wheel.py: error: no wheel at {tmp_path / 'absent.whl'}" in out, out
