@@ -24,7 +24,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from _smoke import build_wheel, deployment, forge_library, install_into, replace_code_object
+from _smoke import REPO, build_wheel, deployment, forge_library, install_into, replace_code_object
 from _smoke import cli as cli_process
 
 from ci import check_wheel
@@ -312,8 +312,10 @@ def test_check_wheel_json_is_one_verdict_per_wheel_and_names_its_failures(wheel,
     good, judged = json.loads(out)
     assert code == 1 and (good["wheel"], good["failed"], good["fix"]) == (wheel.name, False, None), out
     assert list(good["keys_by_room"].values()) == [len(_keys(prebuilt))], good["keys_by_room"]
-    assert good["vllm"] == [RELEASE], good  # the releases it serves
-    (room,) = good["rooms"]  # its keys per TP, each counted once, every one proven
+    assert good["vllm"] == [RELEASE], good  # the releases it serves, under the range its vllm extra admits
+    assert good["vllm_extra"] == gate.vllm_extra((REPO / "pyproject.toml").read_text()), good
+    (room,) = good["rooms"]  # its keys per TP, each counted once, every one proven, its verified.json there
+    assert room["verified_json"] is True, room
     tps = room["tp"].values()
     assert sum(t["keys"] for t in tps) == sum(sum(t["kinds"].values()) for t in tps) == room["keys"], room
     assert sum(t["proven"] for t in tps) == room["proven"] == room["keys"], room
