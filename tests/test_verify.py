@@ -765,6 +765,8 @@ def test_jit_proofs_come_from_the_build_cache_and_say_so(smoke, tmp_path):
     assert (first["jit_checked"], first["jit_cached"]) == (1, 0)
     again, err = run("--cache", cache)
     assert (again["jit_checked"], again["jit_cached"]) == (1, 1)
+    seconds = [r["reports"][0]["jit_seconds"] for r in (first, again)]  # the JIT build's, kept with its answer
+    assert seconds[0] > 0 and seconds[1] == pytest.approx(seconds[0], abs=0.001), seconds
     # its progress on stderr (stdout is the JSON): one key, cached answers counted too
     assert re.search(r"verify --against-jit: 100%.* 1/1 \[.*key/s\]", err), err
     assert again["reports"][0]["jit_cached"] and again["reports"][0]["ok"]
