@@ -341,6 +341,19 @@ def test_check_wheel_without_a_wheel_is_bad_input(tmp_path, capsys):
     assert e.value.code == 2 and capsys.readouterr().err.endswith(": error: name a wheel (or --audit-prebuilt DIR)\n")
 
 
+def test_check_wheel_help_says_what_each_option_does(capsys):
+    """The gate's --help names each option with its argument and says what it does."""
+    with pytest.raises(SystemExit) as e:
+        check_wheel.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and text.startswith("usage: "), text
+    for option, says in (("--prebuilt PREBUILT", "the prebuilt dir the wheel was built from"),
+                         ("--require-proofs", "fail unless every key is proven against vLLM's JIT"),
+                         ("--audit-only", "only auditwheel on the raw libraries"),
+                         ("--audit-prebuilt DIR", "auditwheel on the raw libraries of DIR's bands")):
+        assert f" {option} {says} " in text, (option, text)
+
+
 def test_audit_of_a_folder_without_bands_is_bad_input(tmp_path, capsys):
     code, out = _gate(capsys, check_wheel.main, "--audit-prebuilt", tmp_path)
     assert code == 2 and f"no linked bands under {tmp_path}" in out, out
