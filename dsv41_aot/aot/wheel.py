@@ -218,7 +218,7 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
                 if k == "Tag"]
         out.update(name=meta["Name"], version=meta["Version"], tags=tags)
         reqs, extra = requirement_problems(meta.get_all("Requires-Dist") or [], meta.get_all("Provides-Extra") or [])
-        problems += reqs + metadata_problems(meta, names, info)
+        problems += reqs + metadata_problems(out["version"], names, info)
         arches = sorted({n[len(PKG):].split("/")[0] for n in names if n.startswith(PKG) and n.count("/") > 2})
         out["arches"] = arches
         if not arches:
@@ -228,8 +228,9 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
             return out
         if tags != [f"py3-none-{PLAT}"]:
             problems.append(f"kernels wheel tagged {tags}, expected py3-none-{PLAT}")
-        if wheel.name != f"dsv41_aot-{meta['Version']}-py3-none-{PLAT}.whl":
-            problems.append(f"file name {wheel.name} is not dsv41_aot-{meta['Version']}-py3-none-{PLAT}.whl")
+        wanted = f"dsv41_aot-{out['version']}-py3-none-{PLAT}.whl"
+        if wheel.name != wanted:
+            problems.append(f"file name {wheel.name} is not {wanted}")
         rooms = wheel_rooms(z)  # each reads its records once, for every check below
         problems += kernel_problems(z, rooms)
         for room in rooms:
@@ -262,14 +263,14 @@ def judge(wheel: Path, *, prebuilt: Path | None = None, audit=None, require_proo
     return out
 
 
-def metadata_problems(meta, names: list, info: str) -> list[str]:
-    """A wheel's METADATA judged beside its requirements: licence files, version; no raw library, no timings."""
+def metadata_problems(version: str, names: list, info: str) -> list[str]:
+    """A wheel judged beside its requirements: licence files, METADATA's version; no raw library, no timings."""
     out = []
     for lic in ("LICENSE", "NOTICE"):
         if not any(n.startswith(info) and n.rsplit("/", 1)[-1] == lic for n in names):
             out.append(f"{lic} missing from {info}")
-    if "+" in meta["Version"]:
-        out.append(f"local version label in {meta['Version']}: an index refuses it")
+    if "+" in version:
+        out.append(f"local version label in {version}: an index refuses it")
     raw_so = [n for n in names if n.endswith(".so") or ".so." in n.rsplit("/", 1)[-1] and not n.endswith(".xz")]
     if raw_so:
         out.append(f"raw shared libraries in the wheel: {', '.join(raw_so[:5])}")
