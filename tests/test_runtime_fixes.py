@@ -48,6 +48,41 @@ def test_an_unreadable_vllm_tree_is_refused_with_its_repair_and_the_way_around_i
     assert f"{host.ENV_ALLOW_SOURCE}=1" in e.value.fix
 
 
+@pytest.mark.parametrize("where, error, said", [
+    ("find", PermissionError("site-packages: denied"), "(vllm): PermissionError: site-packages: denied"),
+    ("digest", OSError("layer.py: I/O error"), "(/site/mono): OSError: layer.py: I/O error"),
+    ("nowhere", None, None),
+], ids=["vllm-not-found", "sources-unreadable", "no-vllm"])
+def test_a_vllm_whose_sources_cannot_be_read_is_no_answer_naming_what_failed(fresh, monkeypatch, where, error,
+                                                                             said):
+    """Finding the installed vLLM fails, or reading its mono sources does: the first load is refused naming what
+    could not be read and why (never taken for "no vLLM", which checks nothing); no vLLM at all is no answer."""
+    from dsv41_aot import source
+    from dsv41_aot.errors import ToolchainError
+
+    class Found:
+        version, mono_dir = "0.33.0", "/site/mono"
+
+        @property
+        def digest(self):
+            raise error
+
+    def find():
+        if where == "find":
+            raise error
+        if where == "nowhere":
+            raise ToolchainError("no vLLM with the mono package")
+        return Found()
+
+    monkeypatch.setattr(source, "find", find)
+    if said is None:
+        assert host.installed_vllm() == (None, None, None)
+        return
+    with pytest.raises(SourceMismatchError) as e:
+        host.installed_vllm()
+    assert e.value.message == f"cannot compute the installed vLLM's mono source digest {said}", e.value.message
+
+
 def test_kernels_of_other_mono_sources_are_refused_naming_the_vllm_they_were_built_from(fresh):
     src = SimpleNamespace(version="0.33.0")
     fresh.installed_digest = ("a" * 16, src, "/site/vllm/models/deepseek_v41/amd/mono", None)
