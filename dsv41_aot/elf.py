@@ -38,7 +38,6 @@ class Section:
     offset: int
     size: int
     link: int
-    entsize: int
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ class Elf:
         raw = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
         names = raw[shstrndx]
         self.sections = [
-            Section(self._str(names[4], r[0]), r[1], r[3], r[4], r[5], r[6], r[9]) for r in raw
+            Section(self._str(names[4], r[0]), r[1], r[3], r[4], r[5], r[6]) for r in raw
         ]
 
     def _str(self, table_off: int, idx: int) -> str:
@@ -83,7 +82,7 @@ class Elf:
             if s.type != table:
                 continue
             strtab = self.sections[s.link]
-            for off in range(s.offset, s.offset + s.size, s.entsize or 24):
+            for off in range(s.offset, s.offset + s.size, 24):  # an Elf64_Sym is 24 bytes, whatever sh_entsize says
                 name, _, _, shndx, value, size = struct.unpack_from("<IBBHQQ", self.data, off)
                 out.append(Symbol(self._str(strtab.offset, name), value, size, shndx))
         return out
