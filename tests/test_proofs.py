@@ -467,3 +467,18 @@ def test_the_shared_deployments_old_proofs_are_read_and_reported(tmp_path):
     doc = json.loads(cli("list", "--dir", d, "--json").stdout)
     assert {e["proof"] for e in doc["entries"]} == {NO_EVIDENCE}
     assert {p: p.read_bytes() for p in d.rglob("verified.json")} == before
+
+
+@pytest.mark.parametrize("counted, said", [
+    ({PROVEN: 2, NO_EVIDENCE: 2, STALE: 1, "by_flydsl": {"0.4.2": 1, None: 1}},
+     ": 2 of 5 keys carry a proof against vLLM's JIT matching their entry, 2 without JIT-only evidence (old format), "
+     "1 stale; proven under FlyDSL 0.4.2: 1, (unnamed): 1"),
+    ({PROVEN: 5, NO_EVIDENCE: 0, STALE: 0}, ": 5 of 5 keys carry a proof against vLLM's JIT matching their entry"),
+    ({"error": "malformed JSON"}, ": verified.json unreadable (malformed JSON)"),
+], ids=["every state", "all proven", "unreadable"])
+def test_the_proofs_line_counts_each_state(counted, said):
+    """The one line build, list and verify print of a room's proofs: each state it has keys in, counted."""
+    from dsv41_aot.verdict import proofs_line
+
+    line = proofs_line({"arch": "gfx950", "release": NEWEST, "keys": 5, **counted})
+    assert line == f"proofs gfx950 vLLM {NEWEST}{said}", line
