@@ -375,6 +375,33 @@ def test_a_capture_torch_or_hip_reports_refuses_the_first_load(smoke, recording_
         assert out is None and len(loads) == 1, out
 
 
+_RESOLVE = """
+from dsv41_aot.errors import HipUnavailableError
+from dsv41_aot.runtime import host
+{before}
+try:
+    print(json.dumps(host.resolve_arch()))
+except HipUnavailableError as e:
+    print(json.dumps(str(e)))
+"""
+NO_DEVICE = "no HIP device to read the GPU architecture from"
+
+
+@pytest.mark.parametrize("before, opts, said", [
+    ("", dict(arch="gfx942"), "gfx942"),
+    ("set_device(1)", dict(arch="gfx950,gfx942", devices=2), "gfx942"),
+    ("", dict(devices=0), NO_DEVICE),
+    ("", dict(fail="hipGetDeviceCount=100"), NO_DEVICE),
+    ("", dict(fail="hipGetDevice=100"), NO_DEVICE),
+    ("", dict(fail="hipGetDevicePropertiesR0600=100"), NO_DEVICE),
+], ids=["device", "current-device", "no-device", "count-fails", "current-fails", "properties-fail"])
+def test_an_arch_not_named_is_the_current_device_s(smoke, recording_hip, tmp_path, before, opts, said):
+    """With no arch given and DSV41_AOT_ARCH unset (how vLLM's plugin asks), the arch is the current HIP
+    device's; no device, or one whose arch HIP cannot tell, is no arch at all."""
+    out, _ = run(_RESOLVE.format(before=before), smoke, recording_hip, tmp_path, **opts)
+    assert out == said or out.startswith(said + "\n  fix: "), out
+
+
 _INIT_FAILS = """
 l = launcher()
 try:

@@ -82,8 +82,7 @@ class Prebuilt:
         status, device = h.current_device()
         if status:
             return None
-        status, arch = self.arch_of(device)
-        return None if status else arch
+        return self.arch_of(device)[1]  # None when HIP could not read it
 
     def arch_of(self, device: int) -> tuple[int, str | None]:
         """(status, arch) of HIP device ``device`` (``hip.Hip.device_arch``), read once per device.
