@@ -524,10 +524,12 @@ def donor(room, key: str) -> bytes:
 
 def garbled(code: bytes) -> bytes:
     """``code`` with its dynamic symbol table's offset past its end: found whole in its band, its kernels unreadable."""
+    from dsv41_aot.elf import SHT_DYNSYM
+
     shoff, = struct.unpack_from("<Q", code, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", code, 0x3A)
     at = next(shoff + i * shentsize for i in range(shnum)
-              if struct.unpack_from("<I", code, shoff + i * shentsize + 4)[0] == 11)  # SHT_DYNSYM
+              if struct.unpack_from("<I", code, shoff + i * shentsize + 4)[0] == SHT_DYNSYM)
     return code[:at + 24] + struct.pack("<Q", len(code) + 4096) + code[at + 32:]  # its sh_offset
 
 
