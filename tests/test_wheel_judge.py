@@ -565,6 +565,14 @@ def test_no_auditwheel_judges_a_wheel_where_auditwheel_cannot_run(wheel, capsys,
     assert code == 1 and "auditwheel show failed: auditwheel: not found" in out, out
 
 
+def test_an_auditwheel_that_fails_is_named_with_its_own_reason():
+    """auditwheel says why it cannot read a wheel in its log, on stderr: that reason is the problem's text, not
+    an empty "failed"."""
+    ext, problems = check_wheel.audit_problems({"x/not-a-library.so": b"not an ELF file"})
+    assert ext == [] and len(problems) == 1, problems
+    assert problems[0].startswith("auditwheel show failed: ") and "does not look like a platform wheel" in problems[0]
+
+
 @pytest.mark.faults
 def test_the_repair_step_fails_when_any_of_its_wheels_needs_an_external_library(wheel, prebuilt, tmp_path, capsys):
     """cibuildwheel's repair step (``--audit-only``) over several wheels exits 1 when one fails, whichever it is."""
