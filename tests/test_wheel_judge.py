@@ -341,6 +341,17 @@ def test_check_wheel_without_a_wheel_is_bad_input(tmp_path, capsys):
     assert e.value.code == 2 and capsys.readouterr().err.endswith(": error: name a wheel (or --audit-prebuilt DIR)\n")
 
 
+def test_a_wheel_that_is_no_zip_is_an_error_on_stderr_and_nothing_on_stdout(tmp_path, capsys):
+    """Bad input is said on stderr: stdout, which --json fills with verdicts, stays empty for a script to parse."""
+    bad = tmp_path / "dsv41_aot-0.1.0-py3-none-manylinux_2_28_x86_64.whl"
+    bad.write_bytes(b"not a zip file")
+    capsys.readouterr()
+    code = check_wheel.main(["--no-auditwheel", "--json", str(bad)])
+    got = capsys.readouterr()
+    assert code == 2 and got.out == "", got
+    assert got.err.startswith(f"ci/check_wheel.py: error: {bad}: not a wheel: not a sound zip file"), got.err
+
+
 def test_check_wheel_help_says_what_each_option_does(capsys):
     """The gate's --help names each option with its argument and says what it does."""
     with pytest.raises(SystemExit) as e:
