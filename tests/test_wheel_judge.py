@@ -106,11 +106,27 @@ def _proofs(change):
 
 
 def _gate(capsys, main, *argv) -> tuple[int, str]:
-    """(exit code, stdout + stderr) of a gate's ``main`` run on ``argv`` in this process."""
+    """(exit code, stdout + stderr) of a gate's ``main`` run on ``argv`` in this process; check_wheel's output is
+    held to its streams on the way (``_check_wheel_streams``)."""
     capsys.readouterr()
-    code = main([str(a) for a in argv])
+    argv = [str(a) for a in argv]
+    code = main(argv)
     got = capsys.readouterr()
+    if main is check_wheel.main:
+        _check_wheel_streams(argv, got.out)
     return code, got.out + got.err
+
+
+# check_wheel's verdict line for a wheel, the one line of its stdout without --json or an audit option
+VERDICT_LINE = re.compile(r"\S+\.whl: \d+ bytes, .+: (ok|FAILED)")
+
+
+def _check_wheel_streams(argv: list, out: str) -> None:
+    """check_wheel's stdout is what a script reads: never an error, and when it judges wheels without --json, one
+    verdict line a wheel; the problems, the unproven keys and the fix go to stderr."""
+    assert not any(line.startswith("ci/check_wheel.py: error:") for line in out.splitlines()), out
+    if not {"--json", "--audit-only", "--audit-prebuilt", "--help"} & set(argv):
+        assert all(VERDICT_LINE.fullmatch(line) for line in out.splitlines()), out
 
 
 def _verify(capsys, *argv):
