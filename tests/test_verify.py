@@ -746,6 +746,40 @@ def test_against_jit_checks_exactly_the_keys_asked_for_across_arches(smoke):
     assert all(r["release"] == "0.33.0" and "jit" in r["checks"] for r in report["reports"])
 
 
+# Imported at the start of every Python the verify run starts (sitecustomize on its PYTHONPATH), its JIT
+# workers included: each JIT answer loses the evidence of its run, as an answer from a broken worker would.
+_ANSWERS_WITHOUT_EVIDENCE = """
+from dsv41_aot.aot import worker
+
+_serve = worker.serve
+
+
+def serve(arch, start, answer, **kw):
+    return _serve(arch, start, lambda state, key: dict(answer(state, key), evidence=None), **kw)
+
+
+worker.serve = serve
+"""
+
+
+@pytest.mark.slow
+def test_a_jit_answer_without_the_evidence_of_its_run_fails_its_key_and_proves_nothing(copy, tmp_path):
+    """A JIT answer that carries no evidence of its run (the artifact's and module's sha256, when, the launch)
+    shows nothing the JIT did: the key fails naming what is missing, and no proof of it is recorded."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_ANSWERS_WITHOUT_EVIDENCE)
+    key = "k1@gfx950:s=4,tp=4,r=1"  # the cheapest JIT build
+    proc = cli("verify", "--dir", copy, "--against-jit", "--record", "--key", key, "--no-cache", "--json",
+               env=dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{hook}"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (rep,) = json.loads(proc.stdout)["reports"]
+    assert rep["key"] == key and not rep["ok"] and "launch" not in rep["checks"], rep
+    assert "the JIT answer carries no evidence of its run (artifact / module sha256, time)" in rep["problems"], rep
+    path = Room(copy, "gfx950", NEWEST).verified_path
+    assert not path.exists() or key not in json.loads(path.read_text())["keys"]
+
+
 @pytest.mark.slow
 def test_jit_proofs_come_from_the_build_cache_and_say_so(smoke, tmp_path):
     """A key JIT-built once under a build identity is compared with the
