@@ -31,6 +31,7 @@ from ci import check_wheel
 from ci import prebuilt as gate
 from dsv41_aot import cli
 from dsv41_aot.aot.wheel import FIX, FIX_DOWNLOAD, FIX_PROVE
+from dsv41_aot.keys import BuildKey
 from dsv41_aot.linkrecord import soname
 from dsv41_aot.manifest import folder_name, room_name
 from dsv41_aot.room import Room
@@ -335,6 +336,11 @@ def test_check_wheel_json_is_one_verdict_per_wheel_and_names_its_failures(wheel,
     tps = room["tp"].values()
     assert sum(t["keys"] for t in tps) == sum(sum(t["kinds"].values()) for t in tps) == room["keys"], room
     assert sum(t["proven"] for t in tps) == room["proven"] == room["keys"], room
+    steps: dict = {}  # each TP's step widths: the range its verdict names
+    for k in (BuildKey.parse(key, RELEASE) for key in _keys(prebuilt)):
+        steps.setdefault(str(k.tp), []).append(k.tokens)
+    assert {tp: t["tokens"] for tp, t in room["tp"].items()} == {tp: [min(s), max(s)] for tp, s in steps.items()}
+    assert any(min(s) < max(s) for s in steps.values()), steps  # a range, not one width
     assert judged["failed"] and judged["fix"] == FIX_DOWNLOAD, out
     assert any("timings in the wheel" in p for p in judged["problems"]), out
     code, out = _check(capsys, "--json", wheel)
