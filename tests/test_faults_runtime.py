@@ -348,6 +348,28 @@ def test_abi_slot_retyped_with_its_id_recomputed_fails_verify_and_bind(prebuilt,
     assert launcher._lib is None
 
 
+def test_an_abi_slot_the_library_lacks_is_named_at_bind(prebuilt, fresh):
+    """The manifest's ABI one slot longer than the band's export metadata, the id recomputed (a second stream
+    slot, as the ABI must end with the stream): the bind names the first slot the library does not have ("library
+    none") and never makes the launcher callable."""
+    path = room(prebuilt, "gfx950") / "manifest.json"
+    doc = json.loads(path.read_text())
+    aid = doc["entries"][K1]["abi"]
+    slots = [*doc["abis"][aid], doc["abis"][aid][-1]]
+    doc["abis"][abi_id(slots)] = slots
+    for e in doc["entries"].values():
+        if e["abi"] == aid:
+            e["abi"] = abi_id(slots)
+    path.write_text(json.dumps(doc))
+    launcher = dsv41_aot.load_key(K1, prebuilt=prebuilt)
+    with pytest.raises(ManifestError) as e:
+        launcher.bind()
+    n = len(slots) - 1
+    assert f"({len(slots)} slots) is not the entry's own ({n} slots" in str(e.value), e.value
+    assert f"first difference at slot {n}: manifest ('stream', 'pointer', 8), library none" in str(e.value), e.value
+    assert launcher._lib is None
+
+
 # ---------------------------------------------------------------- swap between verify and load
 
 
