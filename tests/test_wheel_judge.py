@@ -126,7 +126,7 @@ def _check_wheel_streams(argv: list, out: str) -> None:
     """check_wheel's stdout is what a script reads: never an error, and when it judges wheels without --json, one
     verdict line a wheel; the problems, the unproven keys and the fix go to stderr."""
     assert not any(line.startswith("ci/check_wheel.py: error:") for line in out.splitlines()), out
-    if not {"--json", "--audit-only", "--audit-prebuilt", "--help"} & set(argv):
+    if not {"--json", "--audit-only", "--audit-prebuilt"} & set(argv):
         assert all(VERDICT_LINE.fullmatch(line) for line in out.splitlines()), out
 
 
