@@ -124,7 +124,7 @@ VERDICT_LINE = re.compile(r"\S+\.whl: \d+ bytes, .+: (ok|FAILED)")
 
 def _check_wheel_streams(argv: list, out: str) -> None:
     """check_wheel's stdout is what a script reads: never an error, and when it judges wheels without --json, one
-    verdict line a wheel; the problems, the unproven keys and the fix go to stderr."""
+    verdict line per wheel; the problems, the unproven keys and the fix go to stderr."""
     assert not any(line.startswith("ci/check_wheel.py: error:") for line in out.splitlines()), out
     if not {"--json", "--audit-only", "--audit-prebuilt"} & set(argv):
         assert all(VERDICT_LINE.fullmatch(line) for line in out.splitlines()), out
@@ -157,7 +157,7 @@ def test_the_wheel_is_sound_and_proven(wheel, prebuilt, capsys):
     n = len(_keys(prebuilt))
     assert code == 0 and re.search(rf"{n} keys, {n} proven against vLLM's JIT; proven under FlyDSL \S+: {n}\n", out), out
     code, out = _check(capsys, "--require-proofs", "--prebuilt", prebuilt, wheel)
-    # check_wheel.py's one line a wheel: its size and what it holds, room by room
+    # check_wheel.py's one line per wheel: its size and what it holds, room by room
     assert code == 0 and f"{wheel.name}: {wheel.stat().st_size} bytes, {n} keys of {room_name(ARCH, RELEASE)}: ok\n" \
         in out, out
     code, doc = _verify_json(capsys, "--wheel", wheel)
@@ -296,7 +296,7 @@ def test_a_kernels_wheel_tag_on_a_wheel_without_kernels_fails(wheel, tmp_path, c
 
 
 def test_a_wheel_whose_room_cannot_be_read_says_so_in_its_summary(wheel, tmp_path, capsys):
-    """check_wheel.py's one line a wheel counts keys room by room; a wheel whose only room's manifest is not JSON
+    """check_wheel.py's one line per wheel counts keys room by room; a wheel whose only room's manifest is not JSON
     holds kernels but no room to count them in, and says that rather than "no kernels"."""
     bad = _variant(wheel, tmp_path / "bad", change=lambda name, data: b"{" if name == ROOM + "manifest.json" else data)
     code, out = _check(capsys, bad)

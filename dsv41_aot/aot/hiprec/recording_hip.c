@@ -20,8 +20,8 @@
  *   RECORDING_HIP_VERSION  hipRuntimeGetVersion (default 60443483: ROCm 6.4.3)
  *   RECORDING_HIP_FAIL     "call=status" or "call=status@n": that call returns
  *                          status (every time, or only its n-th time, 1-based);
- *                          several, comma-separated, one a call
- *   RECORDING_HIP_KERNELS  file of kernel argument layouts, one line a kernel:
+ *                          several, comma-separated, one per call
+ *   RECORDING_HIP_KERNELS  file of kernel argument layouts, one line per kernel:
  *                          name TAB kernarg_segment_size TAB offset:size,...
  *                          (written from the code object's own AMDGPU
  *                          metadata; reread when a kernel is not in it)
