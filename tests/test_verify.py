@@ -1013,7 +1013,9 @@ def test_a_key_its_band_does_not_link_from_its_object_fails_with_the_relink(smok
         said = f"{key} (vLLM {NEWEST}) is in {room.manifest_path} but no library of {room.libs_path} links it"
     else:
         band["entries"][key] = "ab" * 32
-        said = f"{key} (vLLM {NEWEST}): not linked from its object: {room.libs_path} links it from object abababab"
+        # both digests cut to the same 16 characters
+        said = (f"{key} (vLLM {NEWEST}): not linked from its object: {room.libs_path} links it from object "
+                f"{'ab' * 8}, {room.manifest_path} records object sha256 {room.manifest().entries[key].sha256[:16]}")
     room.libs_path.write_text(json.dumps(doc))
     code, report, _ = _verify_json(d)
     assert code == 1
