@@ -556,16 +556,20 @@ def test_a_wheel_that_differs_from_its_prebuilt_dir_byte_for_byte_is_named(wheel
     assert code == 1 and f"{ROOM}verified.json differs from {path}" in out, out
 
 
+EXTERNAL = ["libdsv41_ext.so.1", "libdsv41_ext2.so.1"]  # what _needs_external_library's band needs, in order
+
+
 def _needs_external_library(prebuilt: Path, dest: Path) -> Path:
-    """A copy of ``prebuilt`` whose one band's library needs a library the host lacks (linked by cc for the case,
-    with the band's own SONAME and libs.json digests)."""
+    """A copy of ``prebuilt`` whose one band's library needs two libraries the host lacks, EXTERNAL (linked by cc
+    for the case, with the band's own SONAME and libs.json digests)."""
     other = Path(shutil.copytree(prebuilt, dest / "other"))
     path = other / ARCH / folder_name(RELEASE) / "libs.json"
     doc = json.loads(path.read_text())
     doc["libraries"] = doc["libraries"][:1]  # one band: auditwheel on one small library
     band = doc["libraries"][0]
-    ext, so = dest / "libdsv41_ext.so", dest / "band.so"
-    for out, soname_, needs in ((ext, "libdsv41_ext.so.1", []), (so, soname(band["chunk"], band["entries"]), [ext])):
+    exts, so = [dest / name.rsplit(".", 1)[0] for name in EXTERNAL], dest / "band.so"
+    for out, soname_, needs in (*((ext, name, []) for ext, name in zip(exts, EXTERNAL)),
+                                (so, soname(band["chunk"], band["entries"]), exts)):
         r = subprocess.run(["cc", "-shared", "-nostdlib", "-o", out, f"-Wl,-soname,{soname_}", "-Wl,--no-as-needed",
                             *needs, "-x", "c", "-"], input="int dsv41_case;\n", capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
@@ -579,9 +583,9 @@ def test_auditwheel_refuses_a_band_that_needs_an_external_library(prebuilt, tmp_
     auditwheel, names the band's DT_NEEDED itself."""
     other = _needs_external_library(prebuilt, tmp_path)
     code, out = _gate(capsys, check_wheel.main, "--audit-prebuilt", other)
-    assert code == 1 and "external libraries besides libamdhip64: libdsv41_ext.so.1" in out, out
+    assert code == 1 and f"external libraries besides libamdhip64: {', '.join(EXTERNAL)}\n" in out, out
     code, out = _verify(capsys, "--dir", other)
-    assert code == 1 and "records DT_NEEDED ['libdsv41_ext.so.1']: it would tie users to this build machine's " \
+    assert code == 1 and f"records DT_NEEDED {EXTERNAL}: it would tie users to this build machine's " \
                           "libraries" in out, out
 
 
@@ -620,7 +624,7 @@ def test_the_repair_step_fails_when_any_of_its_wheels_needs_an_external_library(
     for wheels in ((wheel, bad), (bad, wheel)):
         code, out = _gate(capsys, check_wheel.main, "--audit-only", *wheels)
         assert code == 1 and f"{bad.name}: auditwheel on 1 raw libraries: auditwheel: external libraries besides " \
-                              f"libamdhip64: libdsv41_ext.so.1" in out, out
+                              f"libamdhip64: {', '.join(EXTERNAL)}" in out, out
 
 
 # ---------------------------------------------------------------- a band's code, judged by every reader
