@@ -266,6 +266,8 @@ def test_a_wheel_proven_against_the_jit_is_judged_as_a_whole_too(wheel, tmp_path
     code, report = _verify_json(capsys, "--wheel", bad, "--against-jit", "--key", key, "--no-progress")
     assert code == 1 and report["jit_checked"] == 1, report
     assert [r["key"] for r in report["reports"] if r["ok"] and "jit" in r["checks"]] == [key]
+    # a wheel's room has no objects/: the key's code object was read from its band, and its report says so
+    assert [r["key"] for r in report["reports"] if "band" in r["checks"]] == [key], report["reports"]
     (whole,) = [f for f in report["failures"] if f["what"] == "wheel"]
     assert f"{member} differs from its" in whole["error"] and whole["file"] == str(bad), whole
 
