@@ -287,13 +287,18 @@ def test_a_record_forged_to_name_another_releases_band(prebuilt, fresh):
 # ---------------------------------------------------------------- ABI
 
 
-def _remove_slot(prebuilt: Path, recompute_id: bool) -> None:
+def _forge_abi(prebuilt: Path, change, recompute_id: bool = True) -> tuple[list, list]:
+    """K1's ABI in the gfx950 room's manifest.json replaced by ``change(slots)``: (old slots, new slots).
+
+    With ``recompute_id`` (a careful forger) the new slots get the id that
+    hashes to them and every entry of the old id points at it; without, they
+    stay under the old id."""
     path = room(prebuilt, "gfx950") / "manifest.json"
     doc = json.loads(path.read_text())
     aid = doc["entries"][K1]["abi"]
-    slots = [s for s in doc["abis"][aid] if s["name"] != "swa_block"]
-    assert len(slots) == len(doc["abis"][aid]) - 1
-    if recompute_id:  # a careful forger: the id hashes to the slots, the entries point at it
+    old = doc["abis"][aid]
+    slots = change([dict(s) for s in old])
+    if recompute_id:
         new = abi_id(slots)
         doc["abis"][new] = slots
         for e in doc["entries"].values():
@@ -302,6 +307,12 @@ def _remove_slot(prebuilt: Path, recompute_id: bool) -> None:
     else:
         doc["abis"][aid] = slots
     path.write_text(json.dumps(doc))
+    return old, slots
+
+
+def _remove_slot(prebuilt: Path, recompute_id: bool) -> None:
+    old, slots = _forge_abi(prebuilt, lambda slots: [s for s in slots if s["name"] != "swa_block"], recompute_id)
+    assert len(slots) == len(old) - 1
 
 
 def test_abi_with_a_slot_removed_keeping_its_id(prebuilt, fresh):
@@ -326,17 +337,12 @@ def test_abi_slot_retyped_with_its_id_recomputed_fails_verify_and_bind(prebuilt,
     (the manifest is self-consistent; same slot count, same sizes): verify
     compares every slot with the object's export metadata and fails the
     key, as the bind does against the band's."""
-    path = room(prebuilt, "gfx950") / "manifest.json"
-    doc = json.loads(path.read_text())
-    aid = doc["entries"][K1]["abi"]
-    slots = [dict(s) for s in doc["abis"][aid]]
-    i = next(i for i, s in enumerate(slots) if s["ctype"] == "int64")
-    slots[i]["ctype"] = "uint64"
-    doc["abis"][abi_id(slots)] = slots
-    for e in doc["entries"].values():
-        if e["abi"] == aid:
-            e["abi"] = abi_id(slots)
-    path.write_text(json.dumps(doc))
+    def retype(slots):
+        slots[next(i for i, s in enumerate(slots) if s["ctype"] == "int64")]["ctype"] = "uint64"
+        return slots
+
+    old, slots = _forge_abi(prebuilt, retype)
+    (i,) = [i for i, (a, b) in enumerate(zip(old, slots)) if a != b]
     r = subprocess.run([sys.executable, "-m", "dsv41_aot.cli", "verify", "--dir", str(prebuilt), "--json"],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 1, r.stdout + r.stderr
@@ -352,15 +358,7 @@ def test_an_abi_slot_the_library_lacks_is_named_at_bind(prebuilt, fresh):
     """The manifest's ABI one slot longer than the band's export metadata, the id recomputed (a second stream
     slot, as the ABI must end with the stream): the bind names the first slot the library does not have ("library
     none") and never makes the launcher callable."""
-    path = room(prebuilt, "gfx950") / "manifest.json"
-    doc = json.loads(path.read_text())
-    aid = doc["entries"][K1]["abi"]
-    slots = [*doc["abis"][aid], doc["abis"][aid][-1]]
-    doc["abis"][abi_id(slots)] = slots
-    for e in doc["entries"].values():
-        if e["abi"] == aid:
-            e["abi"] = abi_id(slots)
-    path.write_text(json.dumps(doc))
+    _, slots = _forge_abi(prebuilt, lambda slots: [*slots, slots[-1]])
     launcher = dsv41_aot.load_key(K1, prebuilt=prebuilt)
     with pytest.raises(ManifestError) as e:
         launcher.bind()
