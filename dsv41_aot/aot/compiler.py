@@ -81,6 +81,9 @@ class ArchCompiler:
         self.before_write = lambda: None  # the worker's parent check (worker.ensure_parent)
         self.strip = strip
         compat.install_aiter_shim()  # before the mono package imports aiter's helpers
+        from . import flydsl_api
+
+        flydsl_api.read_positions_once()  # the build's compiles only: verify's JIT stays vLLM's own
         self.layer = source.import_mono(self.src, "layer")
         self.identity = source_identity(self.src, linker, mono_sources=import_module(f"{source.MONO}.sources").SOURCES)
 

@@ -10,10 +10,41 @@ Imported only inside a compile or JIT worker.
 
 from __future__ import annotations
 
+import inspect
 import pickle
 from pathlib import Path
 
 from ..facts.flydsl import installed
+
+
+# code object id -> (the code object, its co_positions() as a tuple)
+_POSITIONS: dict[int, tuple] = {}
+
+
+def _code_position(code, instruction_index: int) -> tuple:
+    """``inspect._get_code_position`` from a table read once per code object."""
+    if instruction_index < 0:
+        return (None, None, None, None)
+    hit = _POSITIONS.get(id(code))  # each entry keeps its code object alive: no other has its id
+    if hit is None:
+        if len(_POSITIONS) >= 512:
+            _POSITIONS.clear()
+        hit = _POSITIONS[id(code)] = (code, tuple(code.co_positions()))
+    return hit[1][instruction_index // 2]
+
+
+def read_positions_once() -> bool:
+    """Have Python read each code object's position table once; False where it has none.
+
+    FlyDSL gives each op the kernel line that built it (``inspect.getframeinfo``),
+    and Python (3.11 on) finds a frame's position by walking its code's whole
+    position table, once per op: about half of a K2's compile. The positions
+    are Python's own, so the code objects are the same, and the JIT a proof
+    compares them with runs without this (only the build's compiler calls it)."""
+    if not callable(getattr(inspect, "_get_code_position", None)):
+        return False
+    inspect._get_code_position = _code_position
+    return True
 
 
 def compile_without_launch(launcher, args: tuple):
