@@ -142,7 +142,7 @@ FAST = "DSV41_AOT_TEST_FAST"  # ci/test.sh --fast: a compile is a test-selection
 # pytest-xdist hands each worker whole files (--dist loadfile): the first to
 # the first worker, the second to the other, then each file to whichever
 # worker runs short. test_verify.py goes first: its first test builds the
-# smoke profile (about 70 s on 2 cores, both of them) and then proves it
+# smoke profile (about 30 s on 2 cores, both of them) and then proves it
 # against vLLM's JIT, the run's longest stretch. The files after it need no
 # smoke build for their first minute or more, so the other worker compiles
 # its own keys meanwhile instead of waiting on the smoke build's lock (at
