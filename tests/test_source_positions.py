@@ -7,9 +7,11 @@ proof, tests/test_verify.py, compares the two byte for byte)."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +76,16 @@ def test_the_table_is_bounded_and_still_right_when_it_starts_again():
             assert flydsl_api._code_position(code, index) == STOCK(code, index)
         assert len(flydsl_api._POSITIONS) <= 512
     assert flydsl_api._POSITIONS  # it holds the latest
+
+
+def test_only_the_build_s_compiler_reads_positions_its_own_way():
+    """verify's JIT worker must run FlyDSL as vLLM does: a proof compares the
+    build's code objects with that JIT's, so the swap stays on the build's side."""
+    package = Path(flydsl_api.__file__).parents[1]
+    callers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and "read_positions_once" in (getattr(node.func, "attr", None),
+                                                                        getattr(node.func, "id", None)):
+                callers.add(path.relative_to(package).as_posix())
+    assert callers == {"aot/compiler.py"}
