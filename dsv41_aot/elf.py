@@ -24,6 +24,13 @@ DT_NULL = 0
 DT_NEEDED = 1
 DT_SONAME = 14
 EM_AMDGPU = 224  # e_machine of a GPU code object
+SHN_ABS = 0xFFF1
+STB_LOCAL = 0
+STT_TLS = 6
+# the symbol types the dynamic linker binds (NOTYPE, OBJECT, FUNC, COMMON, TLS, GNU_IFUNC), and the
+# visibilities it skips (INTERNAL, HIDDEN): glibc's symbol lookup, as dlsym and so ctypes meet it
+STT_BOUND = frozenset({0, 1, 2, 5, 6, 10})
+STV_HIDDEN_OR_INTERNAL = frozenset({1, 2})
 
 
 class ElfError(ValueError):
@@ -46,6 +53,16 @@ class Symbol:
     value: int
     size: int
     shndx: int
+    info: int = 0  # st_info: binding in the high four bits, type in the low four
+    other: int = 0  # st_other: visibility in the low two bits
+
+    @property
+    def bindable(self) -> bool:
+        """Whether the dynamic linker binds another object's reference to it (dlsym finds it by name)."""
+        kind = self.info & 0xF
+        placed = self.value != 0 or self.shndx == SHN_ABS or kind == STT_TLS  # an address, or needs none
+        return (self.shndx != 0 and self.info >> 4 != STB_LOCAL and kind in STT_BOUND
+                and self.other & 3 not in STV_HIDDEN_OR_INTERNAL and placed)
 
 
 class Elf:
@@ -83,8 +100,8 @@ class Elf:
                 continue
             strtab = self.sections[s.link]
             for off in range(s.offset, s.offset + s.size, 24):  # an Elf64_Sym is 24 bytes, whatever sh_entsize says
-                name, _, _, shndx, value, size = struct.unpack_from("<IBBHQQ", self.data, off)
-                out.append(Symbol(self._str(strtab.offset, name), value, size, shndx))
+                name, info, other, shndx, value, size = struct.unpack_from("<IBBHQQ", self.data, off)
+                out.append(Symbol(self._str(strtab.offset, name), value, size, shndx, info, other))
         return out
 
     def symbol_bytes(self, name: str) -> bytes:
@@ -122,15 +139,21 @@ def exported_parts(obj: bytes, entry: str) -> tuple[bytes, bytes]:
 
 
 def dynamic_info(data: bytes, *, symbols: bool = True) -> dict:
-    """A shared library's DT_NEEDED, SONAME and defined and undefined dynamic symbols.
+    """A shared library's DT_NEEDED, SONAME, the dynamic symbols it leaves undefined and those it exports.
 
-    Without ``symbols`` the symbol table is not read (both lists stay empty).
+    Exported: defined, and bound by the dynamic linker (``Symbol.bindable``);
+    a local or hidden one, a section or file symbol, or one without an
+    address is in neither list, as dlsym does not find it. Without
+    ``symbols`` the symbol table is not read (both lists stay empty).
     ElfError for bytes that are not such a library, truncated ones included."""
-    out = {"needed": [], "soname": None, "undefined": [], "defined": []}
+    out = {"needed": [], "soname": None, "undefined": [], "exported": []}
     try:
         elf = Elf(data)
         for sym in elf.symbols(SHT_DYNSYM)[1:] if symbols else ():  # one SHT_DYNSYM; its entry 0: the null symbol
-            out["undefined" if sym.shndx == 0 else "defined"].append(sym.name)
+            if sym.shndx == 0:
+                out["undefined"].append(sym.name)
+            elif sym.bindable:
+                out["exported"].append(sym.name)
         for s in elf.sections:
             if s.type == SHT_DYNAMIC:
                 strtab = elf.sections[s.link]

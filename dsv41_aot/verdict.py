@@ -42,8 +42,8 @@ def library_problems(raw: bytes, entries: dict) -> tuple[list[str], dict]:
     stray = sorted(s for s in info["undefined"] if not s.startswith("hip") and s not in HOST_SYMBOLS)
     if stray:
         whole.append(f"leaves undefined symbols no ROCm host provides: {', '.join(stray[:10])}")
-    defined = set(info["defined"])
-    lost = {key: " and ".join(s for s in (entry, f"{entry}__module_load") if s not in defined)
+    exported = set(info["exported"])
+    lost = {key: " and ".join(s for s in (entry, f"{entry}__module_load") if s not in exported)
             for key, entry in entries.items() if entry}
     return whole, {k: v for k, v in lost.items() if v}
 

@@ -14,7 +14,7 @@ import struct
 
 import pytest
 
-from dsv41_aot.elf import EM_AMDGPU, SHT_NOBITS, SHT_NOTE, Elf, ElfError, embedded_code_objects
+from dsv41_aot.elf import EM_AMDGPU, SHN_ABS, SHT_NOBITS, SHT_NOTE, Elf, ElfError, Symbol, embedded_code_objects
 
 SHT_PROGBITS = 1
 SHT_STRTAB = 3
@@ -106,3 +106,28 @@ def test_a_nobits_section_reads_as_empty_wherever_it_claims_to_lie():
     struct.pack_into("<Q", data, 64 + 64 + 32, 1 << 20)  # its size: far past the end of the file
     elf = Elf(bytes(data))
     assert elf.section_bytes(elf.sections[1]) == b""
+
+
+# (st_info, st_other, st_shndx, st_value) -> whether dlsym finds the symbol: glibc's rules, checked by hand
+# against ctypes on a gcc-built library with its .dynsym entry edited the same way
+BINDINGS = [
+    ((0x12, 0, 12, 0x1100), True),  # a global function
+    ((0x22, 0, 12, 0x1100), True),  # weak
+    ((0x10, 0, 12, 0x1100), True),  # no type
+    ((0x11, 3, 12, 0x1100), True),  # protected
+    ((0x10, 0, SHN_ABS, 0), True),  # absolute, at 0
+    ((0x16, 0, 12, 0), True),  # thread-local, at offset 0 of its block
+    ((0x02, 0, 12, 0x1100), False),  # local
+    ((0x12, 2, 12, 0x1100), False),  # hidden
+    ((0x12, 1, 12, 0x1100), False),  # internal
+    ((0x13, 0, 12, 0x1100), False),  # a section symbol
+    ((0x14, 0, 12, 0x1100), False),  # a file symbol
+    ((0x12, 0, 12, 0), False),  # no address
+    ((0x12, 0, 0, 0x1100), False),  # undefined (an executable gives some an address: their PLT slot)
+]
+
+
+@pytest.mark.parametrize("fields, found", BINDINGS, ids=[f"{f[0]:#x}-{f[1]}-{f[2]}-{f[3]:#x}" for f, _ in BINDINGS])
+def test_a_symbol_is_exported_only_where_the_dynamic_linker_binds_it(fields, found):
+    info, other, shndx, value = fields
+    assert Symbol("entry", value, 16, shndx, info, other).bindable is found

@@ -374,6 +374,50 @@ def test_a_band_that_does_not_export_a_key_it_lists_is_a_band_failure_of_that_ke
     assert code == 1 and f["fix"] == f"dsv41-aot link --dir {d} --arch gfx950 --release {NEWEST}"
 
 
+# ways to keep a symbol in .dynsym, defined, where dlsym does not find it: (st_info, st_other, st_value) edits
+UNBOUND = {
+    "hidden": lambda info, other, value: (info, other & ~3 | 2, value),
+    "internal": lambda info, other, value: (info, other & ~3 | 1, value),
+    "local": lambda info, other, value: (info & 0xF, other, value),
+    "a section symbol": lambda info, other, value: (info & 0xF0 | 3, other, value),
+    "no address": lambda info, other, value: (info, other, 0),
+}
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("how", sorted(UNBOUND))
+def test_an_entry_the_dynamic_linker_cannot_bind_is_not_exported(smoke_dir, tmp_path, how):
+    """K1's launch entry kept in its band's dynamic symbols, defined, but made one the dynamic linker skips:
+    verify fails K1 as not exported (it passed, and the loader failed at bind), and the loader refuses it
+    with the same words."""
+    import lzma
+    import struct
+
+    from dsv41_aot.elf import SHT_DYNSYM, Elf
+    from dsv41_aot.manifest import entry_name
+
+    d = copy_of(smoke_dir, tmp_path / "p")
+    path, doc = libs_json(d)
+    lib, entry = band_of(doc, K1), entry_name(K1)
+    raw = bytearray(lzma.decompress((libdir(d, "gfx950") / lib["file"]).read_bytes()))
+    elf = Elf(bytes(raw))
+    (table,) = [s for s in elf.sections if s.type == SHT_DYNSYM]
+    (at,) = [table.offset + 24 * i for i, sym in enumerate(elf.symbols(SHT_DYNSYM)) if sym.name == entry]
+    info, other, value = UNBOUND[how](raw[at + 4], raw[at + 5], struct.unpack_from("<Q", raw, at + 8)[0])
+    raw[at + 4], raw[at + 5] = info, other
+    struct.pack_into("<Q", raw, at + 8, value)
+    forge_library(d, "gfx950", path, doc, lib, bytes(raw))
+    code, out = verify_json(d)
+    (f,) = [f for f in out["failures"] if f["key"] == K1]
+    said = f"lists it under {lib['file']}, which does not export {entry}"
+    assert code == 1 and f["error"].endswith(said) and (f["what"], f["serving"]) == ("band", True), f
+    r = subprocess.run([sys.executable, "-c", _BIND.replace("print(type(e).__name__, type(e).__mro__[1].__name__)",
+                                                             "print(type(e).__name__, e.message)"),
+                        K1, NEWEST, str(d)], capture_output=True, text=True, cwd=REPO, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "DSV41_AOT_ARCH"})
+    assert r.stdout.startswith("IntegrityError ") and r.stdout.rstrip().endswith(said), r.stdout + r.stderr
+
+
 # ---------------------------------------------------------------- rooms of another vLLM tree
 
 
