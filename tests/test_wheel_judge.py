@@ -270,6 +270,8 @@ def test_a_wheel_proven_against_the_jit_is_judged_as_a_whole_too(wheel, tmp_path
     assert [r["key"] for r in report["reports"] if "band" in r["checks"]] == [key], report["reports"]
     (whole,) = [f for f in report["failures"] if f["what"] == "wheel"]
     assert f"{member} differs from its" in whole["error"] and whole["file"] == str(bad), whole
+    # the wheel's own: no key or release, and it keeps the wheel from serving
+    assert (whole["key"], whole["release"], whole["serving"]) == (None, None, True), whole
 
 
 @pytest.mark.faults
