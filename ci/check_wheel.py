@@ -117,7 +117,7 @@ def source_tree(dest: Path) -> Path:
     Each build gets its own copy, so concurrent builds never share
     setuptools' build/ folder.
     """
-    dest.mkdir(parents=True)
+    dest.mkdir()
     for name in SOURCE_FILES:
         src = ROOT / name
         if src.is_dir():
