@@ -221,6 +221,9 @@ def test_a_key_keeps_its_proof_under_each_flydsl_and_a_stale_one_says_what_chang
     k2_built = KeyProof(k2, "a" * 64, dict(jit, flydsl_version=built), ev)
     mixed = Proof.of("gfx950", NEWEST, [later, k2_other, under_other, under_built, k2_built], entries)
     assert [(p.key, p.flydsl) for p in mixed.others] == [(K, other), (K, "0.5.1"), (k2, other)]
+    # and written with every object's keys sorted, so the same proofs give the same bytes (a wheel is reproducible)
+    for record in (proof.to_bytes(), mixed.to_bytes()):
+        assert record == (json.dumps(json.loads(record), indent=1, sort_keys=True) + "\n").encode()
     # a proof of a code object the entry no longer holds is dropped from the record
     assert Proof.of("gfx950", NEWEST, [under_built], {K: entry.replace(code_object_sha256="9" * 64)}).keys == {}
     # stale: what changed, named
