@@ -1,19 +1,23 @@
-"""The compile worker's source positions (aot/flydsl_api.py read_positions_once):
+"""The workers' source positions (aot/flydsl_api.py read_positions_once):
 FlyDSL records each op's kernel line through ``inspect.getframeinfo``, and the
-worker reads each code object's position table once instead of walking it on
-every op. Its answers must be Python's own for every instruction, or the
-code objects would differ from vLLM's JIT, which runs without it (the smoke
-proof, tests/test_verify.py, compares the two byte for byte)."""
+compile and JIT workers read each code object's position table once instead
+of walking it on every op. Its answers must be Python's own for every
+instruction (the lines FlyDSL's diagnostics name), and no position may reach
+what a proof compares: a JIT run whose every position is wrong agrees with a
+proof vLLM's untouched JIT made on another machine."""
 
 from __future__ import annotations
 
 import ast
 import inspect
+import json
+import os
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from _smoke import REPO, cli, deployment
 
 from dsv41_aot.aot import flydsl_api
 
@@ -78,9 +82,8 @@ def test_the_table_is_bounded_and_still_right_when_it_starts_again():
     assert flydsl_api._POSITIONS  # it holds the latest
 
 
-def test_only_the_build_s_compiler_reads_positions_its_own_way():
-    """verify's JIT worker must run FlyDSL as vLLM does: a proof compares the
-    build's code objects with that JIT's, so the swap stays on the build's side."""
+def test_the_two_worker_kinds_read_positions_their_own_way_and_nothing_else_does():
+    """The build's compile worker and verify's JIT worker; never the runtime, the CLI or a judge."""
     package = Path(flydsl_api.__file__).parents[1]
     callers = set()
     for path in package.rglob("*.py"):
@@ -88,4 +91,41 @@ def test_only_the_build_s_compiler_reads_positions_its_own_way():
             if isinstance(node, ast.Call) and "read_positions_once" in (getattr(node.func, "attr", None),
                                                                         getattr(node.func, "id", None)):
                 callers.add(path.relative_to(package).as_posix())
-    assert callers == {"aot/compiler.py"}
+    assert callers == {"aot/compiler.py", "aot/jit.py"}
+
+
+# a K1 the gfx950 TP2 deployment carries a version 4 proof of: its code object and the digests of the JIT run's
+# artifact, module and launch, made by vLLM's JIT without the table
+KEY = "k1@gfx950:s=1,tp=2,r=0"
+
+
+@pytest.mark.slow
+def test_a_jit_run_whose_every_position_is_wrong_agrees_with_the_recorded_proof(tmp_path):
+    """verify --against-jit, its JIT worker reading every position as line 7:
+    the fresh proof agrees with the recorded one in every digest it carries
+    (verify compares them: the "proof" check), so positions, read from a table
+    or even read wrong, cannot change what a proof finds."""
+    d = deployment("gfx950-tp2")
+    used = tmp_path / "wrong-positions-used"
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(f"""
+        import os
+
+        from dsv41_aot.aot import flydsl_api
+
+
+        def wrong(code, index):
+            if not os.path.exists({str(used)!r}):  # say it ran
+                open({str(used)!r}, "w").close()
+            return (7, 7, 0, 0)
+
+
+        flydsl_api._code_position = wrong  # what read_positions_once puts in
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+    r = cli("verify", "--dir", d, "--against-jit", "--key", KEY, "--no-cache", "--jobs", "1", "--json",
+            "--no-progress", env=env)
+    doc = json.loads(r.stdout)
+    (rep,) = doc["reports"]
+    assert r.returncode == 0 and rep["ok"], r.stdout[-3000:] + r.stderr[-3000:]
+    assert {"jit", "launch", "proof"} <= set(rep["checks"]) and not rep["jit_cached"], rep
+    assert used.exists()  # the JIT worker read its positions through the wrong table

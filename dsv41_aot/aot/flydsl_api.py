@@ -39,8 +39,10 @@ def read_positions_once() -> bool:
     FlyDSL gives each op the kernel line that built it (``inspect.getframeinfo``),
     and Python (3.11 on) finds a frame's position by walking its code's whole
     position table, once per op: about half of a K2's compile. The positions
-    are Python's own, so the code objects are the same, and the JIT a proof
-    compares them with runs without this (only the build's compiler calls it)."""
+    are Python's own, and none of them reaches what a proof compares: a JIT
+    run whose every position is wrong gives the same code object, artifact,
+    module and launch. Both worker kinds call it: the build's compile worker
+    and verify's JIT worker."""
     if not callable(getattr(inspect, "_get_code_position", None)):
         return False
     inspect._get_code_position = _code_position

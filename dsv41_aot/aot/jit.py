@@ -50,9 +50,12 @@ class VllmJit:
 
     def __init__(self, arch: str, release: str, vllm_root: str):
         from ..facts.flydsl import installed
-        from . import compat
+        from . import compat, flydsl_api
 
         compat.install_aiter_shim()
+        # as the compile worker does: no position reaches the code object, FlyDSL's
+        # artifact or module, or the launch (tests/test_source_positions.py)
+        flydsl_api.read_positions_once()
         src = source.MonoSource(Path(vllm_root).resolve())
         self.runner_mod = source.import_mono(src, "runner")
         self.arch, self.release = arch, release
