@@ -83,7 +83,7 @@ class ArchCompiler:
         compat.install_aiter_shim()  # before the mono package imports aiter's helpers
         from . import flydsl_api
 
-        flydsl_api.read_positions_once()  # and verify's JIT worker (aot/jit.py): the same positions
+        flydsl_api.cache_frame_lookups()  # and verify's JIT worker (aot/jit.py): the same answers
         self.layer = source.import_mono(self.src, "layer")
         self.identity = source_identity(self.src, linker, mono_sources=import_module(f"{source.MONO}.sources").SOURCES)
 

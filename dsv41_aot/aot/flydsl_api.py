@@ -11,6 +11,7 @@ Imported only inside a compile or JIT worker.
 from __future__ import annotations
 
 import inspect
+import os
 import pickle
 from pathlib import Path
 
@@ -33,16 +34,40 @@ def _code_position(code, instruction_index: int) -> tuple:
     return hit[1][instruction_index // 2]
 
 
-def read_positions_once() -> bool:
-    """Have Python read each code object's position table once; False where it has none.
+_GETSOURCEFILE = inspect.getsourcefile
+# the file names of frames inspect.getsourcefile answered with the file itself, found on disk
+_SOURCE_FILES: set[str] = set()
 
-    FlyDSL gives each op the kernel line that built it (``inspect.getframeinfo``),
-    and Python (3.11 on) finds a frame's position by walking its code's whole
-    position table, once per op: about half of a K2's compile. The positions
-    are Python's own, and none of them reaches what a proof compares: a JIT
-    run whose every position is wrong gives the same code object, artifact,
-    module and launch. Both worker kinds call it: the build's compile worker
-    and verify's JIT worker."""
+
+def _source_file(object) -> str | None:
+    """``inspect.getsourcefile``, which asks the disk on every call, asking it once per frame's file.
+
+    A frame's answer depends only on its code's file name while that file
+    exists: the name itself. So a name once found on disk is answered from
+    the set; any other object, or a frame of a file not on disk (code made
+    from a string), gets Python's own answer every time. The sources are
+    read-only for a worker's life (its source identity is checked first)."""
+    name = object.f_code.co_filename if inspect.isframe(object) else None
+    if name in _SOURCE_FILES:
+        return name
+    found = _GETSOURCEFILE(object)
+    if name is not None and found == name and os.path.exists(name):
+        _SOURCE_FILES.add(name)
+    return found
+
+
+def cache_frame_lookups() -> bool:
+    """Answer FlyDSL's two per-op frame lookups from tables; False where Python has no position table.
+
+    FlyDSL gives each op the kernel lines that built it: ``inspect.getframeinfo``
+    on up to five user frames per op. For each, Python (3.11 on) walks the
+    frame's whole position table, and checks that its source file exists:
+    together over half of a K2's compile. Here each code object's positions are
+    read once and each source file is found once; the answers are Python's own.
+    None of them reaches what a proof compares: a JIT run whose every position
+    is wrong gives the same code object, artifact, module and launch. Both
+    worker kinds call it: the build's compile worker and verify's JIT worker."""
+    inspect.getsourcefile = _source_file
     if not callable(getattr(inspect, "_get_code_position", None)):
         return False
     inspect._get_code_position = _code_position

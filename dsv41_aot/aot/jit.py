@@ -55,7 +55,7 @@ class VllmJit:
         compat.install_aiter_shim()
         # as the compile worker does: no position reaches the code object, FlyDSL's
         # artifact or module, or the launch (tests/test_source_positions.py)
-        flydsl_api.read_positions_once()
+        flydsl_api.cache_frame_lookups()
         src = source.MonoSource(Path(vllm_root).resolve())
         self.runner_mod = source.import_mono(src, "runner")
         self.arch, self.release = arch, release
