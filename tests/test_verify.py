@@ -923,6 +923,16 @@ def test_a_shipped_manifest_abi_its_band_s_kernel_does_not_take_fails(tmp_path, 
     assert doc["ok"] == doc["keys"] - 1
 
 
+def test_each_key_s_report_names_the_checks_it_passed(smoke_dir, tmp_path):
+    """verify --json lists, per key, the checks its entry passed, in order: a
+    built room's stored object (its sha256, its export, its resources), a
+    shipped room's band (the code object in it, its resources)."""
+    code, doc, _ = _verify_json(smoke_dir)
+    assert code == 0 and {tuple(r["checks"]) for r in doc["reports"]} == {("sha256", "export", "resources")}, doc
+    code, doc, _ = _verify_json(_shipped_room(tmp_path).root)
+    assert code == 0 and {tuple(r["checks"]) for r in doc["reports"]} == {("band", "resources")}, doc
+
+
 def test_kernargs_past_the_kernarg_segment_are_named():
     """The kernel's own metadata, judged beside the ABI: kernargs that end past
     the segment the launch allocates (a code object no compiler should make;

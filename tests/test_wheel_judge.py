@@ -482,9 +482,10 @@ def test_a_licence_file_missing_from_dist_info_is_named(wheel, tmp_path, capsys,
         assert code == 1 and f"{member} missing from {gone.split('/')[0]}" in out, out
 
 
-def test_a_raw_shared_library_in_the_wheel_is_named(wheel, tmp_path, capsys):
-    """Bands ship compressed (.so.xz); a plain .so anywhere in the wheel is named."""
-    member = f"{PKG}{ARCH}/lib/libstray.so"
+@pytest.mark.parametrize("name", ["libstray.so", "libstray.so.1"])
+def test_a_raw_shared_library_in_the_wheel_is_named(wheel, tmp_path, capsys, name):
+    """Bands ship compressed (.so.xz); a plain .so anywhere in the wheel is named, a versioned one too."""
+    member = f"{PKG}{ARCH}/lib/{name}"
     bad = _variant(wheel, tmp_path / "bad", extra=[(member, b"\x7fELF")])
     for code, out in (_verify(capsys, "--wheel", bad), _check(capsys, bad)):
         assert code == 1 and f"raw shared libraries in the wheel: {member}" in out, out
