@@ -131,7 +131,7 @@ def test_a_frame_s_source_file_is_found_once_and_answered_as_python_does(tmp_pat
     assert flydsl_api._source_file(frame) is STOCK_SOURCEFILE(frame) is None
 
 
-def test_the_two_worker_kinds_read_positions_their_own_way_and_nothing_else_does():
+def test_the_two_worker_kinds_cache_frame_lookups_and_nothing_else_does():
     """The build's compile worker and verify's JIT worker; never the runtime, the CLI or a judge."""
     package = Path(flydsl_api.__file__).parents[1]
     callers = set()

@@ -45,8 +45,8 @@ def _source_file(object) -> str | None:
     A frame's answer depends only on its code's file name while that file
     exists: the name itself. So a name once found on disk is answered from
     the set; any other object, or a frame of a file not on disk (code made
-    from a string), gets Python's own answer every time. The sources are
-    read-only for a worker's life (its source identity is checked first)."""
+    from a string), gets Python's own answer every time. A worker's sources
+    stay in place for its life (the pool checks their identity as it starts)."""
     name = object.f_code.co_filename if inspect.isframe(object) else None
     if name in _SOURCE_FILES:
         return name
@@ -62,7 +62,7 @@ def cache_frame_lookups() -> bool:
     FlyDSL gives each op the kernel lines that built it: ``inspect.getframeinfo``
     on up to five user frames per op. For each, Python (3.11 on) walks the
     frame's whole position table, and checks that its source file exists:
-    together over half of a K2's compile. Here each code object's positions are
+    together about half of a K2's compile. Here each code object's positions are
     read once and each source file is found once; the answers are Python's own.
     None of them reaches what a proof compares: a JIT run whose every position
     is wrong gives the same code object, artifact, module and launch. Both
