@@ -102,6 +102,16 @@ def test_byte_flip_in_a_band_with_a_forged_sha256(prebuilt, fresh):
     _bind_refused(prebuilt, IntegrityError, "not an xz band|raw_sha256")
 
 
+def test_the_same_library_in_another_lzma_container_is_not_an_xz_band(prebuilt, fresh):
+    """The band's own library, packed as legacy .lzma (which Python's lzma also reads) with the record forged to
+    match: every digest of the library holds, but a band is xz, and it is refused as not one."""
+    path, doc = libs_json(prebuilt)
+    lib = _own(doc)
+    raw = lzma.decompress((libdir(prebuilt, "gfx950") / lib["file"]).read_bytes())
+    forge_band(prebuilt, "gfx950", path, doc, lib, lzma.compress(raw, format=lzma.FORMAT_ALONE))
+    _bind_refused(prebuilt, IntegrityError, "not an xz band")
+
+
 def test_altered_library_recompressed_with_a_forged_band_sha256(prebuilt, fresh):
     path, doc = libs_json(prebuilt)
     lib = _own(doc)
@@ -235,10 +245,13 @@ def test_a_band_whose_metadata_names_another_arch_is_refused(prebuilt, fresh):
     (lambda raw, entry: raw.replace(f"{entry}__metadata".encode(), f"{entry}__metadatX".encode()),
      "has no {entry}__metadata"),
     (lambda raw, entry: raw.replace(b'"symbol":"', b'"symbxl":"'), "{entry}__metadata in .* is unreadable"),
-], ids=["no metadata symbol", "metadata without its symbol field"])
+    (lambda raw, entry: raw.replace(b'"arg_name":"stream"', b'"arg_nxme":"stream"'),
+     "{entry}__metadata in .* is unreadable"),
+], ids=["no metadata symbol", "metadata without its symbol field", "a slot without its name"])
 def test_a_band_whose_export_metadata_cannot_be_read_is_refused_with_its_fix(prebuilt, fresh, edit, said):
     """The band's library rewritten (packed again, libs.json forged to its sha256s) so that the entry's export
-    metadata is not found by its name, or no longer names its symbol: the bind cannot check the manifest's ABI
+    metadata is not found by its name, or no longer names its symbol or its stream slot (the build reads each
+    slot's name; none is guessed): the bind cannot check the manifest's ABI
     against it and refuses, naming the key and the library, with the fix a damaged band gets."""
     from dsv41_aot.manifest import entry_name
 

@@ -82,18 +82,22 @@ def test_against_jit_passes_on_smoke(copy):
 @pytest.mark.slow
 @pytest.mark.faults
 def test_the_fix_for_a_proof_that_differs_works_the_first_time(copy):
-    """Q8 of the fault report at 3f0364f: a key's recorded proof carries a
-    forged artifact digest. verify --against-jit fails it and prints a fix;
-    that fix, run once word for word, records this run's proof in its place,
+    """Q8 of the fault report at 3f0364f: a key's recorded proof carries
+    forged artifact and module digests. verify --against-jit fails it naming
+    both, each with the recorded and the run's value, and prints a fix; that
+    fix, run once word for word, records this run's proof in its place,
     names the one it replaced in a warning, and exits 0."""
     key = "k1@gfx950:s=4,tp=4,r=1"  # its JIT answer is in the session's build cache (smoke_jit)
     cli("verify", "--dir", copy, "--against-jit", "--record", "--key", key, check=True)
     path = Room(copy, "gfx950", NEWEST).verified_path
     doc = json.loads(path.read_text())
-    doc["keys"][key]["evidence"]["artifact_sha256"] = "12" * 32
+    doc["keys"][key]["evidence"].update(artifact_sha256="12" * 32, module_sha256="34" * 32)
     path.write_text(json.dumps(doc))
     r = cli("verify", "--dir", copy, "--against-jit", "--key", key)
-    assert r.returncode == 1 and "evidence.artifact_sha256 (1212121212121212, " in r.stdout, r.stdout + r.stderr
+    differs = (r"differs from this JIT run's \(recorded under FlyDSL [0-9.]+, now\): "
+               r"evidence\.artifact_sha256 \((12){8}, [0-9a-f]{16}\), "
+               r"evidence\.module_sha256 \((34){8}, [0-9a-f]{16}\)$")
+    assert r.returncode == 1 and re.search(differs, r.stdout, re.M), r.stdout + r.stderr
     (fix,) = [line[len("fix: "):] for line in r.stderr.splitlines() if line.startswith("fix: ")]
     argv = shlex.split(fix)
     assert argv[:2] == ["dsv41-aot", "verify"] and "--record" in argv

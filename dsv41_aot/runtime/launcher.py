@@ -125,7 +125,7 @@ class Launcher:
             return
         try:
             meta = json.loads(text)
-            have = [(s.get("arg_name") or "stream", s["ctype"], s["size"]) for s in meta["abi"]]
+            have = [(s["arg_name"], s["ctype"], s["size"]) for s in meta["abi"]]  # as the build read them
             symbol, arch = meta["symbol"], meta["arch"]
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise IntegrityError(f"{self.key}: {self.entry}__metadata in {self.library} is unreadable ({e})",
