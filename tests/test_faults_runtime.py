@@ -251,8 +251,8 @@ def test_a_band_whose_metadata_names_another_arch_is_refused(prebuilt, fresh):
 def test_a_band_whose_export_metadata_cannot_be_read_is_refused_with_its_fix(prebuilt, fresh, edit, said):
     """The band's library rewritten (packed again, libs.json forged to its sha256s) so that the entry's export
     metadata is not found by its name, or no longer names its symbol or its stream slot (the build reads each
-    slot's name; none is guessed): the bind cannot check the manifest's ABI
-    against it and refuses, naming the key and the library, with the fix a damaged band gets."""
+    slot's name; none is guessed): the bind cannot check the manifest's ABI against it and refuses, naming the
+    key and the library, with the fix a damaged band gets."""
     from dsv41_aot.manifest import entry_name
 
     path, doc = libs_json(prebuilt)
