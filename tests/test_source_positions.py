@@ -89,10 +89,13 @@ def test_the_table_is_bounded_and_still_right_when_it_starts_again():
     assert flydsl_api._POSITIONS  # it holds the latest
 
 
-def _frame_of(code):
-    """A live frame of ``code`` (a module body that returns its own frame)."""
+_BODY = "import sys\nframe = sys._getframe()\n"  # a module body that keeps its own frame
+
+
+def _frame_of(filename: str):
+    """A live frame of ``_BODY`` compiled under ``filename`` (on disk or not)."""
     scope: dict = {}
-    exec(code, scope)
+    exec(compile(_BODY, filename, "exec"), scope)
     return scope["frame"]
 
 
@@ -102,10 +105,8 @@ def test_a_frame_s_source_file_is_found_once_and_answered_as_python_does(tmp_pat
     own answer every time, as do frames of a file first looked up while absent."""
     monkeypatch.setattr(flydsl_api, "_SOURCE_FILES", set())
     kernel = tmp_path / "kernel.py"
-    kernel.write_text("import sys\nframe = sys._getframe()\n")
-    on_disk = _frame_of(compile(kernel.read_text(), str(kernel), "exec"))
-    from_string = _frame_of(compile("import sys\nframe = sys._getframe()\n", "<kernel>", "exec"))
-    absent = _frame_of(compile("import sys\nframe = sys._getframe()\n", str(tmp_path / "later.py"), "exec"))
+    kernel.write_text(_BODY)
+    on_disk, from_string, absent = _frame_of(str(kernel)), _frame_of("<kernel>"), _frame_of(str(tmp_path / "later.py"))
     objects = [on_disk, from_string, absent, textwrap.dedent, textwrap, sys._getframe()]
     before = [STOCK_SOURCEFILE(o) for o in objects]
     assert before[:3] == [str(kernel), None, None]
@@ -125,7 +126,7 @@ def test_a_frame_s_source_file_is_found_once_and_answered_as_python_does(tmp_pat
     # once linecache lets it go, Python's answer is None, and so is this one
     held = str(tmp_path / "held.py")
     monkeypatch.setitem(linecache.cache, held, (1, None, ["x = 1\n"], held))
-    frame = _frame_of(compile("import sys\nframe = sys._getframe()\n", held, "exec"))
+    frame = _frame_of(held)
     assert flydsl_api._source_file(frame) == STOCK_SOURCEFILE(frame) == held
     del linecache.cache[held]
     assert flydsl_api._source_file(frame) is STOCK_SOURCEFILE(frame) is None
